@@ -1,0 +1,99 @@
+//! `Subnet`: one node's lease of pod addresses, carved from the cluster CIDR
+//! by the operator. The spec is written once by the operator; the status is
+//! published by the node's agent (and the operator's `Allocated` condition).
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// How pod traffic between nodes is carried.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema, Default)]
+pub enum Backend {
+    /// VXLAN overlay (works across L3 boundaries).
+    #[default]
+    #[serde(rename = "vxlan")]
+    Vxlan,
+    /// Plain routes via the peer node IP (nodes must share an L2 segment).
+    #[serde(rename = "host-gw")]
+    HostGw,
+}
+
+impl Backend {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Backend::Vxlan => "vxlan",
+            Backend::HostGw => "host-gw",
+        }
+    }
+}
+
+impl std::fmt::Display for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A node's pod-address lease. Cluster-scoped; its name is the node name.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "weft.dev",
+    version = "v1alpha1",
+    kind = "Subnet",
+    plural = "subnets",
+    shortname = "wsn",
+    status = "SubnetStatus",
+    category = "weft",
+    printcolumn(name = "Node", type_ = "string", json_path = ".spec.nodeName"),
+    printcolumn(name = "CIDR", type_ = "string", json_path = ".spec.cidr"),
+    printcolumn(name = "Backend", type_ = "string", json_path = ".spec.backend"),
+    printcolumn(name = "NodeIP", type_ = "string", json_path = ".status.nodeIP"),
+    printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
+    doc = "Per-node pod CIDR lease handed out by the Weft operator"
+)]
+#[serde(rename_all = "camelCase")]
+pub struct SubnetSpec {
+    /// Name of the Node that holds this lease. Immutable.
+    #[x_kube(validation = Rule::new("self == oldSelf").message("nodeName is immutable"))]
+    #[schemars(length(min = 1, max = 253))]
+    pub node_name: String,
+    /// Pod address range of the node in CIDR notation, e.g. `10.244.3.0/24`
+    /// (IPv6 ranges are accepted by the schema). Immutable.
+    #[x_kube(
+        validation = Rule::new("isCIDR(self)").message("cidr must be a valid CIDR such as 10.244.1.0/24"),
+        validation = Rule::new("!isCIDR(self) || cidr(self) == cidr(self).masked()").message("cidr must be a network address: its host bits must be zero (e.g. 10.244.1.0/24, not 10.244.1.5/24)"),
+        validation = Rule::new("self == oldSelf").message("cidr is immutable")
+    )]
+    #[schemars(length(min = 9, max = 43))]
+    pub cidr: String,
+    /// Encapsulation used between nodes.
+    #[serde(default)]
+    pub backend: Backend,
+}
+
+/// Published by the node's agent once its datapath uses the lease.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+pub struct SubnetStatus {
+    /// The node's IP used as the tunnel endpoint / next hop.
+    #[serde(rename = "nodeIP", default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 45))]
+    pub node_ip: Option<String>,
+    /// VXLAN tunnel endpoint IP (vxlan backend only).
+    #[serde(rename = "vtepIP", default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 45))]
+    pub vtep_ip: Option<String>,
+    /// MAC address of the node's VXLAN device (vxlan backend only).
+    #[serde(rename = "vtepMAC", default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^([0-9a-fA-F]{2}:){5}[0-9a-fA-F]{2}$"))]
+    pub vtep_mac: Option<String>,
+    /// `Allocated` (operator) and `Ready` (agent).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "crate::common::conditions_schema")]
+    pub conditions: Vec<Condition>,
+}
+
+/// Condition type the operator sets once the lease exists.
+pub const CONDITION_ALLOCATED: &str = "Allocated";
+/// Condition type the agent sets once its datapath uses the lease.
+pub const CONDITION_READY: &str = "Ready";
