@@ -1,0 +1,103 @@
+//! ADD: address from IPAM, veth pair into the pod, bridge, default route.
+
+use std::path::Path;
+
+use ipnet::Ipv4Net;
+use weft_proto::ErrorCode;
+use weft_proto::cni::v1::{CniError, CniRequest, CniResult, Dns, Interface, IpConfig, Route};
+
+use super::key_of;
+use crate::agent::{Agent, host_veth_name, ipam_error};
+use crate::dataplane::link::{self, AttachSpec};
+use crate::ipam::{Record, RecordState};
+use crate::netns::{Netns, NetnsError};
+
+impl Agent {
+    pub async fn add(&self, req: &CniRequest) -> Result<CniResult, CniError> {
+        let key = key_of(req)?;
+        if req.netns.is_empty() {
+            return Err(ErrorCode::InvalidEnv.error("CNI_NETNS is required for ADD"));
+        }
+        let mtu = if req.mtu > 0 { req.mtu } else { self.config.mtu };
+        // Open the pod namespace first: a bad CNI_NETNS fails before anything is allocated.
+        let pod = Netns::open(Path::new(&req.netns)).await.map_err(|e| match e {
+            NetnsError::Missing(_) | NetnsError::Enter { .. } => {
+                ErrorCode::InvalidEnv.error(format!("CNI_NETNS {} is not a usable network namespace: {e}", req.netns))
+            }
+            other => ErrorCode::Internal.error(other.to_string()),
+        })?;
+        let bridge_index = self.ensure_bridge().await?;
+
+        let host_veth = host_veth_name(&key);
+        let record = Record {
+            container_id: key.container_id.clone(),
+            ifname: key.ifname.clone(),
+            netns: req.netns.clone(),
+            host_veth: host_veth.clone(),
+            pod: pod_name(req),
+            state: RecordState::Pending,
+        };
+        let ip = tokio::task::block_in_place(|| self.ipam.reserve(record)).map_err(ipam_error)?;
+        let pool = *self.ipam.pool();
+        let address = Ipv4Net::new(ip, pool.cidr().prefix_len())
+            .map_err(|e| ErrorCode::Internal.error(format!("bad prefix for {ip}: {e}")))?;
+        let spec = AttachSpec {
+            host_veth: &host_veth,
+            ifname: &key.ifname,
+            bridge_index,
+            address,
+            gateway: pool.gateway(),
+            mtu,
+        };
+
+        let attached = match link::attach(&self.host, &pod, &spec).await {
+            Ok(a) => a,
+            Err(e) => {
+                // Nothing of this ADD may stay behind: the veth is gone already.
+                if let Err(release) = tokio::task::block_in_place(|| self.ipam.release(&key)) {
+                    tracing::error!(error = %release, %ip, "could not release the address of a failed ADD");
+                }
+                return Err(ErrorCode::Internal.error(format!("cannot attach {} to the pod network: {e}", key.ifname)));
+            }
+        };
+        if let Err(e) = tokio::task::block_in_place(|| self.ipam.commit(ip)) {
+            let _ = self.teardown(&key, &host_veth).await;
+            return Err(ipam_error(e));
+        }
+
+        Ok(CniResult {
+            interfaces: vec![
+                Interface { name: host_veth, mac: attached.host_mac, mtu, sandbox: String::new() },
+                Interface { name: key.ifname.clone(), mac: attached.pod_mac, mtu, sandbox: req.netns.clone() },
+            ],
+            ips: vec![IpConfig { address: address.to_string(), gateway: pool.gateway().to_string(), interface: 1 }],
+            routes: vec![Route { dst: "0.0.0.0/0".into(), gw: pool.gateway().to_string() }],
+            dns: dns_of(&req.config_json),
+        })
+    }
+}
+
+fn pod_name(req: &CniRequest) -> String {
+    match (req.args.get("K8S_POD_NAMESPACE"), req.args.get("K8S_POD_NAME")) {
+        (Some(ns), Some(name)) => format!("{ns}/{name}"),
+        _ => String::new(),
+    }
+}
+
+/// The `dns` key of the network configuration, passed through to the result.
+fn dns_of(config_json: &[u8]) -> Option<Dns> {
+    let v: serde_json::Value = serde_json::from_slice(config_json).ok()?;
+    let dns = v.get("dns")?;
+    let strings = |k: &str| -> Vec<String> {
+        dns.get(k)
+            .and_then(|a| a.as_array())
+            .map(|a| a.iter().filter_map(|s| s.as_str().map(str::to_owned)).collect())
+            .unwrap_or_default()
+    };
+    Some(Dns {
+        nameservers: strings("nameservers"),
+        domain: dns.get("domain").and_then(|d| d.as_str()).unwrap_or_default().to_owned(),
+        search: strings("search"),
+        options: strings("options"),
+    })
+}

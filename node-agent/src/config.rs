@@ -1,0 +1,34 @@
+//! Agent configuration from flags and environment.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::Parser;
+use ipnet::Ipv4Net;
+
+#[derive(Debug, Clone, Parser)]
+#[command(name = "weft-agent", version, about = "Weft node agent")]
+pub struct Config {
+    /// This node's name (the Kubernetes Node it runs on).
+    #[arg(long, env = "WEFT_NODE_NAME", default_value = "local")]
+    pub node_name: String,
+    /// The node's pod CIDR. Until the Subnet lease from the operator is used,
+    /// this is how the agent learns it.
+    #[arg(long, env = "WEFT_POD_CIDR")]
+    pub pod_cidr: Ipv4Net,
+    /// Unix socket for weft-cni (created with mode 0600).
+    #[arg(long, env = "WEFT_AGENT_SOCKET", default_value = weft_proto::DEFAULT_AGENT_SOCKET)]
+    pub socket: PathBuf,
+    /// Directory for durable state (IPAM records).
+    #[arg(long, env = "WEFT_STATE_DIR", default_value = "/var/lib/weft")]
+    pub state_dir: PathBuf,
+    /// The node bridge that pod veths are plugged into.
+    #[arg(long, env = "WEFT_BRIDGE", default_value = "weft0")]
+    pub bridge: String,
+    /// Pod interface MTU when the network configuration sets none.
+    #[arg(long, env = "WEFT_MTU", default_value_t = 1500, value_parser = clap::value_parser!(u32).range(68..=65535))]
+    pub mtu: u32,
+    /// Address for /metrics, /healthz and /readyz.
+    #[arg(long, env = "WEFT_METRICS_ADDR", default_value = "0.0.0.0:9646")]
+    pub metrics_addr: SocketAddr,
+}

@@ -1,0 +1,51 @@
+//! `/metrics`, `/healthz` and `/readyz` over HTTP.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
+
+use crate::agent::Agent;
+
+pub async fn serve(
+    addr: SocketAddr,
+    agent: Arc<Agent>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let app = Router::new()
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(readyz))
+        .with_state(agent);
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot listen for metrics and health on {addr}: {e}"))?;
+    tracing::info!(%addr, "serving /metrics, /healthz, /readyz");
+    axum::serve(listener, app).with_graceful_shutdown(shutdown).await?;
+    Ok(())
+}
+
+async fn metrics(State(agent): State<Arc<Agent>>) -> impl IntoResponse {
+    agent.metrics.set_ipam_usage(agent.ipam.usage());
+    match agent.metrics.encode() {
+        Ok(body) => (
+            StatusCode::OK,
+            [(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
+            body,
+        ),
+        Err(_) => {
+            (StatusCode::INTERNAL_SERVER_ERROR, [(header::CONTENT_TYPE, "text/plain")], "encoding failed".to_owned())
+        }
+    }
+}
+
+async fn readyz(State(agent): State<Arc<Agent>>) -> impl IntoResponse {
+    match agent.readiness().await {
+        Ok(()) => (StatusCode::OK, "ready".to_owned()),
+        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {}", e.msg)),
+    }
+}

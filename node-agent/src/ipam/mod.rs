@@ -1,0 +1,11 @@
+//! Pod address management for the node's pod CIDR.
+//!
+//! [`pool`] decides which address is next (pure, unit-tested); [`store`]
+//! keeps one durable record per allocation so a crash or restart never hands
+//! out an address twice and never forgets one.
+
+pub mod pool;
+pub mod store;
+
+pub use pool::Pool;
+pub use store::{Ipam, IpamError, Key, Record, RecordState};

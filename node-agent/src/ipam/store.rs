@@ -1,0 +1,296 @@
+//! Durable allocation records: one file per address in the state directory,
+//! written atomically (temp file, fsync, rename, fsync of the directory).
+//!
+//! An ADD first writes a `pending` record, then builds the dataplane, then
+//! marks the record `ready`. A record still pending at start-up belongs to an
+//! ADD that never finished; start-up reconciliation removes it and whatever
+//! the ADD had created.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs;
+use std::io::Write;
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use serde::{Deserialize, Serialize};
+
+use super::pool::Pool;
+
+/// An attachment is identified by container ID and interface name.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Key {
+    pub container_id: String,
+    pub ifname: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RecordState {
+    Pending,
+    Ready,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Record {
+    pub container_id: String,
+    pub ifname: String,
+    pub netns: String,
+    pub host_veth: String,
+    /// `namespace/name` of the pod when the runtime said (K8S_POD_*).
+    #[serde(default)]
+    pub pod: String,
+    pub state: RecordState,
+}
+
+impl Record {
+    pub fn key(&self) -> Key {
+        Key { container_id: self.container_id.clone(), ifname: self.ifname.clone() }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum IpamError {
+    #[error("container {} already has interface {} with address {ip}", .key.container_id, .key.ifname)]
+    AlreadyAllocated { key: Key, ip: Ipv4Addr },
+    #[error("no free address left in pod CIDR {cidr} ({size} addresses, all allocated)")]
+    Exhausted { cidr: ipnet::Ipv4Net, size: u32 },
+    #[error("IPAM state {path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error("IPAM record {path} is corrupt: {source}")]
+    Corrupt { path: PathBuf, source: serde_json::Error },
+}
+
+#[derive(Default)]
+struct Inner {
+    by_ip: BTreeMap<Ipv4Addr, Record>,
+    by_key: HashMap<Key, Ipv4Addr>,
+    last: Option<Ipv4Addr>,
+}
+
+pub struct Ipam {
+    pool: Pool,
+    dir: PathBuf,
+    inner: Mutex<Inner>,
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> IpamError + '_ {
+    move |source| IpamError::Io { path: path.to_owned(), source }
+}
+
+impl Ipam {
+    /// Loads every record in `dir` (created if missing). Records outside the
+    /// pool are kept: they still describe addresses that live pods may use.
+    pub fn open(pool: Pool, dir: &Path) -> Result<Self, IpamError> {
+        fs::create_dir_all(dir).map_err(io(dir))?;
+        let mut inner = Inner::default();
+        for entry in fs::read_dir(dir).map_err(io(dir))? {
+            let entry = entry.map_err(io(dir))?;
+            let path = entry.path();
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.starts_with('.') {
+                // A temp file of an interrupted write: the rename never happened.
+                fs::remove_file(&path).map_err(io(&path))?;
+                continue;
+            }
+            let Ok(ip) = name.parse::<Ipv4Addr>() else {
+                tracing::warn!(path = %path.display(), "ignoring a file that is not an IPAM record");
+                continue;
+            };
+            let bytes = fs::read(&path).map_err(io(&path))?;
+            let record: Record =
+                serde_json::from_slice(&bytes).map_err(|source| IpamError::Corrupt { path: path.clone(), source })?;
+            inner.by_key.insert(record.key(), ip);
+            inner.by_ip.insert(ip, record);
+        }
+        Ok(Self { pool, dir: dir.to_owned(), inner: Mutex::new(inner) })
+    }
+
+    pub fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        // A panic while holding the lock leaves consistent maps (every
+        // mutation is a single insert/remove), so poisoning is ignored.
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Picks a free address for `record` (which must be pending) and writes
+    /// the record durably before returning it.
+    pub fn reserve(&self, record: Record) -> Result<Ipv4Addr, IpamError> {
+        let key = record.key();
+        let ip = {
+            let mut inner = self.lock();
+            if let Some(ip) = inner.by_key.get(&key) {
+                return Err(IpamError::AlreadyAllocated { key, ip: *ip });
+            }
+            let ip = self
+                .pool
+                .next_free(&inner.by_ip, inner.last)
+                .ok_or(IpamError::Exhausted { cidr: self.pool.cidr(), size: self.pool.size() })?;
+            inner.last = Some(ip);
+            inner.by_key.insert(key.clone(), ip);
+            inner.by_ip.insert(ip, record.clone());
+            ip
+        };
+        if let Err(e) = self.write(ip, &record) {
+            let mut inner = self.lock();
+            inner.by_key.remove(&key);
+            inner.by_ip.remove(&ip);
+            return Err(e);
+        }
+        Ok(ip)
+    }
+
+    /// Marks a reserved address as in use by a finished ADD.
+    pub fn commit(&self, ip: Ipv4Addr) -> Result<(), IpamError> {
+        let Some(mut record) = self.lock().by_ip.get(&ip).cloned() else {
+            return Ok(());
+        };
+        record.state = RecordState::Ready;
+        self.write(ip, &record)?;
+        if let Some(r) = self.lock().by_ip.get_mut(&ip) {
+            r.state = RecordState::Ready;
+        }
+        Ok(())
+    }
+
+    pub fn get(&self, key: &Key) -> Option<(Ipv4Addr, Record)> {
+        let inner = self.lock();
+        let ip = *inner.by_key.get(key)?;
+        inner.by_ip.get(&ip).map(|r| (ip, r.clone()))
+    }
+
+    pub fn all(&self) -> Vec<(Ipv4Addr, Record)> {
+        self.lock().by_ip.iter().map(|(ip, r)| (*ip, r.clone())).collect()
+    }
+
+    /// Releases the address of `key`; `Ok(None)` when it had none.
+    pub fn release(&self, key: &Key) -> Result<Option<(Ipv4Addr, Record)>, IpamError> {
+        let Some((ip, record)) = self.get(key) else {
+            return Ok(None);
+        };
+        let path = self.dir.join(ip.to_string());
+        match fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io(&path)(e)),
+        }
+        sync_dir(&self.dir)?;
+        let mut inner = self.lock();
+        inner.by_key.remove(key);
+        inner.by_ip.remove(&ip);
+        Ok(Some((ip, record)))
+    }
+
+    /// (allocated, free) addresses of the pool.
+    pub fn usage(&self) -> (u64, u64) {
+        let inner = self.lock();
+        let allocated = inner.by_ip.keys().filter(|ip| self.pool.contains(**ip)).count() as u64;
+        (allocated, u64::from(self.pool.size()).saturating_sub(allocated))
+    }
+
+    fn write(&self, ip: Ipv4Addr, record: &Record) -> Result<(), IpamError> {
+        let path = self.dir.join(ip.to_string());
+        let tmp = self.dir.join(format!(".{ip}.tmp"));
+        let bytes = serde_json::to_vec(record).map_err(|source| IpamError::Corrupt { path: path.clone(), source })?;
+        let mut f = fs::File::create(&tmp).map_err(io(&tmp))?;
+        f.write_all(&bytes).map_err(io(&tmp))?;
+        f.sync_all().map_err(io(&tmp))?;
+        fs::rename(&tmp, &path).map_err(io(&path))?;
+        sync_dir(&self.dir)
+    }
+}
+
+fn sync_dir(dir: &Path) -> Result<(), IpamError> {
+    fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io(dir))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    fn record(id: &str) -> Record {
+        Record {
+            container_id: id.into(),
+            ifname: "eth0".into(),
+            netns: "/run/netns/x".into(),
+            host_veth: "weftv0".into(),
+            pod: String::new(),
+            state: RecordState::Pending,
+        }
+    }
+
+    fn ipam(dir: &Path, cidr: &str) -> Ipam {
+        Ipam::open(Pool::new(cidr.parse().unwrap()).unwrap(), dir).unwrap()
+    }
+
+    #[test]
+    fn records_survive_reopen_with_state() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = ipam(dir.path(), "10.1.0.0/24");
+        let ip = a.reserve(record("c1")).unwrap();
+        a.commit(ip).unwrap();
+        let ip2 = a.reserve(record("c2")).unwrap();
+        drop(a);
+        let b = ipam(dir.path(), "10.1.0.0/24");
+        let key = |id: &str| Key { container_id: id.into(), ifname: "eth0".into() };
+        assert_eq!(b.get(&key("c1")).unwrap(), (ip, Record { state: RecordState::Ready, ..record("c1") }));
+        assert_eq!(b.get(&key("c2")).unwrap().1.state, RecordState::Pending);
+        assert_ne!(ip, ip2);
+    }
+
+    #[test]
+    fn duplicate_key_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = ipam(dir.path(), "10.1.0.0/24");
+        a.reserve(record("c1")).unwrap();
+        assert!(matches!(a.reserve(record("c1")), Err(IpamError::AlreadyAllocated { .. })));
+    }
+
+    #[test]
+    fn exhaustion_is_a_clear_error_and_release_frees() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = ipam(dir.path(), "10.1.0.0/30");
+        a.reserve(record("c1")).unwrap();
+        let err = a.reserve(record("c2")).unwrap_err();
+        assert!(err.to_string().contains("no free address left in pod CIDR 10.1.0.0/30"), "{err}");
+        let key = Key { container_id: "c1".into(), ifname: "eth0".into() };
+        assert!(a.release(&key).unwrap().is_some());
+        assert!(a.release(&key).unwrap().is_none(), "second release is a no-op");
+        a.reserve(record("c2")).unwrap();
+        assert_eq!(a.usage(), (1, 0));
+    }
+
+    #[test]
+    fn concurrent_reservations_never_collide() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = Arc::new(ipam(dir.path(), "10.1.0.0/24"));
+        let handles: Vec<_> = (0..16)
+            .map(|t| {
+                let a = Arc::clone(&a);
+                std::thread::spawn(move || {
+                    (0..15).map(|i| a.reserve(record(&format!("c{t}-{i}"))).unwrap()).collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        let mut all: Vec<_> = handles.into_iter().flat_map(|h| h.join().unwrap()).collect();
+        all.sort();
+        let n = all.len();
+        all.dedup();
+        assert_eq!(all.len(), n);
+        assert_eq!(n, 240);
+    }
+
+    #[test]
+    fn leftover_temp_files_are_removed_on_open() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join(".10.1.0.9.tmp"), b"{").unwrap();
+        let a = ipam(dir.path(), "10.1.0.0/24");
+        assert!(a.all().is_empty());
+        assert!(!dir.path().join(".10.1.0.9.tmp").exists());
+    }
+}

@@ -1,0 +1,100 @@
+//! weft-agent: the node agent. Serves weft-cni on a Unix socket, owns the
+//! node's pod addresses and programs the node's dataplane.
+
+mod agent;
+mod cni_server;
+mod config;
+mod dataplane;
+mod http;
+mod ipam;
+mod metrics;
+mod netns;
+mod reconcile;
+
+use std::os::unix::fs::PermissionsExt;
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::Parser;
+use tokio::net::UnixListener;
+use tokio_stream::wrappers::UnixListenerStream;
+use weft_proto::cni::v1::cni_server::CniServer;
+
+use agent::Agent;
+use config::Config;
+use ipam::{Ipam, Pool};
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("WEFT_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    let config = Config::parse();
+    if let Err(e) = run(config).await {
+        tracing::error!("{e:#}");
+        return Err(e);
+    }
+    Ok(())
+}
+
+async fn run(config: Config) -> anyhow::Result<()> {
+    let pool = Pool::new(config.pod_cidr).context("invalid --pod-cidr")?;
+    let ipam_dir = config.state_dir.join("ipam");
+    let ipam = tokio::task::block_in_place(|| Ipam::open(pool, &ipam_dir)).context("cannot load IPAM state")?;
+    let host = netns::Netns::current().context("cannot open netlink")?;
+    let agent = Arc::new(Agent::new(config.clone(), ipam, host));
+
+    agent.reconcile_on_start().await.context("start-up reconciliation failed")?;
+    agent.ensure_bridge().await.map_err(|e| anyhow::anyhow!(e.msg))?;
+    agent.metrics.set_ipam_usage(agent.ipam.usage());
+
+    let listener = bind_socket(&config.socket)?;
+    tracing::info!(node = %config.node_name, pod_cidr = %pool.cidr(), socket = %config.socket.display(), "weft-agent ready");
+
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let shutdown = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|stop| *stop).await;
+    };
+    let http = tokio::spawn(http::serve(config.metrics_addr, Arc::clone(&agent), shutdown(stop_rx.clone())));
+    let grpc = tonic::transport::Server::builder()
+        .add_service(CniServer::new(cni_server::CniService::new(Arc::clone(&agent))))
+        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown(stop_rx));
+    let grpc = tokio::spawn(grpc);
+
+    wait_for_signal().await?;
+    tracing::info!("shutting down");
+    let _ = stop_tx.send(true);
+    grpc.await.context("gRPC server task")?.context("gRPC server")?;
+    http.await.context("HTTP server task")??;
+    let _ = std::fs::remove_file(&config.socket);
+    Ok(())
+}
+
+/// Binds the CNI socket, replacing a stale one, readable by root only.
+fn bind_socket(path: &std::path::Path) -> anyhow::Result<UnixListener> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => {
+            return Err(e).with_context(|| format!("cannot remove stale socket {}", path.display()));
+        }
+    }
+    let listener = UnixListener::bind(path).with_context(|| format!("cannot listen on {}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+        .with_context(|| format!("cannot restrict {}", path.display()))?;
+    Ok(listener)
+}
+
+async fn wait_for_signal() -> anyhow::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
+    let mut int = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+    Ok(())
+}

@@ -1,0 +1,102 @@
+//! The agent's Prometheus metrics (documented in docs/metrics.md).
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::{Registry, Unit};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    pub verb: &'static str,
+    pub result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ErrorLabels {
+    pub verb: &'static str,
+    pub code: u32,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct VerbLabels {
+    pub verb: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StateLabels {
+    pub state: &'static str,
+}
+
+type HistogramFamily = Family<VerbLabels, Histogram, fn() -> Histogram>;
+
+pub struct Metrics {
+    pub registry: Registry,
+    pub requests: Family<RequestLabels, Counter>,
+    pub errors: Family<ErrorLabels, Counter>,
+    pub duration: HistogramFamily,
+    pub ipam_addresses: Family<StateLabels, Gauge>,
+    pub released_on_start: Counter,
+}
+
+fn latency_histogram() -> Histogram {
+    // 0.25 ms .. ~4 s
+    Histogram::new(exponential_buckets(0.000_25, 2.0, 15))
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("weft_agent");
+        let requests = Family::<RequestLabels, Counter>::default();
+        registry.register(
+            "cni_requests",
+            "CNI requests served, by verb and result (success or error)",
+            requests.clone(),
+        );
+        let errors = Family::<ErrorLabels, Counter>::default();
+        registry.register("cni_errors", "CNI requests that failed, by verb and CNI error code", errors.clone());
+        let duration: HistogramFamily = Family::new_with_constructor(latency_histogram);
+        registry.register_with_unit(
+            "cni_request_duration",
+            "Time to serve a CNI request, by verb",
+            Unit::Seconds,
+            duration.clone(),
+        );
+        let ipam_addresses = Family::<StateLabels, Gauge>::default();
+        registry.register(
+            "ipam_addresses",
+            "Pod addresses of this node's pod CIDR, by state (allocated or free)",
+            ipam_addresses.clone(),
+        );
+        let released_on_start = Counter::default();
+        registry.register(
+            "ipam_released_on_start",
+            "Allocations released by start-up reconciliation (their ADD never finished or their pod is gone)",
+            released_on_start.clone(),
+        );
+        Self { registry, requests, errors, duration, ipam_addresses, released_on_start }
+    }
+}
+
+impl Metrics {
+    pub fn set_ipam_usage(&self, (allocated, free): (u64, u64)) {
+        self.ipam_addresses.get_or_create(&StateLabels { state: "allocated" }).set(allocated as i64);
+        self.ipam_addresses.get_or_create(&StateLabels { state: "free" }).set(free as i64);
+    }
+
+    pub fn observe(&self, verb: &'static str, seconds: f64, error_code: Option<u32>) {
+        let result = if error_code.is_some() { "error" } else { "success" };
+        self.requests.get_or_create(&RequestLabels { verb, result }).inc();
+        if let Some(code) = error_code {
+            self.errors.get_or_create(&ErrorLabels { verb, code }).inc();
+        }
+        self.duration.get_or_create(&VerbLabels { verb }).observe(seconds);
+    }
+
+    pub fn encode(&self) -> Result<String, std::fmt::Error> {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)?;
+        Ok(out)
+    }
+}

@@ -1,0 +1,4 @@
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    tonic_prost_build::configure().compile_protos(&["proto/weft/cni/v1/cni.proto"], &["proto"])?;
+    Ok(())
+}
