@@ -1,0 +1,108 @@
+//! A weft-agent process running inside a node's network namespace.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::time::Duration;
+
+use crate::netns::Netns;
+use crate::{bins, wait};
+
+pub struct Agent {
+    child: Option<Child>,
+    pub socket: PathBuf,
+    pub state_dir: PathBuf,
+    pub pod_cidr: String,
+    node: String,
+    log: PathBuf,
+}
+
+impl Agent {
+    /// Starts an agent for `node` with its socket and state under `dir`, and
+    /// waits until it answers STATUS.
+    pub fn start(node: &Netns, pod_cidr: &str, dir: &Path) -> Self {
+        let mut agent = Self {
+            child: None,
+            socket: dir.join("agent.sock"),
+            state_dir: dir.join("state"),
+            pod_cidr: pod_cidr.to_owned(),
+            node: node.name().to_owned(),
+            log: dir.join("agent.log"),
+        };
+        agent.spawn(node);
+        agent
+    }
+
+    fn spawn(&mut self, node: &Netns) {
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log).expect("agent log file");
+        let child = node
+            .command(bins::weft("weft-agent"))
+            .args(["--pod-cidr", &self.pod_cidr, "--metrics-addr", "127.0.0.1:9646"])
+            .arg("--socket")
+            .arg(&self.socket)
+            .arg("--state-dir")
+            .arg(&self.state_dir)
+            .env("WEFT_LOG", "debug")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("cannot start weft-agent");
+        self.child = Some(child);
+        let socket = self.socket.clone();
+        wait::until("the agent's socket", Duration::from_secs(20), || {
+            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+                panic!("weft-agent exited with {status}; log:\n{}", self.log_text());
+            }
+            socket.exists().then_some(())
+        });
+    }
+
+    /// Kills the agent with SIGKILL (no clean-up on its side) and reaps it.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Stops the agent with SIGTERM and waits for it to exit.
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            // SAFETY: plain kill(2) on our own child's pid.
+            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+            let _ = c.wait();
+        }
+    }
+
+    pub fn restart(&mut self, node: &Netns) {
+        self.kill9();
+        // A killed agent leaves its socket file; the new one replaces it.
+        let _ = std::fs::remove_file(&self.socket);
+        self.spawn(node);
+    }
+
+    pub fn node(&self) -> &str {
+        &self.node
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// IPAM record files currently on disk.
+    pub fn ipam_records(&self) -> Vec<String> {
+        match std::fs::read_dir(self.state_dir.join("ipam")) {
+            Ok(rd) => rd
+                .filter_map(Result::ok)
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| !n.starts_with('.'))
+                .collect(),
+            Err(_) => Vec::new(),
+        }
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}

@@ -1,0 +1,324 @@
+//! weft-cni and weft-agent on one node, exec'd exactly as a container runtime
+//! does. Every test creates its own node and pod namespaces and removes them.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use weft_e2e::agent::Agent;
+use weft_e2e::cni::{self, Container, Weft};
+use weft_e2e::netns::Netns;
+use weft_e2e::{bins, prereq, wait};
+
+struct Node {
+    // Field order matters for drop: the agent stops before its namespace goes.
+    agent: Agent,
+    ns: Netns,
+    _dir: tempfile::TempDir,
+}
+
+fn node(tag: &str, cidr: &str) -> Option<Node> {
+    if !prereq::require_root() || !prereq::require("ip (iproute2)", which("ip")) {
+        return None;
+    }
+    let ns = Netns::new(tag);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let agent = Agent::start(&ns, cidr, dir.path());
+    Some(Node { agent, ns, _dir: dir })
+}
+
+fn which(cmd: &str) -> bool {
+    std::process::Command::new("sh")
+        .args(["-c", &format!("command -v {cmd}")])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+fn veths(node: &Netns) -> Vec<String> {
+    node.links().into_iter().filter(|l| l.starts_with("weftv")).collect()
+}
+
+#[test]
+fn verbs_follow_the_spec() {
+    let Some(n) = node("verbs", "10.200.0.0/24") else { return };
+    let weft = Weft::new(&n.ns, &n.agent.socket);
+    let pod = Netns::new("pod");
+    let c = Container::new("verbs1", &pod);
+
+    // ADD gives a correctly addressed interface with a default route.
+    let add = weft.add(&c);
+    let result = add.assert_ok().json();
+    assert_eq!(result["cniVersion"], "1.1.0");
+    let ip = cni::pod_ip(&result);
+    assert!(ip.starts_with("10.200.0."), "{result}");
+    assert_eq!(result["ips"][0]["gateway"], "10.200.0.1");
+    assert_eq!(result["interfaces"][1]["sandbox"], pod.path());
+    assert!(pod.ip(&["-o", "addr", "show", "eth0"]).contains(&format!("{ip}/24")));
+    assert!(pod.ip(&["route", "show", "default"]).contains("via 10.200.0.1"));
+    assert!(pod.ping("10.200.0.1"), "pod cannot reach its gateway");
+
+    // ADD of an existing container+ifname errors and changes nothing.
+    let dup = weft.add(&c);
+    assert_eq!(dup.code(), 101, "{}", dup.stdout);
+    assert!(dup.msg().contains("already has interface eth0"), "{}", dup.msg());
+    assert_eq!(n.agent.ipam_records().len(), 1);
+
+    // CHECK passes, then detects a deleted route and a deleted address.
+    weft.check(&c, &result).assert_ok();
+    pod.ip(&["route", "del", "default"]);
+    let chk = weft.check(&c, &result);
+    assert_eq!(chk.code(), 103);
+    assert!(chk.msg().contains("default route"), "{}", chk.msg());
+    pod.ip(&["route", "add", "default", "via", "10.200.0.1"]);
+    weft.check(&c, &result).assert_ok();
+    pod.ip(&["addr", "del", &format!("{ip}/24"), "dev", "eth0"]);
+    let chk = weft.check(&c, &result);
+    assert_eq!(chk.code(), 103);
+    assert!(chk.msg().contains("lacks address"), "{}", chk.msg());
+
+    // CHECK of an unknown container is code 3.
+    let other = Container::new("nosuch", &pod);
+    assert_eq!(weft.check(&other, &result).code(), 3);
+
+    // STATUS is ready while the agent runs.
+    weft.status().assert_ok();
+
+    // DEL without prevResult, then again: both succeed and nothing remains.
+    weft.del(&c, None).assert_ok();
+    weft.del(&c, Some(&result)).assert_ok();
+    assert!(veths(&n.ns).is_empty(), "veth left behind: {:?}", veths(&n.ns));
+    assert!(n.agent.ipam_records().is_empty());
+    assert!(!pod.links().contains(&"eth0".to_owned()));
+}
+
+#[test]
+fn del_without_netns_and_after_the_netns_is_gone() {
+    let Some(n) = node("delns", "10.201.0.0/24") else { return };
+    let weft = Weft::new(&n.ns, &n.agent.socket);
+    let pod = Netns::new("pod");
+    let c = Container::new("delns1", &pod);
+    weft.add(&c).assert_ok();
+    drop(pod); // the runtime removed the namespace first
+    let no_netns = Container { netns: None, ..c.clone() };
+    weft.del(&no_netns, None).assert_ok();
+    weft.del(&c, None).assert_ok();
+    assert!(veths(&n.ns).is_empty());
+    assert!(n.agent.ipam_records().is_empty());
+}
+
+#[test]
+fn gc_keeps_valid_attachments_and_frees_the_rest() {
+    let Some(n) = node("gc", "10.202.0.0/24") else { return };
+    let weft = Weft::new(&n.ns, &n.agent.socket);
+    let pods: Vec<Netns> = (0..4).map(|_| Netns::new("pod")).collect();
+    let cs: Vec<Container> = pods.iter().enumerate().map(|(i, p)| Container::new(format!("gc{i}"), p)).collect();
+    for c in &cs {
+        weft.add(c).assert_ok();
+    }
+    // A veth that no allocation accounts for (e.g. left by a crashed runtime).
+    n.ns.ip(&["link", "add", "weftv0000000bad", "type", "veth", "peer", "name", "strayp"]);
+    weft.gc(&[&cs[0], &cs[2]]).assert_ok();
+    let mut left = veths(&n.ns);
+    left.sort();
+    assert_eq!(left.len(), 2, "{left:?}");
+    assert_eq!(n.agent.ipam_records().len(), 2);
+    assert!(pods[0].ping("10.202.0.1") && pods[2].ping("10.202.0.1"), "valid pods lost connectivity");
+    assert!(!pods[1].links().contains(&"eth0".to_owned()));
+    // The older draft key works too.
+    let mut conf = weft.conf.clone();
+    conf["cni.dev/attachments"] = json!([{"containerID": cs[0].id, "ifname": "eth0"}]);
+    cni::exec_raw(&n.ns, &weft.plugin, &[("CNI_COMMAND", "GC")], conf.to_string().as_bytes()).assert_ok();
+    assert_eq!(n.agent.ipam_records().len(), 1);
+}
+
+#[test]
+fn agent_down_fails_fast_with_try_again_and_status_50() {
+    let Some(mut n) = node("down", "10.203.0.0/24") else { return };
+    let weft = Weft::new(&n.ns, &n.agent.socket);
+    weft.status().assert_ok();
+    n.agent.stop();
+    let status = weft.status();
+    assert_eq!(status.code(), 50, "{}", status.stdout);
+    let pod = Netns::new("pod");
+    let c = Container::new("down1", &pod);
+    let add = weft.add(&c);
+    assert_eq!(add.code(), 11);
+    assert!(add.msg().contains("weft-agent"), "{}", add.msg());
+    // Bounded: the connect timeout is 2 s; far below any runtime's own timeout.
+    assert!(add.elapsed < Duration::from_secs(10), "ADD hung for {:?}", add.elapsed);
+    assert_eq!(weft.del(&c, None).code(), 11);
+    assert_eq!(weft.check(&c, &json!({"ips": []})).code(), 11);
+
+    // A socket file with nobody listening behaves the same.
+    std::os::unix::net::UnixListener::bind(&n.agent.socket).map(drop).expect("stale socket");
+    assert_eq!(weft.status().code(), 50);
+    assert_eq!(weft.add(&c).code(), 11);
+}
+
+#[test]
+fn chained_with_reference_portmap() {
+    let Some(n) = node("chain", "10.204.0.0/24") else { return };
+    if !prereq::require("reference portmap plugin", bins::reference("portmap").exists())
+        || !prereq::require("iptables", which("iptables"))
+    {
+        return;
+    }
+    let weft = Weft::new(&n.ns, &n.agent.socket);
+    let pod = Netns::new("pod");
+    let c = Container::new("chain1", &pod);
+    let portmap = bins::reference("portmap");
+    let portmap_conf = |prev: &Value| {
+        json!({
+            "cniVersion": "1.0.0", "name": "weft", "type": "portmap",
+            "capabilities": {"portMappings": true},
+            "runtimeConfig": {"portMappings": [{"hostPort": 18080, "containerPort": 80, "protocol": "tcp"}]},
+            "prevResult": prev,
+        })
+    };
+    let mut conf = weft.conf.clone();
+    conf["cniVersion"] = json!("1.0.0");
+    let weft_result = cni::exec(&n.ns, &weft.plugin, "ADD", &c, &conf).assert_ok().json();
+    let chained = cni::exec(&n.ns, &portmap, "ADD", &c, &portmap_conf(&weft_result)).assert_ok().json();
+    // prevResult flowed through portmap unchanged.
+    assert_eq!(chained["ips"], weft_result["ips"]);
+    assert_eq!(chained["interfaces"], weft_result["interfaces"]);
+    let nat = String::from_utf8_lossy(&n.ns.exec("iptables", &["-t", "nat", "-S"]).stdout).into_owned();
+    assert!(nat.contains("18080") && nat.contains(&cni::pod_ip(&weft_result)), "portmap rules missing:\n{nat}");
+    // CHECK down the chain: weft with the chained result as prevResult.
+    cni::exec(&n.ns, &weft.plugin, "CHECK", &c, &cni::with_prev(&conf, Some(&chained))).assert_ok();
+    // DEL in reverse order.
+    cni::exec(&n.ns, &portmap, "DEL", &c, &portmap_conf(&chained)).assert_ok();
+    cni::exec(&n.ns, &weft.plugin, "DEL", &c, &cni::with_prev(&conf, Some(&chained))).assert_ok();
+    assert!(veths(&n.ns).is_empty());
+}
+
+#[test]
+fn hundred_concurrent_adds_then_dels() {
+    let Some(n) = node("burst", "10.205.0.0/24") else { return };
+    let weft = Weft::new(&n.ns, &n.agent.socket);
+    let pods: Vec<Netns> = (0..100).map(|_| Netns::new("p")).collect();
+    let cs: Vec<Container> = pods.iter().enumerate().map(|(i, p)| Container::new(format!("burst{i}"), p)).collect();
+    let results: Vec<Value> = std::thread::scope(|s| {
+        let handles: Vec<_> = cs.iter().map(|c| s.spawn(|| weft.add(c))).collect();
+        handles.into_iter().map(|h| h.join().expect("ADD thread").assert_ok().json()).collect()
+    });
+    let ips: Vec<String> = results.iter().map(cni::pod_ip).collect();
+    assert_eq!(ips.iter().collect::<HashSet<_>>().len(), 100, "duplicate addresses: {ips:?}");
+    assert_eq!(n.agent.ipam_records().len(), 100);
+    assert_eq!(veths(&n.ns).len(), 100);
+    // Every pod reaches the gateway and its neighbour (a ring covers every pod both ways).
+    std::thread::scope(|s| {
+        for (i, pod) in pods.iter().enumerate() {
+            let next = &ips[(i + 1) % ips.len()];
+            s.spawn(move || {
+                assert!(pod.ping("10.205.0.1"), "pod {i} cannot reach the gateway");
+                assert!(pod.ping(next), "pod {i} cannot reach {next}");
+            });
+        }
+    });
+    std::thread::scope(|s| {
+        for c in &cs {
+            let weft = &weft;
+            s.spawn(move || weft.del(c, None).assert_ok().success);
+        }
+    });
+    assert!(veths(&n.ns).is_empty(), "veths left: {:?}", veths(&n.ns));
+    assert!(n.agent.ipam_records().is_empty(), "allocations left: {:?}", n.agent.ipam_records());
+}
+
+#[test]
+fn kill9_during_add_burst_leaks_nothing() {
+    let Some(mut n) = node("crash", "10.206.0.0/24") else { return };
+    let pods: Vec<Netns> = (0..60).map(|_| Netns::new("p")).collect();
+    let cs: Vec<Container> = pods.iter().enumerate().map(|(i, p)| Container::new(format!("crash{i}"), p)).collect();
+    let weft = Weft::new(&n.ns, &n.agent.socket);
+    let state_dir = n.agent.state_dir.clone();
+    let outcomes: Vec<bool> = std::thread::scope(|s| {
+        let handles: Vec<_> = cs.iter().map(|c| s.spawn(|| weft.add(c).success)).collect();
+        // Kill the agent once part of the burst has reached IPAM.
+        wait::until("ten allocations", Duration::from_secs(60), || {
+            let n = std::fs::read_dir(state_dir.join("ipam")).map(|d| d.count()).unwrap_or(0);
+            (n >= 10).then_some(())
+        });
+        n.agent.kill9();
+        handles.into_iter().map(|h| h.join().expect("ADD thread")).collect()
+    });
+    let failed = outcomes.iter().filter(|ok| !**ok).count();
+    assert!(failed > 0, "the kill came too late to interrupt anything");
+    n.agent.restart(&n.ns);
+
+    // After start-up reconciliation: one record per veth and vice versa, and
+    // every kept record's address is on its pod's interface.
+    let records = n.agent.ipam_records();
+    let vs = veths(&n.ns);
+    assert_eq!(records.len(), vs.len(), "records {records:?} vs veths {vs:?}");
+    for (pod, ok) in pods.iter().zip(&outcomes) {
+        let has_eth0 = pod.links().contains(&"eth0".to_owned());
+        if *ok {
+            assert!(has_eth0, "a pod whose ADD succeeded lost its interface");
+        }
+        if has_eth0 {
+            let addr = pod.ip(&["-o", "-4", "addr", "show", "eth0"]);
+            let ip = addr.split_whitespace().nth(3).and_then(|a| a.split('/').next()).unwrap_or_default().to_owned();
+            assert!(records.contains(&ip), "pod has {ip} but no record");
+        }
+    }
+    // The runtime retries what failed; then DEL everything: nothing left.
+    for (c, ok) in cs.iter().zip(&outcomes) {
+        if !ok {
+            weft.del(c, None).assert_ok();
+            weft.add(c).assert_ok();
+        }
+    }
+    assert_eq!(n.agent.ipam_records().len(), 60);
+    for c in &cs {
+        weft.del(c, None).assert_ok();
+    }
+    assert!(veths(&n.ns).is_empty());
+    assert!(n.agent.ipam_records().is_empty());
+}
+
+#[test]
+fn exhausted_pool_gives_a_clear_error_and_status_51() {
+    let Some(n) = node("full", "10.207.0.0/29") else { return };
+    let weft = Weft::new(&n.ns, &n.agent.socket);
+    let pods: Vec<Netns> = (0..6).map(|_| Netns::new("p")).collect();
+    for (i, p) in pods.iter().take(5).enumerate() {
+        weft.add(&Container::new(format!("full{i}"), p)).assert_ok();
+    }
+    let full = weft.add(&Container::new("full5", &pods[5]));
+    assert_eq!(full.code(), 102);
+    assert!(full.msg().contains("no free address left in pod CIDR 10.207.0.0/29"), "{}", full.msg());
+    assert!(!pods[5].links().contains(&"eth0".to_owned()), "a failed ADD left an interface");
+    assert_eq!(weft.status().code(), 51);
+}
+
+#[test]
+fn add_with_missing_netns_allocates_nothing() {
+    let Some(n) = node("nons", "10.208.0.0/24") else { return };
+    let weft = Weft::new(&n.ns, &n.agent.socket);
+    let c =
+        Container { id: "nons1".into(), netns: Some("/run/netns/weft-does-not-exist".into()), ifname: "eth0".into() };
+    let out = weft.add(&c);
+    assert_eq!(out.code(), 4);
+    assert!(out.msg().contains("/run/netns/weft-does-not-exist"), "{}", out.msg());
+    assert!(n.agent.ipam_records().is_empty());
+}
+
+#[test]
+fn agent_metrics_count_requests() {
+    let Some(n) = node("metrics", "10.209.0.0/24") else { return };
+    if !prereq::require("curl", which("curl")) {
+        return;
+    }
+    let weft = Weft::new(&n.ns, &n.agent.socket);
+    let pod = Netns::new("pod");
+    weft.add(&Container::new("m1", &pod)).assert_ok();
+    let body =
+        String::from_utf8_lossy(&n.ns.exec("curl", &["-sf", "http://127.0.0.1:9646/metrics"]).stdout).into_owned();
+    assert!(body.contains(r#"weft_agent_cni_requests_total{verb="ADD",result="success"} 1"#), "{body}");
+    assert!(body.contains(r#"weft_agent_ipam_addresses{state="allocated"} 1"#), "{body}");
+    assert!(body.contains("weft_agent_cni_request_duration_seconds_bucket"), "{body}");
+    let ready = n.ns.exec("curl", &["-sf", "http://127.0.0.1:9646/readyz"]);
+    assert!(ready.status.success());
+}
