@@ -1,0 +1,288 @@
+//! A real Kubernetes control plane for tests: etcd and kube-apiserver on
+//! loopback with TLS, a static admin token and RBAC, stopped (and its data
+//! removed) when dropped or, for the shared instance, when the test binary
+//! exits.
+//!
+//! Binaries come from `e2e/scripts/build-tools.sh` (`$WEFT_TOOLS_DIR`, default
+//! `~/.cache/weft/tools/bin`).
+
+pub mod kube_util;
+pub mod operator;
+pub mod pki;
+pub mod process;
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+
+pub use kube_util::{install_crds, new_namespace, unique_name, wait_for};
+
+/// Directory holding `kube-apiserver`, `etcd` and `kubectl`.
+pub fn tools_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("WEFT_TOOLS_DIR") {
+        return dir.into();
+    }
+    let cache = std::env::var_os("WEFT_TOOLS_CACHE")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cache/weft/tools")))
+        .unwrap_or_else(|| PathBuf::from("/root/.cache/weft/tools"));
+    cache.join("bin")
+}
+
+/// True when the binaries the control plane needs are present.
+pub fn tools_present() -> bool {
+    let dir = tools_dir();
+    ["kube-apiserver", "etcd"].iter().all(|b| dir.join(b).is_file())
+}
+
+/// How the admin user authenticates.
+const ADMIN_TOKEN_USER: &str = "weft-admin";
+
+/// A running etcd + kube-apiserver pair.
+pub struct ControlPlane {
+    /// `https://127.0.0.1:<port>`
+    pub server: String,
+    /// Bearer token of a `system:masters` user.
+    pub token: String,
+    /// Kubeconfig for the admin user.
+    pub kubeconfig: PathBuf,
+    /// CA certificate of the apiserver.
+    pub ca_cert: PathBuf,
+    inner: Mutex<Running>,
+}
+
+struct Running {
+    apiserver: Option<Child>,
+    etcd: Option<Child>,
+    dir: Option<tempfile::TempDir>,
+}
+
+impl ControlPlane {
+    /// The control plane shared by all tests of this test binary, started on
+    /// first use. Returns `None` (after a loud notice) when the binaries are
+    /// missing outside CI; panics in CI or when the start fails.
+    pub fn shared() -> Option<&'static ControlPlane> {
+        static SHARED: OnceLock<Result<ControlPlane, String>> = OnceLock::new();
+        let what = format!(
+            "kube-apiserver and etcd in {} (build them with e2e/scripts/build-tools.sh)",
+            tools_dir().display()
+        );
+        if !crate::prereq::require(&what, tools_present()) {
+            return None;
+        }
+        let cp = SHARED.get_or_init(|| {
+            let started = ControlPlane::start().map_err(|e| format!("{e:#}"));
+            if started.is_ok() {
+                // Statics are never dropped: stop the shared instance when
+                // the test binary exits (libtest leaves via exit(3)).
+                extern "C" fn stop_shared() {
+                    if let Some(Ok(cp)) = SHARED.get() {
+                        cp.shutdown();
+                    }
+                }
+                // SAFETY: registering a plain extern "C" fn with no captures.
+                unsafe { libc::atexit(stop_shared) };
+            }
+            started
+        });
+        match cp {
+            Ok(cp) => Some(cp),
+            Err(e) => panic!("starting the shared control plane failed: {e}"),
+        }
+    }
+
+    /// Starts a fresh control plane (retried once if a port got taken).
+    pub fn start() -> anyhow::Result<ControlPlane> {
+        match Self::start_once() {
+            Ok(cp) => Ok(cp),
+            Err(first) => {
+                eprintln!("control plane start failed, retrying once: {first:#}");
+                Self::start_once()
+            }
+        }
+    }
+
+    fn start_once() -> anyhow::Result<ControlPlane> {
+        let tools = tools_dir();
+        let dir = tempfile::Builder::new().prefix("weft-cp-").tempdir().context("creating control plane dir")?;
+        let root = dir.path().to_path_buf();
+        let pki = pki::generate(&root)?;
+
+        let etcd_client = free_port()?;
+        let etcd_peer = free_port()?;
+        let api_port = free_port()?;
+        let token = format!("weft-{:032x}", rand::random::<u128>());
+        let token_file = root.join("tokens.csv");
+        std::fs::write(&token_file, format!("{token},{ADMIN_TOKEN_USER},weft-admin-uid,\"system:masters\"\n"))
+            .context("writing token file")?;
+
+        let mut running = Running { apiserver: None, etcd: None, dir: Some(dir) };
+
+        let mut etcd = Command::new(tools.join("etcd"));
+        etcd.args([
+            "--name=weft-test",
+            &format!("--data-dir={}", root.join("etcd").display()),
+            &format!("--listen-client-urls=http://127.0.0.1:{etcd_client}"),
+            &format!("--advertise-client-urls=http://127.0.0.1:{etcd_client}"),
+            &format!("--listen-peer-urls=http://127.0.0.1:{etcd_peer}"),
+            &format!("--initial-advertise-peer-urls=http://127.0.0.1:{etcd_peer}"),
+            &format!("--initial-cluster=weft-test=http://127.0.0.1:{etcd_peer}"),
+            "--listen-metrics-urls=",
+            // Test data is throwaway: skip fsync to keep the suite fast.
+            "--unsafe-no-fsync",
+            "--log-level=warn",
+        ]);
+        let etcd_log = root.join("etcd.log");
+        running.etcd = Some(process::spawn_tied(etcd, &etcd_log)?);
+
+        let mut apiserver = Command::new(tools.join("kube-apiserver"));
+        apiserver.args([
+            &format!("--etcd-servers=http://127.0.0.1:{etcd_client}"),
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            &format!("--secure-port={api_port}"),
+            &format!("--cert-dir={}", root.join("certs").display()),
+            &format!("--tls-cert-file={}", pki.serving_cert.display()),
+            &format!("--tls-private-key-file={}", pki.serving_key.display()),
+            &format!("--client-ca-file={}", pki.ca_cert.display()),
+            &format!("--token-auth-file={}", token_file.display()),
+            "--authorization-mode=RBAC",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            &format!("--service-account-key-file={}", pki.service_account_pub.display()),
+            &format!("--service-account-signing-key-file={}", pki.service_account_key.display()),
+            "--service-cluster-ip-range=10.96.0.0/16",
+            "--allow-privileged=true",
+            "--enable-priority-and-fairness=false",
+            "--profiling=false",
+            "--v=1",
+        ]);
+        let api_log = root.join("kube-apiserver.log");
+        running.apiserver = Some(process::spawn_tied(apiserver, &api_log)?);
+
+        let server = format!("https://127.0.0.1:{api_port}");
+        let kubeconfig = root.join("kubeconfig");
+        std::fs::write(&kubeconfig, kubeconfig_yaml(&server, &pki.ca_cert, &token)).context("writing kubeconfig")?;
+
+        let cp = ControlPlane { server, token, kubeconfig, ca_cert: pki.ca_cert.clone(), inner: Mutex::new(running) };
+        if let Err(e) = cp.wait_ready(Duration::from_secs(90)) {
+            let detail = format!(
+                "{e:#}\n--- etcd.log (tail) ---\n{}\n--- kube-apiserver.log (tail) ---\n{}",
+                process::log_tail(&etcd_log, 2000),
+                process::log_tail(&api_log, 4000)
+            );
+            cp.shutdown();
+            bail!("control plane did not become ready: {detail}");
+        }
+        Ok(cp)
+    }
+
+    /// Polls `/readyz` until it answers `ok` or the deadline passes; fails
+    /// early when a process exits.
+    fn wait_ready(&self, timeout: Duration) -> anyhow::Result<()> {
+        let kubeconfig = self.kubeconfig.clone();
+        let deadline = Instant::now() + timeout;
+        // A private runtime on its own thread: callers may or may not be
+        // inside a tokio runtime, and clients must not outlive their runtime.
+        let mut last_err = String::from("no answer yet");
+        while Instant::now() < deadline {
+            self.check_alive()?;
+            let kc = kubeconfig.clone();
+            let probe = std::thread::spawn(move || -> anyhow::Result<String> {
+                let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+                rt.block_on(async move {
+                    let client = kube_util::client_from(&kc).await?;
+                    let req = http::Request::get("/readyz").body(Vec::new())?;
+                    let body = tokio::time::timeout(Duration::from_secs(5), client.request_text(req))
+                        .await
+                        .context("readyz timed out")??;
+                    Ok(body)
+                })
+            })
+            .join()
+            .map_err(|_| anyhow::anyhow!("readyz probe panicked"))?;
+            match probe {
+                Ok(body) if body.trim() == "ok" => return Ok(()),
+                Ok(body) => last_err = body,
+                Err(e) => last_err = format!("{e:#}"),
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+        bail!("/readyz not ok after {timeout:?}: {last_err}")
+    }
+
+    fn check_alive(&self) -> anyhow::Result<()> {
+        let mut guard = self.inner.lock().map_err(|_| anyhow::anyhow!("control plane lock poisoned"))?;
+        let running = &mut *guard;
+        for (name, child) in [("etcd", &mut running.etcd), ("kube-apiserver", &mut running.apiserver)] {
+            if let Some(child) = child
+                && let Ok(Some(status)) = child.try_wait()
+            {
+                bail!("{name} exited early: {status}");
+            }
+        }
+        Ok(())
+    }
+
+    /// A new client for the admin user, bound to the caller's runtime.
+    pub async fn client(&self) -> anyhow::Result<kube::Client> {
+        kube_util::client_from(&self.kubeconfig).await
+    }
+
+    /// Stops both processes and removes the data directory. Idempotent.
+    pub fn shutdown(&self) {
+        let Ok(mut running) = self.inner.lock() else { return };
+        if let Some(mut api) = running.apiserver.take() {
+            process::stop(&mut api, Duration::from_secs(5));
+        }
+        if let Some(mut etcd) = running.etcd.take() {
+            process::stop(&mut etcd, Duration::from_secs(5));
+        }
+        if let Some(dir) = running.dir.take() {
+            if std::env::var_os("WEFT_KEEP_CONTROL_PLANE").is_some() {
+                eprintln!("keeping control plane dir {}", dir.keep().display());
+            } else {
+                let _ = dir.close();
+            }
+        }
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+/// A loopback port that was free a moment ago.
+pub fn free_port() -> anyhow::Result<u16> {
+    let listener = TcpListener::bind("127.0.0.1:0").context("binding a free port")?;
+    Ok(listener.local_addr()?.port())
+}
+
+fn kubeconfig_yaml(server: &str, ca: &Path, token: &str) -> String {
+    format!(
+        "apiVersion: v1
+kind: Config
+clusters:
+- name: weft-test
+  cluster:
+    server: {server}
+    certificate-authority: {ca}
+users:
+- name: {ADMIN_TOKEN_USER}
+  user:
+    token: {token}
+contexts:
+- name: weft-test
+  context:
+    cluster: weft-test
+    user: {ADMIN_TOKEN_USER}
+current-context: weft-test
+",
+        ca = ca.display()
+    )
+}
