@@ -70,6 +70,15 @@ pub struct SubnetSpec {
     /// Encapsulation used between nodes.
     #[serde(default)]
     pub backend: Backend,
+    /// VXLAN network identifier (vxlan backend only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 16777215))]
+    pub vni: Option<u32>,
+    /// MTU override for pod interfaces; unset means the agent derives it
+    /// from the node's uplink minus the encapsulation overhead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 576, max = 9216))]
+    pub mtu: Option<u32>,
 }
 
 /// Published by the node's agent once its datapath uses the lease.

@@ -1,0 +1,152 @@
+//! Operator configuration from flags and environment (later: Helm values).
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::{Parser, ValueEnum};
+use ipnet::IpNet;
+
+use crate::ipam::{IpamError, Pool};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BackendArg {
+    Vxlan,
+    HostGw,
+}
+
+impl From<BackendArg> for weft_api::Backend {
+    fn from(b: BackendArg) -> Self {
+        match b {
+            BackendArg::Vxlan => weft_api::Backend::Vxlan,
+            BackendArg::HostGw => weft_api::Backend::HostGw,
+        }
+    }
+}
+
+/// Weft operator: hands out per-node Subnet leases from the cluster CIDR.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "weft-operator", version)]
+pub struct Config {
+    /// Cluster pod CIDR that node subnets are carved from.
+    #[arg(long, env = "WEFT_CLUSTER_CIDR", default_value = "10.244.0.0/16")]
+    pub cluster_cidr: IpNet,
+
+    /// Prefix length of each node's subnet.
+    #[arg(long, env = "WEFT_NODE_PREFIX_LENGTH", default_value_t = 24)]
+    pub node_prefix_length: u8,
+
+    /// Encapsulation between nodes.
+    #[arg(long, env = "WEFT_BACKEND", value_enum, default_value = "vxlan")]
+    pub backend: BackendArg,
+
+    /// VXLAN network identifier written into vxlan Subnets.
+    #[arg(long, env = "WEFT_VNI", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=16_777_215))]
+    pub vni: u32,
+
+    /// MTU override for pod interfaces (default: agents derive it).
+    #[arg(long, env = "WEFT_MTU", value_parser = clap::value_parser!(u32).range(576..=9216))]
+    pub mtu: Option<u32>,
+
+    /// Only manage Nodes matching this label selector (default: all).
+    #[arg(long, env = "WEFT_NODE_SELECTOR")]
+    pub node_selector: Option<String>,
+
+    /// Address of the /metrics, /healthz and /readyz server.
+    #[arg(long, env = "WEFT_METRICS_ADDR", default_value = "0.0.0.0:9090")]
+    pub metrics_addr: SocketAddr,
+
+    /// Use a Lease so that only one replica allocates at a time.
+    #[arg(long, env = "WEFT_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
+    pub leader_elect: bool,
+
+    /// Namespace of the leader-election Lease.
+    #[arg(long, env = "WEFT_LEADER_ELECTION_NAMESPACE", default_value = "kube-system")]
+    pub leader_election_namespace: String,
+
+    /// Name of the leader-election Lease.
+    #[arg(long, env = "WEFT_LEADER_ELECTION_NAME", default_value = "weft-operator")]
+    pub leader_election_name: String,
+
+    /// Identity in the Lease (default: POD_NAME, else hostname-pid).
+    #[arg(long, env = "POD_NAME")]
+    pub identity: Option<String>,
+
+    /// Seconds a Lease stays valid without renewal.
+    #[arg(long, env = "WEFT_LEASE_DURATION_SECONDS", default_value_t = 15, value_parser = clap::value_parser!(u32).range(1..=3600))]
+    pub lease_duration_seconds: u32,
+
+    /// Seconds the leader keeps trying to renew before giving up leadership.
+    #[arg(long, env = "WEFT_RENEW_DEADLINE_SECONDS", default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=3600))]
+    pub renew_deadline_seconds: u32,
+
+    /// Seconds between acquire/renew attempts.
+    #[arg(long, env = "WEFT_RETRY_PERIOD_SECONDS", default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=600))]
+    pub retry_period_seconds: u32,
+
+    /// Maximum reconciles running at once per controller.
+    #[arg(long, env = "WEFT_CONCURRENCY", default_value_t = 16)]
+    pub concurrency: u16,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("invalid --cluster-cidr/--node-prefix-length: {0}")]
+    Pool(#[from] IpamError),
+    #[error("--renew-deadline-seconds ({renew}) must be below --lease-duration-seconds ({lease})")]
+    RenewDeadline { renew: u32, lease: u32 },
+}
+
+impl Config {
+    /// The address pool, validated.
+    pub fn pool(&self) -> Result<Pool, ConfigError> {
+        Ok(Pool::new(self.cluster_cidr, self.node_prefix_length)?)
+    }
+
+    /// Checks cross-field constraints.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.pool()?;
+        if self.leader_elect && self.renew_deadline_seconds >= self.lease_duration_seconds {
+            return Err(ConfigError::RenewDeadline {
+                renew: self.renew_deadline_seconds,
+                lease: self.lease_duration_seconds,
+            });
+        }
+        Ok(())
+    }
+
+    pub fn lease_duration(&self) -> Duration {
+        Duration::from_secs(self.lease_duration_seconds.into())
+    }
+
+    pub fn renew_deadline(&self) -> Duration {
+        Duration::from_secs(self.renew_deadline_seconds.into())
+    }
+
+    pub fn retry_period(&self) -> Duration {
+        Duration::from_secs(self.retry_period_seconds.into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid() {
+        let cfg = Config::try_parse_from(["weft-operator"]).expect("defaults parse");
+        cfg.validate().expect("defaults valid");
+        assert_eq!(cfg.pool().expect("pool").capacity(), 256);
+    }
+
+    #[test]
+    fn rejects_bad_values() {
+        assert!(Config::try_parse_from(["x", "--vni", "0"]).is_err());
+        assert!(Config::try_parse_from(["x", "--mtu", "100"]).is_err());
+        assert!(Config::try_parse_from(["x", "--cluster-cidr", "10.0.0.0/33"]).is_err());
+        let cfg = Config::try_parse_from(["x", "--node-prefix-length", "8"]).expect("parses");
+        assert!(cfg.validate().is_err());
+        let cfg = Config::try_parse_from(["x", "--lease-duration-seconds", "5", "--renew-deadline-seconds", "5"])
+            .expect("parses");
+        assert!(cfg.validate().is_err());
+    }
+}

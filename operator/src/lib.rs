@@ -1,0 +1,8 @@
+//! Weft operator: per-node Subnet leases (later: host ports, policy).
+
+pub mod config;
+pub mod ipam;
+pub mod leader;
+pub mod metrics;
+pub mod run;
+pub mod subnets;

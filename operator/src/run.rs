@@ -1,0 +1,205 @@
+//! Wiring: client, metrics server, leader election, the two controllers.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use anyhow::Context as _;
+use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Node;
+use kube::core::PartialObjectMeta;
+use kube::runtime::controller::{self, Controller};
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, ResourceExt};
+use tokio::sync::Mutex;
+use weft_api::Subnet;
+
+use crate::config::Config;
+use crate::leader::LeaderElector;
+use crate::metrics::{self, Metrics};
+use crate::subnets::{self, Context};
+
+/// Runs the operator until SIGTERM/SIGINT (Ok) or a fatal error.
+pub async fn run(config: Config) -> anyhow::Result<()> {
+    config.validate()?;
+    let pool = config.pool()?;
+    let client = Client::try_default().await.context("connecting to the Kubernetes API")?;
+    let metrics = Arc::new(Metrics::new());
+    metrics.set_leases(0, pool.capacity());
+
+    let server = tokio::spawn(metrics::serve(config.metrics_addr, metrics.clone()));
+    let identity = config.identity.clone().unwrap_or_else(default_identity);
+
+    let mut elector = config.leader_elect.then(|| {
+        LeaderElector::new(
+            Api::<Lease>::namespaced(client.clone(), &config.leader_election_namespace),
+            config.leader_election_name.clone(),
+            identity.clone(),
+            config.lease_duration(),
+            config.renew_deadline(),
+            config.retry_period(),
+        )
+    });
+
+    let shutdown = shutdown_signal();
+    tokio::pin!(shutdown);
+
+    if let Some(elector) = elector.as_mut() {
+        // A standby replica is healthy and ready; it just does not allocate.
+        metrics.set_ready(true);
+        tokio::select! {
+            res = elector.acquire() => res.context("acquiring leadership")?,
+            _ = &mut shutdown => return Ok(()),
+            res = &mut Box::pin(async { server.await }) => return Err(server_exit(res)),
+        }
+    }
+    metrics.leader.set(1);
+
+    let ctx_config = config.clone();
+    let controllers = run_controllers(client, ctx_config, pool, metrics.clone(), identity);
+    tokio::pin!(controllers);
+
+    let outcome = match elector.as_mut() {
+        Some(elector) => {
+            tokio::select! {
+                lost = elector.hold() => Err(anyhow::Error::new(lost)),
+                res = &mut controllers => res,
+                _ = &mut shutdown => Ok(()),
+            }
+        }
+        None => {
+            tokio::select! {
+                res = &mut controllers => res,
+                _ = &mut shutdown => Ok(()),
+            }
+        }
+    };
+    if outcome.is_ok()
+        && let Some(elector) = elector.as_mut()
+    {
+        elector.release().await;
+    }
+    outcome
+}
+
+fn server_exit(res: Result<std::io::Result<()>, tokio::task::JoinError>) -> anyhow::Error {
+    match res {
+        Ok(Ok(())) => anyhow::anyhow!("metrics server stopped"),
+        Ok(Err(e)) => anyhow::Error::new(e).context("metrics server failed"),
+        Err(e) => anyhow::Error::new(e).context("metrics server task failed"),
+    }
+}
+
+async fn run_controllers(
+    client: Client,
+    config: Config,
+    pool: crate::ipam::Pool,
+    metrics: Arc<Metrics>,
+    identity: String,
+) -> anyhow::Result<()> {
+    let nodes_api: Api<Node> = Api::all(client.clone());
+    let subnets_api: Api<Subnet> = Api::all(client.clone());
+    let node_watch = match &config.node_selector {
+        Some(sel) => watcher::Config::default().labels(sel),
+        None => watcher::Config::default(),
+    };
+    let ctrl_config = controller::Config::default().concurrency(config.concurrency);
+
+    // Subnet deletions wake nodes that are waiting for space.
+    let (retry_tx, retry_rx) = tokio::sync::mpsc::channel::<()>(1);
+    let node_ctrl = Controller::new(nodes_api.clone(), node_watch.clone())
+        .owns(subnets_api.clone(), watcher::Config::default())
+        .reconcile_all_on(tokio_stream::wrappers::ReceiverStream::new(retry_rx))
+        .with_config(ctrl_config.clone());
+    let subnet_ctrl = Controller::new(subnets_api.clone(), watcher::Config::default())
+        .watches(nodes_api.clone(), node_watch, |node: Node| Some(ObjectRef::<Subnet>::new(&node.name_any())))
+        .with_config(ctrl_config);
+
+    let recorder =
+        Recorder::new(client.clone(), Reporter { controller: "weft-operator".into(), instance: Some(identity) });
+    let ctx = Arc::new(Context {
+        nodes_api,
+        subnets_api: subnets_api.clone(),
+        nodes: node_ctrl.store(),
+        subnets: subnet_ctrl.store(),
+        pool,
+        config,
+        metrics: metrics.clone(),
+        recorder,
+        alloc_lock: Mutex::new(()),
+        waiting_for_space: AtomicBool::new(false),
+    });
+
+    let wake = {
+        let ctx = ctx.clone();
+        watcher::watcher(Api::<PartialObjectMeta<Subnet>>::all(client.clone()), watcher::Config::default())
+            .default_backoff()
+            .for_each(move |ev| {
+                let ctx = ctx.clone();
+                let tx = retry_tx.clone();
+                async move {
+                    if let Ok(watcher::Event::Delete(_)) = ev
+                        && ctx.waiting_for_space.swap(false, Ordering::SeqCst)
+                    {
+                        // Full channel means a wake-up is already pending.
+                        let _ = tx.try_send(());
+                    }
+                }
+            })
+    };
+
+    let ready = {
+        let ctx = ctx.clone();
+        async move {
+            let nodes = ctx.nodes.wait_until_ready().await;
+            let subnets = ctx.subnets.wait_until_ready().await;
+            if nodes.is_ok() && subnets.is_ok() {
+                tracing::info!("caches synced, reconciling");
+            }
+        }
+    };
+
+    let nodes = node_ctrl.run(subnets::reconcile_node, subnets::error_policy, ctx.clone()).for_each(|res| async move {
+        if let Err(e) = res {
+            tracing::debug!(error = %e, "node controller event");
+        }
+    });
+    let subnets =
+        subnet_ctrl.run(subnets::reconcile_subnet, subnets::error_policy, ctx.clone()).for_each(|res| async move {
+            if let Err(e) = res {
+                tracing::debug!(error = %e, "subnet controller event");
+            }
+        });
+    tokio::join!(nodes, subnets, wake, ready);
+    anyhow::bail!("controllers stopped")
+}
+
+fn default_identity() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()).unwrap_or_default();
+    format!(
+        "{}-{}-{:06x}",
+        if host.is_empty() { "weft-operator" } else { &host },
+        std::process::id(),
+        rand::random::<u32>() & 0xff_ffff
+    )
+}
+
+async fn shutdown_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    tokio::select! {
+        _ = term => tracing::info!("SIGTERM, shutting down"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT, shutting down"),
+    }
+}

@@ -1,0 +1,341 @@
+//! Subnet leases: every managed Node gets exactly one Subnet (named after
+//! the node) carved from the cluster CIDR; the Subnet is released when its
+//! Node goes away.
+//!
+//! The Subnet objects are the only state. Allocation lists them from the API
+//! under a lock (so this replica never hands out one block twice), and the
+//! deterministic name makes a concurrent creator conflict instead of
+//! duplicating. If overlapping Subnets exist anyway (e.g. written by hand or
+//! by a replica that lost its lease mid-flight), the newer one is deleted and
+//! its node gets a fresh lease.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ipnet::IpNet;
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, OwnerReference, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Resource, ResourceExt};
+use serde_json::json;
+use tokio::sync::Mutex;
+use weft_api::Subnet;
+use weft_api::subnet::{CONDITION_ALLOCATED, SubnetSpec};
+
+use crate::config::Config;
+use crate::ipam::{Pool, overlaps};
+use crate::metrics::Metrics;
+
+pub const FIELD_MANAGER: &str = "weft-operator";
+/// Label on every Subnet naming its node, for selectors and humans.
+pub const NODE_LABEL: &str = "weft.dev/node";
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{action} subnet {name}: {source}")]
+    Kube {
+        action: &'static str,
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("{0} has no {1}")]
+    Missing(String, &'static str),
+}
+
+fn kube_err(action: &'static str, name: &str) -> impl FnOnce(kube::Error) -> Error + use<> {
+    let name = name.to_string();
+    move |source| Error::Kube { action, name, source }
+}
+
+/// Shared by both reconcilers.
+pub struct Context {
+    pub nodes_api: Api<Node>,
+    pub subnets_api: Api<Subnet>,
+    pub nodes: Store<Node>,
+    pub subnets: Store<Subnet>,
+    pub pool: Pool,
+    pub config: Config,
+    pub metrics: Arc<Metrics>,
+    pub recorder: Recorder,
+    /// Serialises list-then-create so this replica never double-allocates.
+    pub alloc_lock: Mutex<()>,
+    /// Set while some node is waiting for space; a Subnet deletion then
+    /// retriggers all nodes.
+    pub waiting_for_space: std::sync::atomic::AtomicBool,
+}
+
+/// Reconciles one Node: make sure it has exactly one valid Subnet.
+pub async fn reconcile_node(node: Arc<Node>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let started = Instant::now();
+    let result = reconcile_node_inner(&node, &ctx).await;
+    ctx.metrics.observe("node", started.elapsed(), result.is_err());
+    result
+}
+
+async fn reconcile_node_inner(node: &Node, ctx: &Context) -> Result<Action, Error> {
+    let name = node.name_any();
+    let node_uid = node.uid().ok_or_else(|| Error::Missing(format!("node {name}"), "uid"))?;
+    if node.metadata.deletion_timestamp.is_some() {
+        return Ok(Action::await_change());
+    }
+    // The cache is a hint; allocation re-checks against the API.
+    if let Some(subnet) = ctx.subnets.get(&ObjectRef::new(&name)) {
+        if owner_uid(&subnet).is_some_and(|uid| uid != node_uid) {
+            // A Subnet left over from an earlier Node of the same name.
+            tracing::info!(node = %name, "deleting Subnet of a previous node incarnation");
+            delete_subnet(ctx, &subnet).await?;
+        } else {
+            ensure_allocated_condition(ctx, &subnet).await?;
+            return Ok(Action::requeue(Duration::from_secs(600)));
+        }
+    }
+    allocate(node, &node_uid, ctx).await
+}
+
+/// Lists every Subnet, picks the lowest free block and creates the node's
+/// Subnet. Exhaustion is reported on the Node.
+async fn allocate(node: &Node, node_uid: &str, ctx: &Context) -> Result<Action, Error> {
+    let name = node.name_any();
+    let guard = ctx.alloc_lock.lock().await;
+    let existing = ctx.subnets_api.list(&ListParams::default()).await.map_err(kube_err("listing", "*"))?;
+    if let Some(own) = existing.items.iter().find(|s| s.name_any() == name) {
+        if owner_uid(own).is_none_or(|uid| uid == node_uid) {
+            drop(guard);
+            ensure_allocated_condition(ctx, own).await?;
+            return Ok(Action::requeue(Duration::from_secs(600)));
+        }
+        // Stale lease of a previous Node with this name: the cache missed it.
+        drop(guard);
+        delete_subnet(ctx, own).await?;
+        return Ok(Action::requeue(Duration::ZERO));
+    }
+    let used: Vec<IpNet> = existing.items.iter().filter_map(|s| s.spec.cidr.parse().ok()).collect();
+    let in_pool = used.iter().filter(|n| ctx.pool.contains(n)).count() as u128;
+    let Some(cidr) = ctx.pool.next_free(&used) else {
+        drop(guard);
+        ctx.metrics.set_leases(in_pool, ctx.pool.capacity());
+        ctx.metrics.pool_exhausted.inc();
+        ctx.waiting_for_space.store(true, std::sync::atomic::Ordering::SeqCst);
+        let note = format!(
+            "no free /{} left in cluster CIDR {} ({} of {} subnets in use); the node gets one as soon as a Subnet is released",
+            ctx.pool.node_prefix(),
+            ctx.pool.cluster(),
+            in_pool,
+            ctx.pool.capacity()
+        );
+        tracing::warn!(node = %name, "{note}");
+        let event = Event {
+            type_: EventType::Warning,
+            reason: "SubnetPoolExhausted".into(),
+            note: Some(note),
+            action: "AllocateSubnet".into(),
+            secondary: None,
+        };
+        if let Err(e) = ctx.recorder.publish(&event, &node.object_ref(&())).await {
+            tracing::warn!(error = %e, node = %name, "publishing exhaustion event failed");
+        }
+        return Ok(Action::requeue(Duration::from_secs(30)));
+    };
+
+    let subnet = new_subnet(&name, node_uid, cidr, &ctx.config);
+    let created = match ctx
+        .subnets_api
+        .create(&PostParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() }, &subnet)
+        .await
+    {
+        Ok(s) => s,
+        Err(kube::Error::Api(s)) if s.code == 409 => {
+            // Someone else created it between our list and create.
+            drop(guard);
+            return Ok(Action::requeue(Duration::ZERO));
+        }
+        Err(e) => return Err(kube_err("creating", &name)(e)),
+    };
+    drop(guard);
+    ctx.metrics.set_leases(in_pool + 1, ctx.pool.capacity());
+    tracing::info!(node = %name, %cidr, "allocated subnet");
+    ensure_allocated_condition(ctx, &created).await?;
+    Ok(Action::requeue(Duration::from_secs(600)))
+}
+
+fn new_subnet(node: &str, node_uid: &str, cidr: IpNet, config: &Config) -> Subnet {
+    let backend: weft_api::Backend = config.backend.into();
+    let mut subnet = Subnet::new(
+        node,
+        SubnetSpec {
+            node_name: node.to_string(),
+            cidr: cidr.to_string(),
+            backend,
+            vni: (backend == weft_api::Backend::Vxlan).then_some(config.vni),
+            mtu: config.mtu,
+        },
+    );
+    subnet.metadata.labels = Some([(NODE_LABEL.to_string(), node.to_string())].into());
+    // Lets the garbage collector (in a full cluster) release the lease too.
+    subnet.metadata.owner_references = Some(vec![OwnerReference {
+        api_version: "v1".into(),
+        kind: "Node".into(),
+        name: node.to_string(),
+        uid: node_uid.to_string(),
+        controller: Some(true),
+        block_owner_deletion: None,
+    }]);
+    subnet
+}
+
+fn owner_uid(subnet: &Subnet) -> Option<&str> {
+    subnet.owner_references().iter().find(|o| o.kind == "Node" && o.api_version == "v1").map(|o| o.uid.as_str())
+}
+
+/// Sets `Allocated=True` (server-side apply: the agent owns `Ready`).
+async fn ensure_allocated_condition(ctx: &Context, subnet: &Subnet) -> Result<(), Error> {
+    let has = subnet
+        .status
+        .as_ref()
+        .is_some_and(|s| s.conditions.iter().any(|c| c.type_ == CONDITION_ALLOCATED && c.status == "True"));
+    if has {
+        return Ok(());
+    }
+    let name = subnet.name_any();
+    let condition = Condition {
+        type_: CONDITION_ALLOCATED.into(),
+        status: "True".into(),
+        reason: "LeaseGranted".into(),
+        message: format!("{} leased to node {}", subnet.spec.cidr, subnet.spec.node_name),
+        last_transition_time: Time(Timestamp::now()),
+        observed_generation: subnet.metadata.generation,
+    };
+    let patch = json!({
+        "apiVersion": "weft.dev/v1alpha1",
+        "kind": "Subnet",
+        "status": {"conditions": [condition]},
+    });
+    match ctx.subnets_api.patch_status(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(patch)).await {
+        Ok(_) => Ok(()),
+        // Deleted meanwhile: the next reconcile reallocates.
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(kube_err("updating status of", &name)(e)),
+    }
+}
+
+/// Deletes exactly this Subnet (UID precondition), tolerating it being gone.
+async fn delete_subnet(ctx: &Context, subnet: &Subnet) -> Result<(), Error> {
+    let name = subnet.name_any();
+    let dp = DeleteParams {
+        preconditions: subnet.uid().map(|uid| Preconditions { uid: Some(uid), resource_version: None }),
+        ..Default::default()
+    };
+    match ctx.subnets_api.delete(&name, &dp).await {
+        Ok(_) => {
+            tracing::info!(subnet = %name, cidr = %subnet.spec.cidr, "released subnet");
+            Ok(())
+        }
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(()),
+        Err(e) => Err(kube_err("deleting", &name)(e)),
+    }
+}
+
+/// Reconciles one Subnet: release it when its Node is gone (or replaced),
+/// and delete the newer of two overlapping Subnets.
+pub async fn reconcile_subnet(subnet: Arc<Subnet>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let started = Instant::now();
+    let result = reconcile_subnet_inner(&subnet, &ctx).await;
+    ctx.metrics.observe("subnet", started.elapsed(), result.is_err());
+    result
+}
+
+async fn reconcile_subnet_inner(subnet: &Subnet, ctx: &Context) -> Result<Action, Error> {
+    update_lease_gauges(ctx);
+    if subnet.metadata.deletion_timestamp.is_some() {
+        return Ok(Action::await_change());
+    }
+    let node_name = &subnet.spec.node_name;
+    // The cache may lag behind a just-created Node: confirm with the API
+    // before releasing anything.
+    let node = match ctx.nodes.get(&ObjectRef::new(node_name)) {
+        Some(n) => Some(n),
+        None => {
+            ctx.nodes_api.get_opt(node_name).await.map_err(kube_err("looking up node of", node_name))?.map(Arc::new)
+        }
+    };
+    let release = match &node {
+        None => true,
+        Some(node) => owner_uid(subnet).is_some_and(|uid| node.uid().as_deref() != Some(uid)),
+    };
+    if release {
+        if !managed(ctx, subnet) {
+            return Ok(Action::await_change());
+        }
+        tracing::info!(subnet = %subnet.name_any(), node = %node_name, "node is gone, releasing its subnet");
+        delete_subnet(ctx, subnet).await?;
+        return Ok(Action::await_change());
+    }
+
+    if let Ok(mine) = subnet.spec.cidr.parse::<IpNet>()
+        && let Some(older) = ctx.subnets.state().into_iter().find(|other| {
+            other.name_any() != subnet.name_any()
+                && other.spec.cidr.parse::<IpNet>().is_ok_and(|theirs| overlaps(&mine, &theirs))
+                && is_older(other, subnet)
+        })
+    {
+        tracing::warn!(
+            subnet = %subnet.name_any(), cidr = %mine, older = %older.name_any(), older_cidr = %older.spec.cidr,
+            "subnet overlaps an older one, deleting it so its node is reallocated"
+        );
+        delete_subnet(ctx, subnet).await?;
+    }
+    Ok(Action::requeue(Duration::from_secs(600)))
+}
+
+/// Only touch Subnets inside our pool, so that operators with other pools
+/// (or hand-made leases outside it) are left alone.
+fn managed(ctx: &Context, subnet: &Subnet) -> bool {
+    subnet.spec.cidr.parse::<IpNet>().is_ok_and(|n| ctx.pool.contains(&n))
+}
+
+/// Older by creation time, then by name, so both sides agree on the loser.
+fn is_older(a: &Subnet, b: &Subnet) -> bool {
+    let key = |s: &Subnet| (s.metadata.creation_timestamp.as_ref().map(|t| t.0), s.name_any());
+    key(a) < key(b)
+}
+
+fn update_lease_gauges(ctx: &Context) {
+    let allocated = ctx
+        .subnets
+        .state()
+        .iter()
+        .filter(|s| s.spec.cidr.parse::<IpNet>().is_ok_and(|n| ctx.pool.contains(&n)))
+        .count() as u128;
+    ctx.metrics.set_leases(allocated, ctx.pool.capacity());
+}
+
+/// Retry policy for failed reconciles.
+pub fn error_policy<K>(_obj: Arc<K>, error: &Error, _ctx: Arc<Context>) -> Action {
+    tracing::warn!(%error, "reconcile failed, retrying");
+    Action::requeue(Duration::from_secs(2))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[test]
+    fn new_subnet_is_owned_by_its_node_and_carries_backend_data() {
+        let cfg = Config::try_parse_from(["x", "--vni", "42", "--mtu", "1400"]).expect("config");
+        let s = new_subnet("n1", "uid-1", "10.244.3.0/24".parse().expect("cidr"), &cfg);
+        assert_eq!(s.name_any(), "n1");
+        assert_eq!(s.spec.cidr, "10.244.3.0/24");
+        assert_eq!(s.spec.vni, Some(42));
+        assert_eq!(s.spec.mtu, Some(1400));
+        assert_eq!(owner_uid(&s), Some("uid-1"));
+        let cfg = Config::try_parse_from(["x", "--backend", "host-gw"]).expect("config");
+        let s = new_subnet("n1", "uid-1", "10.244.3.0/24".parse().expect("cidr"), &cfg);
+        assert_eq!(s.spec.vni, None, "host-gw has no VNI");
+    }
+}
