@@ -1,0 +1,76 @@
+//! The underlay interface: the one carrying the node IP, whose MTU bounds
+//! the overlay's and whose subnet is the node's L2 segment.
+
+use std::net::{IpAddr, Ipv4Addr};
+
+use futures::TryStreamExt;
+use ipnet::Ipv4Net;
+use netlink_packet_route::address::AddressAttribute;
+use netlink_packet_route::link::{LinkAttribute, LinkMessage};
+use rtnetlink::Handle;
+
+use super::{DataplaneError, link, op};
+
+/// What the overlay needs to know about the underlay interface.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Underlay {
+    pub index: u32,
+    pub name: String,
+    pub mtu: u32,
+    /// The node IP with the interface's prefix length.
+    pub net: Ipv4Net,
+}
+
+/// Finds the underlay: the interface `name`, or when `None`, whichever
+/// interface carries `node_ip`. Either way `node_ip` must be on it.
+pub async fn find(h: &Handle, name: Option<&str>, node_ip: Ipv4Addr) -> Result<Underlay, DataplaneError> {
+    let (index, net) = match name {
+        Some(name) => {
+            let l = link::by_name(h, name)
+                .await?
+                .ok_or_else(|| DataplaneError::Unexpected(format!("underlay interface {name} does not exist")))?;
+            let net = link::addresses(h, l.header.index).await?.into_iter().find(|n| n.addr() == node_ip).ok_or_else(
+                || {
+                    DataplaneError::Unexpected(format!(
+                        "node IP {node_ip} is not an address of underlay interface {name}"
+                    ))
+                },
+            )?;
+            (l.header.index, net)
+        }
+        None => carrying(h, node_ip)
+            .await?
+            .ok_or_else(|| DataplaneError::Unexpected(format!("no interface carries the node IP {node_ip}")))?,
+    };
+    let l = by_index(h, index)
+        .await?
+        .ok_or_else(|| DataplaneError::Unexpected(format!("underlay interface {index} vanished")))?;
+    let name = link::name_of(&l).unwrap_or_default().to_owned();
+    let mtu =
+        mtu_of(&l).ok_or_else(|| DataplaneError::Unexpected(format!("underlay interface {name} reports no MTU")))?;
+    Ok(Underlay { index, name, mtu, net })
+}
+
+/// The interface index and subnet of the address `ip`, if any link has it.
+async fn carrying(h: &Handle, ip: Ipv4Addr) -> Result<Option<(u32, Ipv4Net)>, DataplaneError> {
+    let mut stream = h.address().get().execute();
+    while let Some(msg) = stream.try_next().await.map_err(op("list addresses"))? {
+        let has = msg.attributes.iter().any(|a| matches!(a, AddressAttribute::Address(IpAddr::V4(a)) if *a == ip));
+        if has && let Ok(net) = Ipv4Net::new(ip, msg.header.prefix_len) {
+            return Ok(Some((msg.header.index, net)));
+        }
+    }
+    Ok(None)
+}
+
+pub async fn by_index(h: &Handle, index: u32) -> Result<Option<LinkMessage>, DataplaneError> {
+    match h.link().get().match_index(index).execute().try_next().await {
+        Ok(l) => Ok(l),
+        Err(e) if super::errno(&e) == Some(libc::ENODEV) => Ok(None),
+        Err(e) => Err(op(format!("look up link {index}"))(e)),
+    }
+}
+
+pub fn mtu_of(l: &LinkMessage) -> Option<u32> {
+    l.attributes.iter().find_map(|a| if let LinkAttribute::Mtu(m) = a { Some(*m) } else { None })
+}

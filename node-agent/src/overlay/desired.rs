@@ -1,0 +1,579 @@
+//! The overlay's desired state, computed purely from this node's facts and
+//! the peers' Subnets. Flannel's design: in VXLAN mode each peer gets
+//!
+//! - `route <peer CIDR> via <peer VTEP IP> dev weft.1 onlink`,
+//! - `neigh <peer VTEP IP> lladdr <peer VTEP MAC> dev weft.1 permanent`,
+//! - `fdb <peer VTEP MAC> dev weft.1 dst <peer node IP> self permanent`,
+//!
+//! where the VTEP IP is the network address of the peer's pod CIDR (like
+//! flannel's `.0/32` on `flannel.1`). In host-gw mode each peer gets
+//! `route <peer CIDR> via <peer node IP> dev <underlay>`, which only works when
+//! the peer is on the same L2 segment. With `direct_routing`, peers on our L2
+//! segment get the host-gw route and the others the VXLAN entries.
+//!
+//! Bad peer data never panics and never blocks other peers: it yields a
+//! per-peer [`PeerError`] for the caller to report (Subnet conditions).
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::{IpAddr, Ipv4Addr};
+
+use ipnet::{IpNet, Ipv4Net};
+
+use super::entries::{Dev, EntryKey, Fdb, Mac, Neigh, Route, RouteKey};
+
+/// How traffic to a peer's pods travels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Backend {
+    /// Encapsulated in VXLAN between VTEPs.
+    Vxlan,
+    /// Routed to the peer node's IP directly (same L2 segment only).
+    HostGw,
+}
+
+impl std::fmt::Display for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Backend::Vxlan => "vxlan",
+            Backend::HostGw => "host-gw",
+        })
+    }
+}
+
+/// This node, as far as the desired state depends on it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Local {
+    /// Peers with this name are this node's own Subnet and are skipped.
+    pub node_name: String,
+    /// The node IP with the prefix length of the underlay interface: peers
+    /// inside this subnet are on our L2 segment.
+    pub underlay: Ipv4Net,
+    pub pod_cidr: Ipv4Net,
+    pub cluster_cidr: Ipv4Net,
+    pub backend: Backend,
+    /// VXLAN mode only: host-gw routes for peers on our L2 segment.
+    pub direct_routing: bool,
+}
+
+impl Local {
+    pub fn node_ip(&self) -> Ipv4Addr {
+        self.underlay.addr()
+    }
+}
+
+/// Another node's Subnet, as announced by it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Peer {
+    pub node_name: String,
+    pub pod_cidr: Ipv4Net,
+    pub node_ip: Ipv4Addr,
+    pub vtep_mac: Option<[u8; 6]>,
+    /// The backend the peer runs.
+    pub backend: Backend,
+}
+
+/// Why a peer cannot be programmed. Shown to users in Subnet conditions.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PeerError {
+    #[error("more than one Subnet for node {0}")]
+    DuplicateNodeName(String),
+    #[error("pod CIDR {peer} overlaps this node's pod CIDR {local}")]
+    CidrOverlapsLocal { peer: Ipv4Net, local: Ipv4Net },
+    #[error("pod CIDR {peer} overlaps pod CIDR {other_cidr} of node {other}")]
+    CidrOverlapsPeer { peer: Ipv4Net, other: String, other_cidr: Ipv4Net },
+    #[error("pod CIDR {peer} is outside the cluster CIDR {cluster}")]
+    CidrOutsideCluster { peer: Ipv4Net, cluster: Ipv4Net },
+    #[error("node IP {0} is not a usable unicast address")]
+    InvalidNodeIp(Ipv4Addr),
+    #[error("node IP {0} is this node's own IP")]
+    NodeIpIsLocal(Ipv4Addr),
+    #[error("node IP {node_ip} is not on this node's L2 segment {underlay}, which host-gw requires")]
+    NotOnSameL2 { node_ip: Ipv4Addr, underlay: Ipv4Net },
+    #[error("no VTEP MAC address announced, which VXLAN requires")]
+    MissingVtepMac,
+    #[error("VTEP MAC address {0} is {reason}", reason = if .0.is_zero() { "all zeros" } else { "a multicast/broadcast address" })]
+    InvalidVtepMac(Mac),
+    #[error("VTEP MAC address {mac} is also announced by node {other}")]
+    DuplicateVtepMac { mac: Mac, other: String },
+    #[error("peer runs the {peer} backend, this node runs {local}")]
+    BackendMismatch { local: String, peer: Backend },
+}
+
+/// How a valid peer is reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PeerPath {
+    HostGw,
+    Vxlan(Mac),
+}
+
+/// Everything that must exist in the kernel, plus the peers that could not
+/// be programmed. Maps are keyed like the kernel keys its tables.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Desired {
+    pub routes: BTreeMap<RouteKey, Route>,
+    /// VTEP IP → VTEP MAC, on the VXLAN device.
+    pub neighs: BTreeMap<IpAddr, Neigh>,
+    /// VTEP MAC → node IP, on the VXLAN device.
+    pub fdb: BTreeMap<Mac, Fdb>,
+    /// The peer (node name) each entry exists for, to attribute failures.
+    pub owners: HashMap<EntryKey, String>,
+    /// Peers that were skipped, by node name.
+    pub errors: BTreeMap<String, PeerError>,
+    /// How each programmed peer is reached, by node name.
+    pub paths: BTreeMap<String, PeerPath>,
+}
+
+/// Computes the desired state. Deterministic; never fails as a whole.
+pub fn compute(local: &Local, peers: &[Peer]) -> Desired {
+    let mut out = Desired::default();
+
+    let mut counts: HashMap<&str, usize> = HashMap::new();
+    for p in peers {
+        *counts.entry(p.node_name.as_str()).or_default() += 1;
+    }
+
+    // Per-peer checks first, so one bad peer cannot get a good one rejected
+    // by the cross-peer checks below.
+    let mut valid: Vec<(&Peer, PeerPath)> = Vec::with_capacity(peers.len());
+    for p in peers {
+        if p.node_name == local.node_name {
+            continue;
+        }
+        if counts[p.node_name.as_str()] > 1 {
+            out.errors.insert(p.node_name.clone(), PeerError::DuplicateNodeName(p.node_name.clone()));
+            continue;
+        }
+        match check_peer(local, p) {
+            Ok(path) => valid.push((p, path)),
+            Err(e) => {
+                out.errors.insert(p.node_name.clone(), e);
+            }
+        }
+    }
+
+    let mut rejected = overlapping_cidrs(&valid);
+    rejected.extend(duplicate_macs(&valid));
+    for (p, path) in valid {
+        if let Some(e) = rejected.remove(&p.node_name) {
+            out.errors.insert(p.node_name.clone(), e);
+            continue;
+        }
+        add_entries(&mut out, p, path);
+        out.paths.insert(p.node_name.clone(), path);
+    }
+    out
+}
+
+/// Validates one peer on its own and decides how it is reached.
+pub fn check_peer(local: &Local, p: &Peer) -> Result<PeerPath, PeerError> {
+    if p.pod_cidr.contains(&local.pod_cidr) || local.pod_cidr.contains(&p.pod_cidr) {
+        return Err(PeerError::CidrOverlapsLocal { peer: p.pod_cidr, local: local.pod_cidr });
+    }
+    if !local.cluster_cidr.contains(&p.pod_cidr) {
+        return Err(PeerError::CidrOutsideCluster { peer: p.pod_cidr, cluster: local.cluster_cidr });
+    }
+    let ip = p.node_ip;
+    if ip.is_unspecified() || ip.is_loopback() || ip.is_multicast() || ip.is_broadcast() {
+        return Err(PeerError::InvalidNodeIp(ip));
+    }
+    if ip == local.node_ip() {
+        return Err(PeerError::NodeIpIsLocal(ip));
+    }
+    // The peer's own network and broadcast addresses are not hosts.
+    if local.underlay.prefix_len() < 31 && (ip == local.underlay.network() || ip == local.underlay.broadcast()) {
+        return Err(PeerError::InvalidNodeIp(ip));
+    }
+    let same_l2 = local.underlay.contains(&ip);
+    let direct = || {
+        if same_l2 {
+            Ok(PeerPath::HostGw)
+        } else {
+            Err(PeerError::NotOnSameL2 { node_ip: ip, underlay: local.underlay })
+        }
+    };
+    match (local.backend, local.direct_routing, p.backend) {
+        (Backend::HostGw, _, Backend::HostGw) => direct(),
+        (Backend::Vxlan, true, _) if same_l2 => Ok(PeerPath::HostGw),
+        (Backend::Vxlan, _, Backend::Vxlan) => vtep_mac(p).map(PeerPath::Vxlan),
+        (local_backend, direct_routing, peer) => {
+            let local =
+                if direct_routing { format!("{local_backend} with direct routing") } else { local_backend.to_string() };
+            Err(PeerError::BackendMismatch { local, peer })
+        }
+    }
+}
+
+fn vtep_mac(p: &Peer) -> Result<Mac, PeerError> {
+    let mac = Mac(p.vtep_mac.ok_or(PeerError::MissingVtepMac)?);
+    if mac.is_valid_unicast() { Ok(mac) } else { Err(PeerError::InvalidVtepMac(mac)) }
+}
+
+/// Peers whose CIDRs overlap another valid peer's, each with one culprit.
+/// Both sides are rejected: which one is stale cannot be told from here.
+/// Sorted by network address, a CIDR that contains others comes right
+/// before them, so one sweep finds every overlap in O(n log n).
+fn overlapping_cidrs(valid: &[(&Peer, PeerPath)]) -> HashMap<String, PeerError> {
+    let mut sorted: Vec<&Peer> = valid.iter().map(|(p, _)| *p).collect();
+    sorted.sort_by_key(|p| (p.pod_cidr.network(), p.pod_cidr.prefix_len()));
+    let mut out = HashMap::new();
+    let mut cover: Option<&Peer> = None;
+    for p in sorted {
+        match cover {
+            Some(c) if c.pod_cidr.contains(&p.pod_cidr) => {
+                out.insert(
+                    p.node_name.clone(),
+                    PeerError::CidrOverlapsPeer {
+                        peer: p.pod_cidr,
+                        other: c.node_name.clone(),
+                        other_cidr: c.pod_cidr,
+                    },
+                );
+                out.entry(c.node_name.clone()).or_insert_with(|| PeerError::CidrOverlapsPeer {
+                    peer: c.pod_cidr,
+                    other: p.node_name.clone(),
+                    other_cidr: p.pod_cidr,
+                });
+            }
+            _ => cover = Some(p),
+        }
+    }
+    out
+}
+
+/// VXLAN peers announcing the same VTEP MAC: one FDB entry cannot point at
+/// two nodes, so all of them are rejected.
+fn duplicate_macs(valid: &[(&Peer, PeerPath)]) -> HashMap<String, PeerError> {
+    let mut by_mac: HashMap<Mac, Vec<&str>> = HashMap::new();
+    for (p, path) in valid {
+        if let PeerPath::Vxlan(mac) = path {
+            by_mac.entry(*mac).or_default().push(&p.node_name);
+        }
+    }
+    let mut out = HashMap::new();
+    for (mac, names) in by_mac.into_iter().filter(|(_, n)| n.len() > 1) {
+        for (i, name) in names.iter().enumerate() {
+            let other = names[(i + 1) % names.len()].to_owned();
+            out.insert((*name).to_owned(), PeerError::DuplicateVtepMac { mac, other });
+        }
+    }
+    out
+}
+
+fn add_entries(out: &mut Desired, p: &Peer, path: PeerPath) {
+    let dst = IpNet::V4(p.pod_cidr);
+    let route = match path {
+        PeerPath::HostGw => Route { dst, metric: 0, via: p.node_ip.into(), dev: Dev::Underlay, onlink: false },
+        PeerPath::Vxlan(mac) => {
+            let vtep: IpAddr = p.pod_cidr.network().into();
+            out.neighs.insert(vtep, Neigh { ip: vtep, mac });
+            out.owners.insert(EntryKey::Neigh(vtep), p.node_name.clone());
+            out.fdb.insert(mac, Fdb { mac, dst: p.node_ip.into() });
+            out.owners.insert(EntryKey::Fdb(mac), p.node_name.clone());
+            Route { dst, metric: 0, via: vtep, dev: Dev::Vxlan, onlink: true }
+        }
+    };
+    out.owners.insert(EntryKey::Route(route.key()), p.node_name.clone());
+    out.routes.insert(route.key(), route);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn local(backend: Backend, direct_routing: bool) -> Local {
+        Local {
+            node_name: "n1".into(),
+            underlay: "192.168.1.1/24".parse().unwrap(),
+            pod_cidr: "10.244.1.0/24".parse().unwrap(),
+            cluster_cidr: "10.244.0.0/16".parse().unwrap(),
+            backend,
+            direct_routing,
+        }
+    }
+
+    fn peer(name: &str, cidr: &str, ip: &str, mac: Option<[u8; 6]>, backend: Backend) -> Peer {
+        Peer {
+            node_name: name.into(),
+            pod_cidr: cidr.parse().unwrap(),
+            node_ip: ip.parse().unwrap(),
+            vtep_mac: mac,
+            backend,
+        }
+    }
+
+    const M2: [u8; 6] = [0x02, 0x57, 192, 168, 1, 2];
+    const M3: [u8; 6] = [0x02, 0x57, 10, 0, 0, 3];
+
+    fn vx(name: &str, cidr: &str, ip: &str, mac: [u8; 6]) -> Peer {
+        peer(name, cidr, ip, Some(mac), Backend::Vxlan)
+    }
+
+    fn hg(name: &str, cidr: &str, ip: &str) -> Peer {
+        peer(name, cidr, ip, None, Backend::HostGw)
+    }
+
+    fn net(s: &str) -> IpNet {
+        s.parse().unwrap()
+    }
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    fn rkey(s: &str) -> RouteKey {
+        RouteKey { dst: net(s), metric: 0 }
+    }
+
+    #[test]
+    fn vxlan_peer_gets_route_neigh_and_fdb_like_flannel() {
+        let d = compute(&local(Backend::Vxlan, false), &[vx("n2", "10.244.2.0/24", "10.0.0.2", M2)]);
+        assert!(d.errors.is_empty(), "{:?}", d.errors);
+        assert_eq!(
+            d.routes[&rkey("10.244.2.0/24")],
+            Route { dst: net("10.244.2.0/24"), metric: 0, via: ip("10.244.2.0"), dev: Dev::Vxlan, onlink: true }
+        );
+        assert_eq!(d.neighs[&ip("10.244.2.0")], Neigh { ip: ip("10.244.2.0"), mac: Mac(M2) });
+        assert_eq!(d.fdb[&Mac(M2)], Fdb { mac: Mac(M2), dst: ip("10.0.0.2") });
+        assert_eq!(d.paths["n2"], PeerPath::Vxlan(Mac(M2)));
+        assert_eq!(d.owners.len(), 3);
+        assert!(d.owners.values().all(|o| o == "n2"));
+    }
+
+    #[test]
+    fn vxlan_peer_on_another_subnet_is_fine() {
+        let d = compute(&local(Backend::Vxlan, false), &[vx("n3", "10.244.3.0/24", "172.16.0.3", M3)]);
+        assert!(d.errors.is_empty());
+        assert_eq!(d.routes.len(), 1);
+    }
+
+    #[test]
+    fn host_gw_peer_gets_a_direct_route_only() {
+        let d = compute(&local(Backend::HostGw, false), &[hg("n2", "10.244.2.0/24", "192.168.1.2")]);
+        assert!(d.errors.is_empty(), "{:?}", d.errors);
+        assert_eq!(
+            d.routes[&rkey("10.244.2.0/24")],
+            Route { dst: net("10.244.2.0/24"), metric: 0, via: ip("192.168.1.2"), dev: Dev::Underlay, onlink: false }
+        );
+        assert!(d.neighs.is_empty() && d.fdb.is_empty());
+        assert_eq!(d.paths["n2"], PeerPath::HostGw);
+    }
+
+    #[test]
+    fn host_gw_rejects_a_peer_off_our_l2() {
+        let d = compute(&local(Backend::HostGw, false), &[hg("n3", "10.244.3.0/24", "192.168.2.3")]);
+        assert_eq!(
+            d.errors["n3"],
+            PeerError::NotOnSameL2 {
+                node_ip: "192.168.2.3".parse().unwrap(),
+                underlay: "192.168.1.1/24".parse().unwrap()
+            }
+        );
+        assert!(d.routes.is_empty());
+    }
+
+    #[test]
+    fn direct_routing_uses_host_gw_on_our_l2_and_vxlan_elsewhere() {
+        let d = compute(
+            &local(Backend::Vxlan, true),
+            &[vx("n2", "10.244.2.0/24", "192.168.1.2", M2), vx("n3", "10.244.3.0/24", "192.168.2.3", M3)],
+        );
+        assert!(d.errors.is_empty(), "{:?}", d.errors);
+        assert_eq!(d.paths["n2"], PeerPath::HostGw);
+        assert_eq!(d.paths["n3"], PeerPath::Vxlan(Mac(M3)));
+        assert_eq!(d.routes[&rkey("10.244.2.0/24")].dev, Dev::Underlay);
+        assert_eq!(d.routes[&rkey("10.244.3.0/24")].dev, Dev::Vxlan);
+        assert_eq!(d.neighs.len(), 1);
+        assert_eq!(d.fdb.len(), 1);
+    }
+
+    #[test]
+    fn direct_routing_on_our_l2_needs_no_mac() {
+        let d =
+            compute(&local(Backend::Vxlan, true), &[peer("n2", "10.244.2.0/24", "192.168.1.2", None, Backend::Vxlan)]);
+        assert!(d.errors.is_empty());
+        assert_eq!(d.paths["n2"], PeerPath::HostGw);
+    }
+
+    #[test]
+    fn vxlan_mac_problems_are_per_peer_errors() {
+        let d = compute(
+            &local(Backend::Vxlan, false),
+            &[
+                peer("missing", "10.244.2.0/24", "10.0.0.2", None, Backend::Vxlan),
+                vx("zero", "10.244.3.0/24", "10.0.0.3", [0; 6]),
+                vx("mcast", "10.244.4.0/24", "10.0.0.4", [0x01, 0x00, 0x5e, 0, 0, 1]),
+                vx("bcast", "10.244.5.0/24", "10.0.0.5", [0xff; 6]),
+                vx("good", "10.244.6.0/24", "10.0.0.6", M2),
+            ],
+        );
+        assert_eq!(d.errors["missing"], PeerError::MissingVtepMac);
+        assert_eq!(d.errors["zero"], PeerError::InvalidVtepMac(Mac([0; 6])));
+        assert!(matches!(d.errors["mcast"], PeerError::InvalidVtepMac(_)));
+        assert!(matches!(d.errors["bcast"], PeerError::InvalidVtepMac(_)));
+        assert!(d.errors["zero"].to_string().contains("all zeros"));
+        assert!(d.errors["bcast"].to_string().contains("multicast"));
+        assert_eq!(d.errors.len(), 4);
+        assert_eq!(d.routes.len(), 1, "the good peer is still programmed");
+    }
+
+    #[test]
+    fn overlap_with_our_cidr_is_rejected_both_ways() {
+        let l = local(Backend::Vxlan, false);
+        for cidr in ["10.244.1.0/24", "10.244.1.128/25", "10.244.0.0/23"] {
+            let d = compute(&l, &[vx("n2", cidr, "10.0.0.2", M2)]);
+            assert!(matches!(d.errors["n2"], PeerError::CidrOverlapsLocal { .. }), "{cidr}: {:?}", d.errors);
+            assert!(d.routes.is_empty());
+        }
+    }
+
+    #[test]
+    fn cidr_outside_the_cluster_is_rejected() {
+        let d = compute(&local(Backend::Vxlan, false), &[vx("n2", "10.245.2.0/24", "10.0.0.2", M2)]);
+        assert!(matches!(d.errors["n2"], PeerError::CidrOutsideCluster { .. }));
+        // A CIDR containing the whole cluster also overlaps ours.
+        let d = compute(&local(Backend::Vxlan, false), &[vx("n2", "0.0.0.0/0", "10.0.0.2", M2)]);
+        assert!(matches!(d.errors["n2"], PeerError::CidrOverlapsLocal { .. }));
+    }
+
+    #[test]
+    fn overlapping_peers_are_both_rejected_and_others_kept() {
+        let d = compute(
+            &local(Backend::Vxlan, false),
+            &[
+                vx("a", "10.244.2.0/23", "10.0.0.2", [2, 0, 0, 0, 0, 2]),
+                vx("b", "10.244.3.0/24", "10.0.0.3", [2, 0, 0, 0, 0, 3]),
+                vx("c", "10.244.8.0/24", "10.0.0.8", [2, 0, 0, 0, 0, 8]),
+                vx("d", "10.244.8.0/24", "10.0.0.9", [2, 0, 0, 0, 0, 9]),
+                vx("e", "10.244.9.0/24", "10.0.0.10", [2, 0, 0, 0, 0, 10]),
+            ],
+        );
+        for n in ["a", "b", "c", "d"] {
+            assert!(matches!(d.errors[n], PeerError::CidrOverlapsPeer { .. }), "{n}: {:?}", d.errors);
+        }
+        assert!(matches!(&d.errors["b"], PeerError::CidrOverlapsPeer { other, .. } if other == "a"));
+        assert_eq!(d.paths.keys().collect::<Vec<_>>(), ["e"]);
+    }
+
+    #[test]
+    fn a_cidr_covering_several_peers_rejects_all_of_them() {
+        let d = compute(
+            &local(Backend::Vxlan, false),
+            &[
+                vx("big", "10.244.16.0/20", "10.0.0.2", [2, 0, 0, 0, 0, 2]),
+                vx("x", "10.244.17.0/24", "10.0.0.3", [2, 0, 0, 0, 0, 3]),
+                vx("y", "10.244.30.0/24", "10.0.0.4", [2, 0, 0, 0, 0, 4]),
+            ],
+        );
+        assert_eq!(d.errors.len(), 3, "{:?}", d.errors);
+    }
+
+    #[test]
+    fn an_invalid_peer_does_not_get_a_valid_one_rejected() {
+        // "bad" overlaps "good" but is already invalid (no MAC).
+        let d = compute(
+            &local(Backend::Vxlan, false),
+            &[
+                peer("bad", "10.244.2.0/24", "10.0.0.2", None, Backend::Vxlan),
+                vx("good", "10.244.2.0/24", "10.0.0.3", M3),
+            ],
+        );
+        assert_eq!(d.errors.len(), 1);
+        assert_eq!(d.errors["bad"], PeerError::MissingVtepMac);
+        assert!(d.paths.contains_key("good"));
+    }
+
+    #[test]
+    fn duplicate_vtep_macs_are_rejected() {
+        let d = compute(
+            &local(Backend::Vxlan, false),
+            &[vx("a", "10.244.2.0/24", "10.0.0.2", M2), vx("b", "10.244.3.0/24", "10.0.0.3", M2)],
+        );
+        assert!(matches!(&d.errors["a"], PeerError::DuplicateVtepMac { other, .. } if other == "b"));
+        assert!(matches!(&d.errors["b"], PeerError::DuplicateVtepMac { other, .. } if other == "a"));
+        assert!(d.fdb.is_empty());
+    }
+
+    #[test]
+    fn same_mac_is_fine_when_only_one_uses_vxlan() {
+        let d = compute(
+            &local(Backend::Vxlan, true),
+            &[vx("a", "10.244.2.0/24", "192.168.1.2", M2), vx("b", "10.244.3.0/24", "10.0.0.3", M2)],
+        );
+        assert!(d.errors.is_empty(), "{:?}", d.errors);
+    }
+
+    #[test]
+    fn bad_node_ips_are_rejected() {
+        let l = local(Backend::Vxlan, false);
+        for bad in ["0.0.0.0", "127.0.0.1", "224.0.0.1", "255.255.255.255", "192.168.1.0", "192.168.1.255"] {
+            let d = compute(&l, &[vx("n2", "10.244.2.0/24", bad, M2)]);
+            assert_eq!(d.errors["n2"], PeerError::InvalidNodeIp(bad.parse().unwrap()), "{bad}");
+        }
+        let d = compute(&l, &[vx("n2", "10.244.2.0/24", "192.168.1.1", M2)]);
+        assert_eq!(d.errors["n2"], PeerError::NodeIpIsLocal("192.168.1.1".parse().unwrap()));
+    }
+
+    #[test]
+    fn backend_mismatches_are_rejected() {
+        let d = compute(&local(Backend::HostGw, false), &[vx("n2", "10.244.2.0/24", "192.168.1.2", M2)]);
+        assert_eq!(d.errors["n2"], PeerError::BackendMismatch { local: "host-gw".into(), peer: Backend::Vxlan });
+        let d = compute(&local(Backend::Vxlan, false), &[hg("n2", "10.244.2.0/24", "192.168.1.2")]);
+        assert!(matches!(d.errors["n2"], PeerError::BackendMismatch { .. }));
+        // With direct routing a host-gw peer on our L2 is reachable; off it, not.
+        let d = compute(&local(Backend::Vxlan, true), &[hg("n2", "10.244.2.0/24", "192.168.1.2")]);
+        assert!(d.errors.is_empty());
+        let d = compute(&local(Backend::Vxlan, true), &[hg("n3", "10.244.3.0/24", "10.0.0.3")]);
+        assert!(d.errors["n3"].to_string().contains("direct routing"));
+    }
+
+    #[test]
+    fn own_subnet_is_skipped_and_duplicates_rejected() {
+        let d = compute(
+            &local(Backend::Vxlan, false),
+            &[
+                vx("n1", "10.244.1.0/24", "192.168.1.1", M2),
+                vx("n2", "10.244.2.0/24", "10.0.0.2", M2),
+                vx("n2", "10.244.3.0/24", "10.0.0.3", M3),
+            ],
+        );
+        assert_eq!(d.errors.len(), 1);
+        assert_eq!(d.errors["n2"], PeerError::DuplicateNodeName("n2".into()));
+        assert!(d.routes.is_empty());
+    }
+
+    #[test]
+    fn no_peers_no_entries() {
+        assert_eq!(compute(&local(Backend::Vxlan, false), &[]), Desired::default());
+    }
+
+    #[test]
+    fn deterministic_whatever_the_peer_order() {
+        let mut peers: Vec<Peer> = (2..50u8)
+            .map(|i| vx(&format!("n{i}"), &format!("10.244.{i}.0/24"), &format!("10.0.0.{i}"), [2, 0, 0, 0, 0, i]))
+            .collect();
+        let l = local(Backend::Vxlan, false);
+        let a = compute(&l, &peers);
+        peers.reverse();
+        assert_eq!(a, compute(&l, &peers));
+        assert_eq!(a.routes.len(), 48);
+    }
+
+    #[test]
+    fn a_thousand_peers_are_computed() {
+        let peers: Vec<Peer> = (0..1000u32)
+            .map(|i| {
+                let b = i.to_be_bytes();
+                vx(
+                    &format!("peer{i}"),
+                    &format!("10.{}.{}.0/24", 100 + b[2], b[3]),
+                    &format!("172.16.{}.{}", b[2] + 1, b[3]),
+                    [2, 0, 0, 0, b[2], b[3]],
+                )
+            })
+            .collect();
+        let mut l = local(Backend::Vxlan, false);
+        l.cluster_cidr = "10.0.0.0/8".parse().unwrap();
+        let d = compute(&l, &peers);
+        assert!(d.errors.is_empty(), "{:?}", d.errors.iter().next());
+        assert_eq!((d.routes.len(), d.neighs.len(), d.fdb.len()), (1000, 1000, 1000));
+    }
+}

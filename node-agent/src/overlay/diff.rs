@@ -1,0 +1,419 @@
+//! Desired vs observed → the kernel operations that close the gap, purely.
+//!
+//! Ownership decides what may be replaced or deleted:
+//! - a route is Weft's when it carries [`RTPROT_WEFT`] and either leaves
+//!   through the VXLAN device or points into the cluster CIDR;
+//! - neighbour and FDB entries are Weft's when they are on the VXLAN device
+//!   (the kernel layer only reports those), except the all-zeros FDB entry,
+//!   which is the device's default destination, and non-permanent neighbour
+//!   entries, which the kernel itself creates and ages.
+//!
+//! Everything else is left alone; a foreign entry sitting where a desired one
+//! must go is reported as a conflict instead of being overwritten.
+//!
+//! The work is one pass over each map, and the number of operations equals
+//! the number of entries that differ: one changed peer costs at most 3.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+
+use super::desired::Desired;
+use super::entries::{Dev, Entry, EntryKey, Fdb, Mac, Neigh, RTPROT_WEFT, Route, RouteKey};
+
+/// A route in the main table as the kernel reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObservedRoute {
+    pub route: Route,
+    pub proto: u8,
+}
+
+/// A neighbour entry on the VXLAN device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObservedNeigh {
+    pub ip: IpAddr,
+    pub mac: Option<Mac>,
+    /// NUD_PERMANENT: set by someone, not learned by the kernel.
+    pub permanent: bool,
+}
+
+/// The kernel's current state, as far as the overlay cares.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Observed {
+    /// Unicast routes of the main table (any protocol, any device).
+    pub routes: BTreeMap<RouteKey, ObservedRoute>,
+    /// Neighbour entries on the VXLAN device.
+    pub neighs: BTreeMap<IpAddr, ObservedNeigh>,
+    /// FDB entries on the VXLAN device: MAC → remote destinations, in the
+    /// kernel's order (the first is the one NLM_F_REPLACE replaces).
+    pub fdb: BTreeMap<Mac, Vec<IpAddr>>,
+}
+
+/// One kernel operation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Op {
+    Add(Entry),
+    Replace(Entry),
+    Delete(Entry),
+}
+
+impl Op {
+    pub fn entry(&self) -> &Entry {
+        match self {
+            Op::Add(e) | Op::Replace(e) | Op::Delete(e) => e,
+        }
+    }
+}
+
+impl std::fmt::Display for Op {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Op::Add(e) => write!(f, "add {e}"),
+            Op::Replace(e) => write!(f, "replace {e}"),
+            Op::Delete(e) => write!(f, "delete {e}"),
+        }
+    }
+}
+
+/// A desired entry that cannot be programmed because a foreign one holds its
+/// place.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Conflict {
+    pub key: EntryKey,
+    pub existing: String,
+}
+
+/// What to do, in an order that keeps traffic flowing: L2 entries (FDB, then
+/// neighbour) before the routes that use them; route deletions before the L2
+/// entries they used.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Plan {
+    pub ops: Vec<Op>,
+    pub conflicts: Vec<Conflict>,
+}
+
+/// Whether an observed route was created by Weft and may be changed.
+pub fn route_is_ours(r: &ObservedRoute, cluster_cidr: &IpNet) -> bool {
+    r.proto == RTPROT_WEFT && (r.route.dev == Dev::Vxlan || cluster_cidr.contains(&r.route.dst))
+}
+
+/// Computes the operations turning `observed` into `desired`.
+pub fn diff(desired: &Desired, observed: &Observed, cluster_cidr: &IpNet) -> Plan {
+    let mut plan = Plan::default();
+    let mut route_dels = Vec::new();
+    let mut neigh_dels = Vec::new();
+    let mut fdb_dels = Vec::new();
+
+    for (mac, want) in &desired.fdb {
+        match observed.fdb.get(mac).map(Vec::as_slice) {
+            None | Some([]) => plan.ops.push(Op::Add(Entry::Fdb(*want))),
+            Some(dsts) => {
+                // NLM_F_REPLACE rewrites the first remote only (and does
+                // nothing when the wanted one is already among them); any
+                // other remote is deleted on its own.
+                let extras = if dsts.contains(&want.dst) {
+                    dsts
+                } else {
+                    plan.ops.push(Op::Replace(Entry::Fdb(*want)));
+                    &dsts[1..]
+                };
+                for extra in extras.iter().filter(|d| **d != want.dst) {
+                    fdb_dels.push(Op::Delete(Entry::Fdb(Fdb { mac: *mac, dst: *extra })));
+                }
+            }
+        }
+    }
+    for (ip, want) in &desired.neighs {
+        match observed.neighs.get(ip) {
+            None => plan.ops.push(Op::Add(Entry::Neigh(*want))),
+            Some(o) if o.permanent && o.mac == Some(want.mac) => {}
+            Some(_) => plan.ops.push(Op::Replace(Entry::Neigh(*want))),
+        }
+    }
+    for (key, want) in &desired.routes {
+        match observed.routes.get(key) {
+            None => plan.ops.push(Op::Add(Entry::Route(want.clone()))),
+            Some(o) if !route_is_ours(o, cluster_cidr) => plan
+                .conflicts
+                .push(Conflict { key: EntryKey::Route(*key), existing: format!("{} proto {}", o.route, o.proto) }),
+            Some(o) if o.route == *want => {}
+            Some(_) => plan.ops.push(Op::Replace(Entry::Route(want.clone()))),
+        }
+    }
+
+    for (key, o) in &observed.routes {
+        if !desired.routes.contains_key(key) && route_is_ours(o, cluster_cidr) {
+            route_dels.push(Op::Delete(Entry::Route(o.route.clone())));
+        }
+    }
+    for (ip, o) in &observed.neighs {
+        if let (false, true, Some(mac)) = (desired.neighs.contains_key(ip), o.permanent, o.mac) {
+            neigh_dels.push(Op::Delete(Entry::Neigh(Neigh { ip: *ip, mac })));
+        }
+    }
+    for (mac, dsts) in &observed.fdb {
+        if !mac.is_zero() && !desired.fdb.contains_key(mac) {
+            fdb_dels.extend(dsts.iter().map(|dst| Op::Delete(Entry::Fdb(Fdb { mac: *mac, dst: *dst }))));
+        }
+    }
+
+    plan.ops.extend(route_dels);
+    plan.ops.extend(neigh_dels);
+    plan.ops.extend(fdb_dels);
+    plan
+}
+
+/// Observed state equal to `desired`, as if every op had been applied. Used
+/// by tests and benchmarks to model the kernel.
+#[cfg(test)]
+pub fn observed_from(desired: &Desired) -> Observed {
+    Observed {
+        routes: desired
+            .routes
+            .iter()
+            .map(|(k, r)| (*k, ObservedRoute { route: r.clone(), proto: RTPROT_WEFT }))
+            .collect(),
+        neighs: desired
+            .neighs
+            .iter()
+            .map(|(ip, n)| (*ip, ObservedNeigh { ip: *ip, mac: Some(n.mac), permanent: true }))
+            .collect(),
+        fdb: desired.fdb.iter().map(|(m, f)| (*m, vec![f.dst])).collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::Ipv4Addr;
+
+    use super::*;
+    use crate::overlay::desired::{self, Backend, Local, Peer};
+
+    fn cluster() -> IpNet {
+        "10.0.0.0/8".parse().unwrap()
+    }
+
+    fn local() -> Local {
+        Local {
+            node_name: "self".into(),
+            underlay: "192.168.0.1/16".parse().unwrap(),
+            pod_cidr: "10.255.255.0/24".parse().unwrap(),
+            cluster_cidr: "10.0.0.0/8".parse().unwrap(),
+            backend: Backend::Vxlan,
+            direct_routing: false,
+        }
+    }
+
+    fn peer(i: u32) -> Peer {
+        let [_, _, hi, lo] = i.to_be_bytes();
+        Peer {
+            node_name: format!("node-{i}"),
+            pod_cidr: format!("10.{}.{}.0/24", 1 + hi, lo).parse().unwrap(),
+            node_ip: Ipv4Addr::new(172, 16, hi, lo.max(1)),
+            vtep_mac: Some([0x02, 0x57, 0, 0, hi, lo]),
+            backend: Backend::Vxlan,
+        }
+    }
+
+    fn peers(n: u32) -> Vec<Peer> {
+        (0..n).map(peer).collect()
+    }
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    fn foreign_route(dst: &str, dev: Dev, proto: u8) -> ObservedRoute {
+        ObservedRoute {
+            route: Route { dst: dst.parse().unwrap(), metric: 0, via: ip("192.168.0.254"), dev, onlink: false },
+            proto,
+        }
+    }
+
+    fn insert(o: &mut Observed, r: ObservedRoute) {
+        o.routes.insert(r.route.key(), r);
+    }
+
+    fn count(plan: &Plan) -> (usize, usize, usize) {
+        let mut c = (0, 0, 0);
+        for op in &plan.ops {
+            match op {
+                Op::Add(_) => c.0 += 1,
+                Op::Replace(_) => c.1 += 1,
+                Op::Delete(_) => c.2 += 1,
+            }
+        }
+        c
+    }
+
+    #[test]
+    fn empty_kernel_gets_everything_added_l2_first() {
+        let d = desired::compute(&local(), &peers(2));
+        let plan = diff(&d, &Observed::default(), &cluster());
+        assert_eq!(count(&plan), (6, 0, 0));
+        let kinds: Vec<&str> = plan
+            .ops
+            .iter()
+            .map(|op| match op.entry() {
+                Entry::Fdb(_) => "fdb",
+                Entry::Neigh(_) => "neigh",
+                Entry::Route(_) => "route",
+            })
+            .collect();
+        assert_eq!(kinds, ["fdb", "fdb", "neigh", "neigh", "route", "route"]);
+    }
+
+    #[test]
+    fn converged_state_needs_nothing() {
+        let d = desired::compute(&local(), &peers(10));
+        assert_eq!(diff(&d, &observed_from(&d), &cluster()), Plan::default());
+    }
+
+    #[test]
+    fn a_removed_peer_costs_three_deletes_routes_first() {
+        let all = peers(10);
+        let before = desired::compute(&local(), &all);
+        let after = desired::compute(&local(), &all[1..]);
+        let plan = diff(&after, &observed_from(&before), &cluster());
+        assert_eq!(count(&plan), (0, 0, 3));
+        assert!(matches!(plan.ops[0], Op::Delete(Entry::Route(_))));
+        assert!(matches!(plan.ops[1], Op::Delete(Entry::Neigh(_))));
+        assert!(matches!(plan.ops[2], Op::Delete(Entry::Fdb(_))));
+    }
+
+    #[test]
+    fn thousand_peers_one_change_at_most_three_ops() {
+        let mut all = peers(1000);
+        let base = desired::compute(&local(), &all);
+        assert!(base.errors.is_empty(), "{:?}", base.errors.iter().next());
+        let observed = observed_from(&base);
+
+        // Node IP changes: the FDB entry is replaced.
+        all[500].node_ip = Ipv4Addr::new(172, 17, 0, 9);
+        let plan = diff(&desired::compute(&local(), &all), &observed, &cluster());
+        assert_eq!(count(&plan), (0, 1, 0), "{:?}", plan.ops);
+
+        // VTEP MAC changes (device recreated): new FDB, neighbour replaced, old FDB deleted.
+        let mut all = peers(1000);
+        all[500].vtep_mac = Some([0x02, 0x57, 9, 9, 9, 9]);
+        let plan = diff(&desired::compute(&local(), &all), &observed, &cluster());
+        assert_eq!(count(&plan), (1, 1, 1), "{:?}", plan.ops);
+
+        // A peer joins.
+        let mut all = peers(1000);
+        all.push(peer(1000));
+        let plan = diff(&desired::compute(&local(), &all), &observed, &cluster());
+        assert_eq!(count(&plan), (3, 0, 0));
+
+        // A peer leaves.
+        let mut all = peers(1000);
+        all.remove(7);
+        let plan = diff(&desired::compute(&local(), &all), &observed, &cluster());
+        assert_eq!(count(&plan), (0, 0, 3));
+
+        // A peer's data turns bad: its entries go, nothing else moves.
+        let mut all = peers(1000);
+        all[3].vtep_mac = None;
+        let d = desired::compute(&local(), &all);
+        assert_eq!(d.errors.len(), 1);
+        assert!(diff(&d, &observed, &cluster()).ops.len() <= 3);
+    }
+
+    #[test]
+    fn switching_a_peer_to_host_gw_replaces_its_route_and_drops_l2() {
+        let mut l = local();
+        let mut all = peers(3);
+        let observed = observed_from(&desired::compute(&l, &all));
+        l.direct_routing = true;
+        all[1].node_ip = Ipv4Addr::new(192, 168, 7, 7);
+        let plan = diff(&desired::compute(&l, &all), &observed, &cluster());
+        assert_eq!(count(&plan), (0, 1, 2), "{:?}", plan.ops);
+    }
+
+    #[test]
+    fn foreign_routes_are_never_deleted() {
+        let d = desired::compute(&local(), &peers(1));
+        let mut o = observed_from(&d);
+        // Not ours by protocol, even on our device or in the cluster CIDR.
+        insert(&mut o, foreign_route("10.9.0.0/24", Dev::Vxlan, 4));
+        insert(&mut o, foreign_route("10.9.1.0/24", Dev::Underlay, 3));
+        // Our protocol number but elsewhere: someone else picked 0x57 too.
+        insert(&mut o, foreign_route("8.8.8.0/24", Dev::Other(7), RTPROT_WEFT));
+        insert(&mut o, foreign_route("0.0.0.0/0", Dev::Underlay, RTPROT_WEFT));
+        assert_eq!(diff(&d, &o, &cluster()), Plan::default());
+    }
+
+    #[test]
+    fn stale_routes_of_ours_are_deleted() {
+        let d = desired::compute(&local(), &peers(1));
+        let mut o = observed_from(&d);
+        insert(&mut o, foreign_route("10.9.0.0/24", Dev::Underlay, RTPROT_WEFT));
+        insert(&mut o, foreign_route("172.31.0.0/24", Dev::Vxlan, RTPROT_WEFT));
+        let mut metric = foreign_route("10.1.0.0/24", Dev::Underlay, RTPROT_WEFT);
+        metric.route.metric = 100;
+        insert(&mut o, metric);
+        let plan = diff(&d, &o, &cluster());
+        assert_eq!(count(&plan), (0, 0, 3), "{:?}", plan.ops);
+    }
+
+    #[test]
+    fn a_foreign_route_in_the_way_is_a_conflict_not_an_overwrite() {
+        let d = desired::compute(&local(), &peers(1));
+        let mut o = observed_from(&d);
+        let dst = d.routes.keys().next().unwrap().dst.to_string();
+        insert(&mut o, foreign_route(&dst, Dev::Underlay, 4));
+        let plan = diff(&d, &o, &cluster());
+        assert!(plan.ops.is_empty(), "{:?}", plan.ops);
+        assert_eq!(plan.conflicts.len(), 1);
+        assert_eq!(d.owners[&plan.conflicts[0].key], "node-0");
+        assert!(plan.conflicts[0].existing.contains("proto 4"));
+    }
+
+    #[test]
+    fn a_changed_route_of_ours_is_replaced() {
+        let d = desired::compute(&local(), &peers(1));
+        let mut o = observed_from(&d);
+        for r in o.routes.values_mut() {
+            r.route.onlink = false;
+        }
+        assert_eq!(count(&diff(&d, &o, &cluster())), (0, 1, 0));
+    }
+
+    #[test]
+    fn neighbour_entries_learned_by_the_kernel_are_replaced_or_ignored() {
+        let d = desired::compute(&local(), &peers(1));
+        let mut o = observed_from(&d);
+        for n in o.neighs.values_mut() {
+            n.permanent = false;
+        }
+        // A dynamic entry for an unknown address is the kernel's business.
+        o.neighs.insert(ip("10.99.0.0"), ObservedNeigh { ip: ip("10.99.0.0"), mac: None, permanent: false });
+        let plan = diff(&d, &o, &cluster());
+        assert_eq!(count(&plan), (0, 1, 0), "{:?}", plan.ops);
+    }
+
+    #[test]
+    fn stale_permanent_neighbours_and_fdb_on_our_device_are_deleted() {
+        let d = desired::compute(&local(), &peers(1));
+        let mut o = observed_from(&d);
+        let m = Mac([2, 0, 0, 0, 0, 0x77]);
+        o.neighs.insert(ip("10.99.0.0"), ObservedNeigh { ip: ip("10.99.0.0"), mac: Some(m), permanent: true });
+        o.fdb.insert(m, vec![ip("172.16.9.9")]);
+        // The default destination of the device is not an entry of ours.
+        o.fdb.insert(Mac([0; 6]), vec![ip("172.16.9.10")]);
+        let plan = diff(&d, &o, &cluster());
+        assert_eq!(count(&plan), (0, 0, 2), "{:?}", plan.ops);
+    }
+
+    #[test]
+    fn fdb_with_extra_remotes_is_cleaned() {
+        let d = desired::compute(&local(), &peers(1));
+        let mut o = observed_from(&d);
+        let (mac, f) = d.fdb.iter().next().unwrap();
+        o.fdb.insert(*mac, vec![ip("172.16.9.9"), f.dst, ip("172.16.9.8")]);
+        assert_eq!(count(&diff(&d, &o, &cluster())), (0, 0, 2));
+        o.fdb.insert(*mac, vec![ip("172.16.9.9"), ip("172.16.9.8")]);
+        assert_eq!(count(&diff(&d, &o, &cluster())), (0, 1, 1));
+    }
+}

@@ -1,0 +1,351 @@
+//! The multi-node overlay: VXLAN (flannel-style VTEP routes, neighbour and
+//! FDB entries) and host-gw (direct routes), level-triggered.
+//!
+//! [`Reconciler::reconcile`] observes the kernel, computes the desired state
+//! from the peers ([`desired`]), diffs the two ([`diff`]) and applies only the
+//! difference. On correct kernel state it applies nothing, so a restarted
+//! agent adopts what its predecessor programmed without disturbing traffic.
+//!
+//! The reconciler operates in the network namespace of its netlink handle,
+//! which must also be the calling thread's (the checksum ioctl uses it).
+
+pub mod desired;
+pub mod diff;
+pub mod entries;
+
+#[cfg(test)]
+mod kernel_tests;
+
+use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
+use std::time::{Duration, Instant};
+
+use ipnet::{IpNet, Ipv4Net};
+use rtnetlink::Handle;
+
+use crate::dataplane::routes::{self, Devices};
+use crate::dataplane::{DataplaneError, link, underlay, vxlan};
+pub use desired::{Backend, Peer, PeerError, PeerPath};
+pub use entries::Mac;
+
+/// Name of the VXLAN device: `weft.<VNI>` by convention, like `flannel.1`.
+pub const DEFAULT_DEVICE: &str = "weft.1";
+pub const DEFAULT_VNI: u32 = 1;
+
+/// This node's overlay configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OverlayConfig {
+    pub node_name: String,
+    pub node_ip: Ipv4Addr,
+    pub pod_cidr: Ipv4Net,
+    pub cluster_cidr: Ipv4Net,
+    /// Underlay interface name; `None`: the interface carrying `node_ip`.
+    pub underlay: Option<String>,
+    pub backend: Backend,
+    /// VXLAN only: host-gw for peers on the same L2 segment.
+    pub direct_routing: bool,
+    pub vni: u32,
+    pub port: u16,
+    pub device: String,
+    /// Overrides the detected MTU of the VXLAN device (and of pods).
+    pub mtu: Option<u32>,
+    /// Overrides the VTEP MAC; by default it is derived from the node IP.
+    pub vtep_mac: Option<Mac>,
+}
+
+impl OverlayConfig {
+    /// Defaults: VNI 1, port 8472, device `weft.1`, no direct routing,
+    /// underlay and MTU detected.
+    pub fn new(node_name: &str, node_ip: Ipv4Addr, pod_cidr: Ipv4Net, cluster_cidr: Ipv4Net, backend: Backend) -> Self {
+        Self {
+            node_name: node_name.to_owned(),
+            node_ip,
+            pod_cidr,
+            cluster_cidr,
+            underlay: None,
+            backend,
+            direct_routing: false,
+            vni: DEFAULT_VNI,
+            port: vxlan::DEFAULT_PORT,
+            device: DEFAULT_DEVICE.to_owned(),
+            mtu: None,
+            vtep_mac: None,
+        }
+    }
+
+    fn validate(&self) -> Result<(), OverlayError> {
+        let bad = |m: String| Err(OverlayError::Config(m));
+        if !self.cluster_cidr.contains(&self.pod_cidr) {
+            return bad(format!("pod CIDR {} is outside the cluster CIDR {}", self.pod_cidr, self.cluster_cidr));
+        }
+        if self.vni == 0 || self.vni >= 1 << 24 {
+            return bad(format!("VNI {} is not in 1..16777215", self.vni));
+        }
+        if self.device.is_empty() || self.device.len() >= libc::IFNAMSIZ {
+            return bad(format!("device name {:?} must have 1 to 15 characters", self.device));
+        }
+        if let Some(mac) = self.vtep_mac
+            && !mac.is_valid_unicast()
+        {
+            return bad(format!("VTEP MAC {mac} is not a unicast address"));
+        }
+        if let Some(mtu) = self.mtu
+            && !(68..=65535).contains(&mtu)
+        {
+            return bad(format!("MTU {mtu} is not in 68..65535"));
+        }
+        Ok(())
+    }
+
+    fn uses_vxlan(&self) -> bool {
+        self.backend == Backend::Vxlan
+    }
+
+    /// The VTEP address: the pod CIDR's network address, /32.
+    pub fn vtep_ip(&self) -> Ipv4Addr {
+        self.pod_cidr.network()
+    }
+
+    fn vtep_mac(&self) -> Mac {
+        self.vtep_mac.unwrap_or(Mac(vxlan::mac_for(self.node_ip)))
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum OverlayError {
+    #[error("invalid overlay configuration: {0}")]
+    Config(String),
+    #[error("underlay: {0}")]
+    Underlay(DataplaneError),
+    #[error("VXLAN device: {0}")]
+    Device(DataplaneError),
+    #[error("cannot read the kernel's routes, neighbours or FDB: {0}")]
+    Observe(DataplaneError),
+}
+
+/// What this node announces in its own Subnet, and the MTU pods must use.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocalVtep {
+    pub backend: Backend,
+    pub node_ip: Ipv4Addr,
+    /// VXLAN only.
+    pub vtep_ip: Option<Ipv4Addr>,
+    /// VXLAN only.
+    pub vtep_mac: Option<Mac>,
+    pub underlay: String,
+    pub underlay_mtu: u32,
+    /// The MTU for pod interfaces (and of the VXLAN device).
+    pub pod_mtu: u32,
+    /// What had to be fixed on the VXLAN device; empty when adopted as is.
+    pub device_changes: Vec<String>,
+}
+
+/// Why one peer is not (fully) programmed. Goes to the peer's Subnet
+/// conditions.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PeerIssue {
+    #[error("{0}")]
+    Invalid(#[from] PeerError),
+    #[error("an entry not created by Weft is in the way: {0}")]
+    Conflict(String),
+    #[error("kernel: {0}")]
+    Kernel(String),
+}
+
+/// The outcome of one reconciliation.
+#[derive(Debug, Clone)]
+pub struct Report {
+    pub local: LocalVtep,
+    /// Peers that are programmed, and how they are reached.
+    pub programmed: BTreeMap<String, PeerPath>,
+    /// Peers with a problem, by node name. A peer with only a kernel error
+    /// may be partially programmed; the next reconcile retries it.
+    pub peer_errors: BTreeMap<String, PeerIssue>,
+    /// Operations attempted / succeeded.
+    pub ops_planned: usize,
+    pub ops_applied: usize,
+    /// Failures to delete stale entries (which belong to no current peer).
+    pub stale_errors: Vec<String>,
+    pub elapsed: Duration,
+}
+
+/// Programs the overlay from (this node, peers). Callers serialise calls.
+pub struct Reconciler {
+    handle: Handle,
+    cfg: OverlayConfig,
+}
+
+impl Reconciler {
+    pub fn new(handle: Handle, cfg: OverlayConfig) -> Result<Self, OverlayError> {
+        cfg.validate()?;
+        Ok(Self { handle, cfg })
+    }
+
+    pub fn config(&self) -> &OverlayConfig {
+        &self.cfg
+    }
+
+    /// Finds the underlay and, for VXLAN, creates or adopts the device; what
+    /// it returns is what this node announces in its Subnet. Cheap and
+    /// idempotent; [`Self::reconcile`] does it every time so that a deleted
+    /// device comes back.
+    pub async fn ensure_local(&self) -> Result<LocalVtep, OverlayError> {
+        self.prepare().await.map(|(local, _, _)| local)
+    }
+
+    async fn prepare(&self) -> Result<(LocalVtep, Devices, underlay::Underlay), OverlayError> {
+        let h = &self.handle;
+        let cfg = &self.cfg;
+        let ul = underlay::find(h, cfg.underlay.as_deref(), cfg.node_ip).await.map_err(OverlayError::Underlay)?;
+        let mut local = LocalVtep {
+            backend: cfg.backend,
+            node_ip: cfg.node_ip,
+            vtep_ip: None,
+            vtep_mac: None,
+            underlay: ul.name.clone(),
+            underlay_mtu: ul.mtu,
+            pod_mtu: cfg.mtu.unwrap_or(ul.mtu),
+            device_changes: Vec::new(),
+        };
+        let vxlan_index = if cfg.uses_vxlan() {
+            let mtu = cfg.mtu.unwrap_or_else(|| vxlan::mtu_for(ul.mtu));
+            let spec = vxlan::VxlanSpec {
+                name: cfg.device.clone(),
+                vni: cfg.vni,
+                port: cfg.port,
+                local: cfg.node_ip,
+                underlay_index: ul.index,
+                mtu,
+                mac: cfg.vtep_mac().0,
+                address: Ipv4Net::new(cfg.vtep_ip(), 32).map_err(|e| OverlayError::Config(e.to_string()))?,
+            };
+            let dev = vxlan::ensure(h, &spec).await.map_err(OverlayError::Device)?;
+            if !dev.changes.is_empty() {
+                tracing::info!(device = %cfg.device, changes = ?dev.changes, "VXLAN device programmed");
+            }
+            local.vtep_ip = Some(cfg.vtep_ip());
+            local.vtep_mac = Some(cfg.vtep_mac());
+            local.pod_mtu = mtu;
+            local.device_changes = dev.changes;
+            Some(dev.index)
+        } else {
+            // A device left from VXLAN mode still carries entries of ours,
+            // which the diff removes; the device itself is kept.
+            link::by_name(h, &cfg.device).await.map_err(OverlayError::Device)?.map(|l| l.header.index)
+        };
+        Ok((local, Devices { vxlan: vxlan_index, underlay: ul.index }, ul))
+    }
+
+    /// One level-triggered pass: observe, diff against the peers, apply.
+    /// Fails only on node-level problems; per-peer ones are in the report.
+    pub async fn reconcile(&self, peers: &[Peer]) -> Result<Report, OverlayError> {
+        let start = Instant::now();
+        let (local, devs, ul) = self.prepare().await?;
+        let want = desired::compute(
+            &desired::Local {
+                node_name: self.cfg.node_name.clone(),
+                underlay: ul.net,
+                pod_cidr: self.cfg.pod_cidr,
+                cluster_cidr: self.cfg.cluster_cidr,
+                backend: self.cfg.backend,
+                direct_routing: self.cfg.direct_routing,
+            },
+            peers,
+        );
+        let have = routes::observe(&self.handle, &devs).await.map_err(OverlayError::Observe)?;
+        let plan = diff::diff(&want, &have, &IpNet::V4(self.cfg.cluster_cidr));
+
+        let mut peer_errors: BTreeMap<String, PeerIssue> =
+            want.errors.iter().map(|(n, e)| (n.clone(), PeerIssue::Invalid(e.clone()))).collect();
+        let mut programmed = want.paths.clone();
+        for c in &plan.conflicts {
+            if let Some(owner) = want.owners.get(&c.key) {
+                programmed.remove(owner);
+                peer_errors.insert(owner.clone(), PeerIssue::Conflict(c.existing.clone()));
+            }
+        }
+
+        let mut applied = 0;
+        let mut stale_errors = Vec::new();
+        for o in &plan.ops {
+            match routes::apply(&self.handle, &devs, o).await {
+                Ok(()) => applied += 1,
+                Err(e) => {
+                    tracing::warn!(op = %o, error = %e, "overlay operation failed");
+                    match want.owners.get(&o.entry().key()).filter(|_| !matches!(o, diff::Op::Delete(_))) {
+                        Some(owner) => {
+                            programmed.remove(owner);
+                            peer_errors.insert(owner.clone(), PeerIssue::Kernel(e.to_string()));
+                        }
+                        None => stale_errors.push(e.to_string()),
+                    }
+                }
+            }
+        }
+        let report = Report {
+            local,
+            programmed,
+            peer_errors,
+            ops_planned: plan.ops.len(),
+            ops_applied: applied,
+            stale_errors,
+            elapsed: start.elapsed(),
+        };
+        if report.ops_planned > 0 || !report.peer_errors.is_empty() {
+            tracing::info!(
+                planned = report.ops_planned,
+                applied = report.ops_applied,
+                peers = report.programmed.len(),
+                peer_errors = report.peer_errors.len(),
+                elapsed_ms = report.elapsed.as_millis() as u64,
+                "overlay reconciled"
+            );
+        }
+        Ok(report)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg() -> OverlayConfig {
+        OverlayConfig::new(
+            "n1",
+            "192.168.1.1".parse().unwrap(),
+            "10.244.1.0/24".parse().unwrap(),
+            "10.244.0.0/16".parse().unwrap(),
+            Backend::Vxlan,
+        )
+    }
+
+    #[test]
+    fn defaults_follow_flannel() {
+        let c = cfg();
+        assert_eq!((c.vni, c.port, c.device.as_str()), (1, 8472, "weft.1"));
+        assert_eq!(c.vtep_ip(), "10.244.1.0".parse::<Ipv4Addr>().unwrap());
+        assert!(c.vtep_mac().is_valid_unicast());
+        assert!(c.validate().is_ok());
+    }
+
+    #[test]
+    fn bad_configs_are_rejected() {
+        let mut c = cfg();
+        c.pod_cidr = "10.245.1.0/24".parse().unwrap();
+        assert!(c.validate().is_err());
+        for vni in [0, 1 << 24] {
+            let mut c = cfg();
+            c.vni = vni;
+            assert!(c.validate().is_err());
+        }
+        let mut c = cfg();
+        c.device = "a-very-long-device-name".into();
+        assert!(c.validate().is_err());
+        let mut c = cfg();
+        c.vtep_mac = Some(Mac([0xff; 6]));
+        assert!(c.validate().is_err());
+        let mut c = cfg();
+        c.mtu = Some(20);
+        assert!(c.validate().is_err());
+    }
+}
