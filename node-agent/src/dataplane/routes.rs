@@ -122,6 +122,13 @@ fn neigh_dst(msg: &NeighbourMessage) -> Option<IpAddr> {
     msg.attributes.iter().find_map(|a| match a {
         NeighbourAttribute::Destination(NeighbourAddress::Inet(ip)) => Some(IpAddr::V4(*ip)),
         NeighbourAttribute::Destination(NeighbourAddress::Inet6(ip)) => Some(IpAddr::V6(*ip)),
+        // Bridge-family (FDB) messages carry the remote IP without a family
+        // the parser knows; its length tells.
+        NeighbourAttribute::Destination(NeighbourAddress::Other(b)) => match b.len() {
+            4 => <[u8; 4]>::try_from(b.as_slice()).ok().map(IpAddr::from),
+            16 => <[u8; 16]>::try_from(b.as_slice()).ok().map(IpAddr::from),
+            _ => None,
+        },
         _ => None,
     })
 }

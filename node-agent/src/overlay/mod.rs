@@ -181,10 +181,6 @@ impl Reconciler {
         Ok(Self { handle, cfg })
     }
 
-    pub fn config(&self) -> &OverlayConfig {
-        &self.cfg
-    }
-
     /// Finds the underlay and, for VXLAN, creates or adopts the device; what
     /// it returns is what this node announces in its Subnet. Cheap and
     /// idempotent; [`Self::reconcile`] does it every time so that a deleted
