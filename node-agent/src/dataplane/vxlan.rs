@@ -76,6 +76,7 @@ pub async fn ensure(h: &Handle, spec: &VxlanSpec) -> Result<Vxlan, DataplaneErro
                 .learning(false)
                 .mtu(spec.mtu)
                 .address(spec.mac.to_vec())
+                .up()
                 .build();
             h.link().add(msg).execute().await.map_err(op(format!("create VXLAN device {}", spec.name)))?;
             if changes.is_empty() {
