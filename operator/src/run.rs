@@ -1,7 +1,7 @@
 //! Wiring: client, metrics server, leader election, the two controllers.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use anyhow::Context as _;
 use futures::StreamExt;
@@ -130,6 +130,7 @@ async fn run_controllers(
         recorder,
         alloc_lock: Mutex::new(()),
         waiting_for_space: AtomicBool::new(false),
+        deletions: AtomicU64::new(0),
     });
 
     let wake = {

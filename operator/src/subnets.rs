@@ -19,7 +19,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder};
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::reflector::Store;
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 use tokio::sync::Mutex;
@@ -67,6 +67,9 @@ pub struct Context {
     /// Set while some node is waiting for space; a Subnet deletion then
     /// retriggers all nodes.
     pub waiting_for_space: std::sync::atomic::AtomicBool,
+    /// Count of Subnet deletions seen, so an allocation that found no space
+    /// can tell whether space was freed while it was looking.
+    pub deletions: std::sync::atomic::AtomicU64,
 }
 
 /// Reconciles one Node: make sure it has exactly one valid Subnet.
@@ -83,8 +86,10 @@ async fn reconcile_node_inner(node: &Node, ctx: &Context) -> Result<Action, Erro
     if node.metadata.deletion_timestamp.is_some() {
         return Ok(Action::await_change());
     }
-    // The cache is a hint; allocation re-checks against the API.
-    if let Some(subnet) = ctx.subnets.get(&ObjectRef::new(&name)) {
+    // Read from the API, not the cache: a just-deleted Subnet may linger in
+    // the cache and would leave the node without a lease until the resync.
+    let current = ctx.subnets_api.get_opt(&name).await.map_err(kube_err("reading", &name))?;
+    if let Some(subnet) = current {
         if owner_uid(&subnet).is_some_and(|uid| uid != node_uid) {
             // A Subnet left over from an earlier Node of the same name.
             tracing::info!(node = %name, "deleting Subnet of a previous node incarnation");
@@ -102,6 +107,7 @@ async fn reconcile_node_inner(node: &Node, ctx: &Context) -> Result<Action, Erro
 async fn allocate(node: &Node, node_uid: &str, ctx: &Context) -> Result<Action, Error> {
     let name = node.name_any();
     let guard = ctx.alloc_lock.lock().await;
+    let deletions_before = ctx.deletions.load(std::sync::atomic::Ordering::SeqCst);
     let existing = ctx.subnets_api.list(&ListParams::default()).await.map_err(kube_err("listing", "*"))?;
     if let Some(own) = existing.items.iter().find(|s| s.name_any() == name) {
         if owner_uid(own).is_none_or(|uid| uid == node_uid) {
@@ -121,6 +127,10 @@ async fn allocate(node: &Node, node_uid: &str, ctx: &Context) -> Result<Action, 
         ctx.metrics.set_leases(in_pool, ctx.pool.capacity());
         ctx.metrics.pool_exhausted.inc();
         ctx.waiting_for_space.store(true, std::sync::atomic::Ordering::SeqCst);
+        if ctx.deletions.load(std::sync::atomic::Ordering::SeqCst) != deletions_before {
+            // A Subnet went away while we were looking: retry right away.
+            return Ok(Action::requeue(Duration::from_millis(100)));
+        }
         let note = format!(
             "no free /{} left in cluster CIDR {} ({} of {} subnets in use); the node gets one as soon as a Subnet is released",
             ctx.pool.node_prefix(),
@@ -139,7 +149,8 @@ async fn allocate(node: &Node, node_uid: &str, ctx: &Context) -> Result<Action, 
         if let Err(e) = ctx.recorder.publish(&event, &node.object_ref(&())).await {
             tracing::warn!(error = %e, node = %name, "publishing exhaustion event failed");
         }
-        return Ok(Action::requeue(Duration::from_secs(30)));
+        // Deletions wake us early; this is the fallback.
+        return Ok(Action::requeue(Duration::from_secs(10)));
     };
 
     let subnet = new_subnet(&name, node_uid, cidr, &ctx.config);
@@ -255,14 +266,10 @@ async fn reconcile_subnet_inner(subnet: &Subnet, ctx: &Context) -> Result<Action
         return Ok(Action::await_change());
     }
     let node_name = &subnet.spec.node_name;
-    // The cache may lag behind a just-created Node: confirm with the API
-    // before releasing anything.
-    let node = match ctx.nodes.get(&ObjectRef::new(node_name)) {
-        Some(n) => Some(n),
-        None => {
-            ctx.nodes_api.get_opt(node_name).await.map_err(kube_err("looking up node of", node_name))?.map(Arc::new)
-        }
-    };
+    // Ask the API, not the node cache: this reconcile is often triggered by
+    // the Node's deletion, which the cache (fed by another watch) may not
+    // have seen yet.
+    let node = ctx.nodes_api.get_opt(node_name).await.map_err(kube_err("looking up node of", node_name))?;
     let release = match &node {
         None => true,
         Some(node) => owner_uid(subnet).is_some_and(|uid| node.uid().as_deref() != Some(uid)),

@@ -1,0 +1,324 @@
+//! The real `weft-operator` binary against the real apiserver: Subnet leases
+//! for joining nodes, no overlaps under load and across a SIGKILL, release
+//! on node deletion, exhaustion and recovery, leader election.
+//!
+//! Every test runs its own operator with its own cluster CIDR, node label
+//! (`--node-selector`) and Lease namespace, so tests share one control plane
+//! without seeing each other's nodes.
+
+use std::collections::{BTreeMap, HashSet};
+use std::time::Duration;
+
+use futures::future::try_join_all;
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+use weft_api::Subnet;
+use weft_e2e::control_plane::operator::OperatorProcess;
+use weft_e2e::control_plane::{ControlPlane, install_crds, new_namespace, wait_for};
+
+const LABEL: &str = "weft.dev/e2e";
+
+/// One test's slice of the shared cluster.
+struct Fixture {
+    cp: &'static ControlPlane,
+    client: Client,
+    ns: String,
+    cidr: String,
+    prefix: u8,
+}
+
+impl Fixture {
+    async fn new(prefix_name: &str, cidr: &str, prefix: u8) -> Option<Fixture> {
+        let cp = ControlPlane::shared()?;
+        let client = cp.client().await.expect("client");
+        install_crds(&client).await.expect("CRDs install");
+        let ns = new_namespace(&client, prefix_name).await.expect("namespace");
+        Some(Fixture { cp, client, ns, cidr: cidr.into(), prefix })
+    }
+
+    fn operator(&self, identity: &str) -> OperatorProcess {
+        let args = [
+            format!("--cluster-cidr={}", self.cidr),
+            format!("--node-prefix-length={}", self.prefix),
+            format!("--node-selector={LABEL}={}", self.ns),
+            format!("--leader-election-namespace={}", self.ns),
+            format!("--identity={identity}"),
+            // Short lease so that a SIGKILLed leader is replaced quickly.
+            "--lease-duration-seconds=3".into(),
+            "--renew-deadline-seconds=2".into(),
+            "--retry-period-seconds=1".into(),
+        ];
+        OperatorProcess::start(self.cp, &args).expect("operator starts")
+    }
+
+    fn node_name(&self, i: usize) -> String {
+        format!("{}-n{i}", self.ns)
+    }
+
+    async fn create_node(&self, name: &str) -> Node {
+        let node: Node = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": {LABEL: self.ns}},
+        }))
+        .expect("node");
+        Api::<Node>::all(self.client.clone()).create(&PostParams::default(), &node).await.expect("create node")
+    }
+
+    async fn delete_node(&self, name: &str) {
+        Api::<Node>::all(self.client.clone()).delete(name, &DeleteParams::default()).await.expect("delete node");
+    }
+
+    /// This test's Subnets by node name.
+    async fn subnets(&self) -> anyhow::Result<BTreeMap<String, Subnet>> {
+        let all = Api::<Subnet>::all(self.client.clone()).list(&ListParams::default()).await?;
+        Ok(all
+            .items
+            .into_iter()
+            .filter(|s| s.spec.node_name.starts_with(&format!("{}-", self.ns)))
+            .map(|s| (s.spec.node_name.clone(), s))
+            .collect())
+    }
+
+    /// Waits until exactly `nodes` have an allocated Subnet and no other
+    /// Subnet of this test exists.
+    async fn wait_for_exact_subnets(&self, nodes: &[String], timeout: Duration) {
+        let want: HashSet<&String> = nodes.iter().collect();
+        wait_for(timeout, &format!("Subnets for exactly {} nodes", nodes.len()), || async {
+            let subnets = self.subnets().await?;
+            let have: HashSet<&String> = subnets.keys().collect();
+            if have == want && subnets.values().all(allocated) {
+                return Ok(true);
+            }
+            let summary: Vec<String> = subnets
+                .values()
+                .map(|s| format!("{}={}{}", s.name_any(), s.spec.cidr, if allocated(s) { "" } else { "(pending)" }))
+                .collect();
+            anyhow::bail!("have {} of {}: {}", have.len(), want.len(), summary.join(" "))
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    }
+}
+
+fn allocated(s: &Subnet) -> bool {
+    s.status.as_ref().is_some_and(|st| st.conditions.iter().any(|c| c.type_ == "Allocated" && c.status == "True"))
+}
+
+/// Asserts that the Subnets are pairwise disjoint, inside `pool`, one per
+/// node, named after their node and owned by it.
+fn assert_disjoint(subnets: &BTreeMap<String, Subnet>, pool: &str) {
+    let pool: ipnet::IpNet = pool.parse().expect("pool");
+    let nets: Vec<(String, ipnet::IpNet)> =
+        subnets.values().map(|s| (s.name_any(), s.spec.cidr.parse().expect("subnet CIDR parses"))).collect();
+    for (i, (a_name, a)) in nets.iter().enumerate() {
+        assert!(pool.contains(a), "{a_name}: {a} outside pool {pool}");
+        for (b_name, b) in &nets[i + 1..] {
+            assert!(!a.contains(&b.network()) && !b.contains(&a.network()), "{a_name} ({a}) overlaps {b_name} ({b})");
+        }
+    }
+    for (node, s) in subnets {
+        assert_eq!(&s.name_any(), node, "Subnet is named after its node");
+        let owner = s.owner_references().first().expect("Subnet has an owner");
+        assert_eq!((owner.kind.as_str(), owner.name.as_str()), ("Node", node.as_str()));
+    }
+}
+
+async fn metric(op: &OperatorProcess, line_prefix: &str) -> Option<f64> {
+    let (code, body) = op.http_get("/metrics").await.ok()?;
+    if code != 200 {
+        return None;
+    }
+    body.lines().find_map(|l| l.strip_prefix(line_prefix)).and_then(|v| v.trim().parse().ok())
+}
+
+#[tokio::test]
+async fn joining_node_gets_a_subnet_and_metrics_are_served() {
+    let Some(fx) = Fixture::new("op-join", "10.101.0.0/16", 24).await else { return };
+    let mut op = fx.operator("solo");
+    let node = fx.node_name(0);
+    let created = fx.create_node(&node).await;
+    fx.wait_for_exact_subnets(std::slice::from_ref(&node), Duration::from_secs(30)).await;
+    op.check_running().expect("operator running");
+
+    let subnets = fx.subnets().await.expect("list");
+    let s = &subnets[&node];
+    assert_eq!(s.spec.cidr, "10.101.0.0/24", "first lease is the lowest block");
+    assert_eq!(s.spec.backend, weft_api::Backend::Vxlan);
+    assert_eq!(s.spec.vni, Some(1));
+    assert_eq!(s.owner_references()[0].uid, created.uid().expect("uid"));
+    assert_disjoint(&subnets, &fx.cidr);
+
+    assert_eq!(op.http_get("/healthz").await.expect("healthz").0, 200);
+    assert_eq!(op.http_get("/readyz").await.expect("readyz").0, 200);
+    wait_for(Duration::from_secs(10), "lease gauges", || async {
+        Ok(metric(&op, "weft_operator_subnet_leases{state=\"allocated\"} ").await == Some(1.0)
+            && metric(&op, "weft_operator_subnet_leases{state=\"free\"} ").await == Some(255.0))
+    })
+    .await
+    .expect("metrics report 1 allocated, 255 free");
+    assert!(metric(&op, "weft_operator_reconcile_total{controller=\"node\"} ").await.unwrap_or(0.0) >= 1.0);
+    assert!(
+        op.http_get("/metrics").await.expect("metrics").1.contains("weft_operator_reconcile_duration_seconds_bucket")
+    );
+
+    // The lease survives an operator restart unchanged.
+    op.kill();
+    let mut op = fx.operator("solo-2");
+    let cidr_before = s.spec.cidr.clone();
+    let uid_before = s.uid();
+    wait_for(Duration::from_secs(20), "restarted operator to lead", || async {
+        Ok(metric(&op, "weft_operator_leader ").await == Some(1.0))
+    })
+    .await
+    .expect("new leader");
+    let after = fx.subnets().await.expect("list");
+    assert_eq!((after[&node].spec.cidr.clone(), after[&node].uid()), (cidr_before, uid_before), "node keeps its lease");
+    op.check_running().expect("operator running");
+}
+
+#[tokio::test]
+async fn fifty_nodes_at_once_get_fifty_disjoint_subnets() {
+    let Some(fx) = Fixture::new("op-fifty", "10.102.0.0/16", 24).await else { return };
+    let mut op = fx.operator("fifty");
+    let nodes: Vec<String> = (0..50).map(|i| fx.node_name(i)).collect();
+    try_join_all(nodes.iter().map(|n| async { Ok::<_, ()>(fx.create_node(n).await) })).await.expect("create nodes");
+    fx.wait_for_exact_subnets(&nodes, Duration::from_secs(60)).await;
+    assert_disjoint(&fx.subnets().await.expect("list"), &fx.cidr);
+    op.check_running().expect("operator running");
+}
+
+#[tokio::test]
+async fn operator_killed_midway_leaves_no_overlaps_duplicates_or_orphans() {
+    let Some(fx) = Fixture::new("op-kill", "10.103.0.0/16", 24).await else { return };
+    // Two replicas: leader election must keep them from allocating together.
+    let mut a = fx.operator("replica-a");
+    let mut b = fx.operator("replica-b");
+    let nodes: Vec<String> = (0..50).map(|i| fx.node_name(i)).collect();
+    let creating = try_join_all(nodes.iter().map(|n| async { Ok::<_, ()>(fx.create_node(n).await) }));
+
+    // SIGKILL the leader as soon as it has started allocating.
+    let killer = async {
+        wait_for(Duration::from_secs(30), "first leases", || async { Ok(!fx.subnets().await?.is_empty()) })
+            .await
+            .expect("allocation starts");
+        let leases: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(fx.client.clone(), &fx.ns);
+        let holder = leases.get("weft-operator").await.expect("lease").spec.and_then(|s| s.holder_identity);
+        holder.expect("lease has a holder")
+    };
+    let (created, leader) = tokio::join!(creating, killer);
+    created.expect("nodes created");
+    let killed_at = fx.subnets().await.expect("list").len();
+    let (leader, standby) = if leader == "replica-a" { (&mut a, &mut b) } else { (&mut b, &mut a) };
+    leader.kill();
+    eprintln!("killed the leader with {killed_at}/50 subnets allocated");
+
+    // The standby takes over; the killed one comes back as a standby.
+    let _restarted = fx.operator("replica-c");
+    fx.wait_for_exact_subnets(&nodes, Duration::from_secs(90)).await;
+    standby.check_running().expect("standby running");
+    let subnets = fx.subnets().await.expect("list");
+    assert_eq!(subnets.len(), 50, "no duplicates");
+    assert_disjoint(&subnets, &fx.cidr);
+    // No orphans: every Subnet of this test belongs to an existing node.
+    let all_nodes = Api::<Node>::all(fx.client.clone())
+        .list(&ListParams::default().labels(&format!("{LABEL}={}", fx.ns)))
+        .await
+        .expect("nodes");
+    let node_names: HashSet<String> = all_nodes.items.iter().map(|n| n.name_any()).collect();
+    assert!(subnets.keys().all(|n| node_names.contains(n)));
+}
+
+#[tokio::test]
+async fn deleted_node_releases_its_subnet_for_reuse() {
+    let Some(fx) = Fixture::new("op-release", "10.104.0.0/16", 24).await else { return };
+    let mut op = fx.operator("release");
+    let (n0, n1, n2) = (fx.node_name(0), fx.node_name(1), fx.node_name(2));
+    fx.create_node(&n0).await;
+    fx.wait_for_exact_subnets(std::slice::from_ref(&n0), Duration::from_secs(30)).await;
+    fx.create_node(&n1).await;
+    fx.wait_for_exact_subnets(&[n0.clone(), n1.clone()], Duration::from_secs(30)).await;
+    let freed = fx.subnets().await.expect("list")[&n0].spec.cidr.clone();
+    assert_eq!(freed, "10.104.0.0/24");
+
+    fx.delete_node(&n0).await;
+    fx.wait_for_exact_subnets(std::slice::from_ref(&n1), Duration::from_secs(30)).await;
+    fx.create_node(&n2).await;
+    fx.wait_for_exact_subnets(&[n1.clone(), n2.clone()], Duration::from_secs(30)).await;
+    assert_eq!(fx.subnets().await.expect("list")[&n2].spec.cidr, freed, "the released CIDR is handed out again");
+    op.check_running().expect("operator running");
+}
+
+#[tokio::test]
+async fn exhausted_pool_reports_an_event_and_recovers() {
+    // A /24 split into /26 blocks: room for four nodes.
+    let Some(fx) = Fixture::new("op-full", "10.105.0.0/24", 26).await else { return };
+    let mut op = fx.operator("full");
+    let nodes: Vec<String> = (0..5).map(|i| fx.node_name(i)).collect();
+    for n in &nodes[..4] {
+        fx.create_node(n).await;
+    }
+    fx.wait_for_exact_subnets(&nodes[..4], Duration::from_secs(30)).await;
+    let starved = &nodes[4];
+    fx.create_node(starved).await;
+
+    let events: Api<Event> = Api::namespaced(fx.client.clone(), "default");
+    wait_for(Duration::from_secs(30), "SubnetPoolExhausted event", || async {
+        let list = events.list(&ListParams::default()).await?;
+        Ok(list.items.iter().any(|e| {
+            e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(starved.as_str())
+                && e.reason.as_deref() == Some("SubnetPoolExhausted")
+                && e.type_.as_deref() == Some("Warning")
+                && e.note.as_deref().is_some_and(|n| n.contains("no free /26 left in cluster CIDR 10.105.0.0/24"))
+        }))
+    })
+    .await
+    .expect("exhaustion is reported on the node");
+    assert!(metric(&op, "weft_operator_subnet_pool_exhausted_total ").await.unwrap_or(0.0) >= 1.0);
+    assert!(!fx.subnets().await.expect("list").contains_key(starved), "no lease without space");
+
+    // Freeing a block lets the waiting node in, without waiting for a resync.
+    let freed = fx.subnets().await.expect("list")[&nodes[1]].spec.cidr.clone();
+    fx.delete_node(&nodes[1]).await;
+    let expected: Vec<String> = [0, 2, 3, 4].iter().map(|&i| nodes[i].clone()).collect();
+    fx.wait_for_exact_subnets(&expected, Duration::from_secs(20)).await;
+    assert_eq!(fx.subnets().await.expect("list")[starved].spec.cidr, freed);
+    op.check_running().expect("operator running");
+}
+
+#[tokio::test]
+async fn newer_of_two_overlapping_subnets_is_reallocated() {
+    let Some(fx) = Fixture::new("op-overlap", "10.106.0.0/16", 24).await else { return };
+    let (n0, n1) = (fx.node_name(0), fx.node_name(1));
+    let subnets: Api<Subnet> = Api::all(fx.client.clone());
+    // Two leases for the same block, as a split brain could leave them.
+    for n in [&n0, &n1] {
+        let node = fx.create_node(n).await;
+        let s: Subnet = serde_json::from_value(json!({
+            "apiVersion": "weft.dev/v1alpha1", "kind": "Subnet",
+            "metadata": {"name": n, "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": n, "uid": node.uid(), "controller": true}]},
+            "spec": {"nodeName": n, "cidr": "10.106.0.0/24"},
+        }))
+        .expect("subnet");
+        subnets.create(&PostParams::default(), &s).await.expect("pre-create subnet");
+        // creationTimestamp has one-second resolution; make the order certain.
+        if n == &n0 {
+            tokio::time::sleep(Duration::from_millis(1100)).await;
+        }
+    }
+    let older_uid = fx.subnets().await.expect("list")[&n0].uid();
+    let mut op = fx.operator("overlap");
+    wait_for(Duration::from_secs(30), "overlap resolved", || async {
+        let s = fx.subnets().await?;
+        Ok(s.len() == 2 && s.values().all(allocated) && s[&n1].spec.cidr != "10.106.0.0/24")
+    })
+    .await
+    .expect("newer subnet reallocated");
+    let after = fx.subnets().await.expect("list");
+    assert_eq!(after[&n0].uid(), older_uid, "the older lease is kept");
+    assert_eq!(after[&n1].spec.cidr, "10.106.1.0/24");
+    assert_disjoint(&after, &fx.cidr);
+    op.check_running().expect("operator running");
+}
