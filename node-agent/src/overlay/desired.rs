@@ -71,9 +71,45 @@ pub struct Peer {
     pub backend: Backend,
 }
 
+impl Peer {
+    /// A peer from a Subnet's string fields (`spec.cidr`, `status.nodeIP`,
+    /// `status.vtepMAC`). Malformed or missing data is a per-peer error like
+    /// any other; a missing VTEP MAC is only an error once VXLAN needs it.
+    pub fn parse(
+        node_name: &str,
+        cidr: &str,
+        backend: Backend,
+        node_ip: Option<&str>,
+        vtep_mac: Option<&str>,
+    ) -> Result<Self, PeerError> {
+        let malformed = |field: &'static str, value: &str| PeerError::Malformed { field, value: value.to_owned() };
+        let pod_cidr = match cidr.parse::<IpNet>().map_err(|_| malformed("cidr", cidr))? {
+            IpNet::V4(n) if n == n.trunc() => n,
+            IpNet::V4(_) => return Err(malformed("cidr (host bits set)", cidr)),
+            IpNet::V6(_) => return Err(PeerError::Unsupported(format!("IPv6 pod CIDR {cidr}"))),
+        };
+        let node_ip = node_ip.ok_or(PeerError::MissingNodeIp)?;
+        let node_ip = match node_ip.parse::<IpAddr>().map_err(|_| malformed("nodeIP", node_ip))? {
+            IpAddr::V4(ip) => ip,
+            IpAddr::V6(_) => return Err(PeerError::Unsupported(format!("IPv6 node IP {node_ip}"))),
+        };
+        let vtep_mac = match vtep_mac {
+            Some(m) => Some(m.parse::<Mac>().map_err(|_| malformed("vtepMAC", m))?.0),
+            None => None,
+        };
+        Ok(Peer { node_name: node_name.to_owned(), pod_cidr, node_ip, vtep_mac, backend })
+    }
+}
+
 /// Why a peer cannot be programmed. Shown to users in Subnet conditions.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PeerError {
+    #[error("malformed {field} {value:?}")]
+    Malformed { field: &'static str, value: String },
+    #[error("no node IP published yet")]
+    MissingNodeIp,
+    #[error("not supported yet: {0}")]
+    Unsupported(String),
     #[error("more than one Subnet for node {0}")]
     DuplicateNodeName(String),
     #[error("pod CIDR {peer} overlaps this node's pod CIDR {local}")]
@@ -259,7 +295,7 @@ fn duplicate_macs(valid: &[(&Peer, PeerPath)]) -> HashMap<String, PeerError> {
 }
 
 fn add_entries(out: &mut Desired, p: &Peer, path: PeerPath) {
-    let dst = IpNet::V4(p.pod_cidr);
+    let dst = IpNet::V4(p.pod_cidr.trunc());
     let route = match path {
         PeerPath::HostGw => Route { dst, metric: 0, via: p.node_ip.into(), dev: Dev::Underlay, onlink: false },
         PeerPath::Vxlan(mac) => {
@@ -538,6 +574,26 @@ mod tests {
         assert_eq!(d.errors.len(), 1);
         assert_eq!(d.errors["n2"], PeerError::DuplicateNodeName("n2".into()));
         assert!(d.routes.is_empty());
+    }
+
+    #[test]
+    fn peers_parse_from_subnet_strings() {
+        let p =
+            Peer::parse("n2", "10.244.2.0/24", Backend::Vxlan, Some("10.0.0.2"), Some("02:57:0A:00:00:02")).unwrap();
+        assert_eq!(p, vx("n2", "10.244.2.0/24", "10.0.0.2", [2, 0x57, 10, 0, 0, 2]));
+        let p = Peer::parse("n2", "10.244.2.0/24", Backend::HostGw, Some("10.0.0.2"), None).unwrap();
+        assert_eq!(p.vtep_mac, None);
+        let err = |cidr, ip, mac| Peer::parse("n2", cidr, Backend::Vxlan, ip, mac).unwrap_err();
+        assert_eq!(err("10.244.2.0/24", None, None), PeerError::MissingNodeIp);
+        assert!(matches!(err("10.244.2.0", Some("10.0.0.2"), None), PeerError::Malformed { field: "cidr", .. }));
+        assert!(matches!(err("10.244.2.0/24", Some("10.0.0"), None), PeerError::Malformed { field: "nodeIP", .. }));
+        assert!(matches!(
+            err("10.244.2.0/24", Some("10.0.0.2"), Some("zz")),
+            PeerError::Malformed { field: "vtepMAC", .. }
+        ));
+        assert!(matches!(err("10.244.2.1/24", Some("10.0.0.2"), None), PeerError::Malformed { .. }));
+        assert!(matches!(err("fd00::/64", Some("10.0.0.2"), None), PeerError::Unsupported(_)));
+        assert!(matches!(err("10.244.2.0/24", Some("fd00::1"), None), PeerError::Unsupported(_)));
     }
 
     #[test]
