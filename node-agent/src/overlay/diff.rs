@@ -406,6 +406,94 @@ mod tests {
         assert_eq!(count(&plan), (0, 0, 2), "{:?}", plan.ops);
     }
 
+    /// The kernel's semantics for our operations, on the observed model.
+    fn apply_model(o: &mut Observed, ops: &[Op]) {
+        for op in ops {
+            match (op, op.entry()) {
+                (Op::Add(_) | Op::Replace(_), Entry::Route(r)) => {
+                    o.routes.insert(r.key(), ObservedRoute { route: r.clone(), proto: RTPROT_WEFT });
+                }
+                (Op::Delete(_), Entry::Route(r)) => {
+                    o.routes.remove(&r.key());
+                }
+                (Op::Add(_) | Op::Replace(_), Entry::Neigh(n)) => {
+                    o.neighs.insert(n.ip, ObservedNeigh { ip: n.ip, mac: Some(n.mac), permanent: true });
+                }
+                (Op::Delete(_), Entry::Neigh(n)) => {
+                    o.neighs.remove(&n.ip);
+                }
+                (Op::Add(_), Entry::Fdb(f)) => o.fdb.entry(f.mac).or_default().push(f.dst),
+                (Op::Replace(_), Entry::Fdb(f)) => {
+                    let dsts = o.fdb.entry(f.mac).or_default();
+                    if dsts.is_empty() {
+                        dsts.push(f.dst);
+                    } else if !dsts.contains(&f.dst) {
+                        dsts[0] = f.dst;
+                    }
+                }
+                (Op::Delete(_), Entry::Fdb(f)) => {
+                    if let Some(dsts) = o.fdb.get_mut(&f.mac) {
+                        dsts.retain(|d| *d != f.dst);
+                        if dsts.is_empty() {
+                            o.fdb.remove(&f.mac);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Random churn against a model kernel holding foreign entries: every
+    /// plan converges in one pass and never touches a foreign entry.
+    #[test]
+    fn random_churn_converges_in_one_pass_and_spares_foreign_entries() {
+        let mut seed: u64 = 0x5eed_0f_fe17;
+        let mut rnd = |n: u64| {
+            seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+            (seed >> 33) % n
+        };
+        let mut l = local();
+        let mut all = peers(60);
+        let mut o = Observed::default();
+        let foreign = [
+            foreign_route("10.250.0.0/24", Dev::Vxlan, 4),
+            foreign_route("10.251.0.0/24", Dev::Underlay, 3),
+            foreign_route("0.0.0.0/0", Dev::Underlay, RTPROT_WEFT),
+        ];
+        for f in &foreign {
+            insert(&mut o, f.clone());
+        }
+        for round in 0..500 {
+            let changes = 1 + rnd(3) as usize;
+            for _ in 0..changes {
+                let i = rnd(all.len() as u64) as usize;
+                match rnd(8) {
+                    0 => {
+                        all.remove(i);
+                    }
+                    1 => all.push(peer(100 + rnd(100) as u32)),
+                    2 => all[i].node_ip = Ipv4Addr::new(172, 16, 200, rnd(250) as u8 + 1),
+                    3 => all[i].node_ip = Ipv4Addr::new(192, 168, 3, rnd(250) as u8 + 1),
+                    4 => all[i].vtep_mac = Some([0x02, 0x58, 0, 0, 0, rnd(250) as u8]),
+                    5 => all[i].vtep_mac = None,
+                    6 => all[i].pod_cidr = format!("10.{}.{}.0/24", 1 + rnd(2), rnd(256)).parse().unwrap(),
+                    _ => l.direct_routing = !l.direct_routing,
+                }
+                if all.is_empty() {
+                    all.push(peer(0));
+                }
+            }
+            let d = desired::compute(&l, &all);
+            let plan = diff(&d, &o, &cluster());
+            assert!(plan.conflicts.is_empty());
+            apply_model(&mut o, &plan.ops);
+            assert_eq!(diff(&d, &o, &cluster()), Plan::default(), "round {round}: not converged");
+            for f in &foreign {
+                assert_eq!(o.routes.get(&f.route.key()), Some(f), "round {round}: foreign route touched");
+            }
+        }
+    }
+
     #[test]
     fn fdb_with_extra_remotes_is_cleaned() {
         let d = desired::compute(&local(), &peers(1));

@@ -560,6 +560,59 @@ fn masquerade_only_traffic_leaving_the_cluster() {
     assert!(!n1.ns.sh("iptables-save", &["-t", "nat"]).contains("WEFT-POSTROUTING"));
 }
 
+#[test]
+fn peer_changes_are_applied_in_place_and_converge() {
+    if !require_root() {
+        return;
+    }
+    let c = Cluster::new(&[50, 50]);
+    let n1 = &c.nodes[0];
+    let peer = |ip: &str, mac: u8| Peer {
+        node_name: "node-x".into(),
+        pod_cidr: "10.244.7.0/24".parse().unwrap(),
+        node_ip: ip.parse().unwrap(),
+        vtep_mac: Some([0x02, 0x57, 0, 0, 0, mac]),
+        backend: Backend::Vxlan,
+    };
+    let step = |cfg: OverlayConfig, peers: Vec<Peer>| {
+        let r = reconcile(n1, cfg.clone(), peers.clone());
+        assert!(r.peer_errors.is_empty() && r.stale_errors.is_empty(), "{:?} {:?}", r.peer_errors, r.stale_errors);
+        assert_eq!(r.ops_applied, r.ops_planned);
+        assert_eq!(reconcile(n1, cfg, peers).ops_planned, 0, "converged after one pass");
+        r.ops_planned
+    };
+    let vx = n1.config(Backend::Vxlan, false);
+    let fdb = || n1.ns.sh("bridge", &["fdb", "show", "dev", "weft.1"]);
+
+    assert_eq!(step(vx.clone(), vec![peer("192.168.50.7", 1)]), 3);
+    // New node IP: the FDB entry's remote is replaced.
+    assert_eq!(step(vx.clone(), vec![peer("192.168.50.8", 1)]), 1);
+    assert!(fdb().contains("02:57:00:00:00:01 dst 192.168.50.8 self permanent"), "{}", fdb());
+    assert!(!fdb().contains("192.168.50.7"));
+    // New VTEP MAC: neighbour replaced, FDB entry swapped.
+    assert_eq!(step(vx.clone(), vec![peer("192.168.50.8", 2)]), 3);
+    assert!(!fdb().contains("02:57:00:00:00:01"), "{}", fdb());
+    assert!(n1.ns.ip(&["neigh", "show", "dev", "weft.1"]).contains("10.244.7.0 lladdr 02:57:00:00:00:02 PERMANENT"));
+    // Direct routing puts the same peer on host-gw: the route moves to the
+    // underlay, the L2 entries go.
+    let mut direct = vx.clone();
+    direct.direct_routing = true;
+    assert_eq!(step(direct, vec![peer("192.168.50.8", 2)]), 3);
+    assert_eq!(n1.ns.ip(&["route", "show", "proto", "0x57"]).trim(), "10.244.7.0/24 via 192.168.50.8 dev ul");
+    assert!(!fdb().contains("02:57:00:00:00:02"));
+    // Back to VXLAN, then to host-gw mode, which removes what VXLAN left.
+    assert_eq!(step(vx, vec![peer("192.168.50.8", 2)]), 3);
+    let hg = n1.config(Backend::HostGw, false);
+    let mut p = peer("192.168.50.8", 2);
+    p.backend = Backend::HostGw;
+    assert_eq!(step(hg.clone(), vec![p]), 3);
+    assert_eq!(n1.ns.ip(&["route", "show", "proto", "0x57"]).trim(), "10.244.7.0/24 via 192.168.50.8 dev ul");
+    assert!(n1.ns.ip(&["neigh", "show", "dev", "weft.1"]).trim().is_empty());
+    // No peers: nothing of ours is left.
+    assert_eq!(step(hg, vec![]), 1);
+    assert!(n1.ns.ip(&["route", "show", "proto", "0x57"]).trim().is_empty());
+}
+
 /// 1,000 peers programmed into one node: full programming time, the cost of
 /// one change, and the no-op resync. Prints a small table.
 #[test]
