@@ -169,16 +169,19 @@ pub struct Report {
     pub elapsed: Duration,
 }
 
-/// Programs the overlay from (this node, peers). Callers serialise calls.
+/// Programs the overlay from (this node, peers). Share it behind an `Arc`:
+/// concurrent calls (watch events, periodic resync) run one at a time.
 pub struct Reconciler {
     handle: Handle,
     cfg: OverlayConfig,
+    // Two interleaved observe→apply passes would each act on a stale view.
+    pass: tokio::sync::Mutex<()>,
 }
 
 impl Reconciler {
     pub fn new(handle: Handle, cfg: OverlayConfig) -> Result<Self, OverlayError> {
         cfg.validate()?;
-        Ok(Self { handle, cfg })
+        Ok(Self { handle, cfg, pass: tokio::sync::Mutex::new(()) })
     }
 
     /// Finds the underlay and, for VXLAN, creates or adopts the device; what
@@ -186,6 +189,7 @@ impl Reconciler {
     /// idempotent; [`Self::reconcile`] does it every time so that a deleted
     /// device comes back.
     pub async fn ensure_local(&self) -> Result<LocalVtep, OverlayError> {
+        let _pass = self.pass.lock().await;
         self.prepare().await.map(|(local, _, _)| local)
     }
 
@@ -235,6 +239,7 @@ impl Reconciler {
     /// One level-triggered pass: observe, diff against the peers, apply.
     /// Fails only on node-level problems; per-peer ones are in the report.
     pub async fn reconcile(&self, peers: &[Peer]) -> Result<Report, OverlayError> {
+        let _pass = self.pass.lock().await;
         let start = Instant::now();
         let (local, devs, ul) = self.prepare().await?;
         let want = desired::compute(
