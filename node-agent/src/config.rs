@@ -12,10 +12,19 @@ pub struct Config {
     /// This node's name (the Kubernetes Node it runs on).
     #[arg(long, env = "WEFT_NODE_NAME", default_value = "local")]
     pub node_name: String,
-    /// The node's pod CIDR. Until the Subnet lease from the operator is used,
-    /// this is how the agent learns it.
+    /// A fixed pod CIDR for a node without a Kubernetes API (standalone use
+    /// and single-node tests). Without it the agent waits for its node's
+    /// Subnet lease from the operator and serves no CNI request until then.
     #[arg(long, env = "WEFT_POD_CIDR")]
-    pub pod_cidr: Ipv4Net,
+    pub pod_cidr: Option<Ipv4Net>,
+    /// Kubeconfig to reach the API; without it the in-cluster config (or
+    /// $KUBECONFIG) is used.
+    #[arg(long, env = "WEFT_KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+    /// This node's IP on the underlay (the DaemonSet passes status.hostIP):
+    /// the next hop and tunnel endpoint other nodes use.
+    #[arg(long, env = "WEFT_NODE_IP")]
+    pub node_ip: Option<std::net::Ipv4Addr>,
     /// Unix socket for weft-cni (created with mode 0600).
     #[arg(long, env = "WEFT_AGENT_SOCKET", default_value = weft_proto::DEFAULT_AGENT_SOCKET)]
     pub socket: PathBuf,

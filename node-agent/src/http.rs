@@ -1,7 +1,7 @@
 //! `/metrics`, `/healthz` and `/readyz` over HTTP.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use axum::Router;
 use axum::extract::State;
@@ -11,9 +11,12 @@ use axum::routing::get;
 
 use crate::agent::Agent;
 
+/// The agent, once it exists (it waits for its Subnet lease first).
+pub type AgentSlot = Arc<OnceLock<Arc<Agent>>>;
+
 pub async fn serve(
     addr: SocketAddr,
-    agent: Arc<Agent>,
+    agent: AgentSlot,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let app = Router::new()
@@ -29,7 +32,14 @@ pub async fn serve(
     Ok(())
 }
 
-async fn metrics(State(agent): State<Arc<Agent>>) -> impl IntoResponse {
+async fn metrics(State(slot): State<AgentSlot>) -> impl IntoResponse {
+    let Some(agent) = slot.get() else {
+        return (
+            StatusCode::OK,
+            [(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
+            "# EOF\n".to_owned(),
+        );
+    };
     agent.metrics.set_ipam_usage(agent.ipam.usage());
     match agent.metrics.encode() {
         Ok(body) => (
@@ -43,7 +53,10 @@ async fn metrics(State(agent): State<Arc<Agent>>) -> impl IntoResponse {
     }
 }
 
-async fn readyz(State(agent): State<Arc<Agent>>) -> impl IntoResponse {
+async fn readyz(State(slot): State<AgentSlot>) -> impl IntoResponse {
+    let Some(agent) = slot.get() else {
+        return (StatusCode::SERVICE_UNAVAILABLE, "not ready: waiting for this node's Subnet lease".to_owned());
+    };
     match agent.readiness().await {
         Ok(()) => (StatusCode::OK, "ready".to_owned()),
         Err(e) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {}", e.msg)),

@@ -7,6 +7,7 @@ mod config;
 mod dataplane;
 mod http;
 mod ipam;
+mod lease;
 mod metrics;
 mod netns;
 // Not wired to the Subnet watch yet; its tests exercise it meanwhile.
@@ -15,12 +16,15 @@ mod overlay;
 mod reconcile;
 
 use std::os::unix::fs::PermissionsExt;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use anyhow::Context;
 use clap::Parser;
+use ipnet::Ipv4Net;
+use kube::Api;
 use tokio::net::UnixListener;
 use tokio_stream::wrappers::UnixListenerStream;
+use weft_api::subnet::Subnet;
 use weft_proto::cni::v1::cni_server::CniServer;
 
 use agent::Agent;
@@ -41,7 +45,31 @@ async fn main() -> anyhow::Result<()> {
 }
 
 async fn run(config: Config) -> anyhow::Result<()> {
-    let pool = Pool::new(config.pod_cidr).context("invalid --pod-cidr")?;
+    let slot: http::AgentSlot = Arc::new(OnceLock::new());
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let shutdown = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|stop| *stop).await;
+    };
+    let http = tokio::spawn(http::serve(config.metrics_addr, Arc::clone(&slot), shutdown(stop_rx.clone())));
+    let signal = wait_for_signal();
+    tokio::pin!(signal);
+
+    // Without a fixed pod CIDR the node's Subnet lease decides it; no CNI
+    // socket exists until then, so weft-cni answers STATUS 50 / ADD 11.
+    let subnets = match config.pod_cidr {
+        Some(_) => None,
+        None => Some(Api::<Subnet>::all(kube_client(&config).await?)),
+    };
+    let cidr: Ipv4Net = match (&subnets, config.pod_cidr) {
+        (_, Some(cidr)) => cidr,
+        (Some(api), None) => tokio::select! {
+            lease = lease::wait_for(api, &config.node_name) => lease?.cidr,
+            r = &mut signal => { let _ = stop_tx.send(true); return r; }
+        },
+        (None, None) => unreachable_config()?,
+    };
+
+    let pool = Pool::new(cidr).with_context(|| format!("unusable pod CIDR {cidr}"))?;
     let ipam_dir = config.state_dir.join("ipam");
     let ipam = tokio::task::block_in_place(|| Ipam::open(pool, &ipam_dir)).context("cannot load IPAM state")?;
     let host = netns::Netns::current().context("cannot open netlink")?;
@@ -50,27 +78,48 @@ async fn run(config: Config) -> anyhow::Result<()> {
     agent.reconcile_on_start().await.context("start-up reconciliation failed")?;
     agent.ensure_bridge().await.map_err(|e| anyhow::anyhow!(e.msg))?;
     agent.metrics.set_ipam_usage(agent.ipam.usage());
+    let _ = slot.set(Arc::clone(&agent));
+
+    if let Some(api) = &subnets {
+        let node_ip = config
+            .node_ip
+            .context("--node-ip (WEFT_NODE_IP) is required when the pod CIDR comes from a Subnet lease")?;
+        let facts = lease::NodeFacts { node_ip: node_ip.to_string(), vtep_ip: None, vtep_mac: None, ready: Ok(()) };
+        lease::publish(api, &config.node_name, &facts).await?;
+    }
 
     let listener = bind_socket(&config.socket)?;
     tracing::info!(node = %config.node_name, pod_cidr = %pool.cidr(), socket = %config.socket.display(), "weft-agent ready");
-
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let shutdown = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|stop| *stop).await;
-    };
-    let http = tokio::spawn(http::serve(config.metrics_addr, Arc::clone(&agent), shutdown(stop_rx.clone())));
     let grpc = tonic::transport::Server::builder()
         .add_service(CniServer::new(cni_server::CniService::new(Arc::clone(&agent))))
         .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown(stop_rx));
     let grpc = tokio::spawn(grpc);
 
-    wait_for_signal().await?;
+    signal.await?;
     tracing::info!("shutting down");
     let _ = stop_tx.send(true);
     grpc.await.context("gRPC server task")?.context("gRPC server")?;
     http.await.context("HTTP server task")??;
     let _ = std::fs::remove_file(&config.socket);
     Ok(())
+}
+
+fn unreachable_config() -> anyhow::Result<Ipv4Net> {
+    anyhow::bail!("neither --pod-cidr nor a Kubernetes API to lease a Subnet from")
+}
+
+async fn kube_client(config: &Config) -> anyhow::Result<kube::Client> {
+    let kube_config = match &config.kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("cannot read kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+                .await
+                .with_context(|| format!("invalid kubeconfig {}", path.display()))?
+        }
+        None => kube::Config::infer().await.context("no kubeconfig and not running in a cluster")?,
+    };
+    kube::Client::try_from(kube_config).context("cannot build the Kubernetes client")
 }
 
 /// Binds the CNI socket, replacing a stale one, readable by root only.
@@ -81,9 +130,7 @@ fn bind_socket(path: &std::path::Path) -> anyhow::Result<UnixListener> {
     match std::fs::remove_file(path) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => {
-            return Err(e).with_context(|| format!("cannot remove stale socket {}", path.display()));
-        }
+        Err(e) => return Err(e).with_context(|| format!("cannot remove stale socket {}", path.display())),
     }
     let listener = UnixListener::bind(path).with_context(|| format!("cannot listen on {}", path.display()))?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))

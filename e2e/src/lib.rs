@@ -1,0 +1,10 @@
+//! Test support for Weft: network namespaces, agents, the CNI "runtime" that
+//! execs plugins, and the real control plane.
+
+pub mod agent;
+pub mod bins;
+pub mod cni;
+pub mod control_plane;
+pub mod netns;
+pub mod prereq;
+pub mod wait;
