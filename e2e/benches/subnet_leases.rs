@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 
 use futures::{StreamExt, TryStreamExt, stream};
 use k8s_openapi::api::core::v1::Node;
+use kube::Client;
 use kube::api::{Api, PostParams};
 use kube::runtime::watcher;
-use kube::Client;
 use serde_json::json;
 use weft_api::Subnet;
 use weft_e2e::control_plane::operator::OperatorProcess;
@@ -63,7 +63,11 @@ async fn create_node(nodes: &Api<Node>, name: &str) -> Instant {
     t
 }
 
-async fn wait_all(rx: &mut tokio::sync::watch::Receiver<HashMap<String, Instant>>, names: &[String], timeout: Duration) {
+async fn wait_all(
+    rx: &mut tokio::sync::watch::Receiver<HashMap<String, Instant>>,
+    names: &[String],
+    timeout: Duration,
+) {
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
         if names.iter().all(|n| rx.borrow().contains_key(n)) {
@@ -88,9 +92,10 @@ fn ms(d: Duration) -> String {
 async fn bench(cp: &ControlPlane) {
     let client = cp.client().await.expect("client");
     install_crds(&client).await.expect("CRDs");
-    let args: Vec<String> = ["--cluster-cidr=10.200.0.0/14", "--node-prefix-length=24", "--leader-election-namespace=default"]
-        .map(String::from)
-        .to_vec();
+    let args: Vec<String> =
+        ["--cluster-cidr=10.200.0.0/14", "--node-prefix-length=24", "--leader-election-namespace=default"]
+            .map(String::from)
+            .to_vec();
     let op = OperatorProcess::start(cp, &args).expect("operator");
     let nodes: Api<Node> = Api::all(client.clone());
     let mut seen = spawn_recorder(client.clone());

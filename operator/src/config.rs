@@ -84,7 +84,7 @@ pub struct Config {
     pub retry_period_seconds: u32,
 
     /// Maximum reconciles running at once per controller.
-    #[arg(long, env = "WEFT_CONCURRENCY", default_value_t = 16)]
+    #[arg(long, env = "WEFT_CONCURRENCY", default_value_t = 64)]
     pub concurrency: u16,
 }
 

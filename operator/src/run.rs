@@ -129,6 +129,7 @@ async fn run_controllers(
         metrics: metrics.clone(),
         recorder,
         alloc_lock: Mutex::new(()),
+        pending: std::sync::Mutex::new(Vec::new()),
         waiting_for_space: AtomicBool::new(false),
         deletions: AtomicU64::new(0),
     });

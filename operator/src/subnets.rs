@@ -43,6 +43,8 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
+    #[error("allocating subnet for node {0}: {1}")]
+    Alloc(String, String),
     #[error("{0} has no {1}")]
     Missing(String, &'static str),
 }
@@ -64,6 +66,8 @@ pub struct Context {
     pub recorder: Recorder,
     /// Serialises list-then-create so this replica never double-allocates.
     pub alloc_lock: Mutex<()>,
+    /// Nodes waiting for the allocation lock; served in batches.
+    pub pending: std::sync::Mutex<Vec<AllocRequest>>,
     /// Set while some node is waiting for space; a Subnet deletion then
     /// retriggers all nodes.
     pub waiting_for_space: std::sync::atomic::AtomicBool,
@@ -102,76 +106,161 @@ async fn reconcile_node_inner(node: &Node, ctx: &Context) -> Result<Action, Erro
     allocate(node, &node_uid, ctx).await
 }
 
-/// Lists every Subnet, picks the lowest free block and creates the node's
-/// Subnet. Exhaustion is reported on the Node.
+/// One node waiting for a lease.
+pub struct AllocRequest {
+    node: String,
+    node_uid: String,
+    reply: tokio::sync::oneshot::Sender<Outcome>,
+}
+
+enum Outcome {
+    Created(Box<Subnet>),
+    Exists(Box<Subnet>),
+    /// A Subnet of an earlier Node with this name.
+    Stale(Box<Subnet>),
+    Exhausted {
+        in_pool: u128,
+        space_freed_meanwhile: bool,
+    },
+    /// Someone else created it between our list and create.
+    Conflict,
+    Failed(String),
+}
+
+/// Gets the node a lease: queues the request, and whoever holds the
+/// allocation lock serves every queued request with one fresh list of all
+/// Subnets. Batching keeps "list before allocating" without one list per
+/// node when hundreds join at once.
 async fn allocate(node: &Node, node_uid: &str, ctx: &Context) -> Result<Action, Error> {
     let name = node.name_any();
-    let guard = ctx.alloc_lock.lock().await;
-    let deletions_before = ctx.deletions.load(std::sync::atomic::Ordering::SeqCst);
-    let existing = ctx.subnets_api.list(&ListParams::default()).await.map_err(kube_err("listing", "*"))?;
-    if let Some(own) = existing.items.iter().find(|s| s.name_any() == name) {
-        if owner_uid(own).is_none_or(|uid| uid == node_uid) {
+    let (tx, mut rx) = tokio::sync::oneshot::channel();
+    lock_pending(ctx).push(AllocRequest { node: name.clone(), node_uid: node_uid.to_string(), reply: tx });
+    let outcome = match rx.try_recv() {
+        Ok(o) => o,
+        Err(_) => {
+            let guard = ctx.alloc_lock.lock().await;
+            // A previous holder may have served us already; if not, we
+            // serve the queue (which holds our request) ourselves.
+            let batch = std::mem::take(&mut *lock_pending(ctx));
+            if !batch.is_empty() {
+                serve_batch(ctx, batch).await;
+            }
             drop(guard);
-            ensure_allocated_condition(ctx, own).await?;
-            return Ok(Action::requeue(Duration::from_secs(600)));
+            rx.try_recv().map_err(|_| Error::Alloc(name.clone(), "request was dropped".into()))?
         }
-        // Stale lease of a previous Node with this name: the cache missed it.
-        drop(guard);
-        delete_subnet(ctx, own).await?;
-        return Ok(Action::requeue(Duration::ZERO));
-    }
-    let used: Vec<IpNet> = existing.items.iter().filter_map(|s| s.spec.cidr.parse().ok()).collect();
-    let in_pool = used.iter().filter(|n| ctx.pool.contains(n)).count() as u128;
-    let Some(cidr) = ctx.pool.next_free(&used) else {
-        drop(guard);
-        ctx.metrics.set_leases(in_pool, ctx.pool.capacity());
-        ctx.metrics.pool_exhausted.inc();
-        ctx.waiting_for_space.store(true, std::sync::atomic::Ordering::SeqCst);
-        if ctx.deletions.load(std::sync::atomic::Ordering::SeqCst) != deletions_before {
-            // A Subnet went away while we were looking: retry right away.
-            return Ok(Action::requeue(Duration::from_millis(100)));
-        }
-        let note = format!(
-            "no free /{} left in cluster CIDR {} ({} of {} subnets in use); the node gets one as soon as a Subnet is released",
-            ctx.pool.node_prefix(),
-            ctx.pool.cluster(),
-            in_pool,
-            ctx.pool.capacity()
-        );
-        tracing::warn!(node = %name, "{note}");
-        let event = Event {
-            type_: EventType::Warning,
-            reason: "SubnetPoolExhausted".into(),
-            note: Some(note),
-            action: "AllocateSubnet".into(),
-            secondary: None,
-        };
-        if let Err(e) = ctx.recorder.publish(&event, &node.object_ref(&())).await {
-            tracing::warn!(error = %e, node = %name, "publishing exhaustion event failed");
-        }
-        // Deletions wake us early; this is the fallback.
-        return Ok(Action::requeue(Duration::from_secs(10)));
     };
 
-    let subnet = new_subnet(&name, node_uid, cidr, &ctx.config);
-    let created = match ctx
-        .subnets_api
-        .create(&PostParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() }, &subnet)
-        .await
-    {
-        Ok(s) => s,
-        Err(kube::Error::Api(s)) if s.code == 409 => {
-            // Someone else created it between our list and create.
-            drop(guard);
-            return Ok(Action::requeue(Duration::ZERO));
+    match outcome {
+        Outcome::Created(subnet) => {
+            tracing::info!(node = %name, cidr = %subnet.spec.cidr, "allocated subnet");
+            ensure_allocated_condition(ctx, &subnet).await?;
+            Ok(Action::requeue(Duration::from_secs(600)))
         }
-        Err(e) => return Err(kube_err("creating", &name)(e)),
+        Outcome::Exists(subnet) => {
+            ensure_allocated_condition(ctx, &subnet).await?;
+            Ok(Action::requeue(Duration::from_secs(600)))
+        }
+        Outcome::Stale(subnet) => {
+            delete_subnet(ctx, &subnet).await?;
+            Ok(Action::requeue(Duration::ZERO))
+        }
+        Outcome::Conflict => Ok(Action::requeue(Duration::ZERO)),
+        Outcome::Failed(e) => Err(Error::Alloc(name, e)),
+        Outcome::Exhausted { space_freed_meanwhile: true, .. } => Ok(Action::requeue(Duration::from_millis(100))),
+        Outcome::Exhausted { in_pool, space_freed_meanwhile: false } => {
+            report_exhausted(ctx, node, in_pool).await;
+            // Deletions wake us early; this is the fallback.
+            Ok(Action::requeue(Duration::from_secs(10)))
+        }
+    }
+}
+
+fn lock_pending(ctx: &Context) -> std::sync::MutexGuard<'_, Vec<AllocRequest>> {
+    // The queue holds plain data; a panic elsewhere cannot leave it torn.
+    ctx.pending.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Serves a batch of requests. Must run under `alloc_lock`.
+async fn serve_batch(ctx: &Context, batch: Vec<AllocRequest>) {
+    use std::sync::atomic::Ordering;
+    let deletions_before = ctx.deletions.load(Ordering::SeqCst);
+    let existing = match ctx.subnets_api.list(&ListParams::default()).await {
+        Ok(list) => list.items,
+        Err(e) => {
+            let msg = format!("listing subnets: {e}");
+            for req in batch {
+                let _ = req.reply.send(Outcome::Failed(msg.clone()));
+            }
+            return;
+        }
     };
-    drop(guard);
-    ctx.metrics.set_leases(in_pool + 1, ctx.pool.capacity());
-    tracing::info!(node = %name, %cidr, "allocated subnet");
-    ensure_allocated_condition(ctx, &created).await?;
-    Ok(Action::requeue(Duration::from_secs(600)))
+    let mut used: Vec<IpNet> = existing.iter().filter_map(|s| s.spec.cidr.parse().ok()).collect();
+    let mut in_pool = used.iter().filter(|n| ctx.pool.contains(n)).count() as u128;
+    let mut to_create = Vec::new();
+    for req in batch {
+        if let Some(own) = existing.iter().find(|s| s.name_any() == req.node) {
+            let outcome = if owner_uid(own).is_none_or(|uid| uid == req.node_uid) {
+                Outcome::Exists(Box::new(own.clone()))
+            } else {
+                Outcome::Stale(Box::new(own.clone()))
+            };
+            let _ = req.reply.send(outcome);
+            continue;
+        }
+        match ctx.pool.next_free(&used) {
+            Some(cidr) => {
+                used.push(cidr);
+                in_pool += 1;
+                let subnet = new_subnet(&req.node, &req.node_uid, cidr, &ctx.config);
+                to_create.push((req, subnet));
+            }
+            None => {
+                ctx.waiting_for_space.store(true, Ordering::SeqCst);
+                let freed = ctx.deletions.load(Ordering::SeqCst) != deletions_before;
+                let _ = req.reply.send(Outcome::Exhausted { in_pool, space_freed_meanwhile: freed });
+            }
+        }
+    }
+    let pp = PostParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() };
+    let results = futures::future::join_all(to_create.iter().map(|(_, s)| ctx.subnets_api.create(&pp, s))).await;
+    for ((req, _), result) in to_create.into_iter().zip(results) {
+        let outcome = match result {
+            Ok(s) => Outcome::Created(Box::new(s)),
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                in_pool = in_pool.saturating_sub(1);
+                Outcome::Conflict
+            }
+            Err(e) => {
+                in_pool = in_pool.saturating_sub(1);
+                Outcome::Failed(format!("creating subnet: {e}"))
+            }
+        };
+        let _ = req.reply.send(outcome);
+    }
+    ctx.metrics.set_leases(in_pool, ctx.pool.capacity());
+}
+
+async fn report_exhausted(ctx: &Context, node: &Node, in_pool: u128) {
+    let name = node.name_any();
+    ctx.metrics.pool_exhausted.inc();
+    let note = format!(
+        "no free /{} left in cluster CIDR {} ({} of {} subnets in use); the node gets one as soon as a Subnet is released",
+        ctx.pool.node_prefix(),
+        ctx.pool.cluster(),
+        in_pool,
+        ctx.pool.capacity()
+    );
+    tracing::warn!(node = %name, "{note}");
+    let event = Event {
+        type_: EventType::Warning,
+        reason: "SubnetPoolExhausted".into(),
+        note: Some(note),
+        action: "AllocateSubnet".into(),
+        secondary: None,
+    };
+    if let Err(e) = ctx.recorder.publish(&event, &node.object_ref(&())).await {
+        tracing::warn!(error = %e, node = %name, "publishing exhaustion event failed");
+    }
 }
 
 fn new_subnet(node: &str, node_uid: &str, cidr: IpNet, config: &Config) -> Subnet {
