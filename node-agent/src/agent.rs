@@ -1,6 +1,8 @@
 //! The agent's shared state: configuration, IPAM, the node's netlink handle
 //! and metrics. The CNI verbs are implemented on it in `cni_server/`.
 
+use std::sync::Arc;
+
 use rtnetlink::Handle;
 use weft_proto::ErrorCode;
 use weft_proto::cni::v1::CniError;
@@ -17,23 +19,36 @@ pub const HOST_VETH_PREFIX: &str = "weftv";
 
 pub struct Agent {
     pub config: Config,
-    pub ipam: Ipam,
+    pub ipam: Arc<Ipam>,
     pub host: Handle,
     pub metrics: Metrics,
-    bridge_lock: tokio::sync::Mutex<()>,
+    /// The bridge's index once it is known to be set up.
+    bridge: tokio::sync::Mutex<Option<u32>>,
 }
 
 impl Agent {
     pub fn new(config: Config, ipam: Ipam, host: Handle) -> Self {
-        Self { config, ipam, host, metrics: Metrics::default(), bridge_lock: tokio::sync::Mutex::new(()) }
+        Self { config, ipam: Arc::new(ipam), host, metrics: Metrics::default(), bridge: tokio::sync::Mutex::new(None) }
     }
 
-    /// The bridge with the gateway address, created when missing. Returns its index.
-    pub async fn ensure_bridge(&self) -> Result<u32, CniError> {
-        let _guard = self.bridge_lock.lock().await;
-        link::ensure_bridge(&self.host, &self.config.bridge, self.ipam.pool().gateway_net())
+    /// The bridge with the gateway address, created when missing. Returns its
+    /// index. ADDs use the cached index; `refresh` (STATUS, start-up, after a
+    /// failed ADD) checks the kernel again.
+    pub async fn ensure_bridge(&self, refresh: bool) -> Result<u32, CniError> {
+        let mut cached = self.bridge.lock().await;
+        if let (Some(index), false) = (*cached, refresh) {
+            return Ok(index);
+        }
+        let index = link::ensure_bridge(&self.host, &self.config.bridge, self.ipam.pool().gateway_net())
             .await
-            .map_err(|e| ErrorCode::Internal.error(format!("cannot set up bridge {}: {e}", self.config.bridge)))
+            .map_err(|e| ErrorCode::Internal.error(format!("cannot set up bridge {}: {e}", self.config.bridge)))?;
+        *cached = Some(index);
+        Ok(index)
+    }
+
+    /// Forgets the bridge's index, so the next ADD checks the kernel again.
+    pub async fn forget_bridge(&self) {
+        *self.bridge.lock().await = None;
     }
 
     /// Deletes the host veth of an attachment and releases its address.
@@ -42,19 +57,36 @@ impl Agent {
         link::delete(&self.host, host_veth)
             .await
             .map_err(|e| ErrorCode::Internal.error(format!("cannot delete veth {host_veth}: {e}")))?;
-        tokio::task::block_in_place(|| self.ipam.release(key)).map_err(ipam_error)?;
+        let ipam = Arc::clone(&self.ipam);
+        let key = key.clone();
+        tokio::task::spawn_blocking(move || ipam.release(&key))
+            .await
+            .map_err(|e| ErrorCode::Internal.error(format!("IPAM release task failed: {e}")))?
+            .map_err(ipam_error)?;
         Ok(())
     }
 }
 
-pub fn host_veth_name(key: &Key) -> String {
-    // FNV-1a: stable across Rust versions, unlike std's DefaultHasher.
+/// FNV-1a of an attachment key and a salt: stable across Rust versions,
+/// unlike std's DefaultHasher.
+fn key_hash(key: &Key, salt: u8) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in key.container_id.bytes().chain([0]).chain(key.ifname.bytes()) {
+    for b in key.container_id.bytes().chain([0]).chain(key.ifname.bytes()).chain([0, salt]) {
         h ^= u64::from(b);
         h = h.wrapping_mul(0x0000_0100_0000_01b3);
     }
-    format!("{HOST_VETH_PREFIX}{:010x}", h & 0xff_ffff_ffff)
+    h
+}
+
+pub fn host_veth_name(key: &Key) -> String {
+    format!("{HOST_VETH_PREFIX}{:010x}", key_hash(key, 0) & 0xff_ffff_ffff)
+}
+
+/// A locally administered unicast MAC for one end of an attachment's veth
+/// pair (`pod` picks the end), derived from the key.
+pub fn veth_mac(key: &Key, pod: bool) -> [u8; 6] {
+    let h = key_hash(key, if pod { 2 } else { 1 }).to_be_bytes();
+    [0x02, h[3], h[4], h[5], h[6], h[7]]
 }
 
 pub fn ipam_error(e: IpamError) -> CniError {

@@ -76,7 +76,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
     let agent = Arc::new(Agent::new(config.clone(), ipam, host));
 
     agent.reconcile_on_start().await.context("start-up reconciliation failed")?;
-    agent.ensure_bridge().await.map_err(|e| anyhow::anyhow!(e.msg))?;
+    agent.ensure_bridge(true).await.map_err(|e| anyhow::anyhow!(e.msg))?;
     agent.metrics.set_ipam_usage(agent.ipam.usage());
     let _ = slot.set(Arc::clone(&agent));
 

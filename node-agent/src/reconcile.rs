@@ -1,28 +1,33 @@
 //! Start-up reconciliation of IPAM records with the kernel, so that an agent
 //! killed in the middle of ADDs leaks neither addresses nor interfaces.
 
+use std::net::Ipv4Addr;
 use std::path::Path;
+
+use ipnet::Ipv4Net;
 
 use crate::agent::Agent;
 use crate::dataplane::link;
-use crate::ipam::RecordState;
+use crate::ipam::{Pool, Record};
+use crate::netns::Netns;
 
 impl Agent {
-    /// Keeps a record only if its ADD finished, its namespace still exists
-    /// and its host veth is there; everything else is torn down. Then removes
-    /// veths of ours that no record accounts for. Returns how many records
-    /// were released.
+    /// Keeps a record only if its host veth exists and the pod's interface
+    /// carries the address and routes via the gateway, as a finished ADD
+    /// leaves it; everything else is torn down. Then removes veths of ours
+    /// that no record accounts for. Returns how many records were released.
     pub async fn reconcile_on_start(&self) -> anyhow::Result<usize> {
         let mut released = 0;
+        let pool = *self.ipam.pool();
         for (ip, record) in self.ipam.all() {
             let veth_present = link::by_name(&self.host, &record.host_veth).await?.is_some();
-            let keep = record.state == RecordState::Ready && Path::new(&record.netns).exists() && veth_present;
-            if keep {
+            let complete = veth_present && self.attachment_complete(ip, &record, &pool).await;
+            if complete {
                 continue;
             }
             tracing::info!(
                 container = %record.container_id, ifname = %record.ifname, %ip,
-                state = ?record.state, veth_present, "releasing an allocation whose pod is gone or whose ADD never finished"
+                veth_present, "releasing an allocation whose pod is gone or whose ADD never finished"
             );
             self.teardown(&record.key(), &record.host_veth).await.map_err(|e| anyhow::anyhow!(e.msg))?;
             released += 1;
@@ -31,5 +36,11 @@ impl Agent {
         self.metrics.released_on_start.inc_by(released as u64);
         tracing::info!(released, orphans, "start-up reconciliation done");
         Ok(released)
+    }
+
+    async fn attachment_complete(&self, ip: Ipv4Addr, record: &Record, pool: &Pool) -> bool {
+        let Ok(address) = Ipv4Net::new(ip, pool.cidr().prefix_len()) else { return false };
+        let Ok(pod) = Netns::open(Path::new(&record.netns)).await else { return false };
+        link::pod_is_attached(&pod, &record.ifname, address, pool.gateway()).await.unwrap_or(false)
     }
 }

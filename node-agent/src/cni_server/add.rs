@@ -1,15 +1,16 @@
 //! ADD: address from IPAM, veth pair into the pod, bridge, default route.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use ipnet::Ipv4Net;
 use weft_proto::ErrorCode;
 use weft_proto::cni::v1::{CniError, CniRequest, CniResult, Dns, Interface, IpConfig, Route};
 
 use super::key_of;
-use crate::agent::{Agent, host_veth_name, ipam_error};
+use crate::agent::{Agent, host_veth_name, ipam_error, veth_mac};
 use crate::dataplane::link::{self, AttachSpec};
-use crate::ipam::{Record, RecordState};
+use crate::ipam::Record;
 use crate::netns::{Netns, NetnsError};
 
 impl Agent {
@@ -26,7 +27,7 @@ impl Agent {
             }
             other => ErrorCode::Internal.error(other.to_string()),
         })?;
-        let bridge_index = self.ensure_bridge().await?;
+        let bridge_index = self.ensure_bridge(false).await?;
 
         let host_veth = host_veth_name(&key);
         let record = Record {
@@ -35,12 +36,12 @@ impl Agent {
             netns: req.netns.clone(),
             host_veth: host_veth.clone(),
             pod: pod_name(req),
-            state: RecordState::Pending,
         };
-        let ip = tokio::task::block_in_place(|| self.ipam.reserve(record)).map_err(ipam_error)?;
+        let ip = self.ipam.reserve(record).map_err(ipam_error)?;
         let pool = *self.ipam.pool();
         let address = Ipv4Net::new(ip, pool.cidr().prefix_len())
             .map_err(|e| ErrorCode::Internal.error(format!("bad prefix for {ip}: {e}")))?;
+        let (host_mac, pod_mac) = (veth_mac(&key, false), veth_mac(&key, true));
         let spec = AttachSpec {
             host_veth: &host_veth,
             ifname: &key.ifname,
@@ -48,27 +49,44 @@ impl Agent {
             address,
             gateway: pool.gateway(),
             mtu,
+            host_mac,
+            pod_mac,
         };
 
-        let attached = match link::attach(&self.host, &pod, &spec).await {
-            Ok(a) => a,
-            Err(e) => {
-                // Nothing of this ADD may stay behind: the veth is gone already.
-                if let Err(release) = tokio::task::block_in_place(|| self.ipam.release(&key)) {
-                    tracing::error!(error = %release, %ip, "could not release the address of a failed ADD");
-                }
-                return Err(ErrorCode::Internal.error(format!("cannot attach {} to the pod network: {e}", key.ifname)));
+        // The record's fsyncs overlap with the kernel work. Both must finish
+        // before we answer; a crash in between leaves either a record without
+        // a complete attachment or a veth without a record, and start-up
+        // reconciliation removes both.
+        let ipam = Arc::clone(&self.ipam);
+        let persist = tokio::task::spawn_blocking(move || ipam.persist(ip));
+        let (attached, persisted) = tokio::join!(link::attach(&self.host, &pod, &spec), persist);
+        let failure = match (attached, persisted) {
+            (Err(e), _) => {
+                // Perhaps the bridge went away: look again on the next ADD.
+                self.forget_bridge().await;
+                Some(e.to_string())
             }
+            (Ok(()), Ok(Err(e))) => Some(e.to_string()),
+            (Ok(()), Err(join)) => Some(format!("IPAM write task failed: {join}")),
+            (Ok(()), Ok(Ok(()))) => None,
         };
-        if let Err(e) = tokio::task::block_in_place(|| self.ipam.commit(ip)) {
-            let _ = self.teardown(&key, &host_veth).await;
-            return Err(ipam_error(e));
+        if let Some(e) = failure {
+            if let Err(cleanup) = self.teardown(&key, &host_veth).await {
+                tracing::error!(%ip, error = %cleanup.msg, "could not undo a failed ADD");
+            }
+            return Err(ErrorCode::Internal.error(format!("cannot attach {} to the pod network: {e}", key.ifname)));
         }
+        self.ipam.commit(ip);
 
         Ok(CniResult {
             interfaces: vec![
-                Interface { name: host_veth, mac: attached.host_mac, mtu, sandbox: String::new() },
-                Interface { name: key.ifname.clone(), mac: attached.pod_mac, mtu, sandbox: req.netns.clone() },
+                Interface { name: host_veth, mac: link::format_mac(&host_mac), mtu, sandbox: String::new() },
+                Interface {
+                    name: key.ifname.clone(),
+                    mac: link::format_mac(&pod_mac),
+                    mtu,
+                    sandbox: req.netns.clone(),
+                },
             ],
             ips: vec![IpConfig { address: address.to_string(), gateway: pool.gateway().to_string(), interface: 1 }],
             routes: vec![Route { dst: "0.0.0.0/0".into(), gw: pool.gateway().to_string() }],

@@ -9,7 +9,6 @@ use weft_proto::cni::v1::{CniError, CniRequest};
 use super::key_of;
 use crate::agent::Agent;
 use crate::dataplane::link;
-use crate::ipam::RecordState;
 use crate::netns::Netns;
 
 fn failed(msg: String) -> CniError {
@@ -27,7 +26,7 @@ impl Agent {
             return Err(ErrorCode::UnknownContainer
                 .error(format!("no attachment for container {} interface {}", key.container_id, key.ifname)));
         };
-        if record.state != RecordState::Ready {
+        if self.ipam.is_pending(ip) {
             return Err(failed(format!("the ADD of {} has not finished", key.container_id)));
         }
         let pool = *self.ipam.pool();

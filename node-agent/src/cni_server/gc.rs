@@ -8,7 +8,7 @@ use weft_proto::cni::v1::{CniError, GcRequest};
 
 use crate::agent::{Agent, HOST_VETH_PREFIX};
 use crate::dataplane::link;
-use crate::ipam::{Key, RecordState};
+use crate::ipam::Key;
 
 impl Agent {
     /// Returns how many attachments were released.
@@ -21,7 +21,7 @@ impl Agent {
         let mut released = 0;
         for (ip, record) in self.ipam.all() {
             // A pending record is an ADD in flight; it is not the runtime's to list yet.
-            if record.state == RecordState::Pending || valid.contains(&record.key()) {
+            if self.ipam.is_pending(ip) || valid.contains(&record.key()) {
                 continue;
             }
             tracing::info!(container = %record.container_id, ifname = %record.ifname, %ip, "GC releases a stale attachment");

@@ -7,7 +7,7 @@ use crate::agent::Agent;
 
 impl Agent {
     pub async fn readiness(&self) -> Result<(), CniError> {
-        self.ensure_bridge()
+        self.ensure_bridge(true)
             .await
             .map_err(|e| ErrorCode::NotAvailable.error(format!("the pod network is not set up: {}", e.msg)))?;
         let dir = self.config.state_dir.join("ipam");

@@ -25,16 +25,6 @@ pub async fn by_name(h: &Handle, name: &str) -> Result<Option<LinkMessage>, Data
     }
 }
 
-pub fn mac_of(link: &LinkMessage) -> String {
-    link.attributes
-        .iter()
-        .find_map(|a| match a {
-            LinkAttribute::Address(b) => Some(b.iter().map(|x| format!("{x:02x}")).collect::<Vec<_>>().join(":")),
-            _ => None,
-        })
-        .unwrap_or_default()
-}
-
 pub fn controller_of(link: &LinkMessage) -> Option<u32> {
     link.attributes.iter().find_map(|a| if let LinkAttribute::Controller(c) = a { Some(*c) } else { None })
 }
@@ -140,28 +130,30 @@ pub struct AttachSpec<'a> {
     pub address: Ipv4Net,
     pub gateway: Ipv4Addr,
     pub mtu: u32,
+    /// MACs are chosen by the caller so that the result needs no read-back.
+    pub host_mac: [u8; 6],
+    pub pod_mac: [u8; 6],
 }
 
-/// The links created for a pod.
-pub struct Attached {
-    pub host_mac: String,
-    pub pod_mac: String,
-}
-
-/// Creates the veth pair with its pod end directly inside the pod's
-/// namespace under its final name, plugs the host end into the bridge, and
-/// configures address and default route in the pod. On failure the host end
-/// is deleted, which removes the pod end too.
-pub async fn attach(host: &Handle, pod: &Netns, spec: &AttachSpec<'_>) -> Result<Attached, DataplaneError> {
+/// Creates the veth pair in one request: the host end plugged into the
+/// bridge and up, the pod end directly inside the pod's namespace under its
+/// final name (the kernel refuses to bring a peer up in another namespace at
+/// creation). Then address, up and default route in the pod. On failure
+/// the host end is deleted, which removes the pod end too.
+pub async fn attach(host: &Handle, pod: &Netns, spec: &AttachSpec<'_>) -> Result<(), DataplaneError> {
     use std::os::fd::AsRawFd;
     let peer = LinkMessageBuilder::<LinkUnspec>::new()
         .name(spec.ifname.to_owned())
         .mtu(spec.mtu)
+        .address(spec.pod_mac.to_vec())
         .setns_by_fd(pod.file.as_raw_fd())
         .build();
     let veth = LinkVeth::new(spec.host_veth, spec.ifname)
         .set_info_data(InfoData::Veth(InfoVeth::Peer(peer)))
         .mtu(spec.mtu)
+        .address(spec.host_mac.to_vec())
+        .controller(spec.bridge_index)
+        .up()
         .build();
     host.link().add(veth).execute().await.map_err(|e| {
         if errno(&e) == Some(EEXIST) {
@@ -173,32 +165,22 @@ pub async fn attach(host: &Handle, pod: &Netns, spec: &AttachSpec<'_>) -> Result
             op(format!("create veth {} / {}", spec.host_veth, spec.ifname))(e)
         }
     })?;
-    match configure(host, pod, spec).await {
-        Ok(a) => Ok(a),
-        Err(e) => {
-            if let Err(cleanup) = delete(host, spec.host_veth).await {
-                tracing::warn!(veth = spec.host_veth, error = %cleanup, "rollback of a failed ADD could not delete the veth");
-            }
-            Err(e)
+    if let Err(e) = configure_pod(pod, spec).await {
+        if let Err(cleanup) = delete(host, spec.host_veth).await {
+            tracing::warn!(veth = spec.host_veth, error = %cleanup, "rollback of a failed ADD could not delete the veth");
         }
+        return Err(e);
     }
+    Ok(())
 }
 
-async fn configure(host: &Handle, pod: &Netns, spec: &AttachSpec<'_>) -> Result<Attached, DataplaneError> {
-    let host_link = by_name(host, spec.host_veth)
-        .await?
-        .ok_or_else(|| DataplaneError::Unexpected(format!("veth {} vanished after creation", spec.host_veth)))?;
-    host.link()
-        .set(LinkUnspec::new_with_index(host_link.header.index).controller(spec.bridge_index).up().build())
-        .execute()
-        .await
-        .map_err(op(format!("attach {} to the bridge", spec.host_veth)))?;
-
+async fn configure_pod(pod: &Netns, spec: &AttachSpec<'_>) -> Result<(), DataplaneError> {
     let ph = &pod.handle;
-    let pod_link = by_name(ph, spec.ifname)
+    let index = by_name(ph, spec.ifname)
         .await?
-        .ok_or_else(|| DataplaneError::Unexpected(format!("{} did not appear in the pod namespace", spec.ifname)))?;
-    let index = pod_link.header.index;
+        .ok_or_else(|| DataplaneError::Unexpected(format!("{} did not appear in the pod namespace", spec.ifname)))?
+        .header
+        .index;
     ph.address()
         .add(index, spec.address.addr().into(), spec.address.prefix_len())
         .execute()
@@ -214,7 +196,25 @@ async fn configure(host: &Handle, pod: &Netns, spec: &AttachSpec<'_>) -> Result<
         .execute()
         .await
         .map_err(op(format!("add default route via {} in the pod", spec.gateway)))?;
-    Ok(Attached { host_mac: mac_of(&host_link), pod_mac: mac_of(&pod_link) })
+    Ok(())
+}
+
+/// True when the pod's interface carries `address` and the pod routes via
+/// `gateway`: what a finished ADD leaves.
+pub async fn pod_is_attached(
+    pod: &Netns,
+    ifname: &str,
+    address: Ipv4Net,
+    gateway: Ipv4Addr,
+) -> Result<bool, DataplaneError> {
+    let Some(link) = by_name(&pod.handle, ifname).await? else { return Ok(false) };
+    Ok(is_up(&link)
+        && addresses(&pod.handle, link.header.index).await?.contains(&address)
+        && default_gateways(&pod.handle).await?.contains(&gateway))
+}
+
+pub fn format_mac(mac: &[u8]) -> String {
+    mac.iter().map(|x| format!("{x:02x}")).collect::<Vec<_>>().join(":")
 }
 
 /// Deletes a link by name; `Ok(false)` when it did not exist.

@@ -8,4 +8,4 @@ pub mod pool;
 pub mod store;
 
 pub use pool::Pool;
-pub use store::{Ipam, IpamError, Key, Record, RecordState};
+pub use store::{Ipam, IpamError, Key, Record};

@@ -1,12 +1,13 @@
 //! Durable allocation records: one file per address in the state directory,
 //! written atomically (temp file, fsync, rename, fsync of the directory).
 //!
-//! An ADD first writes a `pending` record, then builds the dataplane, then
-//! marks the record `ready`. A record still pending at start-up belongs to an
-//! ADD that never finished; start-up reconciliation removes it and whatever
-//! the ADD had created.
+//! An ADD reserves an address in memory (`pending`), writes its record while
+//! it builds the dataplane, and only answers once both are done. Whether an
+//! attachment is complete is never taken from disk: start-up reconciliation
+//! checks each record against the kernel and removes what an interrupted ADD
+//! left half-made.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs;
 use std::io::Write;
 use std::net::Ipv4Addr;
@@ -24,13 +25,6 @@ pub struct Key {
     pub ifname: String,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum RecordState {
-    Pending,
-    Ready,
-}
-
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Record {
@@ -41,7 +35,6 @@ pub struct Record {
     /// `namespace/name` of the pod when the runtime said (K8S_POD_*).
     #[serde(default)]
     pub pod: String,
-    pub state: RecordState,
 }
 
 impl Record {
@@ -66,6 +59,8 @@ pub enum IpamError {
 struct Inner {
     by_ip: BTreeMap<Ipv4Addr, Record>,
     by_key: HashMap<Key, Ipv4Addr>,
+    /// Addresses whose ADD is still in flight.
+    pending: HashSet<Ipv4Addr>,
     last: Option<Ipv4Addr>,
 }
 
@@ -117,44 +112,39 @@ impl Ipam {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Picks a free address for `record` (which must be pending) and writes
-    /// the record durably before returning it.
+    /// Picks a free address for `record` and holds it as pending. Nothing is
+    /// written yet: call [`Ipam::persist`] before the ADD answers.
     pub fn reserve(&self, record: Record) -> Result<Ipv4Addr, IpamError> {
         let key = record.key();
-        let ip = {
-            let mut inner = self.lock();
-            if let Some(ip) = inner.by_key.get(&key) {
-                return Err(IpamError::AlreadyAllocated { key, ip: *ip });
-            }
-            let ip = self
-                .pool
-                .next_free(&inner.by_ip, inner.last)
-                .ok_or(IpamError::Exhausted { cidr: self.pool.cidr(), size: self.pool.size() })?;
-            inner.last = Some(ip);
-            inner.by_key.insert(key.clone(), ip);
-            inner.by_ip.insert(ip, record.clone());
-            ip
-        };
-        if let Err(e) = self.write(ip, &record) {
-            let mut inner = self.lock();
-            inner.by_key.remove(&key);
-            inner.by_ip.remove(&ip);
-            return Err(e);
+        let mut inner = self.lock();
+        if let Some(ip) = inner.by_key.get(&key) {
+            return Err(IpamError::AlreadyAllocated { key, ip: *ip });
         }
+        let ip = self
+            .pool
+            .next_free(&inner.by_ip, inner.last)
+            .ok_or(IpamError::Exhausted { cidr: self.pool.cidr(), size: self.pool.size() })?;
+        inner.last = Some(ip);
+        inner.by_key.insert(key, ip);
+        inner.by_ip.insert(ip, record);
+        inner.pending.insert(ip);
         Ok(ip)
     }
 
-    /// Marks a reserved address as in use by a finished ADD.
-    pub fn commit(&self, ip: Ipv4Addr) -> Result<(), IpamError> {
-        let Some(mut record) = self.lock().by_ip.get(&ip).cloned() else {
-            return Ok(());
-        };
-        record.state = RecordState::Ready;
-        self.write(ip, &record)?;
-        if let Some(r) = self.lock().by_ip.get_mut(&ip) {
-            r.state = RecordState::Ready;
-        }
-        Ok(())
+    /// Writes the record of a reserved address durably.
+    pub fn persist(&self, ip: Ipv4Addr) -> Result<(), IpamError> {
+        let Some(record) = self.lock().by_ip.get(&ip).cloned() else { return Ok(()) };
+        self.write(ip, &record)
+    }
+
+    /// The ADD of `ip` finished: it is no longer pending.
+    pub fn commit(&self, ip: Ipv4Addr) {
+        self.lock().pending.remove(&ip);
+    }
+
+    /// True while the ADD that reserved `ip` is still running.
+    pub fn is_pending(&self, ip: Ipv4Addr) -> bool {
+        self.lock().pending.contains(&ip)
     }
 
     pub fn get(&self, key: &Key) -> Option<(Ipv4Addr, Record)> {
@@ -182,6 +172,7 @@ impl Ipam {
         let mut inner = self.lock();
         inner.by_key.remove(key);
         inner.by_ip.remove(&ip);
+        inner.pending.remove(&ip);
         Ok(Some((ip, record)))
     }
 
@@ -220,7 +211,6 @@ mod tests {
             netns: "/run/netns/x".into(),
             host_veth: "weftv0".into(),
             pod: String::new(),
-            state: RecordState::Pending,
         }
     }
 
@@ -233,14 +223,15 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let a = ipam(dir.path(), "10.1.0.0/24");
         let ip = a.reserve(record("c1")).unwrap();
-        a.commit(ip).unwrap();
+        a.persist(ip).unwrap();
+        a.commit(ip);
         let ip2 = a.reserve(record("c2")).unwrap();
+        assert!(a.is_pending(ip2) && !a.is_pending(ip));
         drop(a);
         let b = ipam(dir.path(), "10.1.0.0/24");
         let key = |id: &str| Key { container_id: id.into(), ifname: "eth0".into() };
-        assert_eq!(b.get(&key("c1")).unwrap(), (ip, Record { state: RecordState::Ready, ..record("c1") }));
-        assert_eq!(b.get(&key("c2")).unwrap().1.state, RecordState::Pending);
-        assert_ne!(ip, ip2);
+        assert_eq!(b.get(&key("c1")).unwrap(), (ip, record("c1")));
+        assert!(b.get(&key("c2")).is_none(), "a reservation never persisted is not remembered");
     }
 
     #[test]
@@ -273,7 +264,13 @@ mod tests {
             .map(|t| {
                 let a = Arc::clone(&a);
                 std::thread::spawn(move || {
-                    (0..15).map(|i| a.reserve(record(&format!("c{t}-{i}"))).unwrap()).collect::<Vec<_>>()
+                    (0..15)
+                        .map(|i| {
+                            let ip = a.reserve(record(&format!("c{t}-{i}"))).unwrap();
+                            a.persist(ip).unwrap();
+                            ip
+                        })
+                        .collect::<Vec<_>>()
                 })
             })
             .collect();
@@ -283,6 +280,8 @@ mod tests {
         all.dedup();
         assert_eq!(all.len(), n);
         assert_eq!(n, 240);
+        drop(a);
+        assert_eq!(ipam(dir.path(), "10.1.0.0/24").all().len(), 240, "every record reached the disk");
     }
 
     #[test]
