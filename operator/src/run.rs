@@ -29,7 +29,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let metrics = Arc::new(Metrics::new());
     metrics.set_leases(0, pool.capacity());
 
-    let server = tokio::spawn(metrics::serve(config.metrics_addr, metrics.clone()));
+    let mut server = tokio::spawn(metrics::serve(config.metrics_addr, metrics.clone()));
     let identity = config.identity.clone().unwrap_or_else(default_identity);
 
     let mut elector = config.leader_elect.then(|| {
@@ -52,7 +52,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         tokio::select! {
             res = elector.acquire() => res.context("acquiring leadership")?,
             _ = &mut shutdown => return Ok(()),
-            res = &mut Box::pin(async { server.await }) => return Err(server_exit(res)),
+            res = &mut server => return Err(server_exit(res)),
         }
     }
     metrics.leader.set(1);
@@ -66,12 +66,14 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             tokio::select! {
                 lost = elector.hold() => Err(anyhow::Error::new(lost)),
                 res = &mut controllers => res,
+                res = &mut server => Err(server_exit(res)),
                 _ = &mut shutdown => Ok(()),
             }
         }
         None => {
             tokio::select! {
                 res = &mut controllers => res,
+                res = &mut server => Err(server_exit(res)),
                 _ = &mut shutdown => Ok(()),
             }
         }
