@@ -22,13 +22,22 @@ pub struct Agent {
     pub ipam: Arc<Ipam>,
     pub host: Handle,
     pub metrics: Metrics,
+    /// MTU of pod interfaces when the network configuration sets none.
+    pub pod_mtu: u32,
     /// The bridge's index once it is known to be set up.
     bridge: tokio::sync::Mutex<Option<u32>>,
 }
 
 impl Agent {
-    pub fn new(config: Config, ipam: Ipam, host: Handle) -> Self {
-        Self { config, ipam: Arc::new(ipam), host, metrics: Metrics::default(), bridge: tokio::sync::Mutex::new(None) }
+    pub fn new(config: Config, ipam: Ipam, host: Handle, pod_mtu: u32) -> Self {
+        Self {
+            config,
+            ipam: Arc::new(ipam),
+            host,
+            metrics: Metrics::default(),
+            pod_mtu,
+            bridge: tokio::sync::Mutex::new(None),
+        }
     }
 
     /// The bridge with the gateway address, created when missing. Returns its

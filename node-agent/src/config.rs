@@ -34,9 +34,26 @@ pub struct Config {
     /// The node bridge that pod veths are plugged into.
     #[arg(long, env = "WEFT_BRIDGE", default_value = "weft0")]
     pub bridge: String,
-    /// Pod interface MTU when the network configuration sets none.
-    #[arg(long, env = "WEFT_MTU", default_value_t = 1500, value_parser = clap::value_parser!(u32).range(68..=65535))]
-    pub mtu: u32,
+    /// Pod interface MTU when the network configuration sets none. Default:
+    /// the underlay's MTU minus the VXLAN overhead in overlay mode, else 1500.
+    #[arg(long, env = "WEFT_MTU", value_parser = clap::value_parser!(u32).range(68..=65535))]
+    pub mtu: Option<u32>,
+    /// The cluster's pod CIDR (all nodes' Subnets): never masqueraded, and the
+    /// bound for peer routes. Required with a Subnet lease.
+    #[arg(long, env = "WEFT_CLUSTER_CIDR")]
+    pub cluster_cidr: Option<Ipv4Net>,
+    /// VXLAN network identifier.
+    #[arg(long, env = "WEFT_VNI", default_value_t = 1)]
+    pub vni: u32,
+    /// With the vxlan backend, route directly (host-gw) to peers on the same L2 segment.
+    #[arg(long, env = "WEFT_DIRECT_ROUTING", default_value_t = false)]
+    pub direct_routing: bool,
+    /// Underlay interface; default: the one that carries --node-ip.
+    #[arg(long, env = "WEFT_UNDERLAY_IFACE")]
+    pub underlay_iface: Option<String>,
+    /// Full overlay resync period, in seconds (changes apply at once anyway).
+    #[arg(long, env = "WEFT_RESYNC_SECONDS", default_value_t = 30)]
+    pub resync_seconds: u64,
     /// Address for /metrics, /healthz and /readyz.
     #[arg(long, env = "WEFT_METRICS_ADDR", default_value = "0.0.0.0:9646")]
     pub metrics_addr: SocketAddr,

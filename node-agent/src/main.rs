@@ -10,9 +10,8 @@ mod ipam;
 mod lease;
 mod metrics;
 mod netns;
-// Not wired to the Subnet watch yet; its tests exercise it meanwhile.
-#[cfg_attr(not(test), allow(dead_code))]
 mod overlay;
+mod peer_sync;
 mod reconcile;
 
 use std::os::unix::fs::PermissionsExt;
@@ -20,7 +19,6 @@ use std::sync::{Arc, OnceLock};
 
 use anyhow::Context;
 use clap::Parser;
-use ipnet::Ipv4Net;
 use kube::Api;
 use tokio::net::UnixListener;
 use tokio_stream::wrappers::UnixListenerStream;
@@ -60,32 +58,37 @@ async fn run(config: Config) -> anyhow::Result<()> {
         Some(_) => None,
         None => Some(Api::<Subnet>::all(kube_client(&config).await?)),
     };
-    let cidr: Ipv4Net = match (&subnets, config.pod_cidr) {
-        (_, Some(cidr)) => cidr,
+    let lease = match (&subnets, config.pod_cidr) {
+        (_, Some(cidr)) => lease::Lease { cidr, backend: weft_api::subnet::Backend::default() },
         (Some(api), None) => tokio::select! {
-            lease = lease::wait_for(api, &config.node_name) => lease?.cidr,
+            lease = lease::wait_for(api, &config.node_name) => lease?,
             r = &mut signal => { let _ = stop_tx.send(true); return r; }
         },
         (None, None) => unreachable_config()?,
     };
+    let pool = Pool::new(lease.cidr).with_context(|| format!("unusable pod CIDR {}", lease.cidr))?;
+    let host = netns::Netns::current().context("cannot open netlink")?;
 
-    let pool = Pool::new(cidr).with_context(|| format!("unusable pod CIDR {cidr}"))?;
+    // With a lease this node is part of a cluster: set up the overlay first,
+    // since it decides the pod MTU and what we announce in our Subnet.
+    let overlay = match &subnets {
+        Some(api) => Some(setup_overlay(&config, &lease, host.clone(), api).await?),
+        None => None,
+    };
+    let pod_mtu = config.mtu.or(overlay.as_ref().map(|(_, mtu)| *mtu)).unwrap_or(1500);
+
     let ipam_dir = config.state_dir.join("ipam");
     let ipam = tokio::task::block_in_place(|| Ipam::open(pool, &ipam_dir)).context("cannot load IPAM state")?;
-    let host = netns::Netns::current().context("cannot open netlink")?;
-    let agent = Arc::new(Agent::new(config.clone(), ipam, host));
+    let agent = Arc::new(Agent::new(config.clone(), ipam, host, pod_mtu));
 
     agent.reconcile_on_start().await.context("start-up reconciliation failed")?;
     agent.ensure_bridge(true).await.map_err(|e| anyhow::anyhow!(e.msg))?;
     agent.metrics.set_ipam_usage(agent.ipam.usage());
     let _ = slot.set(Arc::clone(&agent));
 
-    if let Some(api) = &subnets {
-        let node_ip = config
-            .node_ip
-            .context("--node-ip (WEFT_NODE_IP) is required when the pod CIDR comes from a Subnet lease")?;
-        let facts = lease::NodeFacts { node_ip: node_ip.to_string(), vtep_ip: None, vtep_mac: None, ready: Ok(()) };
-        lease::publish(api, &config.node_name, &facts).await?;
+    if let (Some(api), Some((reconciler, _))) = (&subnets, overlay) {
+        let resync = std::time::Duration::from_secs(config.resync_seconds.max(1));
+        tokio::spawn(peer_sync::run(api.clone(), reconciler, config.node_name.clone(), resync));
     }
 
     let listener = bind_socket(&config.socket)?;
@@ -104,7 +107,48 @@ async fn run(config: Config) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn unreachable_config() -> anyhow::Result<Ipv4Net> {
+/// Creates or adopts the VXLAN device (or checks the underlay for host-gw),
+/// enables forwarding and masquerading, and announces this node in its
+/// Subnet. Returns the reconciler for the peer sync and the pod MTU.
+async fn setup_overlay(
+    config: &Config,
+    lease: &lease::Lease,
+    host: rtnetlink::Handle,
+    api: &Api<Subnet>,
+) -> anyhow::Result<(Arc<overlay::Reconciler>, u32)> {
+    let node_ip =
+        config.node_ip.context("--node-ip (WEFT_NODE_IP) is required when the pod CIDR comes from a Subnet lease")?;
+    let cluster_cidr = config
+        .cluster_cidr
+        .context("--cluster-cidr (WEFT_CLUSTER_CIDR) is required when the pod CIDR comes from a Subnet lease")?;
+    let backend = peer_sync::backend_of(lease.backend);
+    let mut cfg = overlay::OverlayConfig::new(&config.node_name, node_ip, lease.cidr, cluster_cidr, backend);
+    cfg.vni = config.vni;
+    cfg.direct_routing = config.direct_routing;
+    cfg.underlay = config.underlay_iface.clone();
+    cfg.mtu = config.mtu;
+    let reconciler = Arc::new(overlay::Reconciler::new(host, cfg).context("overlay configuration")?);
+    let local = reconciler.ensure_local().await.context("cannot set up this node's overlay")?;
+
+    // Pods on other nodes are reached through this node's forwarding path.
+    std::fs::write("/proc/sys/net/ipv4/ip_forward", b"1").context("cannot enable IPv4 forwarding")?;
+    let pod_cidr = lease.cidr;
+    tokio::task::spawn_blocking(move || dataplane::masquerade::ensure(pod_cidr, cluster_cidr))
+        .await
+        .context("masquerade task")?
+        .context("cannot program masquerading")?;
+
+    let facts = lease::NodeFacts {
+        node_ip: node_ip.to_string(),
+        vtep_ip: local.vtep_ip.map(|ip| ip.to_string()),
+        vtep_mac: local.vtep_mac.map(|m| m.to_string()),
+        ready: Ok(()),
+    };
+    lease::publish(api, &config.node_name, &facts).await?;
+    Ok((reconciler, local.pod_mtu))
+}
+
+fn unreachable_config() -> anyhow::Result<lease::Lease> {
     anyhow::bail!("neither --pod-cidr nor a Kubernetes API to lease a Subnet from")
 }
 

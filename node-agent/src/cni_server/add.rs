@@ -19,7 +19,7 @@ impl Agent {
         if req.netns.is_empty() {
             return Err(ErrorCode::InvalidEnv.error("CNI_NETNS is required for ADD"));
         }
-        let mtu = if req.mtu > 0 { req.mtu } else { self.config.mtu };
+        let mtu = if req.mtu > 0 { req.mtu } else { self.pod_mtu };
         // Open the pod namespace first: a bad CNI_NETNS fails before anything is allocated.
         let pod = Netns::open(Path::new(&req.netns)).await.map_err(|e| match e {
             NetnsError::Missing(_) | NetnsError::Enter { .. } => {

@@ -101,6 +101,8 @@ pub fn restore_text(current: &NatState, pod_cidr: Ipv4Net, cluster_cidr: Ipv4Net
 }
 
 /// The input removing everything of ours, or `None` when there is nothing.
+// Used by remove(), the clean-up path (tests today; an uninstall hook later).
+#[allow(dead_code)]
 pub fn removal_text(current: &NatState) -> Option<String> {
     if !current.chain_exists && current.jumps.is_empty() {
         return None;
@@ -129,6 +131,7 @@ pub fn ensure(pod_cidr: Ipv4Net, cluster_cidr: Ipv4Net) -> Result<bool, Masquera
 }
 
 /// Removes Weft's chain and jump; `Ok(true)` when something was removed.
+#[allow(dead_code)]
 pub fn remove() -> Result<bool, MasqueradeError> {
     match removal_text(&parse_save(&save()?)) {
         None => Ok(false),

@@ -3,13 +3,9 @@
 
 pub mod link;
 // The overlay's kernel layer; used by `overlay`, which is not wired yet.
-#[cfg_attr(not(test), allow(dead_code))]
 pub mod masquerade;
-#[cfg_attr(not(test), allow(dead_code))]
 pub mod routes;
-#[cfg_attr(not(test), allow(dead_code))]
 pub mod underlay;
-#[cfg_attr(not(test), allow(dead_code))]
 pub mod vxlan;
 
 /// A failed kernel operation, naming what was attempted.
