@@ -212,6 +212,8 @@ async fn operator_killed_midway_leaves_no_overlaps_duplicates_or_orphans() {
     created.expect("nodes created");
     let killed_at = fx.subnets().await.expect("list").len();
     let (leader, standby) = if leader == "replica-a" { (&mut a, &mut b) } else { (&mut b, &mut a) };
+    assert_eq!(metric(leader, "weft_operator_leader ").await, Some(1.0), "the Lease holder leads");
+    assert_eq!(metric(standby, "weft_operator_leader ").await, Some(0.0), "only one replica leads");
     leader.kill();
     eprintln!("killed the leader with {killed_at}/50 subnets allocated");
 
@@ -320,5 +322,26 @@ async fn newer_of_two_overlapping_subnets_is_reallocated() {
     assert_eq!(after[&n0].uid(), older_uid, "the older lease is kept");
     assert_eq!(after[&n1].spec.cidr, "10.106.1.0/24");
     assert_disjoint(&after, &fx.cidr);
+    op.check_running().expect("operator running");
+}
+
+#[tokio::test]
+async fn recreated_node_gets_a_lease_owned_by_the_new_node() {
+    let Some(fx) = Fixture::new("op-recreate", "10.107.0.0/16", 24).await else { return };
+    let mut op = fx.operator("recreate");
+    let n0 = fx.node_name(0);
+    fx.create_node(&n0).await;
+    fx.wait_for_exact_subnets(std::slice::from_ref(&n0), Duration::from_secs(30)).await;
+    // Delete and recreate at once: the old lease (owned by the old UID) must
+    // not be inherited by the new Node object.
+    fx.delete_node(&n0).await;
+    let new_uid = fx.create_node(&n0).await.uid().expect("uid");
+    wait_for(Duration::from_secs(30), "lease owned by the new node", || async {
+        let s = fx.subnets().await?;
+        Ok(s.get(&n0).is_some_and(|s| allocated(s) && s.owner_references()[0].uid == new_uid))
+    })
+    .await
+    .expect("new node gets its own lease");
+    assert_disjoint(&fx.subnets().await.expect("list"), &fx.cidr);
     op.check_running().expect("operator running");
 }

@@ -42,6 +42,21 @@ pub fn tools_present() -> bool {
 /// How the admin user authenticates.
 const ADMIN_TOKEN_USER: &str = "weft-admin";
 
+/// Where and how to run the control plane. The default (tests) runs both
+/// processes in this network namespace on free loopback ports in a temp dir.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// Run etcd and kube-apiserver inside this network namespace (the
+    /// sandbox), with fixed ports; clients here reach it via `client_server`.
+    pub netns: Option<String>,
+    /// The apiserver's address in that namespace (bound and advertised).
+    pub address: Option<std::net::Ipv4Addr>,
+    /// The URL clients in this process's namespace use (e.g. a forwarder).
+    pub client_server: Option<String>,
+    /// Keep data here instead of a temp dir (removed on shutdown either way).
+    pub dir: Option<PathBuf>,
+}
+
 /// A running etcd + kube-apiserver pair.
 pub struct ControlPlane {
     /// `https://127.0.0.1:<port>`
@@ -50,6 +65,8 @@ pub struct ControlPlane {
     pub token: String,
     /// Kubeconfig for the admin user.
     pub kubeconfig: PathBuf,
+    /// `https://<address>:<port>` as seen inside the control plane's namespace.
+    in_ns_server: String,
     /// CA certificate of the apiserver.
     pub ca_cert: PathBuf,
     inner: Mutex<Running>,
@@ -97,24 +114,54 @@ impl ControlPlane {
 
     /// Starts a fresh control plane (retried once if a port got taken).
     pub fn start() -> anyhow::Result<ControlPlane> {
-        match Self::start_once() {
+        match Self::start_with(&Options::default()) {
             Ok(cp) => Ok(cp),
             Err(first) => {
                 eprintln!("control plane start failed, retrying once: {first:#}");
-                Self::start_once()
+                Self::start_with(&Options::default())
             }
         }
     }
 
-    fn start_once() -> anyhow::Result<ControlPlane> {
-        let tools = tools_dir();
-        let dir = tempfile::Builder::new().prefix("weft-cp-").tempdir().context("creating control plane dir")?;
-        let root = dir.path().to_path_buf();
-        let pki = pki::generate(&root)?;
+    /// The in-namespace URL of the apiserver (what other namespaces use).
+    pub fn in_namespace_server(&self) -> &str {
+        &self.in_ns_server
+    }
 
-        let etcd_client = free_port()?;
-        let etcd_peer = free_port()?;
-        let api_port = free_port()?;
+    /// A kubeconfig with [`Self::in_namespace_server`], for processes in
+    /// the sandbox's namespaces.
+    pub fn in_namespace_kubeconfig(&self) -> PathBuf {
+        self.kubeconfig.with_file_name("kubeconfig-in-cluster")
+    }
+
+    pub fn start_with(opts: &Options) -> anyhow::Result<ControlPlane> {
+        let tools = tools_dir();
+        let dir = match &opts.dir {
+            Some(d) => {
+                std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
+                tempfile::Builder::new().prefix("cp-").tempdir_in(d).context("creating control plane dir")?
+            }
+            None => tempfile::Builder::new().prefix("weft-cp-").tempdir().context("creating control plane dir")?,
+        };
+        let root = dir.path().to_path_buf();
+        let address = opts.address.unwrap_or(std::net::Ipv4Addr::LOCALHOST);
+        let pki = pki::generate_with_sans(&root, &[address.to_string()])?;
+
+        // Inside a namespace of our own every port is free.
+        let (etcd_client, etcd_peer, api_port) = match opts.netns {
+            Some(_) => (2379, 2380, 6443),
+            None => (free_port()?, free_port()?, free_port()?),
+        };
+        let in_ns = |program: PathBuf| -> Command {
+            match &opts.netns {
+                Some(ns) => {
+                    let mut c = Command::new("ip");
+                    c.args(["netns", "exec", ns]).arg(program);
+                    c
+                }
+                None => Command::new(program),
+            }
+        };
         let token = format!("weft-{:032x}", rand::random::<u128>());
         let token_file = root.join("tokens.csv");
         std::fs::write(&token_file, format!("{token},{ADMIN_TOKEN_USER},weft-admin-uid,\"system:masters\"\n"))
@@ -122,7 +169,7 @@ impl ControlPlane {
 
         let mut running = Running { apiserver: None, etcd: None, dir: Some(dir) };
 
-        let mut etcd = Command::new(tools.join("etcd"));
+        let mut etcd = in_ns(tools.join("etcd"));
         etcd.args([
             "--name=weft-test",
             &format!("--data-dir={}", root.join("etcd").display()),
@@ -139,11 +186,14 @@ impl ControlPlane {
         let etcd_log = root.join("etcd.log");
         running.etcd = Some(process::spawn_tied(etcd, &etcd_log)?);
 
-        let mut apiserver = Command::new(tools.join("kube-apiserver"));
+        let mut apiserver = in_ns(tools.join("kube-apiserver"));
         apiserver.args([
             &format!("--etcd-servers=http://127.0.0.1:{etcd_client}"),
-            "--bind-address=127.0.0.1",
-            "--advertise-address=127.0.0.1",
+            &format!(
+                "--bind-address={}",
+                if opts.netns.is_some() { "0.0.0.0".to_owned() } else { address.to_string() }
+            ),
+            &format!("--advertise-address={address}"),
             &format!("--secure-port={api_port}"),
             &format!("--cert-dir={}", root.join("certs").display()),
             &format!("--tls-cert-file={}", pki.serving_cert.display()),
@@ -163,11 +213,22 @@ impl ControlPlane {
         let api_log = root.join("kube-apiserver.log");
         running.apiserver = Some(process::spawn_tied(apiserver, &api_log)?);
 
-        let server = format!("https://127.0.0.1:{api_port}");
+        let in_ns_server = format!("https://{address}:{api_port}");
+        let server = opts.client_server.clone().unwrap_or_else(|| in_ns_server.clone());
         let kubeconfig = root.join("kubeconfig");
         std::fs::write(&kubeconfig, kubeconfig_yaml(&server, &pki.ca_cert, &token)).context("writing kubeconfig")?;
+        // For clients inside the sandbox's namespaces (agents, operator).
+        std::fs::write(root.join("kubeconfig-in-cluster"), kubeconfig_yaml(&in_ns_server, &pki.ca_cert, &token))
+            .context("writing in-namespace kubeconfig")?;
 
-        let cp = ControlPlane { server, token, kubeconfig, ca_cert: pki.ca_cert.clone(), inner: Mutex::new(running) };
+        let cp = ControlPlane {
+            server,
+            in_ns_server,
+            token,
+            kubeconfig,
+            ca_cert: pki.ca_cert.clone(),
+            inner: Mutex::new(running),
+        };
         if let Err(e) = cp.wait_ready(Duration::from_secs(90)) {
             let detail = format!(
                 "{e:#}\n--- etcd.log (tail) ---\n{}\n--- kube-apiserver.log (tail) ---\n{}",
@@ -225,6 +286,17 @@ impl ControlPlane {
             }
         }
         Ok(())
+    }
+
+    /// Process ids of etcd and kube-apiserver while they run.
+    pub fn pids(&self) -> Vec<u32> {
+        let Ok(running) = self.inner.lock() else { return Vec::new() };
+        running.etcd.iter().chain(running.apiserver.iter()).map(Child::id).collect()
+    }
+
+    /// The directory holding etcd's data, certificates and logs.
+    pub fn data_dir(&self) -> Option<PathBuf> {
+        self.inner.lock().ok()?.dir.as_ref().map(|d| d.path().to_path_buf())
     }
 
     /// A new client for the admin user, bound to the caller's runtime.

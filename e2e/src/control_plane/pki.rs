@@ -23,6 +23,12 @@ pub struct Pki {
 
 /// Generates the PKI into `dir`.
 pub fn generate(dir: &Path) -> anyhow::Result<Pki> {
+    generate_with_sans(dir, &[])
+}
+
+/// Generates the PKI with extra names or addresses on the serving
+/// certificate (the sandbox's apiserver address on its underlay).
+pub fn generate_with_sans(dir: &Path, extra_sans: &[String]) -> anyhow::Result<Pki> {
     let ca_key = KeyPair::generate().context("generating CA key")?;
     let mut ca_params = CertificateParams::new(Vec::<String>::new()).context("CA params")?;
     ca_params.distinguished_name = dn("weft-test-ca");
@@ -44,7 +50,9 @@ pub fn generate(dir: &Path) -> anyhow::Result<Pki> {
         "kubernetes.default.svc.cluster.local",
     ]
     .map(String::from)
-    .to_vec();
+    .into_iter()
+    .chain(extra_sans.iter().cloned())
+    .collect::<Vec<_>>();
     let serving_key = KeyPair::generate().context("generating serving key")?;
     let mut serving_params = CertificateParams::new(sans).context("serving params")?;
     serving_params.distinguished_name = dn("kube-apiserver");
