@@ -132,6 +132,7 @@ async fn run_controllers(
         recorder,
         alloc_lock: Mutex::new(()),
         pending: std::sync::Mutex::new(Vec::new()),
+        last_write_rv: std::sync::Mutex::new(None),
         waiting_for_space: AtomicBool::new(false),
         deletions: AtomicU64::new(0),
     });

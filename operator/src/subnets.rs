@@ -16,7 +16,7 @@ use ipnet::IpNet;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, OwnerReference, Time};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions, VersionMatch};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::reflector::Store;
@@ -68,6 +68,8 @@ pub struct Context {
     pub alloc_lock: Mutex<()>,
     /// Nodes waiting for the allocation lock; served in batches.
     pub pending: std::sync::Mutex<Vec<AllocRequest>>,
+    /// Newest resourceVersion of a Subnet this replica created.
+    pub last_write_rv: std::sync::Mutex<Option<(String, u64)>>,
     /// Set while some node is waiting for space; a Subnet deletion then
     /// retriggers all nodes.
     pub waiting_for_space: std::sync::atomic::AtomicBool,
@@ -184,8 +186,8 @@ fn lock_pending(ctx: &Context) -> std::sync::MutexGuard<'_, Vec<AllocRequest>> {
 async fn serve_batch(ctx: &Context, batch: Vec<AllocRequest>) {
     use std::sync::atomic::Ordering;
     let deletions_before = ctx.deletions.load(Ordering::SeqCst);
-    let existing = match ctx.subnets_api.list(&ListParams::default()).await {
-        Ok(list) => list.items,
+    let existing = match list_subnets(ctx).await {
+        Ok(list) => list,
         Err(e) => {
             let msg = format!("listing subnets: {e}");
             for req in batch {
@@ -194,9 +196,11 @@ async fn serve_batch(ctx: &Context, batch: Vec<AllocRequest>) {
             return;
         }
     };
+    let (existing, fully_consistent) = existing;
     let mut used: Vec<IpNet> = existing.iter().filter_map(|s| s.spec.cidr.parse().ok()).collect();
     let mut in_pool = used.iter().filter(|n| ctx.pool.contains(n)).count() as u128;
     let mut to_create = Vec::new();
+    let mut retry = Vec::new();
     for req in batch {
         if let Some(own) = existing.iter().find(|s| s.name_any() == req.node) {
             let outcome = if owner_uid(own).is_none_or(|uid| uid == req.node_uid) {
@@ -214,6 +218,11 @@ async fn serve_batch(ctx: &Context, batch: Vec<AllocRequest>) {
                 let subnet = new_subnet(&req.node, &req.node_uid, cidr, &ctx.config);
                 to_create.push((req, subnet));
             }
+            None if !fully_consistent => {
+                // The cheap list may miss deletions by others: look again
+                // with a fully consistent list before reporting exhaustion.
+                retry.push(req);
+            }
             None => {
                 ctx.waiting_for_space.store(true, Ordering::SeqCst);
                 let freed = ctx.deletions.load(Ordering::SeqCst) != deletions_before;
@@ -225,7 +234,10 @@ async fn serve_batch(ctx: &Context, batch: Vec<AllocRequest>) {
     let results = futures::future::join_all(to_create.iter().map(|(_, s)| ctx.subnets_api.create(&pp, s))).await;
     for ((req, _), result) in to_create.into_iter().zip(results) {
         let outcome = match result {
-            Ok(s) => Outcome::Created(Box::new(s)),
+            Ok(s) => {
+                note_write(ctx, &s);
+                Outcome::Created(Box::new(s))
+            }
             Err(kube::Error::Api(s)) if s.code == 409 => {
                 in_pool = in_pool.saturating_sub(1);
                 Outcome::Conflict
@@ -238,6 +250,45 @@ async fn serve_batch(ctx: &Context, batch: Vec<AllocRequest>) {
         let _ = req.reply.send(outcome);
     }
     ctx.metrics.set_leases(in_pool, ctx.pool.capacity());
+    if !retry.is_empty() {
+        // Forget the cheap-list hint so the rerun lists fully consistently.
+        *lock_rv(ctx) = None;
+        Box::pin(serve_batch(ctx, retry)).await;
+    }
+}
+
+/// Lists all Subnets, at least as new as this replica's last write (what
+/// allocation needs: as leader we are the only allocator). That is served
+/// from the apiserver's watch cache without the consistency round-trip a
+/// plain list waits for (up to 100 ms). Before any write, or after a reset,
+/// the list is fully consistent. Returns whether it was.
+async fn list_subnets(ctx: &Context) -> Result<(Vec<Subnet>, bool), kube::Error> {
+    let since = lock_rv(ctx).clone();
+    let lp = match &since {
+        Some((rv, _)) => ListParams::default().at(rv).matching(VersionMatch::NotOlderThan),
+        None => ListParams::default(),
+    };
+    let list = ctx.subnets_api.list(&lp).await?;
+    Ok((list.items, since.is_none()))
+}
+
+/// Remembers the newest resourceVersion this replica wrote.
+fn note_write(ctx: &Context, subnet: &Subnet) {
+    let Some(rv) = subnet.resource_version() else { return };
+    // etcd-backed resourceVersions are integers; anything else disables
+    // the shortcut (consistent lists are always correct, just slower).
+    let Ok(n) = rv.parse::<u64>() else {
+        *lock_rv(ctx) = None;
+        return;
+    };
+    let mut last = lock_rv(ctx);
+    if last.as_ref().is_none_or(|(_, m)| n > *m) {
+        *last = Some((rv, n));
+    }
+}
+
+fn lock_rv(ctx: &Context) -> std::sync::MutexGuard<'_, Option<(String, u64)>> {
+    ctx.last_write_rv.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 async fn report_exhausted(ctx: &Context, node: &Node, in_pool: u128) {
