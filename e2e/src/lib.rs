@@ -7,4 +7,5 @@ pub mod cni;
 pub mod control_plane;
 pub mod netns;
 pub mod prereq;
+pub mod sandbox;
 pub mod wait;

@@ -7,6 +7,8 @@ use rand::Rng;
 /// A named network namespace under /run/netns that this process created.
 pub struct Netns {
     name: String,
+    /// Removed on drop only when this value created it.
+    owned: bool,
 }
 
 impl Netns {
@@ -15,9 +17,14 @@ impl Netns {
         let suffix: u32 = rand::rng().random();
         let name = format!("weft-{tag}-{suffix:08x}");
         run("ip", &["netns", "add", &name]);
-        let ns = Self { name };
+        let ns = Self { name, owned: true };
         ns.ip(&["link", "set", "lo", "up"]);
         ns
+    }
+
+    /// A namespace that someone else owns (e.g. a sandbox node); not removed on drop.
+    pub fn existing(name: &str) -> Self {
+        Self { name: name.to_owned(), owned: false }
     }
 
     pub fn name(&self) -> &str {
@@ -68,6 +75,9 @@ impl Netns {
 
 impl Drop for Netns {
     fn drop(&mut self) {
+        if !self.owned {
+            return;
+        }
         let _ = Command::new("ip").args(["netns", "del", &self.name]).output();
     }
 }

@@ -1,0 +1,165 @@
+//! weft-sandbox: a local Weft cluster of network namespaces with a real
+//! control plane. `e2e/sandbox.sh` builds everything and calls this.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use weft_e2e::sandbox::pods::{self, PodRecord, PortSpec};
+use weft_e2e::sandbox::{State, cluster, probe};
+
+#[derive(Parser)]
+#[command(name = "weft-sandbox", about = "A local Weft cluster made of network namespaces")]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Start the control plane, the operator and N nodes with their agents.
+    Up {
+        #[arg(long, default_value_t = 3)]
+        nodes: usize,
+        /// vxlan or host-gw.
+        #[arg(long, default_value = "vxlan")]
+        backend: String,
+    },
+    /// Stop everything and remove every namespace the sandbox created.
+    Down,
+    /// Show nodes and pods.
+    Status,
+    /// Create a pod: a namespace set up through weft-cni, a Pod object, a responder.
+    AddPod {
+        name: String,
+        #[arg(long, short = 'n', default_value = "default")]
+        namespace: String,
+        #[arg(long)]
+        node: Option<String>,
+        /// Labels as key=value (repeatable).
+        #[arg(long = "label", short = 'l')]
+        labels: Vec<String>,
+        /// Ports to serve, e.g. 80/tcp, 53/udp, http=8080/tcp (repeatable).
+        #[arg(long = "port", short = 'p', default_value = "80/tcp")]
+        ports: Vec<PortSpec>,
+    },
+    /// Delete a pod (CNI DEL, namespace, Pod object).
+    DelPod {
+        name: String,
+        #[arg(long, short = 'n', default_value = "default")]
+        namespace: String,
+    },
+    /// List pods with their node and IP.
+    Pods,
+    /// Run a command inside a pod's network namespace.
+    Exec {
+        pod: String,
+        #[arg(long, short = 'n', default_value = "default")]
+        namespace: String,
+        #[arg(trailing_var_arg = true, required = true)]
+        command: Vec<String>,
+    },
+    /// Try every ordered pair of pods on a port and print the allow/deny matrix as JSON.
+    Probe {
+        #[arg(long, default_value_t = 80)]
+        port: u16,
+        #[arg(long, default_value = "tcp")]
+        protocol: String,
+        /// Pods as namespace/name (default: all).
+        #[arg(long = "pod")]
+        pods: Vec<String>,
+        #[arg(long, default_value_t = 1000)]
+        timeout_ms: u64,
+    },
+    /// kubectl against the sandbox's apiserver.
+    Kubectl {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// (internal) The supervisor that owns the running sandbox.
+    #[command(hide = true)]
+    Supervise {
+        #[arg(long)]
+        nodes: usize,
+        #[arg(long)]
+        backend: String,
+    },
+    /// (internal) Serve ports inside a pod.
+    #[command(hide = true)]
+    Respond {
+        #[arg(long)]
+        name: String,
+        #[arg(long = "port")]
+        ports: Vec<PortSpec>,
+    },
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    match cli.command {
+        Cmd::Up { nodes, backend } => {
+            anyhow::ensure!(["vxlan", "host-gw"].contains(&backend.as_str()), "--backend must be vxlan or host-gw");
+            let state = cluster::up(nodes, &backend)?;
+            print_status(&state);
+            println!("\nkubeconfig: {}", state.kubeconfig.display());
+            println!("try: e2e/sandbox.sh kubectl get subnets; e2e/sandbox.sh add-pod web -l app=web");
+        }
+        Cmd::Down => cluster::down()?,
+        Cmd::Status => print_status(&State::load()?),
+        Cmd::AddPod { name, namespace, node, labels, ports } => {
+            let labels = labels
+                .iter()
+                .map(|l| l.split_once('=').map(|(k, v)| (k.to_owned(), v.to_owned())).context("labels are key=value"))
+                .collect::<anyhow::Result<BTreeMap<_, _>>>()?;
+            let rec = rt.block_on(pods::add(&name, &namespace, node.as_deref(), &labels, &ports))?;
+            println!("{}", serde_json::to_string(&rec)?);
+        }
+        Cmd::DelPod { name, namespace } => rt.block_on(pods::delete(&name, &namespace))?,
+        Cmd::Pods => {
+            println!("{:<32} {:<10} {:<16}", "POD", "NODE", "IP");
+            for p in PodRecord::all() {
+                println!("{:<32} {:<10} {:<16}", p.key(), p.node, p.ip);
+            }
+        }
+        Cmd::Exec { pod, namespace, command } => {
+            let rec = PodRecord::load(&namespace, &pod)?;
+            let status = std::process::Command::new("ip")
+                .args(["netns", "exec", &rec.netns])
+                .args(&command)
+                .status()
+                .context("cannot run the command")?;
+            std::process::exit(status.code().unwrap_or(1));
+        }
+        Cmd::Probe { port, protocol, pods, timeout_ms } => {
+            let all = PodRecord::all();
+            let selected: Vec<PodRecord> =
+                if pods.is_empty() { all } else { all.into_iter().filter(|p| pods.contains(&p.key())).collect() };
+            let m = probe::probe(&selected, port, &protocol, Duration::from_millis(timeout_ms))?;
+            println!("{}", serde_json::to_string_pretty(&m)?);
+        }
+        Cmd::Kubectl { args } => {
+            let state = State::load()?;
+            let kubectl = weft_e2e::control_plane::tools_dir().join("kubectl");
+            let status = std::process::Command::new(kubectl)
+                .arg("--kubeconfig")
+                .arg(&state.kubeconfig)
+                .args(&args)
+                .status()
+                .context("cannot run kubectl (build it with e2e/scripts/build-tools.sh)")?;
+            std::process::exit(status.code().unwrap_or(1));
+        }
+        Cmd::Supervise { nodes, backend } => rt.block_on(cluster::supervise(nodes, &backend))?,
+        Cmd::Respond { name, ports } => probe::respond(&name, &ports)?,
+    }
+    Ok(())
+}
+
+fn print_status(state: &State) {
+    println!("Weft sandbox ({} backend), supervisor pid {}", state.backend, state.supervisor_pid);
+    println!("{:<10} {:<14} {:<22}", "NODE", "IP", "NETNS");
+    for n in &state.nodes {
+        println!("{:<10} {:<14} {:<22}", n.name, n.ip, n.netns);
+    }
+}

@@ -1,0 +1,248 @@
+//! Bringing the sandbox up and down. `up` starts a supervisor process that
+//! owns everything (control plane, operator, agents, the forwarder) and
+//! removes it all when it gets SIGTERM from `down`.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use k8s_openapi::api::core::v1::{Namespace, Node};
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use serde_json::json;
+use weft_api::subnet::Subnet;
+
+use super::{CLUSTER_CIDR, CP_IP, CP_NS, FORWARD_PORT, NodeInfo, State, UNDERLAY_NS, UNDERLAY_PREFIX, ip, state_dir};
+use crate::bins;
+use crate::control_plane::{self, ControlPlane, Options, process};
+
+/// Starts the supervisor in the background and waits until the cluster is
+/// ready (every node's Subnet Ready and its peers programmed).
+pub fn up(nodes: usize, backend: &str) -> anyhow::Result<State> {
+    if let Ok(state) = State::load() {
+        if process_alive(state.supervisor_pid) {
+            bail!("the sandbox is already up (supervisor pid {}); `e2e/sandbox.sh down` first", state.supervisor_pid);
+        }
+        cleanup_leftovers();
+    }
+    let dir = state_dir();
+    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let log = dir.join("supervisor.log");
+    let out = std::fs::File::create(&log)?;
+    let mut cmd = Command::new(std::env::current_exe()?);
+    cmd.args(["supervise", "--nodes", &nodes.to_string(), "--backend", backend])
+        .stdin(Stdio::null())
+        .stdout(out.try_clone()?)
+        .stderr(out);
+    // SAFETY: setsid is async-signal-safe; the supervisor outlives this command.
+    unsafe {
+        use std::os::unix::process::CommandExt;
+        cmd.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().context("cannot start the sandbox supervisor")?;
+    let deadline = Instant::now() + Duration::from_secs(300);
+    loop {
+        if let Some(status) = child.try_wait()? {
+            bail!("the sandbox supervisor exited ({status}); its log:\n{}", process::log_tail(&log, 6000));
+        }
+        if let Ok(state) = State::load() {
+            return Ok(state);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            bail!("the sandbox was not ready within 300 s; log:\n{}", process::log_tail(&log, 6000));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Stops the supervisor (which tears everything down) and removes leftovers.
+pub fn down() -> anyhow::Result<()> {
+    if let Ok(state) = State::load() {
+        let pid = state.supervisor_pid as i32;
+        // SAFETY: plain kill(2).
+        if unsafe { libc::kill(pid, libc::SIGTERM) } == 0 {
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while process_alive(state.supervisor_pid) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    }
+    cleanup_leftovers();
+    Ok(())
+}
+
+fn process_alive(pid: u32) -> bool {
+    // SAFETY: signal 0 only checks for existence.
+    unsafe { libc::kill(pid as i32, 0) == 0 }
+}
+
+/// Removes every sandbox namespace and the state directory.
+pub fn cleanup_leftovers() {
+    for pod in super::pods::PodRecord::all() {
+        pod.stop_responder();
+    }
+    for ns in super::existing_namespaces() {
+        let _ = ip(&["netns", "del", &ns]);
+    }
+    let _ = std::fs::remove_dir_all(state_dir());
+}
+
+/// The supervisor: builds everything, writes the state, waits for SIGTERM.
+pub async fn supervise(nodes: usize, backend: &str) -> anyhow::Result<()> {
+    let result = build(nodes, backend).await;
+    let (cp, agents) = match result {
+        Ok(parts) => parts,
+        Err(e) => {
+            cleanup_leftovers();
+            return Err(e);
+        }
+    };
+    eprintln!("sandbox ready");
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+    eprintln!("tearing the sandbox down");
+    for mut a in agents {
+        process::stop(&mut a, Duration::from_secs(5));
+    }
+    cp.shutdown();
+    cleanup_leftovers();
+    Ok(())
+}
+
+type Parts = (ControlPlane, Vec<std::process::Child>);
+
+async fn build(nodes: usize, backend: &str) -> anyhow::Result<Parts> {
+    let dir = state_dir();
+    std::fs::create_dir_all(&dir)?;
+    // The underlay: one bridge in its own namespace.
+    ip(&["netns", "add", UNDERLAY_NS])?;
+    ip(&["-n", UNDERLAY_NS, "link", "add", "br0", "type", "bridge"])?;
+    ip(&["-n", UNDERLAY_NS, "link", "set", "br0", "up"])?;
+    attach_to_underlay(CP_NS, "cp", CP_IP)?;
+
+    super::forward::serve(SocketAddr::from(([127, 0, 0, 1], FORWARD_PORT)), CP_NS, SocketAddr::from((CP_IP, 6443)))?;
+    let cp = tokio::task::spawn_blocking(move || {
+        ControlPlane::start_with(&Options {
+            netns: Some(CP_NS.to_owned()),
+            address: Some(CP_IP),
+            client_server: Some(format!("https://127.0.0.1:{FORWARD_PORT}")),
+            dir: Some(state_dir()),
+        })
+    })
+    .await??;
+    let client = cp.client().await?;
+    control_plane::install_crds(&client).await?;
+    let namespaces = Api::<Namespace>::all(client.clone());
+    let ns = serde_json::from_value(json!({"metadata": {"name": "kube-system"}}))?;
+    match namespaces.create(&PostParams::default(), &ns).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 409 => {}
+        Err(e) => return Err(e).context("creating kube-system"),
+    }
+
+    let in_cluster = cp.in_namespace_kubeconfig();
+    let mut children = Vec::new();
+    let mut op = in_ns(CP_NS, &bins::weft("weft-operator"));
+    op.env("KUBECONFIG", &in_cluster).env("POD_NAME", "weft-operator-sandbox").args([
+        &format!("--cluster-cidr={CLUSTER_CIDR}"),
+        &format!("--backend={backend}"),
+        "--metrics-addr=0.0.0.0:9090",
+    ]);
+    children.push(process::spawn_tied(op, &dir.join("operator.log"))?);
+
+    let node_api = Api::<Node>::all(client.clone());
+    let mut infos = Vec::new();
+    for i in 1..=nodes {
+        let name = format!("node-{i}");
+        let netns = super::node_ns(&name);
+        let node_ip = super::node_ip(i);
+        attach_to_underlay(&netns, &format!("n{i}"), node_ip)?;
+        register_node(&node_api, &name, node_ip).await?;
+        let node_dir = dir.join(&name);
+        std::fs::create_dir_all(&node_dir)?;
+        let socket = node_dir.join("agent.sock");
+        let mut agent = in_ns(&netns, &bins::weft("weft-agent"));
+        agent
+            .args(["--node-name", &name, "--node-ip", &node_ip.to_string(), "--cluster-cidr", CLUSTER_CIDR])
+            .arg("--kubeconfig")
+            .arg(&in_cluster)
+            .arg("--socket")
+            .arg(&socket)
+            .arg("--state-dir")
+            .arg(node_dir.join("state"))
+            .args(["--metrics-addr", "0.0.0.0:9646"]);
+        children.push(process::spawn_tied(agent, &node_dir.join("agent.log"))?);
+        infos.push(NodeInfo { name, netns, ip: node_ip, socket });
+    }
+
+    wait_ready(&client, &infos).await?;
+    let state = State {
+        supervisor_pid: std::process::id(),
+        kubeconfig: cp.kubeconfig.clone(),
+        in_cluster_kubeconfig: in_cluster,
+        backend: backend.to_owned(),
+        nodes: infos,
+    };
+    let tmp = State::path().with_extension("tmp");
+    std::fs::write(&tmp, serde_json::to_vec_pretty(&state)?)?;
+    std::fs::rename(&tmp, State::path())?;
+    Ok((cp, children))
+}
+
+/// Creates `netns` (loopback up) with a veth to the underlay bridge carrying `addr`.
+fn attach_to_underlay(netns: &str, tag: &str, addr: Ipv4Addr) -> anyhow::Result<()> {
+    ip(&["netns", "add", netns])?;
+    ip(&["-n", netns, "link", "set", "lo", "up"])?;
+    let port = format!("ul-{tag}");
+    ip(&["-n", UNDERLAY_NS, "link", "add", &port, "type", "veth", "peer", "name", "eth0", "netns", netns])?;
+    ip(&["-n", UNDERLAY_NS, "link", "set", &port, "master", "br0", "up"])?;
+    ip(&["-n", netns, "addr", "add", &format!("{addr}/{UNDERLAY_PREFIX}"), "dev", "eth0"])?;
+    ip(&["-n", netns, "link", "set", "eth0", "up"])?;
+    Ok(())
+}
+
+async fn register_node(api: &Api<Node>, name: &str, addr: Ipv4Addr) -> anyhow::Result<()> {
+    let node: Node = serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, "weft.dev/sandbox": "true"}},
+    }))?;
+    api.create(&PostParams::default(), &node).await.with_context(|| format!("registering Node {name}"))?;
+    let status = json!({"status": {
+        "addresses": [{"type": "InternalIP", "address": addr.to_string()}, {"type": "Hostname", "address": name}],
+        "conditions": [{"type": "Ready", "status": "True", "reason": "SandboxNode", "message": "a weft sandbox node"}],
+    }});
+    api.patch_status(name, &PatchParams::default(), &Patch::Merge(&status)).await?;
+    Ok(())
+}
+
+async fn wait_ready(client: &kube::Client, nodes: &[NodeInfo]) -> anyhow::Result<()> {
+    let subnets = Api::<Subnet>::all(client.clone());
+    control_plane::wait_for(Duration::from_secs(180), "every node's Subnet Ready with peers programmed", || async {
+        let list = subnets.list(&Default::default()).await?;
+        Ok(nodes.iter().all(|n| {
+            list.items.iter().any(|s| {
+                s.spec.node_name == n.name
+                    && s.status.as_ref().is_some_and(|st| {
+                        ["Ready", "PeersProgrammed"]
+                            .iter()
+                            .all(|t| st.conditions.iter().any(|c| c.type_ == *t && c.status == "True"))
+                    })
+            })
+        }))
+    })
+    .await
+}
+
+fn in_ns(netns: &str, program: &Path) -> Command {
+    let mut c = Command::new("ip");
+    c.args(["netns", "exec", netns]).arg(program);
+    c
+}

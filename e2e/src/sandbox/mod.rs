@@ -1,0 +1,108 @@
+//! The sandbox cluster: a real control plane and N nodes, each node a network
+//! namespace on a shared underlay running its own weft-agent, pods as network
+//! namespaces set up by exec'ing weft-cni as a runtime does.
+//!
+//! Layout (all namespaces are ours, prefixed `weft-sbx-`):
+//! ```text
+//!   weft-sbx-net     bridge br0: the underlay 10.250.0.0/24
+//!   weft-sbx-cp      10.250.0.1: etcd, kube-apiserver :6443, weft-operator
+//!   weft-sbx-node-N  10.250.0.(10+N): weft-agent, bridge weft0, weft.1
+//!   weft-sbx-pod-*   one per pod, eth0 from weft-cni
+//! ```
+//! The host reaches the apiserver through a loopback forwarder run by the
+//! supervisor (`127.0.0.1:16443`), like a load balancer in front of it.
+
+pub mod cluster;
+pub mod forward;
+pub mod pods;
+pub mod probe;
+
+use std::net::Ipv4Addr;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use serde::{Deserialize, Serialize};
+
+pub const NS_PREFIX: &str = "weft-sbx-";
+pub const UNDERLAY_NS: &str = "weft-sbx-net";
+pub const CP_NS: &str = "weft-sbx-cp";
+pub const CP_IP: Ipv4Addr = Ipv4Addr::new(10, 250, 0, 1);
+pub const UNDERLAY_PREFIX: u8 = 24;
+pub const CLUSTER_CIDR: &str = "10.244.0.0/16";
+pub const FORWARD_PORT: u16 = 16443;
+
+/// Where the sandbox keeps its state (`$WEFT_SANDBOX_DIR`, default /run/weft-sandbox).
+pub fn state_dir() -> PathBuf {
+    std::env::var_os("WEFT_SANDBOX_DIR").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/run/weft-sandbox"))
+}
+
+pub fn node_ns(name: &str) -> String {
+    format!("{NS_PREFIX}{name}")
+}
+
+pub fn node_ip(index: usize) -> Ipv4Addr {
+    Ipv4Addr::new(10, 250, 0, 10 + index as u8)
+}
+
+/// What `up` leaves for the other commands.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct State {
+    pub supervisor_pid: u32,
+    /// Kubeconfig for this (the root) namespace, through the forwarder.
+    pub kubeconfig: PathBuf,
+    /// Kubeconfig for processes inside the sandbox's namespaces.
+    pub in_cluster_kubeconfig: PathBuf,
+    pub backend: String,
+    pub nodes: Vec<NodeInfo>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct NodeInfo {
+    pub name: String,
+    pub netns: String,
+    pub ip: Ipv4Addr,
+    pub socket: PathBuf,
+}
+
+impl State {
+    pub fn path() -> PathBuf {
+        state_dir().join("state.json")
+    }
+
+    pub fn load() -> anyhow::Result<State> {
+        let path = Self::path();
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("the sandbox is not up ({} missing): run `e2e/sandbox.sh up`", path.display()))?;
+        serde_json::from_str(&text).with_context(|| format!("corrupt {}", path.display()))
+    }
+
+    pub fn node(&self, name: &str) -> anyhow::Result<&NodeInfo> {
+        self.nodes.iter().find(|n| n.name == name).with_context(|| {
+            let names: Vec<_> = self.nodes.iter().map(|n| n.name.as_str()).collect();
+            format!("no node {name:?} in the sandbox (nodes: {})", names.join(", "))
+        })
+    }
+}
+
+/// Runs `ip args…`, failing with its stderr.
+pub fn ip(args: &[&str]) -> anyhow::Result<String> {
+    let out = std::process::Command::new("ip").args(args).output().context("cannot run ip")?;
+    anyhow::ensure!(
+        out.status.success(),
+        "ip {} failed: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Names of the sandbox's network namespaces that exist now.
+pub fn existing_namespaces() -> Vec<String> {
+    ip(&["netns", "list"])
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|n| n.starts_with(NS_PREFIX))
+        .map(str::to_owned)
+        .collect()
+}

@@ -1,0 +1,267 @@
+//! Sandbox pods: a network namespace set up by exec'ing weft-cni inside its
+//! node's namespace exactly as a container runtime does, a Pod object in the
+//! API, and a small responder serving the pod's ports.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+use anyhow::{Context, bail};
+use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use super::{NS_PREFIX, State, ip, state_dir};
+use crate::bins;
+use crate::cni::Outcome;
+
+/// A port a pod serves: `80/tcp`, `53/udp`, `9000/sctp`, optionally named (`http=80/tcp`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PortSpec {
+    pub name: Option<String>,
+    pub port: u16,
+    pub protocol: String,
+}
+
+impl std::str::FromStr for PortSpec {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (name, rest) = match s.split_once('=') {
+            Some((n, r)) => (Some(n.to_owned()), r),
+            None => (None, s),
+        };
+        let (port, proto) = rest.split_once('/').unwrap_or((rest, "tcp"));
+        let port = port.parse().map_err(|_| format!("bad port in {s:?}"))?;
+        let protocol = proto.to_ascii_lowercase();
+        if !["tcp", "udp", "sctp"].contains(&protocol.as_str()) {
+            return Err(format!("protocol in {s:?} must be tcp, udp or sctp"));
+        }
+        Ok(PortSpec { name, port, protocol })
+    }
+}
+
+/// What the sandbox remembers of a pod.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PodRecord {
+    pub name: String,
+    pub namespace: String,
+    pub node: String,
+    pub netns: String,
+    pub container_id: String,
+    pub ip: String,
+    pub ports: Vec<PortSpec>,
+    pub responder_pid: Option<u32>,
+}
+
+fn pods_dir() -> PathBuf {
+    state_dir().join("pods")
+}
+
+impl PodRecord {
+    pub fn key(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+
+    fn path(namespace: &str, name: &str) -> PathBuf {
+        pods_dir().join(format!("{namespace}_{name}.json"))
+    }
+
+    pub fn load(namespace: &str, name: &str) -> anyhow::Result<PodRecord> {
+        let text = std::fs::read_to_string(Self::path(namespace, name))
+            .with_context(|| format!("no sandbox pod {namespace}/{name}"))?;
+        Ok(serde_json::from_str(&text)?)
+    }
+
+    pub fn all() -> Vec<PodRecord> {
+        let Ok(rd) = std::fs::read_dir(pods_dir()) else { return Vec::new() };
+        let mut v: Vec<PodRecord> = rd
+            .filter_map(Result::ok)
+            .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+            .filter_map(|t| serde_json::from_str(&t).ok())
+            .collect();
+        v.sort_by_key(PodRecord::key);
+        v
+    }
+
+    pub fn stop_responder(&self) {
+        if let Some(pid) = self.responder_pid {
+            // SAFETY: plain kill(2) of the responder we started.
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+        }
+    }
+}
+
+fn cni_conf(state: &State, node: &str) -> anyhow::Result<serde_json::Value> {
+    let n = state.node(node)?;
+    Ok(json!({"cniVersion": "1.1.0", "name": "weft", "type": "weft-cni", "agentSocket": n.socket}))
+}
+
+/// Execs weft-cni inside the node's namespace, as the runtime on that node would.
+fn cni(state: &State, node: &str, verb: &str, rec: &PodRecord) -> anyhow::Result<Outcome> {
+    let n = state.node(node)?;
+    let ns = crate::netns::Netns::existing(&n.netns);
+    let args = format!("IgnoreUnknown=1;K8S_POD_NAMESPACE={};K8S_POD_NAME={}", rec.namespace, rec.name);
+    let netns_path = format!("/run/netns/{}", rec.netns);
+    let env = [
+        ("CNI_COMMAND", verb),
+        ("CNI_CONTAINERID", rec.container_id.as_str()),
+        ("CNI_NETNS", netns_path.as_str()),
+        ("CNI_IFNAME", "eth0"),
+        ("CNI_ARGS", args.as_str()),
+    ];
+    Ok(crate::cni::exec_raw(&ns, &bins::weft("weft-cni"), &env, cni_conf(state, node)?.to_string().as_bytes()))
+}
+
+/// Creates a pod on `node` (default: the least loaded node).
+pub async fn add(
+    name: &str,
+    namespace: &str,
+    node: Option<&str>,
+    labels: &BTreeMap<String, String>,
+    ports: &[PortSpec],
+) -> anyhow::Result<PodRecord> {
+    let state = State::load()?;
+    if PodRecord::load(namespace, name).is_ok() {
+        bail!("pod {namespace}/{name} exists already");
+    }
+    let node = match node {
+        Some(n) => state.node(n)?.name.clone(),
+        None => least_loaded(&state),
+    };
+    let netns = format!("{NS_PREFIX}pod-{namespace}-{name}");
+    let mut rec = PodRecord {
+        name: name.to_owned(),
+        namespace: namespace.to_owned(),
+        node: node.clone(),
+        netns: netns.clone(),
+        // Unique per creation, as a runtime's sandbox IDs are.
+        container_id: format!("sbx-{namespace}-{name}-{:08x}", rand::random::<u32>()),
+        ip: String::new(),
+        ports: ports.to_vec(),
+        responder_pid: None,
+    };
+    ip(&["netns", "add", &netns])?;
+    ip(&["-n", &netns, "link", "set", "lo", "up"])?;
+    let out = cni(&state, &node, "ADD", &rec)?;
+    if !out.success {
+        let _ = ip(&["netns", "del", &netns]);
+        bail!("weft-cni ADD failed: {}", out.stdout);
+    }
+    rec.ip = crate::cni::pod_ip(&out.json());
+    match register(&state, &mut rec, labels).await {
+        Ok(()) => Ok(rec),
+        Err(e) => {
+            // Leave nothing half-made behind: the attachment and the namespace go too.
+            rec.stop_responder();
+            let _ = cni(&state, &rec.node, "DEL", &rec);
+            let _ = ip(&["netns", "del", &rec.netns]);
+            Err(e)
+        }
+    }
+}
+
+/// The Pod object, the responder and the record of an attached pod.
+async fn register(state: &State, rec: &mut PodRecord, labels: &BTreeMap<String, String>) -> anyhow::Result<()> {
+    let (name, namespace, node, ports) = (rec.name.clone(), rec.namespace.clone(), rec.node.clone(), rec.ports.clone());
+    let client = crate::control_plane::kube_util::client_from(&state.kubeconfig).await?;
+    ensure_namespace(&client, &namespace).await?;
+    let pods = Api::<Pod>::namespaced(client, &namespace);
+    let container_ports: Vec<_> = ports
+        .iter()
+        .map(|p| {
+            let mut v = json!({"containerPort": p.port, "protocol": p.protocol.to_ascii_uppercase()});
+            if let Some(n) = &p.name {
+                v["name"] = json!(n);
+            }
+            v
+        })
+        .collect();
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": namespace, "labels": labels},
+        "spec": {"nodeName": node, "containers": [{"name": "app", "image": "weft.dev/sandbox-responder", "ports": container_ports}]},
+    }))?;
+    pods.create(&PostParams::default(), &pod).await.with_context(|| format!("creating Pod {namespace}/{name}"))?;
+    let host_ip = state.node(&node)?.ip.to_string();
+    let status =
+        json!({"status": {"phase": "Running", "podIP": rec.ip, "podIPs": [{"ip": rec.ip}], "hostIP": host_ip}});
+    pods.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status)).await?;
+
+    rec.responder_pid = Some(start_responder(rec)?);
+    std::fs::create_dir_all(pods_dir())?;
+    std::fs::write(PodRecord::path(&namespace, &name), serde_json::to_vec_pretty(&rec)?)?;
+    Ok(())
+}
+
+fn least_loaded(state: &State) -> String {
+    let pods = PodRecord::all();
+    state
+        .nodes
+        .iter()
+        .min_by_key(|n| pods.iter().filter(|p| p.node == n.name).count())
+        .map(|n| n.name.clone())
+        .unwrap_or_default()
+}
+
+/// The namespace and its `default` ServiceAccount (the sandbox runs no
+/// controller-manager to create it, and Pod admission requires it).
+async fn ensure_namespace(client: &kube::Client, name: &str) -> anyhow::Result<()> {
+    let api = Api::<Namespace>::all(client.clone());
+    if api.get_opt(name).await?.is_none() {
+        let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}}))?;
+        api.create(&PostParams::default(), &ns).await.with_context(|| format!("creating namespace {name}"))?;
+    }
+    let sas = Api::<ServiceAccount>::namespaced(client.clone(), name);
+    if sas.get_opt("default").await?.is_none() {
+        let sa: ServiceAccount = serde_json::from_value(json!({"metadata": {"name": "default"}}))?;
+        match sas.create(&PostParams::default(), &sa).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) => return Err(e).context("creating the default ServiceAccount"),
+        }
+    }
+    Ok(())
+}
+
+/// Starts `weft-sandbox respond` inside the pod, detached from this command.
+fn start_responder(rec: &PodRecord) -> anyhow::Result<u32> {
+    let log = std::fs::File::create(state_dir().join(format!("responder-{}-{}.log", rec.namespace, rec.name)))?;
+    let mut cmd = Command::new("ip");
+    cmd.args(["netns", "exec", &rec.netns])
+        .arg(std::env::current_exe()?)
+        .args(["respond", "--name", &rec.key()])
+        .args(rec.ports.iter().map(|p| format!("--port={}/{}", p.port, p.protocol)))
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log);
+    // SAFETY: setsid is async-signal-safe.
+    unsafe {
+        use std::os::unix::process::CommandExt;
+        cmd.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    Ok(cmd.spawn().context("cannot start the pod's responder")?.id())
+}
+
+/// Deletes a pod: CNI DEL, namespace, Pod object, record.
+pub async fn delete(name: &str, namespace: &str) -> anyhow::Result<()> {
+    let state = State::load()?;
+    let rec = PodRecord::load(namespace, name)?;
+    rec.stop_responder();
+    let out = cni(&state, &rec.node, "DEL", &rec)?;
+    if !out.success {
+        bail!("weft-cni DEL failed: {}", out.stdout);
+    }
+    let _ = ip(&["netns", "del", &rec.netns]);
+    let client = crate::control_plane::kube_util::client_from(&state.kubeconfig).await?;
+    let pods = Api::<Pod>::namespaced(client, namespace);
+    match pods.delete(name, &DeleteParams { grace_period_seconds: Some(0), ..Default::default() }).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 404 => {}
+        Err(e) => return Err(e).context("deleting the Pod object"),
+    }
+    std::fs::remove_file(PodRecord::path(namespace, name))?;
+    Ok(())
+}

@@ -1,0 +1,112 @@
+//! Connectivity: the responder each sandbox pod runs, and the probe that
+//! tries every ordered pair of pods and reports an allow/deny matrix.
+//!
+//! A connection counts as allowed only when the reply names the pod that was
+//! addressed, so a reply from anything else is a deny.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use serde::Serialize;
+
+use super::pods::{PodRecord, PortSpec};
+
+/// Serves `ports` forever, answering each connection or datagram with `name`.
+pub fn respond(name: &str, ports: &[PortSpec]) -> anyhow::Result<()> {
+    let mut threads = Vec::new();
+    for p in ports {
+        let name = format!("{name}\n");
+        let addr = SocketAddr::from(([0, 0, 0, 0], p.port));
+        match p.protocol.as_str() {
+            "tcp" => {
+                let l = TcpListener::bind(addr).with_context(|| format!("listen tcp {addr}"))?;
+                threads.push(std::thread::spawn(move || {
+                    for mut c in l.incoming().flatten() {
+                        let _ = c.write_all(name.as_bytes());
+                    }
+                }));
+            }
+            "udp" => {
+                let s = UdpSocket::bind(addr).with_context(|| format!("bind udp {addr}"))?;
+                threads.push(std::thread::spawn(move || {
+                    let mut buf = [0u8; 512];
+                    while let Ok((_, from)) = s.recv_from(&mut buf) {
+                        let _ = s.send_to(name.as_bytes(), from);
+                    }
+                }));
+            }
+            other => bail!("{other} is not supported by this kernel or responder (port {})", p.port),
+        }
+    }
+    for t in threads {
+        let _ = t.join();
+    }
+    Ok(())
+}
+
+#[derive(Debug, Serialize)]
+pub struct Matrix {
+    pub port: u16,
+    pub protocol: String,
+    pub pods: Vec<String>,
+    /// `matrix[from][to]`: whether `from` reached `to`.
+    pub matrix: BTreeMap<String, BTreeMap<String, bool>>,
+}
+
+/// Tries every ordered pair of `pods` (itself excluded) on `port`/`protocol`.
+pub fn probe(pods: &[PodRecord], port: u16, protocol: &str, timeout: Duration) -> anyhow::Result<Matrix> {
+    if !["tcp", "udp"].contains(&protocol) {
+        bail!("protocol {protocol} cannot be probed here (tcp or udp)");
+    }
+    let results = std::thread::scope(|s| -> anyhow::Result<Vec<(String, BTreeMap<String, bool>)>> {
+        let handles: Vec<_> = pods
+            .iter()
+            .map(|src| {
+                s.spawn(move || -> anyhow::Result<(String, BTreeMap<String, bool>)> {
+                    // This thread moves into the source pod's namespace for good.
+                    let file = File::open(format!("/run/netns/{}", src.netns))
+                        .with_context(|| format!("pod {} has no namespace", src.key()))?;
+                    nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
+                        .with_context(|| format!("entering {}", src.netns))?;
+                    let row = pods
+                        .iter()
+                        .filter(|dst| dst.key() != src.key())
+                        .map(|dst| (dst.key(), reach(&dst.ip, port, protocol, timeout).as_deref() == Some(&*dst.key())))
+                        .collect();
+                    Ok((src.key(), row))
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().map_err(|_| anyhow::anyhow!("probe thread panicked"))?).collect()
+    })?;
+    Ok(Matrix {
+        port,
+        protocol: protocol.to_owned(),
+        pods: pods.iter().map(PodRecord::key).collect(),
+        matrix: results.into_iter().collect(),
+    })
+}
+
+/// The name the responder at `ip:port` answered with, if any.
+fn reach(ip: &str, port: u16, protocol: &str, timeout: Duration) -> Option<String> {
+    let addr: SocketAddr = format!("{ip}:{port}").parse().ok()?;
+    let mut buf = [0u8; 256];
+    let n = match protocol {
+        "tcp" => {
+            let mut c = TcpStream::connect_timeout(&addr, timeout).ok()?;
+            c.set_read_timeout(Some(timeout)).ok()?;
+            c.read(&mut buf).ok()?
+        }
+        _ => {
+            let s = UdpSocket::bind("0.0.0.0:0").ok()?;
+            s.set_read_timeout(Some(timeout)).ok()?;
+            s.send_to(b"probe", addr).ok()?;
+            s.recv(&mut buf).ok()?
+        }
+    };
+    Some(String::from_utf8_lossy(&buf[..n]).trim().to_owned())
+}
