@@ -28,8 +28,19 @@ enum Cmd {
     },
     /// Stop everything and remove every namespace the sandbox created.
     Down,
-    /// Show nodes and pods.
+    /// Show nodes.
     Status,
+    /// Add a node (namespace, Node object, agent) to the running sandbox.
+    AddNode,
+    /// Remove a node: agent, Node object, namespace.
+    DelNode { name: String },
+    /// Restart a node's agent.
+    RestartAgent {
+        node: String,
+        /// SIGKILL instead of a clean shutdown.
+        #[arg(long)]
+        kill: bool,
+    },
     /// Create a pod: a namespace set up through weft-cni, a Pod object, a responder.
     AddPod {
         name: String,
@@ -108,6 +119,15 @@ fn main() -> anyhow::Result<()> {
         }
         Cmd::Down => cluster::down()?,
         Cmd::Status => print_status(&State::load()?),
+        Cmd::AddNode => {
+            let n = rt.block_on(weft_e2e::sandbox::nodes::add_to_running())?;
+            println!("{} {} {}", n.name, n.ip, n.netns);
+        }
+        Cmd::DelNode { name } => rt.block_on(weft_e2e::sandbox::nodes::remove(&name))?,
+        Cmd::RestartAgent { node, kill } => {
+            let pid = weft_e2e::sandbox::nodes::restart_agent(&State::load()?, &node, kill)?;
+            println!("{pid}");
+        }
         Cmd::AddPod { name, namespace, node, labels, ports } => {
             let labels = labels
                 .iter()

@@ -2,18 +2,18 @@
 //! owns everything (control plane, operator, agents, the forwarder) and
 //! removes it all when it gets SIGTERM from `down`.
 
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use k8s_openapi::api::core::v1::{Namespace, Node};
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{Api, PostParams};
 use serde_json::json;
 use weft_api::subnet::Subnet;
 
-use super::{CLUSTER_CIDR, CP_IP, CP_NS, FORWARD_PORT, NodeInfo, State, UNDERLAY_NS, UNDERLAY_PREFIX, ip, state_dir};
+use super::{CLUSTER_CIDR, CP_IP, CP_NS, FORWARD_PORT, NodeInfo, State, UNDERLAY_NS, ip, state_dir};
 use crate::bins;
 use crate::control_plane::{self, ControlPlane, Options, process};
 
@@ -86,6 +86,11 @@ pub fn cleanup_leftovers() {
     for pod in super::pods::PodRecord::all() {
         pod.stop_responder();
     }
+    if let Ok(state) = State::load() {
+        for n in &state.nodes {
+            super::nodes::stop_agent(&n.name);
+        }
+    }
     for ns in super::existing_namespaces() {
         let _ = ip(&["netns", "del", &ns]);
     }
@@ -95,7 +100,7 @@ pub fn cleanup_leftovers() {
 /// The supervisor: builds everything, writes the state, waits for SIGTERM.
 pub async fn supervise(nodes: usize, backend: &str) -> anyhow::Result<()> {
     let result = build(nodes, backend).await;
-    let (cp, agents) = match result {
+    let (cp, children) = match result {
         Ok(parts) => parts,
         Err(e) => {
             cleanup_leftovers();
@@ -110,8 +115,13 @@ pub async fn supervise(nodes: usize, backend: &str) -> anyhow::Result<()> {
         _ = int.recv() => {}
     }
     eprintln!("tearing the sandbox down");
-    for mut a in agents {
-        process::stop(&mut a, Duration::from_secs(5));
+    for mut c in children {
+        process::stop(&mut c, Duration::from_secs(5));
+    }
+    if let Ok(state) = State::load() {
+        for n in &state.nodes {
+            super::nodes::stop_agent(&n.name);
+        }
     }
     cp.shutdown();
     cleanup_leftovers();
@@ -127,7 +137,7 @@ async fn build(nodes: usize, backend: &str) -> anyhow::Result<Parts> {
     ip(&["netns", "add", UNDERLAY_NS])?;
     ip(&["-n", UNDERLAY_NS, "link", "add", "br0", "type", "bridge"])?;
     ip(&["-n", UNDERLAY_NS, "link", "set", "br0", "up"])?;
-    attach_to_underlay(CP_NS, "cp", CP_IP)?;
+    super::nodes::attach_to_underlay(CP_NS, "cp", CP_IP)?;
 
     super::forward::serve(SocketAddr::from(([127, 0, 0, 1], FORWARD_PORT)), CP_NS, SocketAddr::from((CP_IP, 6443)))?;
     let cp = tokio::task::spawn_blocking(move || {
@@ -159,29 +169,9 @@ async fn build(nodes: usize, backend: &str) -> anyhow::Result<Parts> {
     ]);
     children.push(process::spawn_tied(op, &dir.join("operator.log"))?);
 
-    let node_api = Api::<Node>::all(client.clone());
     let mut infos = Vec::new();
     for i in 1..=nodes {
-        let name = format!("node-{i}");
-        let netns = super::node_ns(&name);
-        let node_ip = super::node_ip(i);
-        attach_to_underlay(&netns, &format!("n{i}"), node_ip)?;
-        register_node(&node_api, &name, node_ip).await?;
-        let node_dir = dir.join(&name);
-        std::fs::create_dir_all(&node_dir)?;
-        let socket = node_dir.join("agent.sock");
-        let mut agent = in_ns(&netns, &bins::weft("weft-agent"));
-        agent
-            .args(["--node-name", &name, "--node-ip", &node_ip.to_string(), "--cluster-cidr", CLUSTER_CIDR])
-            .arg("--kubeconfig")
-            .arg(&in_cluster)
-            .arg("--socket")
-            .arg(&socket)
-            .arg("--state-dir")
-            .arg(node_dir.join("state"))
-            .args(["--metrics-addr", "0.0.0.0:9646"]);
-        children.push(process::spawn_tied(agent, &node_dir.join("agent.log"))?);
-        infos.push(NodeInfo { name, netns, ip: node_ip, socket });
+        infos.push(super::nodes::add(&client, i, &in_cluster).await?);
     }
 
     wait_ready(&client, &infos).await?;
@@ -192,38 +182,12 @@ async fn build(nodes: usize, backend: &str) -> anyhow::Result<Parts> {
         backend: backend.to_owned(),
         nodes: infos,
     };
-    let tmp = State::path().with_extension("tmp");
-    std::fs::write(&tmp, serde_json::to_vec_pretty(&state)?)?;
-    std::fs::rename(&tmp, State::path())?;
+    state.save()?;
     Ok((cp, children))
 }
 
-/// Creates `netns` (loopback up) with a veth to the underlay bridge carrying `addr`.
-fn attach_to_underlay(netns: &str, tag: &str, addr: Ipv4Addr) -> anyhow::Result<()> {
-    ip(&["netns", "add", netns])?;
-    ip(&["-n", netns, "link", "set", "lo", "up"])?;
-    let port = format!("ul-{tag}");
-    ip(&["-n", UNDERLAY_NS, "link", "add", &port, "type", "veth", "peer", "name", "eth0", "netns", netns])?;
-    ip(&["-n", UNDERLAY_NS, "link", "set", &port, "master", "br0", "up"])?;
-    ip(&["-n", netns, "addr", "add", &format!("{addr}/{UNDERLAY_PREFIX}"), "dev", "eth0"])?;
-    ip(&["-n", netns, "link", "set", "eth0", "up"])?;
-    Ok(())
-}
-
-async fn register_node(api: &Api<Node>, name: &str, addr: Ipv4Addr) -> anyhow::Result<()> {
-    let node: Node = serde_json::from_value(json!({
-        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, "weft.dev/sandbox": "true"}},
-    }))?;
-    api.create(&PostParams::default(), &node).await.with_context(|| format!("registering Node {name}"))?;
-    let status = json!({"status": {
-        "addresses": [{"type": "InternalIP", "address": addr.to_string()}, {"type": "Hostname", "address": name}],
-        "conditions": [{"type": "Ready", "status": "True", "reason": "SandboxNode", "message": "a weft sandbox node"}],
-    }});
-    api.patch_status(name, &PatchParams::default(), &Patch::Merge(&status)).await?;
-    Ok(())
-}
-
-async fn wait_ready(client: &kube::Client, nodes: &[NodeInfo]) -> anyhow::Result<()> {
+/// Waits until every node's Subnet is Ready with its peers programmed.
+pub async fn wait_ready(client: &kube::Client, nodes: &[NodeInfo]) -> anyhow::Result<()> {
     let subnets = Api::<Subnet>::all(client.clone());
     control_plane::wait_for(Duration::from_secs(180), "every node's Subnet Ready with peers programmed", || async {
         let list = subnets.list(&Default::default()).await?;
@@ -241,7 +205,7 @@ async fn wait_ready(client: &kube::Client, nodes: &[NodeInfo]) -> anyhow::Result
     .await
 }
 
-fn in_ns(netns: &str, program: &Path) -> Command {
+pub fn in_ns(netns: &str, program: &Path) -> Command {
     let mut c = Command::new("ip");
     c.args(["netns", "exec", netns]).arg(program);
     c

@@ -14,6 +14,7 @@
 
 pub mod cluster;
 pub mod forward;
+pub mod nodes;
 pub mod pods;
 pub mod probe;
 
@@ -74,6 +75,13 @@ impl State {
         let text = std::fs::read_to_string(&path)
             .with_context(|| format!("the sandbox is not up ({} missing): run `e2e/sandbox.sh up`", path.display()))?;
         serde_json::from_str(&text).with_context(|| format!("corrupt {}", path.display()))
+    }
+
+    /// Writes the state atomically.
+    pub fn save(&self) -> anyhow::Result<()> {
+        let tmp = Self::path().with_extension("tmp");
+        std::fs::write(&tmp, serde_json::to_vec_pretty(self)?)?;
+        std::fs::rename(&tmp, Self::path()).context("saving the sandbox state")
     }
 
     pub fn node(&self, name: &str) -> anyhow::Result<&NodeInfo> {

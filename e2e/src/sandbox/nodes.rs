@@ -1,0 +1,148 @@
+//! Sandbox nodes: a namespace on the underlay, a Node object, and a
+//! weft-agent that runs detached (its pid in the node's directory) so that it
+//! can be restarted, and nodes added or removed, while the sandbox runs.
+
+use std::net::Ipv4Addr;
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::Context;
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+
+use super::{CLUSTER_CIDR, NodeInfo, State, UNDERLAY_NS, UNDERLAY_PREFIX, ip, state_dir};
+use crate::bins;
+
+/// Creates `netns` (loopback up) with a veth to the underlay bridge carrying `addr`.
+pub fn attach_to_underlay(netns: &str, tag: &str, addr: Ipv4Addr) -> anyhow::Result<()> {
+    ip(&["netns", "add", netns])?;
+    ip(&["-n", netns, "link", "set", "lo", "up"])?;
+    let port = format!("ul-{tag}");
+    ip(&["-n", UNDERLAY_NS, "link", "add", &port, "type", "veth", "peer", "name", "eth0", "netns", netns])?;
+    ip(&["-n", UNDERLAY_NS, "link", "set", &port, "master", "br0", "up"])?;
+    ip(&["-n", netns, "addr", "add", &format!("{addr}/{UNDERLAY_PREFIX}"), "dev", "eth0"])?;
+    ip(&["-n", netns, "link", "set", "eth0", "up"])?;
+    Ok(())
+}
+
+/// Adds node `node-<index>`: namespace, Node object, agent.
+pub async fn add(client: &kube::Client, index: usize, kubeconfig: &Path) -> anyhow::Result<NodeInfo> {
+    let name = format!("node-{index}");
+    let netns = super::node_ns(&name);
+    let node_ip = super::node_ip(index);
+    attach_to_underlay(&netns, &format!("n{index}"), node_ip)?;
+    register(&Api::<Node>::all(client.clone()), &name, node_ip).await?;
+    let dir = state_dir().join(&name);
+    std::fs::create_dir_all(&dir)?;
+    let info = NodeInfo { name, netns, ip: node_ip, socket: dir.join("agent.sock") };
+    start_agent(&info, kubeconfig)?;
+    Ok(info)
+}
+
+async fn register(api: &Api<Node>, name: &str, addr: Ipv4Addr) -> anyhow::Result<()> {
+    let node: Node = serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, "weft.dev/sandbox": "true"}},
+    }))?;
+    api.create(&PostParams::default(), &node).await.with_context(|| format!("registering Node {name}"))?;
+    let status = json!({"status": {
+        "addresses": [{"type": "InternalIP", "address": addr.to_string()}, {"type": "Hostname", "address": name}],
+        "conditions": [{"type": "Ready", "status": "True", "reason": "SandboxNode", "message": "a weft sandbox node"}],
+    }});
+    api.patch_status(name, &PatchParams::default(), &Patch::Merge(&status)).await?;
+    Ok(())
+}
+
+/// Starts the node's agent detached, appending to its log.
+pub fn start_agent(node: &NodeInfo, kubeconfig: &Path) -> anyhow::Result<u32> {
+    let dir = state_dir().join(&node.name);
+    let log = std::fs::OpenOptions::new().create(true).append(true).open(dir.join("agent.log"))?;
+    let mut cmd = super::cluster::in_ns(&node.netns, &bins::weft("weft-agent"));
+    cmd.args(["--node-name", &node.name, "--node-ip", &node.ip.to_string(), "--cluster-cidr", CLUSTER_CIDR])
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .arg("--socket")
+        .arg(&node.socket)
+        .arg("--state-dir")
+        .arg(dir.join("state"))
+        .args(["--metrics-addr", "0.0.0.0:9646"])
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log);
+    // SAFETY: setsid is async-signal-safe; the agent outlives the command that starts it.
+    unsafe {
+        use std::os::unix::process::CommandExt;
+        cmd.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    let pid = cmd.spawn().context("cannot start weft-agent")?.id();
+    std::fs::write(dir.join("agent.pid"), pid.to_string())?;
+    Ok(pid)
+}
+
+/// Stops the node's agent (SIGTERM, then SIGKILL) if it runs.
+pub fn stop_agent(node: &str) {
+    let pidfile = state_dir().join(node).join("agent.pid");
+    let Some(pid) = std::fs::read_to_string(&pidfile).ok().and_then(|p| p.trim().parse::<i32>().ok()) else { return };
+    // SAFETY: plain kill(2) of the agent we started.
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    // SAFETY: signal 0 only checks for existence.
+    while unsafe { libc::kill(pid, 0) } == 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // SAFETY: as above.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    let _ = std::fs::remove_file(pidfile);
+}
+
+/// Restarts a node's agent (`kill9`: without letting it shut down cleanly).
+pub fn restart_agent(state: &State, node: &str, kill9: bool) -> anyhow::Result<u32> {
+    let info = state.node(node)?;
+    if kill9 {
+        let pidfile = state_dir().join(node).join("agent.pid");
+        if let Some(pid) = std::fs::read_to_string(&pidfile).ok().and_then(|p| p.trim().parse::<i32>().ok()) {
+            // SAFETY: plain kill(2) of the agent we started.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+    } else {
+        stop_agent(node);
+    }
+    start_agent(info, &state.in_cluster_kubeconfig)
+}
+
+/// Adds the next node to a running sandbox.
+pub async fn add_to_running() -> anyhow::Result<NodeInfo> {
+    let mut state = State::load()?;
+    let index = (1..).find(|i| !state.nodes.iter().any(|n| n.name == format!("node-{i}"))).unwrap_or(1);
+    let client = crate::control_plane::kube_util::client_from(&state.kubeconfig).await?;
+    let info = add(&client, index, &state.in_cluster_kubeconfig).await?;
+    state.nodes.push(info.clone());
+    state.save()?;
+    super::cluster::wait_ready(&client, &state.nodes).await?;
+    Ok(info)
+}
+
+/// Removes a node: its pods (drained first, through CNI DEL), its agent,
+/// its Node object (the operator then releases its Subnet) and its namespace.
+pub async fn remove(name: &str) -> anyhow::Result<()> {
+    let mut state = State::load()?;
+    let info = state.node(name)?.clone();
+    for pod in super::pods::PodRecord::all().into_iter().filter(|p| p.node == name) {
+        super::pods::delete(&pod.name, &pod.namespace).await?;
+    }
+    stop_agent(name);
+    let client = crate::control_plane::kube_util::client_from(&state.kubeconfig).await?;
+    let nodes = Api::<Node>::all(client);
+    match nodes.delete(name, &DeleteParams::default()).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 404 => {}
+        Err(e) => return Err(e).context("deleting the Node object"),
+    }
+    let _ = ip(&["netns", "del", &info.netns]);
+    state.nodes.retain(|n| n.name != name);
+    state.save()
+}
