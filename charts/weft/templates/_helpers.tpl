@@ -1,0 +1,55 @@
+{{/* Name of the release's objects: <release> unless it already contains "weft". */}}
+{{- define "weft.fullname" -}}
+{{- if contains "weft" .Release.Name -}}
+{{- .Release.Name | trunc 50 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-weft" .Release.Name | trunc 50 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "weft.operator.name" -}}{{ include "weft.fullname" . }}-operator{{- end -}}
+{{- define "weft.agent.name" -}}{{ include "weft.fullname" . }}-agent{{- end -}}
+
+{{- define "weft.labels" -}}
+app.kubernetes.io/name: weft
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{- define "weft.operator.selector" -}}
+app.kubernetes.io/name: weft
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end -}}
+
+{{- define "weft.agent.selector" -}}
+app.kubernetes.io/name: weft
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: agent
+{{- end -}}
+
+{{- define "weft.image" -}}
+{{- $img := index .root.Values.images .which -}}
+{{- printf "%s:%s" $img.repository (default .root.Chart.AppVersion $img.tag) -}}
+{{- end -}}
+
+{{/* Checks that the schema cannot express; fails the render with a clear message. */}}
+{{- define "weft.validate" -}}
+{{- $n := .Values.network -}}
+{{- $clusterPrefix := int (last (splitList "/" $n.clusterCIDR)) -}}
+{{- if le (int $n.nodePrefixLength) $clusterPrefix -}}
+{{- fail (printf "network.nodePrefixLength (%d) must be longer than the prefix of network.clusterCIDR (%s)" (int $n.nodePrefixLength) $n.clusterCIDR) -}}
+{{- end -}}
+{{- if gt (int $n.hostPortRange.min) (int $n.hostPortRange.max) -}}
+{{- fail (printf "network.hostPortRange.min (%d) must not exceed network.hostPortRange.max (%d)" (int $n.hostPortRange.min) (int $n.hostPortRange.max)) -}}
+{{- end -}}
+{{- $le := .Values.operator.leaderElection -}}
+{{- if and $le.enabled (ge (int $le.renewDeadlineSeconds) (int $le.leaseDurationSeconds)) -}}
+{{- fail (printf "operator.leaderElection.renewDeadlineSeconds (%d) must be below leaseDurationSeconds (%d)" (int $le.renewDeadlineSeconds) (int $le.leaseDurationSeconds)) -}}
+{{- end -}}
+{{- if and (gt (int .Values.operator.replicas) 1) (not $le.enabled) -}}
+{{- fail "operator.replicas > 1 needs operator.leaderElection.enabled: two operators without a leader would allocate concurrently" -}}
+{{- end -}}
+{{- end -}}
