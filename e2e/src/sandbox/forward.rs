@@ -14,11 +14,35 @@ use anyhow::Context;
 
 type Dial = (SocketAddr, mpsc::Sender<std::io::Result<TcpStream>>);
 
-/// Serves `listen` forever, forwarding each connection to `target` as seen
-/// from inside `netns`.
+/// Serves `listen` (in this namespace) forever, forwarding each connection
+/// to `target` as seen from inside `netns`.
 pub fn serve(listen: SocketAddr, netns: &str, target: SocketAddr) -> anyhow::Result<()> {
-    let listener = TcpListener::bind(listen).with_context(|| format!("cannot listen on {listen}"))?;
-    let dialer = spawn_dialer(netns)?;
+    serve_between(None, listen, Some(netns), target)
+}
+
+/// Like [`serve`], with the listening socket inside `listen_ns` and the
+/// outgoing connections made from `dial_ns` (`None`: this namespace).
+pub fn serve_between(
+    listen_ns: Option<&str>,
+    listen: SocketAddr,
+    dial_ns: Option<&str>,
+    target: SocketAddr,
+) -> anyhow::Result<()> {
+    let listener = match listen_ns {
+        None => TcpListener::bind(listen).with_context(|| format!("cannot listen on {listen}"))?,
+        Some(ns) => {
+            let file = File::open(format!("/run/netns/{ns}")).with_context(|| format!("no network namespace {ns}"))?;
+            // A socket stays in the namespace it was created in; the thread that
+            // created it ends right after.
+            std::thread::spawn(move || -> anyhow::Result<TcpListener> {
+                nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET).context("setns")?;
+                TcpListener::bind(listen).with_context(|| format!("cannot listen on {listen}"))
+            })
+            .join()
+            .map_err(|_| anyhow::anyhow!("listener thread panicked"))??
+        }
+    };
+    let dialer = spawn_dialer(dial_ns)?;
     std::thread::Builder::new().name("forward-accept".into()).spawn(move || {
         for client in listener.incoming().flatten() {
             let (tx, rx) = mpsc::channel();
@@ -34,19 +58,25 @@ pub fn serve(listen: SocketAddr, netns: &str, target: SocketAddr) -> anyhow::Res
     Ok(())
 }
 
-fn spawn_dialer(netns: &str) -> anyhow::Result<mpsc::Sender<Dial>> {
-    let file = File::open(format!("/run/netns/{netns}")).with_context(|| format!("no network namespace {netns}"))?;
+fn spawn_dialer(netns: Option<&str>) -> anyhow::Result<mpsc::Sender<Dial>> {
+    let file = match netns {
+        Some(ns) => Some(File::open(format!("/run/netns/{ns}")).with_context(|| format!("no network namespace {ns}"))?),
+        None => None,
+    };
     let (tx, rx) = mpsc::channel::<Dial>();
     let (ready_tx, ready_rx) = mpsc::channel();
     std::thread::Builder::new().name("forward-dial".into()).spawn(move || {
         // This thread stays in the target namespace for its whole life.
-        let entered = nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET);
+        let entered = match &file {
+            Some(f) => nix::sched::setns(f, nix::sched::CloneFlags::CLONE_NEWNET),
+            None => Ok(()),
+        };
         let _ = ready_tx.send(entered.map_err(|e| e.to_string()));
         for (addr, reply) in rx {
             let _ = reply.send(TcpStream::connect_timeout(&addr, Duration::from_secs(5)));
         }
     })?;
-    ready_rx.recv().context("dialer thread died")?.map_err(|e| anyhow::anyhow!("cannot enter {netns}: {e}"))?;
+    ready_rx.recv().context("dialer thread died")?.map_err(|e| anyhow::anyhow!("cannot enter {netns:?}: {e}"))?;
     Ok(tx)
 }
 
