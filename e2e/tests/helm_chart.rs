@@ -1,0 +1,528 @@
+//! The Helm chart (`charts/weft`): lint, render, schema validation, and a real
+//! install / upgrade / uninstall against the shared test control plane.
+//!
+//! The control plane has no scheduler, kubelet or controller-manager: pods
+//! never run, so these tests assert that every object is accepted by the
+//! apiserver and changes as the values do, not that Weft starts.
+//!
+//! CRD policy: the chart ships the CRDs in `charts/weft/crds/` (byte-identical
+//! copies of `crds/`, see [`chart_crds_are_the_generated_crds`]). Helm 3
+//! installs them on the first `helm install`, never upgrades them and never
+//! deletes them on `helm uninstall`; removing them is an explicit
+//! `kubectl delete crd ...` because it deletes every Subnet with them.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde_yaml::Value;
+use weft_e2e::control_plane::{self, ControlPlane};
+use weft_e2e::{prereq, wait};
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn chart_dir() -> PathBuf {
+    repo_root().join("charts/weft")
+}
+
+/// The helm binary from e2e/scripts/build-tools.sh, or `None` (after a notice;
+/// a failure under CI=true) when it is missing.
+fn helm_bin() -> Option<PathBuf> {
+    let helm = control_plane::tools_dir().join("helm");
+    let what = format!("helm in {} (build it with e2e/scripts/build-tools.sh)", control_plane::tools_dir().display());
+    prereq::require(&what, helm.is_file()).then_some(helm)
+}
+
+/// Runs helm with its caches and config in a private temp dir.
+struct Helm {
+    bin: PathBuf,
+    home: tempfile::TempDir,
+    kubeconfig: Option<PathBuf>,
+}
+
+impl Helm {
+    fn new() -> Option<Helm> {
+        let bin = helm_bin()?;
+        Some(Helm { bin, home: tempfile::tempdir().expect("helm home"), kubeconfig: None })
+    }
+
+    fn with_cluster(cp: &ControlPlane) -> Option<Helm> {
+        let mut h = Helm::new()?;
+        h.kubeconfig = Some(cp.kubeconfig.clone());
+        Some(h)
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        let mut cmd = Command::new(&self.bin);
+        cmd.args(args)
+            .env("HELM_CACHE_HOME", self.home.path().join("cache"))
+            .env("HELM_CONFIG_HOME", self.home.path().join("config"))
+            .env("HELM_DATA_HOME", self.home.path().join("data"));
+        if let Some(kc) = &self.kubeconfig {
+            cmd.arg("--kubeconfig").arg(kc);
+        }
+        cmd.output().unwrap_or_else(|e| panic!("cannot run {}: {e}", self.bin.display()))
+    }
+
+    #[track_caller]
+    fn ok(&self, args: &[&str]) -> String {
+        let out = self.run(args);
+        assert!(
+            out.status.success(),
+            "helm {args:?} failed:\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Runs a command that must fail; returns its stderr.
+    #[track_caller]
+    fn fails(&self, args: &[&str]) -> String {
+        let out = self.run(args);
+        assert!(!out.status.success(), "helm {args:?} succeeded but should have failed");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    }
+}
+
+fn kubectl(cp: &ControlPlane, args: &[&str], stdin: Option<&str>) -> Output {
+    use std::io::Write;
+    let mut child = Command::new(control_plane::tools_dir().join("kubectl"))
+        .arg("--kubeconfig")
+        .arg(&cp.kubeconfig)
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("kubectl (build it with e2e/scripts/build-tools.sh)");
+    let mut pipe = child.stdin.take().expect("stdin");
+    if let Some(text) = stdin {
+        pipe.write_all(text.as_bytes()).expect("writing kubectl stdin");
+    }
+    drop(pipe);
+    child.wait_with_output().expect("kubectl output")
+}
+
+#[track_caller]
+fn kubectl_ok(cp: &ControlPlane, args: &[&str]) -> String {
+    let out = kubectl(cp, args, None);
+    assert!(out.status.success(), "kubectl {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Every document of a rendered manifest.
+fn documents(yaml: &str) -> Vec<Value> {
+    serde_yaml::Deserializer::from_str(yaml)
+        .map(|d| Value::deserialize(d).expect("rendered YAML parses"))
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+fn find<'a>(docs: &'a [Value], kind: &str, name_suffix: &str) -> &'a Value {
+    docs.iter()
+        .find(|d| d["kind"] == kind && d["metadata"]["name"].as_str().is_some_and(|n| n.ends_with(name_suffix)))
+        .unwrap_or_else(|| panic!("no {kind} named *{name_suffix} in the rendered chart"))
+}
+
+fn env<'a>(container: &'a Value, name: &str) -> &'a Value {
+    container["env"]
+        .as_sequence()
+        .and_then(|e| e.iter().find(|v| v["name"] == name))
+        .unwrap_or_else(|| panic!("no env {name} in container {}", container["name"].as_str().unwrap_or("?")))
+}
+
+fn kinds(docs: &[Value]) -> Vec<String> {
+    let mut k: Vec<String> = docs.iter().map(|d| d["kind"].as_str().unwrap_or("?").to_owned()).collect();
+    k.sort();
+    k
+}
+
+/// Non-default values that touch every template branch.
+const CUSTOM_VALUES: &str = r#"
+network:
+  clusterCIDR: 10.100.0.0/14
+  nodePrefixLength: 26
+  backend: host-gw
+  vni: 42
+  mtu: 1400
+  directRouting: true
+  hostPortRange: {min: 20000, max: 20999}
+images:
+  pullPolicy: Always
+  pullSecrets: [{name: regcred}]
+  operator: {repository: registry.example.com/weft/operator, tag: "1.2.3"}
+  agent: {repository: registry.example.com/weft/agent, tag: "1.2.3"}
+logLevel: debug
+operator:
+  replicas: 3
+  leaderElection: {enabled: true, leaseDurationSeconds: 20, renewDeadlineSeconds: 15, retryPeriodSeconds: 3}
+  nodeSelectorLabels: "weft.dev/managed=true"
+  metricsPort: 19090
+agent:
+  metricsPort: 19646
+  runDir: /run/weft-alt
+  stateDir: /var/lib/weft-alt
+cni:
+  binDir: /usr/libexec/cni
+  confDir: /etc/cni/alt.d
+  confFileName: 05-weft.conflist
+metrics:
+  serviceMonitor: {enabled: true, interval: 15s, labels: {release: prom}}
+  dashboard: {enabled: false}
+"#;
+
+fn custom_values_file() -> tempfile::NamedTempFile {
+    let mut f = tempfile::Builder::new().suffix(".yaml").tempfile().expect("values file");
+    std::io::Write::write_all(&mut f, CUSTOM_VALUES.as_bytes()).expect("writing values");
+    f
+}
+
+#[test]
+fn chart_crds_are_the_generated_crds() {
+    // The chart carries copies of the generated CRDs (Helm packages a chart
+    // directory on its own, so symlinks out of it would break `helm package`).
+    // Regenerate both with:
+    //   cargo run -p weft-api --bin crdgen -- crds/ && cp crds/*.yaml charts/weft/crds/
+    let list = |dir: PathBuf| {
+        let mut names: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+            .map(|e| e.expect("dir entry").file_name().to_string_lossy().into_owned())
+            .filter(|n| n.ends_with(".yaml"))
+            .collect();
+        names.sort();
+        names
+    };
+    let generated = list(repo_root().join("crds"));
+    assert!(!generated.is_empty());
+    assert_eq!(generated, list(chart_dir().join("crds")), "charts/weft/crds/ must hold exactly the files of crds/");
+    for name in &generated {
+        let a = std::fs::read(repo_root().join("crds").join(name)).expect("crd");
+        let b = std::fs::read(chart_dir().join("crds").join(name)).expect("chart crd");
+        assert!(a == b, "charts/weft/crds/{name} differs from crds/{name}: run `cp crds/*.yaml charts/weft/crds/`");
+    }
+}
+
+#[test]
+fn lint_passes_with_default_and_custom_values() {
+    let Some(helm) = Helm::new() else { return };
+    let chart = chart_dir();
+    let chart = chart.to_str().expect("utf-8 path");
+    helm.ok(&["lint", "--strict", chart]);
+    let values = custom_values_file();
+    helm.ok(&["lint", "--strict", chart, "-f", values.path().to_str().expect("path")]);
+    // The whole default set, disabled extras included.
+    helm.ok(&["lint", "--strict", chart, "--set", "metrics.service.enabled=false,metrics.dashboard.enabled=false"]);
+}
+
+#[test]
+fn template_renders_defaults() {
+    let Some(helm) = Helm::new() else { return };
+    let out = helm.ok(&["template", "rel", chart_dir().to_str().expect("path"), "-n", "weft-system"]);
+    let docs = documents(&out);
+    assert_eq!(
+        kinds(&docs),
+        [
+            "ClusterRole",
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "ClusterRoleBinding",
+            "ConfigMap",
+            "ConfigMap",
+            "DaemonSet",
+            "Deployment",
+            "Role",
+            "RoleBinding",
+            "Service",
+            "Service",
+            "ServiceAccount",
+            "ServiceAccount"
+        ],
+        "rendered: {out}"
+    );
+
+    let op = find(&docs, "Deployment", "-operator");
+    assert_eq!(op["spec"]["replicas"], 2);
+    let c = &op["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(env(c, "POD_NAME")["valueFrom"]["fieldRef"]["fieldPath"], "metadata.name");
+    assert_eq!(env(c, "WEFT_LEADER_ELECT")["value"], "true");
+    assert_eq!(env(c, "WEFT_LEADER_ELECTION_NAMESPACE")["value"], "weft-system");
+    assert_eq!(env(c, "WEFT_CLUSTER_CIDR")["value"], "10.244.0.0/16");
+    assert_eq!(env(c, "WEFT_BACKEND")["value"], "vxlan");
+    assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/healthz");
+    assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz");
+    assert_eq!(c["securityContext"]["readOnlyRootFilesystem"], true);
+    assert_eq!(op["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"], true);
+    assert!(c["resources"]["requests"]["memory"].is_string());
+
+    let ds = find(&docs, "DaemonSet", "-agent");
+    let pod = &ds["spec"]["template"]["spec"];
+    assert_eq!(pod["hostNetwork"], true);
+    assert_eq!(pod["tolerations"][0]["operator"], "Exists", "the agent tolerates every taint");
+    let a = &pod["containers"][0];
+    assert_eq!(env(a, "WEFT_NODE_NAME")["valueFrom"]["fieldRef"]["fieldPath"], "spec.nodeName");
+    assert_eq!(env(a, "WEFT_NODE_IP")["valueFrom"]["fieldRef"]["fieldPath"], "status.hostIP");
+    assert_eq!(env(a, "WEFT_CLUSTER_CIDR")["value"], "10.244.0.0/16");
+    let mounts: Vec<&str> =
+        pod["volumes"].as_sequence().expect("volumes").iter().filter_map(|v| v["hostPath"]["path"].as_str()).collect();
+    for dir in ["/run/weft", "/var/lib/weft", "/opt/cni/bin", "/etc/cni/net.d"] {
+        assert!(mounts.contains(&dir), "no hostPath {dir}: {mounts:?}");
+    }
+    let init = &pod["initContainers"][0];
+    let script = init["command"][2].as_str().expect("install script");
+    assert!(script.contains("mv -f /host/cni-conf/.00-weft.conflist.tmp /host/cni-conf/00-weft.conflist"), "{script}");
+    assert!(script.contains("mv -f /host/cni-bin/.weft-cni.tmp /host/cni-bin/weft-cni"), "{script}");
+
+    // The conflist is the one README.md documents.
+    let cm = find(&docs, "ConfigMap", "-cni-config");
+    let conf: serde_json::Value =
+        serde_json::from_str(cm["data"]["00-weft.conflist"].as_str().expect("conflist")).expect("conflist is JSON");
+    assert_eq!(conf["cniVersion"], "1.1.0");
+    assert_eq!(conf["name"], "weft");
+    assert_eq!(conf["plugins"][0]["type"], "weft-cni");
+    assert_eq!(conf["plugins"][0]["agentSocket"], "/run/weft/agent.sock");
+    assert!(conf["plugins"][0].get("mtu").is_none(), "no MTU by default: the agent derives it");
+
+    // Least privilege: the agent may only patch Subnet status, never Subnets.
+    let agent_role = find(&docs, "ClusterRole", "-agent");
+    let rules = serde_yaml::to_string(&agent_role["rules"]).expect("rules");
+    assert!(!rules.contains("create") && !rules.contains("delete"), "agent rules too broad: {rules}");
+    let lease_role = find(&docs, "Role", "-operator-leader-election");
+    assert_eq!(lease_role["metadata"]["namespace"], "weft-system");
+
+    // The dashboard is valid JSON and shipped.
+    let dash = find(&docs, "ConfigMap", "-dashboard");
+    let dash: serde_json::Value =
+        serde_json::from_str(dash["data"]["weft.json"].as_str().expect("dashboard")).expect("dashboard JSON");
+    assert!(dash["panels"].as_array().is_some_and(|p| p.len() >= 8));
+}
+
+#[test]
+fn template_renders_custom_values() {
+    let Some(helm) = Helm::new() else { return };
+    let values = custom_values_file();
+    let out = helm.ok(&[
+        "template",
+        "weft",
+        chart_dir().to_str().expect("path"),
+        "-n",
+        "net",
+        "-f",
+        values.path().to_str().expect("path"),
+    ]);
+    let docs = documents(&out);
+    let k = kinds(&docs);
+    assert_eq!(k.iter().filter(|k| *k == "ServiceMonitor").count(), 2, "{k:?}");
+    assert_eq!(k.iter().filter(|k| *k == "ConfigMap").count(), 1, "dashboard disabled: {k:?}");
+
+    let op = find(&docs, "Deployment", "-operator");
+    assert_eq!(op["spec"]["replicas"], 3);
+    let c = &op["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(c["image"], "registry.example.com/weft/operator:1.2.3");
+    assert_eq!(c["imagePullPolicy"], "Always");
+    assert_eq!(env(c, "WEFT_BACKEND")["value"], "host-gw");
+    assert_eq!(env(c, "WEFT_NODE_PREFIX_LENGTH")["value"], "26");
+    assert_eq!(env(c, "WEFT_VNI")["value"], "42");
+    assert_eq!(env(c, "WEFT_MTU")["value"], "1400");
+    assert_eq!(env(c, "WEFT_NODE_SELECTOR")["value"], "weft.dev/managed=true");
+    assert_eq!(env(c, "WEFT_METRICS_ADDR")["value"], "0.0.0.0:19090");
+    assert_eq!(env(c, "WEFT_LEASE_DURATION_SECONDS")["value"], "20");
+    assert_eq!(env(c, "RUST_LOG")["value"], "debug");
+
+    let ds = find(&docs, "DaemonSet", "-agent");
+    let pod = &ds["spec"]["template"]["spec"];
+    let a = &pod["containers"][0];
+    assert_eq!(a["image"], "registry.example.com/weft/agent:1.2.3");
+    assert_eq!(env(a, "WEFT_DIRECT_ROUTING")["value"], "true");
+    assert_eq!(env(a, "WEFT_AGENT_SOCKET")["value"], "/run/weft-alt/agent.sock");
+    assert_eq!(env(a, "WEFT_METRICS_ADDR")["value"], "0.0.0.0:19646");
+    assert_eq!(env(a, "WEFT_LOG")["value"], "debug");
+    assert_eq!(pod["imagePullSecrets"][0]["name"], "regcred");
+    let script = pod["initContainers"][0]["command"][2].as_str().expect("script");
+    assert!(script.contains("/host/cni-conf/05-weft.conflist"), "{script}");
+    let mounts = serde_yaml::to_string(&pod["volumes"]).expect("volumes");
+    assert!(mounts.contains("/usr/libexec/cni") && mounts.contains("/etc/cni/alt.d"), "{mounts}");
+
+    let cm = find(&docs, "ConfigMap", "-cni-config");
+    let conf: serde_json::Value =
+        serde_json::from_str(cm["data"]["05-weft.conflist"].as_str().expect("conflist")).expect("conflist JSON");
+    assert_eq!(conf["plugins"][0]["mtu"], 1400);
+    assert_eq!(conf["plugins"][0]["agentSocket"], "/run/weft-alt/agent.sock");
+
+    let sm = find(&docs, "ServiceMonitor", "-agent");
+    assert_eq!(sm["metadata"]["labels"]["release"], "prom");
+    assert_eq!(sm["spec"]["endpoints"][0]["interval"], "15s");
+}
+
+#[test]
+fn schema_and_checks_reject_bad_values_with_clear_messages() {
+    let Some(helm) = Helm::new() else { return };
+    let chart = chart_dir();
+    let chart = chart.to_str().expect("path");
+    for (set, expected) in [
+        ("network.backend=gre", "at '/network/backend': value must be one of 'vxlan', 'host-gw'"),
+        ("network.nodePrefixLength=40", "at '/network/nodePrefixLength': maximum: got 40, want 30"),
+        ("network.clusterCIDR=10.0.0.0/33", "at '/network/clusterCIDR'"),
+        ("network.clusterCIDR=fd00::/48", "at '/network/clusterCIDR'"),
+        ("network.vni=0", "at '/network/vni'"),
+        ("network.mtu=100", "at '/network/mtu'"),
+        ("logLevel=loud", "at '/logLevel'"),
+        ("network.typo=1", "additional properties 'typo' not allowed"),
+        ("cni.confFileName=weft.conf", "at '/cni/confFileName'"),
+        (
+            "network.clusterCIDR=10.0.0.0/24",
+            "network.nodePrefixLength (24) must be longer than the prefix of network.clusterCIDR (10.0.0.0/24)",
+        ),
+        (
+            "operator.leaderElection.renewDeadlineSeconds=15",
+            "operator.leaderElection.renewDeadlineSeconds (15) must be below leaseDurationSeconds (15)",
+        ),
+        ("operator.leaderElection.enabled=false", "operator.replicas > 1 needs operator.leaderElection.enabled"),
+        ("network.hostPortRange.min=40000", "network.hostPortRange.min (40000) must not exceed"),
+    ] {
+        let err = helm.fails(&["template", "rel", chart, "--set", set]);
+        assert!(err.contains(expected), "--set {set}: expected {expected:?} in:\n{err}");
+        // `helm lint` reports schema violations but (by design) not `fail` calls.
+        if expected.starts_with("at '/") || expected.starts_with("additional properties") {
+            let out = helm.run(&["lint", chart, "--set", set]);
+            let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+            assert!(!out.status.success() && text.contains(expected), "lint --set {set}:\n{text}");
+        }
+    }
+}
+
+/// A release in its own namespace; uninstalled and the namespace deleted on drop.
+struct Release<'a> {
+    helm: &'a Helm,
+    cp: &'a ControlPlane,
+    name: String,
+    ns: String,
+}
+
+impl Drop for Release<'_> {
+    fn drop(&mut self) {
+        let _ = self.helm.run(&["uninstall", &self.name, "-n", &self.ns, "--ignore-not-found"]);
+        let _ = kubectl(self.cp, &["delete", "namespace", &self.ns, "--wait=false", "--ignore-not-found"], None);
+    }
+}
+
+impl Release<'_> {
+    fn manifest(&self) -> String {
+        self.helm.ok(&["get", "manifest", &self.name, "-n", &self.ns])
+    }
+
+    /// Asserts that every object of the release's manifest exists in the apiserver.
+    #[track_caller]
+    fn assert_all_objects_exist(&self) -> Vec<String> {
+        let manifest = self.manifest();
+        let want = documents(&manifest).len();
+        let out = kubectl(self.cp, &["get", "-f", "-", "-o", "name"], Some(&manifest));
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(out.status.success(), "objects missing: {}\n{stdout}", String::from_utf8_lossy(&out.stderr));
+        let names: Vec<String> = stdout.lines().map(str::to_owned).collect();
+        assert_eq!(names.len(), want, "{names:?}");
+        names
+    }
+
+    /// Objects carrying this release's instance label, cluster-wide.
+    fn labelled_objects(&self) -> Vec<String> {
+        let selector = format!("app.kubernetes.io/instance={}", self.name);
+        let mut found = Vec::new();
+        for kinds in [
+            "deployments,daemonsets,services,serviceaccounts,configmaps,roles,rolebindings",
+            "clusterroles,clusterrolebindings",
+        ] {
+            let out = kubectl_ok(self.cp, &["get", kinds, "-A", "-l", &selector, "-o", "name"]);
+            found.extend(out.lines().map(str::to_owned));
+        }
+        found
+    }
+}
+
+#[test]
+fn install_upgrade_uninstall_on_a_real_apiserver() {
+    let Some(cp) = ControlPlane::shared() else { return };
+    let Some(helm) = Helm::with_cluster(cp) else { return };
+    let chart = chart_dir();
+    let chart = chart.to_str().expect("path");
+    let name = control_plane::unique_name("weft");
+    let release = Release { helm: &helm, cp, name: name.clone(), ns: control_plane::unique_name("weft-helm") };
+    let ns = release.ns.as_str();
+
+    helm.ok(&["install", &name, chart, "-n", ns, "--create-namespace", "--timeout", "2m"]);
+    let objects = release.assert_all_objects_exist();
+    assert_eq!(objects.len(), 14, "{objects:?}");
+    // The CRDs came from the chart's crds/ directory and are served.
+    for crd in ["subnets.weft.dev", "hostportallocations.weft.dev", "networkpolicies.weft.dev"] {
+        kubectl_ok(cp, &["get", "crd", crd]);
+    }
+    wait::until("the Subnet CRD to be served", Duration::from_secs(30), || {
+        kubectl(cp, &["get", "subnets"], None).status.success().then_some(())
+    });
+    let deploy = format!("{name}-operator");
+    let jsonpath = |kind: &str, obj: &str, path: &str| {
+        kubectl_ok(cp, &["get", kind, obj, "-n", ns, "-o", &format!("jsonpath={path}")])
+    };
+    assert_eq!(jsonpath("deployment", &deploy, "{.spec.replicas}"), "2");
+    let backend = r#"{.spec.template.spec.containers[0].env[?(@.name=="WEFT_BACKEND")].value}"#;
+    assert_eq!(jsonpath("deployment", &deploy, backend), "vxlan");
+
+    // The operator's service account may do its job and no more.
+    let can = |sa: &str, verb: &str, what: &str, extra: &[&str]| {
+        let user = format!("system:serviceaccount:{ns}:{sa}");
+        let mut args = vec!["auth", "can-i", verb, what, "--as", &user, "-n", ns];
+        args.extend_from_slice(extra);
+        kubectl(cp, &args, None).stdout.starts_with(b"yes")
+    };
+    let op_sa = format!("{name}-operator");
+    let agent_sa = format!("{name}-agent");
+    assert!(can(&op_sa, "create", "subnets.weft.dev", &[]));
+    assert!(can(&op_sa, "patch", "subnets.weft.dev", &["--subresource=status"]));
+    assert!(can(&op_sa, "watch", "nodes", &[]));
+    assert!(can(&op_sa, "update", &format!("leases.coordination.k8s.io/{op_sa}"), &[]));
+    assert!(!can(&op_sa, "update", "leases.coordination.k8s.io/other", &[]));
+    assert!(!can(&op_sa, "delete", "nodes", &[]));
+    assert!(!can(&op_sa, "get", "secrets", &[]));
+    assert!(can(&agent_sa, "watch", "subnets.weft.dev", &[]));
+    assert!(can(&agent_sa, "patch", "subnets.weft.dev", &["--subresource=status"]));
+    assert!(!can(&agent_sa, "patch", "subnets.weft.dev", &[]));
+    assert!(!can(&agent_sa, "create", "subnets.weft.dev", &[]));
+    assert!(can(&agent_sa, "get", "nodes", &[]));
+    assert!(!can(&agent_sa, "list", "secrets", &[]));
+
+    // Upgrade with changed values changes the objects, and removes disabled ones.
+    helm.ok(&[
+        "upgrade",
+        &name,
+        chart,
+        "-n",
+        ns,
+        "--set",
+        "network.backend=host-gw,operator.replicas=3,network.mtu=1400,metrics.service.enabled=false",
+    ]);
+    assert_eq!(jsonpath("deployment", &deploy, "{.spec.replicas}"), "3");
+    assert_eq!(jsonpath("deployment", &deploy, backend), "host-gw");
+    let conf = jsonpath("configmap", &format!("{name}-cni-config"), r"{.data.00-weft\.conflist}");
+    let conf: serde_json::Value = serde_json::from_str(&conf).expect("conflist JSON");
+    assert_eq!(conf["plugins"][0]["mtu"], 1400);
+    let objects = release.assert_all_objects_exist();
+    assert_eq!(objects.len(), 12, "the metrics Services are gone: {objects:?}");
+    let services = kubectl_ok(cp, &["get", "services", "-n", ns, "-o", "name"]);
+    assert!(services.trim().is_empty(), "stray services after upgrade: {services}");
+
+    // Uninstall leaves nothing of the release; the CRDs stay (Helm's policy).
+    helm.ok(&["uninstall", &name, "-n", ns, "--wait", "--timeout", "1m"]);
+    let left = wait::until("the release's objects to disappear", Duration::from_secs(30), || {
+        let left = release.labelled_objects();
+        left.is_empty().then_some(left)
+    });
+    assert!(left.is_empty());
+    let in_ns = kubectl_ok(cp, &["get", "all,configmaps,serviceaccounts,roles,rolebindings", "-n", ns, "-o", "name"]);
+    let stray: Vec<&str> =
+        in_ns.lines().filter(|l| !l.ends_with("/kube-root-ca.crt") && !l.ends_with("/default")).collect();
+    assert!(stray.is_empty(), "stray objects after uninstall: {stray:?}");
+    kubectl_ok(cp, &["get", "crd", "subnets.weft.dev"]);
+}
