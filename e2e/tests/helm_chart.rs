@@ -526,3 +526,30 @@ fn install_upgrade_uninstall_on_a_real_apiserver() {
     assert!(stray.is_empty(), "stray objects after uninstall: {stray:?}");
     kubectl_ok(cp, &["get", "crd", "subnets.weft.dev"]);
 }
+
+#[test]
+fn dockerfile_builds_what_the_chart_runs() {
+    // No Docker daemon here: the images cannot be built in tests, so check
+    // that the Dockerfile's stages and binaries match the chart and workspace.
+    let dockerfile = std::fs::read_to_string(repo_root().join("Dockerfile")).expect("Dockerfile at the repo root");
+    for stage in ["AS builder", "AS agent", "AS operator"] {
+        assert!(dockerfile.contains(stage), "Dockerfile has no stage `{stage}`");
+    }
+    for bin in ["weft-agent", "weft-operator", "weft-cni"] {
+        assert!(dockerfile.contains(&format!("target/release/{bin}")), "Dockerfile does not build {bin}");
+    }
+    let stage = |name: &str| {
+        let start = dockerfile.find(&format!("AS {name}")).expect("stage");
+        let rest = &dockerfile[start..];
+        rest[..rest[1..].find("\nFROM ").map_or(rest.len(), |i| i + 1)].to_owned()
+    };
+    let agent = stage("agent");
+    assert!(agent.contains("/usr/local/bin/") && agent.contains("weft-cni"), "the init container copies weft-cni");
+    assert!(agent.contains("iptables"));
+    assert!(stage("operator").contains("USER 65532"), "the operator image runs as non-root");
+    // The chart's init container copies the binary from where the image puts it.
+    let ds = std::fs::read_to_string(chart_dir().join("templates/agent-daemonset.yaml")).expect("daemonset");
+    assert!(ds.contains("cp /usr/local/bin/weft-cni "));
+    let op = std::fs::read_to_string(chart_dir().join("templates/operator-deployment.yaml")).expect("deployment");
+    assert!(op.contains("runAsUser: 65532"), "the chart runs the operator as the image's user");
+}

@@ -1,0 +1,44 @@
+# syntax=docker/dockerfile:1
+# Weft images, built from the workspace root:
+#   docker build --target agent    -t ghcr.io/weft/weft-agent:0.1.0 .
+#   docker build --target operator -t ghcr.io/weft/weft-operator:0.1.0 .
+# The chart (charts/weft) uses these two images; the agent image also carries
+# weft-cni, which the DaemonSet's init container copies to the host.
+
+ARG RUST_VERSION=1.89
+ARG DEBIAN_RELEASE=bookworm
+
+# ---- builder: one release build of the three binaries ------------------------
+FROM rust:${RUST_VERSION}-${DEBIAN_RELEASE} AS builder
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends protobuf-compiler \
+ && rm -rf /var/lib/apt/lists/*
+WORKDIR /src
+COPY . .
+RUN --mount=type=cache,target=/usr/local/cargo/registry \
+    --mount=type=cache,target=/src/target,id=weft-target \
+    cargo build --release --locked -p weft-agent -p weft-operator -p weft-cni \
+ && mkdir -p /out \
+ && cp target/release/weft-agent target/release/weft-operator target/release/weft-cni /out/
+
+# ---- agent: root, host network, programs links, routes and iptables ----------
+FROM debian:${DEBIAN_RELEASE}-slim AS agent
+# iptables: masquerading (iptables-save/-restore). iproute2 is not needed: the
+# agent speaks netlink itself. ca-certificates: TLS to the apiserver.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends iptables ca-certificates \
+ && rm -rf /var/lib/apt/lists/*
+COPY --from=builder /out/weft-agent /out/weft-cni /usr/local/bin/
+# Runs as root: it owns /run/weft, /var/lib/weft and the host's CNI directories
+# and needs CAP_NET_ADMIN/CAP_SYS_ADMIN (see charts/weft/templates/agent-daemonset.yaml).
+USER 0:0
+ENTRYPOINT ["/usr/local/bin/weft-agent"]
+
+# ---- operator: an API client only, so unprivileged ---------------------------
+FROM debian:${DEBIAN_RELEASE}-slim AS operator
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends ca-certificates \
+ && rm -rf /var/lib/apt/lists/*
+COPY --from=builder /out/weft-operator /usr/local/bin/
+USER 65532:65532
+ENTRYPOINT ["/usr/local/bin/weft-operator"]
