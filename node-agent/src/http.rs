@@ -5,7 +5,7 @@ use std::sync::{Arc, OnceLock};
 
 use axum::Router;
 use axum::extract::State;
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
 
@@ -32,21 +32,18 @@ pub async fn serve(
     Ok(())
 }
 
-async fn metrics(State(slot): State<AgentSlot>) -> impl IntoResponse {
+async fn metrics(State(slot): State<AgentSlot>, headers: HeaderMap) -> impl IntoResponse {
+    let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
     let Some(agent) = slot.get() else {
-        return (
-            StatusCode::OK,
-            [(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
-            "# EOF\n".to_owned(),
-        );
+        let (content_type, body) = crate::metrics::negotiate(accept, "# EOF\n".to_owned());
+        return (StatusCode::OK, [(header::CONTENT_TYPE, content_type)], body);
     };
     agent.metrics.set_ipam_usage(agent.ipam.usage());
     match agent.metrics.encode() {
-        Ok(body) => (
-            StatusCode::OK,
-            [(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
-            body,
-        ),
+        Ok(body) => {
+            let (content_type, body) = crate::metrics::negotiate(accept, body);
+            (StatusCode::OK, [(header::CONTENT_TYPE, content_type)], body)
+        }
         Err(_) => {
             (StatusCode::INTERNAL_SERVER_ERROR, [(header::CONTENT_TYPE, "text/plain")], "encoding failed".to_owned())
         }
