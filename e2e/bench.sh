@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs Weft's benchmarks (as root) against their peers in the same run and
-# prints tables. Usage: e2e/bench.sh [cni|all]
+# prints tables. Usage: e2e/bench.sh [cni|overlay|all]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 e2e/scripts/setup-machine.sh
@@ -8,6 +8,7 @@ cargo build --release --workspace --bins
 export WEFT_BIN_DIR="$PWD/target/release"
 case "${1:-all}" in
   cni) cargo bench -p weft-e2e --bench cni_add_del ;;
-  all) cargo bench -p weft-e2e ;;
-  *) echo "usage: e2e/bench.sh [cni|all]" >&2; exit 2 ;;
+  overlay) cargo build --workspace --bins && e2e/bench/overlay.sh ;;
+  all) cargo bench -p weft-e2e && cargo build --workspace --bins && e2e/bench/overlay.sh ;;
+  *) echo "usage: e2e/bench.sh [cni|overlay|all]" >&2; exit 2 ;;
 esac

@@ -42,6 +42,25 @@ pub struct VxlanSpec {
     pub mac: [u8; 6],
     /// The VTEP address (pod CIDR network address /32).
     pub address: Ipv4Net,
+    /// Turn tx checksum offload off (see [`disable_tx_checksum`]); only
+    /// kernels with the bug need it, and it costs most of the throughput.
+    pub tx_checksum_workaround: bool,
+}
+
+/// Whether this kernel needs the tx checksum workaround: the bug that made
+/// SNATed VXLAN traffic carry bad checksums was fixed in Linux 5.7
+/// ("netfilter: nat: never update the UDP checksum when it's 0").
+pub fn kernel_needs_tx_checksum_workaround() -> bool {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease").map(|r| release_before_5_7(&r)).unwrap_or(true)
+}
+
+/// `release` is a kernel release string such as `6.18.44-fc-v782`.
+pub fn release_before_5_7(release: &str) -> bool {
+    let mut parts = release.trim().split(|c: char| !c.is_ascii_digit()).filter_map(|p| p.parse::<u32>().ok());
+    match (parts.next(), parts.next()) {
+        (Some(major), Some(minor)) => (major, minor) < (5, 7),
+        _ => true,
+    }
 }
 
 /// The device after [`ensure`], and what had to be fixed to get there
@@ -103,7 +122,7 @@ pub async fn ensure(h: &Handle, spec: &VxlanSpec) -> Result<Vxlan, DataplaneErro
     }
     // Inline, not on a blocking thread: two non-blocking ioctls, and they must
     // run in this thread's network namespace, the one `h` operates in.
-    if disable_tx_checksum(&spec.name)? {
+    if spec.tx_checksum_workaround && disable_tx_checksum(&spec.name)? {
         changes.push("tx checksum offload turned off".into());
     }
     Ok(Vxlan { index, changes })
@@ -248,6 +267,15 @@ pub fn disable_tx_checksum(ifname: &str) -> Result<bool, DataplaneError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn checksum_workaround_only_before_linux_5_7() {
+        assert!(release_before_5_7("4.19.0-18-amd64"));
+        assert!(release_before_5_7("5.6.19"));
+        assert!(!release_before_5_7("5.7.0"));
+        assert!(!release_before_5_7("6.18.44-fc-v782"));
+        assert!(release_before_5_7("garbage"), "unknown kernels get the safe setting");
+    }
 
     #[test]
     fn mtu_leaves_room_for_the_encapsulation() {

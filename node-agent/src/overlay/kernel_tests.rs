@@ -182,6 +182,8 @@ impl Node {
 
     fn config(&self, backend: Backend, direct_routing: bool) -> OverlayConfig {
         let mut c = OverlayConfig::new(&self.name, self.ip, self.cidr, CLUSTER.parse().unwrap(), backend);
+        // Exercise the checksum workaround whatever this kernel needs.
+        c.tx_checksum_workaround = true;
         c.direct_routing = direct_routing;
         c
     }

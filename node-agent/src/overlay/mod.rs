@@ -51,6 +51,9 @@ pub struct OverlayConfig {
     pub mtu: Option<u32>,
     /// Overrides the VTEP MAC; by default it is derived from the node IP.
     pub vtep_mac: Option<Mac>,
+    /// Turn off tx checksum offload on the VXLAN device; by default only on
+    /// kernels that need it (before 5.7).
+    pub tx_checksum_workaround: bool,
 }
 
 impl OverlayConfig {
@@ -70,6 +73,7 @@ impl OverlayConfig {
             device: DEFAULT_DEVICE.to_owned(),
             mtu: None,
             vtep_mac: None,
+            tx_checksum_workaround: vxlan::kernel_needs_tx_checksum_workaround(),
         }
     }
 
@@ -218,6 +222,7 @@ impl Reconciler {
                 mtu,
                 mac: cfg.vtep_mac().0,
                 address: Ipv4Net::new(cfg.vtep_ip(), 32).map_err(|e| OverlayError::Config(e.to_string()))?,
+                tx_checksum_workaround: cfg.tx_checksum_workaround,
             };
             let dev = vxlan::ensure(h, &spec).await.map_err(OverlayError::Device)?;
             if !dev.changes.is_empty() {

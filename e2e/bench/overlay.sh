@@ -1,0 +1,140 @@
+#!/usr/bin/env bash
+# Cross-node pod-to-pod datapath benchmark (run via e2e/bench.sh overlay, as root).
+# Compares, in the same run and between the same node namespaces:
+#   weft vxlan   vs a hand-built kernel VXLAN (routed, no bridge)
+#   weft host-gw vs plain routing over the underlay
+# and measures overlay convergence (new peer Subnet -> route+FDB+neighbour on
+# another node). Prints tables; asserts nothing.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+SBX=target/debug/weft-sandbox
+RUNS=${RUNS:-3}
+SECS=${SECS:-5}
+export RUST_BACKTRACE=0
+
+cleanup() {
+  pkill -f "iperf3 -s -p 5301" 2>/dev/null || true
+  for ns in bench-p1 bench-p2; do ip netns del "$ns" 2>/dev/null || true; done
+  $SBX down >/dev/null 2>&1 || true
+}
+trap cleanup EXIT
+
+median() { sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
+
+# iperf3 throughput (Gbit/s, median of $RUNS) from namespace $1 to address $3 served in namespace $2.
+throughput() {
+  local from=$1 to=$2 addr=$3
+  ip netns exec "$to" taskset -c 1 iperf3 -s -p 5301 -D -1 >/dev/null 2>&1 || true
+  for _ in $(seq "$RUNS"); do
+    ip netns exec "$to" taskset -c 1 iperf3 -s -p 5301 -1 >/dev/null 2>&1 &
+    local srv=$!
+    for _ in $(seq 100); do ip netns exec "$to" ss -ltn | grep -q ':5301' && break; sleep 0.02; done
+    ip netns exec "$from" taskset -c 0 iperf3 -c "$addr" -p 5301 -t "$SECS" -J 2>/dev/null |
+      python3 -c 'import json,sys; print(f"{json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"]/1e9:.2f}")'
+    wait "$srv" 2>/dev/null || true
+  done | median
+}
+
+# Mean ping RTT in ms from namespace $1 to $2.
+rtt() { ip netns exec "$1" ping -q -c 200 -i 0.005 "$2" | awk -F/ '/rtt/ {print $5}'; }
+
+# A baseline "pod" in node namespace $1: netns $2 with $3/24, gateway $4 on the node side.
+baseline_pod() {
+  local node=$1 pod=$2 addr=$3 gw=$4 mtu=$5
+  ip netns add "$pod"
+  ip -n "$pod" link set lo up
+  ip -n "$node" link add "b-$pod" mtu "$mtu" type veth peer name eth0 mtu "$mtu" netns "$pod"
+  ip -n "$node" addr add "$gw/24" dev "b-$pod"
+  ip -n "$node" link set "b-$pod" up
+  ip -n "$pod" addr add "$addr/24" dev eth0
+  ip -n "$pod" link set eth0 up
+  ip -n "$pod" route add default via "$gw"
+}
+
+row() { printf '| %-34s | %10s | %8s | %10s |\n' "$@"; }
+
+measure_pair() { # label from_ns to_ns to_addr
+  local t r
+  t=$(throughput "$2" "$3" "$4")
+  r=$(rtt "$2" "$4")
+  echo "$1 $t $r"
+}
+
+$SBX down >/dev/null 2>&1 || true
+declare -A T R
+
+# --- vxlan sandbox: weft vxlan, hand-built VXLAN, plain routing -------------
+$SBX up --nodes 2 >/dev/null
+$SBX add-pod a --node node-1 >/dev/null
+$SBX add-pod b --node node-2 >/dev/null
+B_IP=$($SBX pods | awk '$1=="default/b" {print $3}')
+read -r _ t r < <(measure_pair weft-vxlan weft-sbx-pod-default-a weft-sbx-pod-default-b "$B_IP"); T[wv]=$t; R[wv]=$r
+
+# Hand-built: a second VXLAN (VNI 99, port 4790) between the same node namespaces.
+N1=weft-sbx-node-1 N2=weft-sbx-node-2
+ip -n $N1 link add bvx type vxlan id 99 dstport 4790 local 10.250.0.11 remote 10.250.0.12 dev eth0
+ip -n $N2 link add bvx type vxlan id 99 dstport 4790 local 10.250.0.12 remote 10.250.0.11 dev eth0
+ip -n $N1 addr add 172.31.99.1/30 dev bvx; ip -n $N1 link set bvx up
+ip -n $N2 addr add 172.31.99.2/30 dev bvx; ip -n $N2 link set bvx up
+baseline_pod $N1 bench-p1 192.168.201.2 192.168.201.1 1450
+baseline_pod $N2 bench-p2 192.168.202.2 192.168.202.1 1450
+ip -n $N1 route add 192.168.202.0/24 via 172.31.99.2
+ip -n $N2 route add 192.168.201.0/24 via 172.31.99.1
+read -r _ t r < <(measure_pair kernel-vxlan bench-p1 bench-p2 192.168.202.2); T[kv]=$t; R[kv]=$r
+
+# Plain routing over the underlay (what host-gw amounts to), same baseline pods.
+ip -n $N1 route replace 192.168.202.0/24 via 10.250.0.12
+ip -n $N2 route replace 192.168.201.0/24 via 10.250.0.11
+ip -n bench-p1 link set eth0 mtu 1500; ip -n $N1 link set b-bench-p1 mtu 1500
+ip -n bench-p2 link set eth0 mtu 1500; ip -n $N2 link set b-bench-p2 mtu 1500
+read -r _ t r < <(measure_pair plain-routing bench-p1 bench-p2 192.168.202.2); T[pr]=$t; R[pr]=$r
+
+# Convergence: a new node's Subnet with its VTEP data -> programmed on node-1.
+KC() { $SBX kubectl "$@"; }
+conv=()
+for i in $(seq 1 15); do
+  node="bench-peer-$i"
+  KC create -f - >/dev/null <<YAML
+apiVersion: v1
+kind: Node
+metadata: {name: $node}
+YAML
+  for _ in $(seq 500); do KC get subnet "$node" -o name >/dev/null 2>&1 && break; sleep 0.02; done
+  cidr=$(KC get subnet "$node" -o jsonpath='{.spec.cidr}')
+  mac=$(printf '02:57:0a:fa:01:%02x' "$i")
+  # The clock starts once the API has accepted the data (kubectl's own start-up is not ours).
+  KC patch subnet "$node" --subresource=status --type=merge \
+    -p "{\"status\":{\"nodeIP\":\"10.250.0.$((100 + i))\",\"vtepMAC\":\"$mac\"}}" >/dev/null
+  start=$(date +%s%N)
+  for _ in $(seq 2000); do
+    if ip -n $N1 route | grep -q "^$cidr " && ip netns exec $N1 bridge fdb show dev weft.1 | grep -q "$mac" \
+      && ip -n $N1 neigh show dev weft.1 | grep -q "$mac"; then break; fi
+    sleep 0.002
+  done
+  conv+=($(( ($(date +%s%N) - start) / 1000000 )))
+  KC delete node "$node" >/dev/null
+done
+conv_median=$(printf '%s\n' "${conv[@]}" | median)
+conv_max=$(printf '%s\n' "${conv[@]}" | sort -g | tail -1)
+$SBX down >/dev/null
+ip netns del bench-p1; ip netns del bench-p2
+
+# --- host-gw sandbox ------------------------------------------------------------
+$SBX up --nodes 2 --backend host-gw >/dev/null
+$SBX add-pod a --node node-1 >/dev/null
+$SBX add-pod b --node node-2 >/dev/null
+B_IP=$($SBX pods | awk '$1=="default/b" {print $3}')
+read -r _ t r < <(measure_pair weft-host-gw weft-sbx-pod-default-a weft-sbx-pod-default-b "$B_IP"); T[wh]=$t; R[wh]=$r
+
+ratio() { python3 -c "print(f'{$1/$2:.2f}')"; }
+echo
+echo "Pod-to-pod across nodes, iperf3 ${SECS}s x ${RUNS} (median), client CPU 0, server CPU 1; ping RTT mean of 200"
+echo
+row "datapath" "Gbit/s" "RTT ms" "vs baseline"
+row "----------------------------------" "---------:" "-------:" "---------:"
+row "weft vxlan" "${T[wv]}" "${R[wv]}" "tput $(ratio "${T[wv]}" "${T[kv]}"), rtt $(ratio "${R[wv]}" "${R[kv]}")"
+row "hand-built kernel VXLAN" "${T[kv]}" "${R[kv]}" "1.00"
+row "weft host-gw" "${T[wh]}" "${R[wh]}" "tput $(ratio "${T[wh]}" "${T[pr]}"), rtt $(ratio "${R[wh]}" "${R[pr]}")"
+row "plain routing over the underlay" "${T[pr]}" "${R[pr]}" "1.00"
+echo
+echo "Convergence (Subnet status with VTEP data -> route+FDB+neighbour on another node), 15 peers: median ${conv_median} ms, max ${conv_max} ms"
