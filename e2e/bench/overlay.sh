@@ -30,7 +30,7 @@ throughput() {
     local srv=$!
     for _ in $(seq 100); do ip netns exec "$to" ss -ltn | grep -q ':5301' && break; sleep 0.02; done
     ip netns exec "$from" taskset -c 0 iperf3 -c "$addr" -p 5301 -t "$SECS" -J 2>/dev/null |
-      python3 -c 'import json,sys; print(f"{json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"]/1e9:.2f}")'
+      python3 -c 'import json,sys; print("%.2f" % (json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"]/1e9))'
     wait "$srv" 2>/dev/null || true
   done | median
 }
