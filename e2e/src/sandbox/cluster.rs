@@ -4,7 +4,7 @@
 
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
@@ -29,21 +29,10 @@ pub fn up(nodes: usize, backend: &str) -> anyhow::Result<State> {
     let dir = state_dir();
     std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let log = dir.join("supervisor.log");
-    let out = std::fs::File::create(&log)?;
+    let _ = std::fs::remove_file(&log);
     let mut cmd = Command::new(std::env::current_exe()?);
-    cmd.args(["supervise", "--nodes", &nodes.to_string(), "--backend", backend])
-        .stdin(Stdio::null())
-        .stdout(out.try_clone()?)
-        .stderr(out);
-    // SAFETY: setsid is async-signal-safe; the supervisor outlives this command.
-    unsafe {
-        use std::os::unix::process::CommandExt;
-        cmd.pre_exec(|| {
-            libc::setsid();
-            Ok(())
-        });
-    }
-    let mut child = cmd.spawn().context("cannot start the sandbox supervisor")?;
+    cmd.args(["supervise", "--nodes", &nodes.to_string(), "--backend", backend]);
+    let mut child = super::spawn_detached(cmd, &log)?;
     let deadline = Instant::now() + Duration::from_secs(300);
     loop {
         if let Some(status) = child.try_wait()? {
@@ -103,7 +92,11 @@ pub async fn supervise(nodes: usize, backend: &str) -> anyhow::Result<()> {
     let (cp, children) = match result {
         Ok(parts) => parts,
         Err(e) => {
-            cleanup_leftovers();
+            // Keep the log (the caller shows it); everything else goes.
+            eprintln!("sandbox start failed: {e:#}");
+            for ns in super::existing_namespaces() {
+                let _ = ip(&["netns", "del", &ns]);
+            }
             return Err(e);
         }
     };

@@ -4,7 +4,6 @@
 
 use std::net::Ipv4Addr;
 use std::path::Path;
-use std::process::Stdio;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -57,7 +56,6 @@ async fn register(api: &Api<Node>, name: &str, addr: Ipv4Addr) -> anyhow::Result
 /// Starts the node's agent detached, appending to its log.
 pub fn start_agent(node: &NodeInfo, kubeconfig: &Path) -> anyhow::Result<u32> {
     let dir = state_dir().join(&node.name);
-    let log = std::fs::OpenOptions::new().create(true).append(true).open(dir.join("agent.log"))?;
     let mut cmd = super::cluster::in_ns(&node.netns, &bins::weft("weft-agent"));
     cmd.args(["--node-name", &node.name, "--node-ip", &node.ip.to_string(), "--cluster-cidr", CLUSTER_CIDR])
         .arg("--kubeconfig")
@@ -66,19 +64,8 @@ pub fn start_agent(node: &NodeInfo, kubeconfig: &Path) -> anyhow::Result<u32> {
         .arg(&node.socket)
         .arg("--state-dir")
         .arg(dir.join("state"))
-        .args(["--metrics-addr", "0.0.0.0:9646"])
-        .stdin(Stdio::null())
-        .stdout(log.try_clone()?)
-        .stderr(log);
-    // SAFETY: setsid is async-signal-safe; the agent outlives the command that starts it.
-    unsafe {
-        use std::os::unix::process::CommandExt;
-        cmd.pre_exec(|| {
-            libc::setsid();
-            Ok(())
-        });
-    }
-    let pid = cmd.spawn().context("cannot start weft-agent")?.id();
+        .args(["--metrics-addr", "0.0.0.0:9646"]);
+    let pid = super::spawn_detached(cmd, &dir.join("agent.log"))?.id();
     std::fs::write(dir.join("agent.pid"), pid.to_string())?;
     Ok(pid)
 }

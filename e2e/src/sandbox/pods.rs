@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use anyhow::{Context, bail};
 use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
@@ -225,24 +225,13 @@ async fn ensure_namespace(client: &kube::Client, name: &str) -> anyhow::Result<(
 
 /// Starts `weft-sandbox respond` inside the pod, detached from this command.
 fn start_responder(rec: &PodRecord) -> anyhow::Result<u32> {
-    let log = std::fs::File::create(state_dir().join(format!("responder-{}-{}.log", rec.namespace, rec.name)))?;
+    let log = state_dir().join(format!("responder-{}-{}.log", rec.namespace, rec.name));
     let mut cmd = Command::new("ip");
     cmd.args(["netns", "exec", &rec.netns])
         .arg(std::env::current_exe()?)
         .args(["respond", "--name", &rec.key()])
-        .args(rec.ports.iter().map(|p| format!("--port={}/{}", p.port, p.protocol)))
-        .stdin(Stdio::null())
-        .stdout(log.try_clone()?)
-        .stderr(log);
-    // SAFETY: setsid is async-signal-safe.
-    unsafe {
-        use std::os::unix::process::CommandExt;
-        cmd.pre_exec(|| {
-            libc::setsid();
-            Ok(())
-        });
-    }
-    Ok(cmd.spawn().context("cannot start the pod's responder")?.id())
+        .args(rec.ports.iter().map(|p| format!("--port={}/{}", p.port, p.protocol)));
+    Ok(super::spawn_detached(cmd, &log)?.id())
 }
 
 /// Deletes a pod: CNI DEL, namespace, Pod object, record.
