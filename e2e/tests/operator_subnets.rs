@@ -279,6 +279,22 @@ async fn exhausted_pool_reports_an_event_and_recovers() {
     .await
     .expect("exhaustion is reported on the node");
     assert!(metric(&op, "weft_operator_subnet_pool_exhausted_total ").await.unwrap_or(0.0) >= 1.0);
+    let node_condition =
+        |status: &'static str, reason: &'static str| {
+            let nodes: Api<Node> = Api::all(fx.client.clone());
+            let name = starved.clone();
+            async move {
+                let node = nodes.get(&name).await?;
+                Ok(node.status.and_then(|s| s.conditions).unwrap_or_default().iter().any(|c| {
+                    c.type_ == "WeftSubnetAllocated" && c.status == status && c.reason.as_deref() == Some(reason)
+                }))
+            }
+        };
+    wait_for(Duration::from_secs(10), "node condition WeftSubnetAllocated=False", || {
+        node_condition("False", "SubnetPoolExhausted")
+    })
+    .await
+    .expect("exhaustion is a condition on the node");
     assert!(!fx.subnets().await.expect("list").contains_key(starved), "no lease without space");
 
     // Freeing a block lets the waiting node in, without waiting for a resync.
@@ -287,6 +303,11 @@ async fn exhausted_pool_reports_an_event_and_recovers() {
     let expected: Vec<String> = [0, 2, 3, 4].iter().map(|&i| nodes[i].clone()).collect();
     fx.wait_for_exact_subnets(&expected, Duration::from_secs(20)).await;
     assert_eq!(fx.subnets().await.expect("list")[starved].spec.cidr, freed);
+    wait_for(Duration::from_secs(10), "node condition WeftSubnetAllocated=True", || {
+        node_condition("True", "SubnetAllocated")
+    })
+    .await
+    .expect("the condition clears once the node has a lease");
     op.check_running().expect("operator running");
 }
 

@@ -133,6 +133,7 @@ async fn run_controllers(
         alloc_lock: Mutex::new(()),
         pending: std::sync::Mutex::new(Vec::new()),
         last_write_rv: std::sync::Mutex::new(None),
+        exhausted_nodes: std::sync::Mutex::new(Default::default()),
         waiting_for_space: AtomicBool::new(false),
         deletions: AtomicU64::new(0),
     });

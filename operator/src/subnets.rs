@@ -68,6 +68,8 @@ pub struct Context {
     pub alloc_lock: Mutex<()>,
     /// Nodes waiting for the allocation lock; served in batches.
     pub pending: std::sync::Mutex<Vec<AllocRequest>>,
+    /// Nodes this replica reported as waiting for space.
+    pub exhausted_nodes: std::sync::Mutex<std::collections::HashSet<String>>,
     /// Newest resourceVersion of a Subnet this replica created.
     pub last_write_rv: std::sync::Mutex<Option<(String, u64)>>,
     /// Set while some node is waiting for space; a Subnet deletion then
@@ -102,6 +104,7 @@ async fn reconcile_node_inner(node: &Node, ctx: &Context) -> Result<Action, Erro
             delete_subnet(ctx, &subnet).await?;
         } else {
             ensure_allocated_condition(ctx, &subnet).await?;
+            clear_exhausted(ctx, node, &subnet).await;
             return Ok(Action::requeue(Duration::from_secs(600)));
         }
     }
@@ -156,10 +159,12 @@ async fn allocate(node: &Node, node_uid: &str, ctx: &Context) -> Result<Action, 
         Outcome::Created(subnet) => {
             tracing::info!(node = %name, cidr = %subnet.spec.cidr, "allocated subnet");
             ensure_allocated_condition(ctx, &subnet).await?;
+            clear_exhausted(ctx, node, &subnet).await;
             Ok(Action::requeue(Duration::from_secs(600)))
         }
         Outcome::Exists(subnet) => {
             ensure_allocated_condition(ctx, &subnet).await?;
+            clear_exhausted(ctx, node, &subnet).await;
             Ok(Action::requeue(Duration::from_secs(600)))
         }
         Outcome::Stale(subnet) => {
@@ -302,6 +307,10 @@ async fn report_exhausted(ctx: &Context, node: &Node, in_pool: u128) {
         ctx.pool.capacity()
     );
     tracing::warn!(node = %name, "{note}");
+    lock_exhausted(ctx).insert(name.clone());
+    if !node_condition_is(node, "False") {
+        set_node_condition(ctx, &name, "False", "SubnetPoolExhausted", &note).await;
+    }
     let event = Event {
         type_: EventType::Warning,
         reason: "SubnetPoolExhausted".into(),
@@ -311,6 +320,56 @@ async fn report_exhausted(ctx: &Context, node: &Node, in_pool: u128) {
     };
     if let Err(e) = ctx.recorder.publish(&event, &node.object_ref(&())).await {
         tracing::warn!(error = %e, node = %name, "publishing exhaustion event failed");
+    }
+}
+
+/// Node condition the operator owns: whether the node has a pod CIDR lease.
+pub const NODE_CONDITION: &str = "WeftSubnetAllocated";
+
+fn node_condition_is(node: &Node, status: &str) -> bool {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == NODE_CONDITION && c.status == status))
+}
+
+/// Flips [`NODE_CONDITION`] to True for a node that was reported exhausted
+/// (by this replica, or by a predecessor as the condition shows). Other
+/// nodes never get the condition, which saves a write per node.
+async fn clear_exhausted(ctx: &Context, node: &Node, subnet: &Subnet) {
+    let name = node.name_any();
+    let reported = lock_exhausted(ctx).remove(&name);
+    if reported || node_condition_is(node, "False") {
+        let msg = format!("leased {}", subnet.spec.cidr);
+        set_node_condition(ctx, &name, "True", "SubnetAllocated", &msg).await;
+    }
+}
+
+fn lock_exhausted(ctx: &Context) -> std::sync::MutexGuard<'_, std::collections::HashSet<String>> {
+    ctx.exhausted_nodes.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Sets [`NODE_CONDITION`] on the Node (server-side apply: kubelet's own
+/// conditions are untouched). Best effort: without `nodes/status` RBAC the
+/// Event and metric still report exhaustion.
+async fn set_node_condition(ctx: &Context, node: &str, status: &str, reason: &str, message: &str) {
+    let now = Timestamp::now().to_string();
+    let patch = json!({
+        "apiVersion": "v1",
+        "kind": "Node",
+        "status": {"conditions": [{
+            "type": NODE_CONDITION,
+            "status": status,
+            "reason": reason,
+            "message": message,
+            "lastHeartbeatTime": now,
+            "lastTransitionTime": now,
+        }]},
+    });
+    if let Err(e) =
+        ctx.nodes_api.patch_status(node, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(patch)).await
+    {
+        tracing::warn!(error = %e, %node, "setting node condition {NODE_CONDITION} failed");
     }
 }
 
