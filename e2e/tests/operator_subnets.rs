@@ -9,6 +9,7 @@
 use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
+use futures::TryStreamExt;
 use futures::future::try_join_all;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::events::v1::Event;
@@ -40,7 +41,11 @@ impl Fixture {
     }
 
     fn operator(&self, identity: &str) -> OperatorProcess {
-        let args = [
+        self.operator_with(identity, &[])
+    }
+
+    fn operator_with(&self, identity: &str, extra: &[&str]) -> OperatorProcess {
+        let mut args = vec![
             format!("--cluster-cidr={}", self.cidr),
             format!("--node-prefix-length={}", self.prefix),
             format!("--node-selector={LABEL}={}", self.ns),
@@ -51,6 +56,7 @@ impl Fixture {
             "--renew-deadline-seconds=2".into(),
             "--retry-period-seconds=1".into(),
         ];
+        args.extend(extra.iter().map(|a| a.to_string()));
         OperatorProcess::start(self.cp, &args).expect("operator starts")
     }
 
@@ -194,28 +200,54 @@ async fn fifty_nodes_at_once_get_fifty_disjoint_subnets() {
 async fn operator_killed_midway_leaves_no_overlaps_duplicates_or_orphans() {
     let Some(fx) = Fixture::new("op-kill", "10.103.0.0/16", 24).await else { return };
     // Two replicas: leader election must keep them from allocating together.
-    let mut a = fx.operator("replica-a");
-    let mut b = fx.operator("replica-b");
+    // One reconcile at a time, so that the kill lands mid-allocation.
+    let slow = ["--concurrency=1"];
+    let mut a = fx.operator_with("replica-a", &slow);
+    let mut b = fx.operator_with("replica-b", &slow);
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(fx.client.clone(), &fx.ns);
+    let holder = || async {
+        let lease = leases.get_opt("weft-operator").await?;
+        Ok::<_, anyhow::Error>(lease.and_then(|l| l.spec?.holder_identity).unwrap_or_default())
+    };
+    wait_for(Duration::from_secs(30), "a leader", || async { Ok(!holder().await?.is_empty()) })
+        .await
+        .expect("a replica leads");
+    let leader = holder().await.expect("lease");
+    let (leader, standby) = if leader == "replica-a" { (&mut a, &mut b) } else { (&mut b, &mut a) };
+    wait_for(Duration::from_secs(10), "leader metrics", || async {
+        Ok(metric(leader, "weft_operator_leader ").await == Some(1.0))
+    })
+    .await
+    .expect("the Lease holder leads");
+    assert_eq!(metric(standby, "weft_operator_leader ").await, Some(0.0), "only one replica leads");
+
+    // Watch this test's Subnets appear; SIGKILL the leader at the fifth.
+    let prefix = format!("{}-", fx.ns);
+    let mut subnet_events = std::pin::pin!(kube::runtime::watcher(
+        Api::<Subnet>::all(fx.client.clone()),
+        kube::runtime::watcher::Config::default()
+    ));
     let nodes: Vec<String> = (0..50).map(|i| fx.node_name(i)).collect();
     let creating = try_join_all(nodes.iter().map(|n| async { Ok::<_, ()>(fx.create_node(n).await) }));
-
-    // SIGKILL the leader as soon as it has started allocating.
-    let killer = async {
-        wait_for(Duration::from_secs(30), "first leases", || async { Ok(!fx.subnets().await?.is_empty()) })
-            .await
-            .expect("allocation starts");
-        let leases: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(fx.client.clone(), &fx.ns);
-        let holder = leases.get("weft-operator").await.expect("lease").spec.and_then(|s| s.holder_identity);
-        holder.expect("lease has a holder")
+    let kill_at_fifth = async {
+        let mut seen = HashSet::new();
+        while let Some(ev) = subnet_events.try_next().await.expect("subnet watch") {
+            if let kube::runtime::watcher::Event::Apply(s) = ev
+                && s.name_any().starts_with(&prefix)
+            {
+                seen.insert(s.name_any());
+                if seen.len() >= 5 {
+                    leader.kill();
+                    return;
+                }
+            }
+        }
     };
-    let (created, leader) = tokio::join!(creating, killer);
+    let (created, ()) = tokio::join!(creating, kill_at_fifth);
     created.expect("nodes created");
     let killed_at = fx.subnets().await.expect("list").len();
-    let (leader, standby) = if leader == "replica-a" { (&mut a, &mut b) } else { (&mut b, &mut a) };
-    assert_eq!(metric(leader, "weft_operator_leader ").await, Some(1.0), "the Lease holder leads");
-    assert_eq!(metric(standby, "weft_operator_leader ").await, Some(0.0), "only one replica leads");
-    leader.kill();
     eprintln!("killed the leader with {killed_at}/50 subnets allocated");
+    assert!(killed_at < 50, "the kill must land mid-allocation ({killed_at}/50 done)");
 
     // The standby takes over; the killed one comes back as a standby.
     let _restarted = fx.operator("replica-c");
