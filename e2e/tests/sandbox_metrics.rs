@@ -100,6 +100,34 @@ fn promtool_check(exposition: &str) -> Result<(), String> {
     if out.status.success() && text.trim().is_empty() { Ok(()) } else { Err(text) }
 }
 
+/// Execs weft-cni as a runtime would, inside the node's namespace: `CHECK`
+/// of an attachment the agent does not know. Returns the CNI error code.
+fn cni_check_unknown(node: &weft_e2e::sandbox::NodeInfo) -> u64 {
+    use std::io::Write;
+    let conf = serde_json::json!({
+        "cniVersion": "1.1.0", "name": "weft", "type": "weft-cni",
+        "agentSocket": node.socket, "prevResult": {"cniVersion": "1.1.0"}
+    });
+    let mut child = Command::new("ip")
+        .args(["netns", "exec", &node.netns])
+        .arg(bins::weft("weft-cni"))
+        .env("CNI_COMMAND", "CHECK")
+        .env("CNI_CONTAINERID", "no-such-container")
+        .env("CNI_NETNS", "/run/netns/weft-sbx-pod-default-a")
+        .env("CNI_IFNAME", "eth0")
+        .env("CNI_PATH", bins::weft("weft-cni").parent().expect("bin dir"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("weft-cni");
+    child.stdin.take().expect("stdin").write_all(conf.to_string().as_bytes()).expect("stdin");
+    let out = child.wait_with_output().expect("weft-cni output");
+    assert!(!out.status.success(), "CHECK of an unknown attachment succeeded");
+    let err: Value = serde_json::from_slice(&out.stdout).expect("CNI error JSON");
+    err["code"].as_u64().unwrap_or_else(|| panic!("no code in {err}"))
+}
+
 /// Family names of a classic-text exposition (`# TYPE <name> <type>`).
 fn families(exposition: &str) -> Vec<String> {
     exposition.lines().filter_map(|l| l.strip_prefix("# TYPE ")?.split_whitespace().next()).map(str::to_owned).collect()
@@ -179,6 +207,9 @@ fn metrics_pass_promtool_are_documented_and_prometheus_sees_them_change() {
     // A pod per node so that every agent's CNI families have samples.
     ok(&["add-pod", "a", "--node", "node-1"]);
     ok(&["add-pod", "z", "--node", "node-2"]);
+    // And one failed request, so that the error family has a sample too.
+    let code = cni_check_unknown(state.node("node-1").expect("node-1"));
+    assert_eq!(code, 3, "CHECK of an unknown attachment");
 
     let docs = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/metrics.md"))
         .expect("docs/metrics.md");
@@ -259,6 +290,9 @@ fn metrics_pass_promtool_are_documented_and_prometheus_sees_them_change() {
         }
     }
     assert!(with_data >= 8, "only {with_data} dashboard queries return data");
+    wait::until("prometheus to have the CHECK error", Duration::from_secs(30), || {
+        (!prom.query(r#"weft_agent_cni_errors_total{verb="CHECK",code="3"}"#).is_empty()).then_some(())
+    });
     let per_node = prom.query(r#"weft_agent_cni_requests_total{verb="ADD",result="success"}"#);
     assert_eq!(per_node.len(), 2, "both agents served an ADD: {per_node:?}");
     ok(&["del-pod", "c"]);
