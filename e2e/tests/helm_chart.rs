@@ -553,3 +553,41 @@ fn dockerfile_builds_what_the_chart_runs() {
     let op = std::fs::read_to_string(chart_dir().join("templates/operator-deployment.yaml")).expect("deployment");
     assert!(op.contains("runAsUser: 65532"), "the chart runs the operator as the image's user");
 }
+
+#[test]
+fn custom_values_render_objects_the_apiserver_accepts() {
+    let Some(cp) = ControlPlane::shared() else { return };
+    let Some(helm) = Helm::new() else { return };
+    let ns = control_plane::unique_name("weft-dry");
+    kubectl_ok(cp, &["create", "namespace", &ns]);
+    struct DeleteNs<'a>(&'a ControlPlane, &'a str);
+    impl Drop for DeleteNs<'_> {
+        fn drop(&mut self) {
+            let _ = kubectl(self.0, &["delete", "namespace", self.1, "--wait=false"], None);
+        }
+    }
+    let _cleanup = DeleteNs(cp, &ns);
+    let values = custom_values_file();
+    // Every object of the non-default rendering passes the apiserver's
+    // validation (server-side dry run; the ServiceMonitor CRD is not installed
+    // here, so that one object is left out).
+    let rendered = helm.ok(&[
+        "template",
+        "weft",
+        chart_dir().to_str().expect("path"),
+        "-n",
+        &ns,
+        "-f",
+        values.path().to_str().expect("path"),
+        "--set",
+        "metrics.serviceMonitor.enabled=false",
+    ]);
+    let out = kubectl(cp, &["apply", "--dry-run=server", "-n", &ns, "-f", "-"], Some(&rendered));
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "rejected: {}\n{stdout}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        stdout.lines().filter(|l| l.contains("(server dry run)")).count(),
+        documents(&rendered).len(),
+        "{stdout}"
+    );
+}
