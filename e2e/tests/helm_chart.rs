@@ -161,6 +161,7 @@ operator:
   replicas: 3
   leaderElection: {enabled: true, leaseDurationSeconds: 20, renewDeadlineSeconds: 15, retryPeriodSeconds: 3}
   nodeSelectorLabels: "weft.dev/managed=true"
+  hostNetwork: false
   metricsPort: 19090
 agent:
   metricsPort: 19646
@@ -246,6 +247,10 @@ fn template_renders_defaults() {
 
     let op = find(&docs, "Deployment", "-operator");
     assert_eq!(op["spec"]["replicas"], 2);
+    // Nodes get pod networking only after the operator gave them a Subnet.
+    assert_eq!(op["spec"]["template"]["spec"]["hostNetwork"], true);
+    let tolerations = serde_yaml::to_string(&op["spec"]["template"]["spec"]["tolerations"]).expect("tolerations");
+    assert!(tolerations.contains("node.kubernetes.io/not-ready"), "{tolerations}");
     let c = &op["spec"]["template"]["spec"]["containers"][0];
     assert_eq!(env(c, "POD_NAME")["valueFrom"]["fieldRef"]["fieldPath"], "metadata.name");
     assert_eq!(env(c, "WEFT_LEADER_ELECT")["value"], "true");
@@ -320,6 +325,8 @@ fn template_renders_custom_values() {
 
     let op = find(&docs, "Deployment", "-operator");
     assert_eq!(op["spec"]["replicas"], 3);
+    assert!(op["spec"]["template"]["spec"]["hostNetwork"].is_null());
+    assert!(!op["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"].is_null(), "replicas spread");
     let c = &op["spec"]["template"]["spec"]["containers"][0];
     assert_eq!(c["image"], "registry.example.com/weft/operator:1.2.3");
     assert_eq!(c["imagePullPolicy"], "Always");
