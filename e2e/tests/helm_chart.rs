@@ -489,6 +489,10 @@ fn install_upgrade_uninstall_on_a_real_apiserver() {
     assert!(can(&op_sa, "create", "subnets.weft.dev", &[]));
     assert!(can(&op_sa, "patch", "subnets.weft.dev", &["--subresource=status"]));
     assert!(can(&op_sa, "watch", "nodes", &[]));
+    assert!(can(&op_sa, "patch", "nodes", &["--subresource=status"]));
+    assert!(!can(&op_sa, "patch", "nodes", &[]));
+    assert!(!can(&op_sa, "update", "subnets.weft.dev", &[]));
+    assert!(can(&op_sa, "create", "events.events.k8s.io", &["-n", "default"]));
     assert!(can(&op_sa, "update", &format!("leases.coordination.k8s.io/{op_sa}"), &[]));
     assert!(!can(&op_sa, "update", "leases.coordination.k8s.io/other", &[]));
     assert!(!can(&op_sa, "delete", "nodes", &[]));
