@@ -17,15 +17,36 @@ use super::{CLUSTER_CIDR, CP_IP, CP_NS, FORWARD_PORT, NodeInfo, State, UNDERLAY_
 use crate::bins;
 use crate::control_plane::{self, ControlPlane, Options, process};
 
+/// Held by the supervisor for its whole life: one sandbox per machine, and a
+/// second `up` can never tear down a sandbox that is still starting.
+fn lock_path() -> std::path::PathBuf {
+    state_dir().with_extension("lock")
+}
+
+/// Takes the sandbox lock without waiting; `Ok(None)` when someone holds it.
+fn try_lock() -> anyhow::Result<Option<std::fs::File>> {
+    use std::os::fd::AsRawFd;
+    let path = lock_path();
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("cannot open {}", path.display()))?;
+    // SAFETY: flock on a descriptor we own; released when the file is closed.
+    let locked = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0;
+    Ok(locked.then_some(file))
+}
+
 /// Starts the supervisor in the background and waits until the cluster is
 /// ready (every node's Subnet Ready and its peers programmed).
 pub fn up(nodes: usize, backend: &str) -> anyhow::Result<State> {
-    if let Ok(state) = State::load() {
-        if process_alive(state.supervisor_pid) {
-            bail!("the sandbox is already up (supervisor pid {}); `e2e/sandbox.sh down` first", state.supervisor_pid);
-        }
-        cleanup_leftovers();
+    match try_lock()? {
+        // Free: nothing runs, so leftovers of a crashed sandbox may go.
+        Some(_probe) => {}
+        None => bail!("a sandbox is already up or starting on this machine; `e2e/sandbox.sh down` first"),
     }
+    cleanup_leftovers();
     let dir = state_dir();
     std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let log = dir.join("supervisor.log");
@@ -88,6 +109,9 @@ pub fn cleanup_leftovers() {
 
 /// The supervisor: builds everything, writes the state, waits for SIGTERM.
 pub async fn supervise(nodes: usize, backend: &str) -> anyhow::Result<()> {
+    let Some(_lock) = try_lock()? else {
+        bail!("a sandbox is already up or starting on this machine");
+    };
     let result = build(nodes, backend).await;
     let (cp, children) = match result {
         Ok(parts) => parts,
