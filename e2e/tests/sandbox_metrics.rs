@@ -10,69 +10,16 @@
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::sync::Mutex;
 use std::time::Duration;
 
 use serde_json::Value;
+use weft_e2e::sandbox::testing::{Up, ok};
 use weft_e2e::sandbox::{CP_IP, CP_NS, State};
-use weft_e2e::{bins, control_plane, prereq, wait};
-
-static ONE_SANDBOX: Mutex<()> = Mutex::new(());
+use weft_e2e::{bins, wait};
 
 const OPERATOR_METRICS: &str = "10.250.0.1:9090";
 const AGENT_PORT: u16 = 9646;
 const PROMETHEUS_PORT: u16 = 9091;
-
-fn sandbox(args: &[&str]) -> (bool, String) {
-    let out = Command::new(bins::weft("weft-sandbox"))
-        .args(args)
-        .env("RUST_BACKTRACE", "0")
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run weft-sandbox: {e}"));
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    (out.status.success(), text)
-}
-
-#[track_caller]
-fn ok(args: &[&str]) -> String {
-    let (success, out) = sandbox(args);
-    assert!(success, "weft-sandbox {args:?} failed:\n{out}");
-    out
-}
-
-/// Brings the sandbox down when the test ends, also on panic.
-struct Up;
-
-impl Up {
-    fn start(args: &[&str]) -> Option<Up> {
-        if !prereq::require_root()
-            || !prereq::require("kube-apiserver and etcd (e2e/scripts/build-tools.sh)", control_plane::tools_present())
-            || !prereq::require("promtool (Debian package prometheus)", Path::new("/usr/bin/promtool").is_file())
-            || !prereq::require("prometheus (Debian package prometheus)", Path::new("/usr/bin/prometheus").is_file())
-            || !prereq::require("curl", Path::new("/usr/bin/curl").is_file())
-        {
-            return None;
-        }
-        // Another test binary (or a person) may own the sandbox right now, or
-        // be starting one (its state dir exists before `status` reports it).
-        wait::until("no other sandbox to be up or starting", Duration::from_secs(600), || {
-            let idle = !sandbox(&["status"]).0
-                && weft_e2e::sandbox::existing_namespaces().is_empty()
-                && !weft_e2e::sandbox::state_dir().join("supervisor.log").exists();
-            idle.then_some(())
-        });
-        let mut full = vec!["up"];
-        full.extend_from_slice(args);
-        ok(&full);
-        Some(Up)
-    }
-}
-
-impl Drop for Up {
-    fn drop(&mut self) {
-        let _ = sandbox(&["down"]);
-    }
-}
 
 /// curl inside the control plane's namespace; `None` unless HTTP 2xx.
 fn curl_in_cp(args: &[&str]) -> Option<String> {
@@ -200,8 +147,13 @@ impl Drop for Prometheus {
 
 #[test]
 fn metrics_pass_promtool_are_documented_and_prometheus_sees_them_change() {
-    let _turn = ONE_SANDBOX.lock().unwrap_or_else(|p| p.into_inner());
-    let Some(_up) = Up::start(&["--nodes", "2"]) else { return };
+    let file = |p: &str| Path::new(p).is_file();
+    let extra = [
+        ("promtool (Debian package prometheus)", file("/usr/bin/promtool")),
+        ("prometheus (Debian package prometheus)", file("/usr/bin/prometheus")),
+        ("curl", file("/usr/bin/curl")),
+    ];
+    let Some(_up) = Up::start(&["--nodes", "2"], &extra) else { return };
     let state = State::load().expect("sandbox state");
     let agents: Vec<String> = state.nodes.iter().map(|n| format!("{}:{AGENT_PORT}", n.ip)).collect();
     // A pod per node so that every agent's CNI families have samples.

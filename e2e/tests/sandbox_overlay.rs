@@ -2,58 +2,14 @@
 //! the operator and one weft-agent per node namespace, driven through the
 //! `weft-sandbox` tool as a person would use it.
 //!
-//! The sandbox has fixed names, so these tests take turns.
+//! One sandbox runs per machine, so these tests take turns ([`Up`]).
 
 use std::process::Command;
-use std::sync::Mutex;
 use std::time::Duration;
 
 use serde_json::Value;
-use weft_e2e::{bins, control_plane, prereq, wait};
-
-static ONE_SANDBOX: Mutex<()> = Mutex::new(());
-
-fn sandbox(args: &[&str]) -> (bool, String) {
-    let out = Command::new(bins::weft("weft-sandbox"))
-        .args(args)
-        .env("RUST_BACKTRACE", "0")
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run weft-sandbox: {e}"));
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    (out.status.success(), text)
-}
-
-#[track_caller]
-fn ok(args: &[&str]) -> String {
-    let (success, out) = sandbox(args);
-    assert!(success, "weft-sandbox {args:?} failed:\n{out}");
-    out
-}
-
-/// Brings the sandbox down when the test ends, also on panic.
-struct Up;
-
-impl Up {
-    fn start(args: &[&str]) -> Option<Up> {
-        if !prereq::require_root()
-            || !prereq::require("kube-apiserver and etcd (e2e/scripts/build-tools.sh)", control_plane::tools_present())
-        {
-            return None;
-        }
-        let (running, _) = sandbox(&["status"]);
-        assert!(!running, "a sandbox is already up; `e2e/sandbox.sh down` before running these tests");
-        let mut full = vec!["up"];
-        full.extend_from_slice(args);
-        ok(&full);
-        Some(Up)
-    }
-}
-
-impl Drop for Up {
-    fn drop(&mut self) {
-        let _ = sandbox(&["down"]);
-    }
-}
+use weft_e2e::sandbox::testing::{Up, ok};
+use weft_e2e::wait;
 
 fn probe_all(protocol: &str, port: &str) -> Value {
     serde_json::from_str(&ok(&["probe", "--protocol", protocol, "--port", port])).expect("probe JSON")
@@ -96,8 +52,7 @@ fn in_node(node: &str, args: &[&str]) -> String {
 
 #[test]
 fn vxlan_cluster_connects_pods_across_nodes_and_follows_membership() {
-    let _turn = ONE_SANDBOX.lock().unwrap_or_else(|p| p.into_inner());
-    let Some(_up) = Up::start(&["--nodes", "2"]) else { return };
+    let Some(_up) = Up::start(&["--nodes", "2"], &[]) else { return };
     ok(&["add-pod", "a", "--node", "node-1", "-l", "app=a", "-p", "80/tcp", "-p", "53/udp"]);
     ok(&["add-pod", "b", "--node", "node-2", "-l", "app=b", "-p", "80/tcp", "-p", "53/udp"]);
     assert_all_allowed(&probe_all("tcp", "80"));
@@ -174,8 +129,7 @@ fn vxlan_cluster_connects_pods_across_nodes_and_follows_membership() {
 
 #[test]
 fn host_gw_cluster_routes_via_node_ips() {
-    let _turn = ONE_SANDBOX.lock().unwrap_or_else(|p| p.into_inner());
-    let Some(_up) = Up::start(&["--nodes", "2", "--backend", "host-gw"]) else { return };
+    let Some(_up) = Up::start(&["--nodes", "2", "--backend", "host-gw"], &[]) else { return };
     ok(&["add-pod", "a", "--node", "node-1"]);
     ok(&["add-pod", "b", "--node", "node-2"]);
     assert_all_allowed(&probe_all("tcp", "80"));

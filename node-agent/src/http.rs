@@ -35,13 +35,13 @@ pub async fn serve(
 async fn metrics(State(slot): State<AgentSlot>, headers: HeaderMap) -> impl IntoResponse {
     let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
     let Some(agent) = slot.get() else {
-        let (content_type, body) = crate::metrics::negotiate(accept, "# EOF\n".to_owned());
+        let (content_type, body) = weft_telemetry::negotiate(accept, "# EOF\n".to_owned());
         return (StatusCode::OK, [(header::CONTENT_TYPE, content_type)], body);
     };
     agent.metrics.set_ipam_usage(agent.ipam.usage());
     match agent.metrics.encode() {
         Ok(body) => {
-            let (content_type, body) = crate::metrics::negotiate(accept, body);
+            let (content_type, body) = weft_telemetry::negotiate(accept, body);
             (StatusCode::OK, [(header::CONTENT_TYPE, content_type)], body)
         }
         Err(_) => {

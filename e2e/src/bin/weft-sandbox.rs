@@ -103,6 +103,9 @@ enum Cmd {
         name: String,
         #[arg(long = "port")]
         ports: Vec<PortSpec>,
+        /// Created once every port is served.
+        #[arg(long)]
+        ready_file: Option<std::path::PathBuf>,
     },
 }
 
@@ -171,7 +174,7 @@ fn main() -> anyhow::Result<()> {
             std::process::exit(status.code().unwrap_or(1));
         }
         Cmd::Supervise { nodes, backend } => rt.block_on(cluster::supervise(nodes, &backend))?,
-        Cmd::Respond { name, ports } => probe::respond(&name, &ports)?,
+        Cmd::Respond { name, ports, ready_file } => probe::respond(&name, &ports, ready_file.as_deref())?,
     }
     Ok(())
 }

@@ -17,6 +17,7 @@ pub mod forward;
 pub mod nodes;
 pub mod pods;
 pub mod probe;
+pub mod testing;
 
 use std::net::Ipv4Addr;
 use std::path::PathBuf;

@@ -223,15 +223,31 @@ async fn ensure_namespace(client: &kube::Client, name: &str) -> anyhow::Result<(
     Ok(())
 }
 
-/// Starts `weft-sandbox respond` inside the pod, detached from this command.
+/// Starts `weft-sandbox respond` inside the pod, detached from this command,
+/// and waits until it serves every port (a probe right after must not race it).
 fn start_responder(rec: &PodRecord) -> anyhow::Result<u32> {
     let log = state_dir().join(format!("responder-{}-{}.log", rec.namespace, rec.name));
+    let ready = state_dir().join(format!("responder-{}-{}.ready", rec.namespace, rec.name));
+    let _ = std::fs::remove_file(&ready);
     let mut cmd = Command::new("ip");
     cmd.args(["netns", "exec", &rec.netns])
         .arg(std::env::current_exe()?)
         .args(["respond", "--name", &rec.key()])
+        .arg("--ready-file")
+        .arg(&ready)
         .args(rec.ports.iter().map(|p| format!("--port={}/{}", p.port, p.protocol)));
-    Ok(super::spawn_detached(cmd, &log)?.id())
+    let mut child = super::spawn_detached(cmd, &log)?;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !ready.exists() {
+        if let Some(status) = child.try_wait()? {
+            bail!("the pod's responder exited ({status}): {}", std::fs::read_to_string(&log).unwrap_or_default());
+        }
+        if std::time::Instant::now() > deadline {
+            bail!("the pod's responder did not serve its ports within 10 s");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    Ok(child.id())
 }
 
 /// Deletes a pod: CNI DEL, namespace, Pod object, record.

@@ -16,7 +16,8 @@ use serde::Serialize;
 use super::pods::{PodRecord, PortSpec};
 
 /// Serves `ports` forever, answering each connection or datagram with `name`.
-pub fn respond(name: &str, ports: &[PortSpec]) -> anyhow::Result<()> {
+/// Creates `ready_file` once every socket is bound, so callers can wait for it.
+pub fn respond(name: &str, ports: &[PortSpec], ready_file: Option<&std::path::Path>) -> anyhow::Result<()> {
     let mut threads = Vec::new();
     for p in ports {
         let name = format!("{name}\n");
@@ -41,6 +42,9 @@ pub fn respond(name: &str, ports: &[PortSpec]) -> anyhow::Result<()> {
             }
             other => bail!("{other} is not supported by this kernel or responder (port {})", p.port),
         }
+    }
+    if let Some(f) = ready_file {
+        std::fs::write(f, b"").with_context(|| format!("cannot write {}", f.display()))?;
     }
     for t in threads {
         let _ = t.join();

@@ -1,0 +1,68 @@
+//! Driving the sandbox from tests the way a person does: through the
+//! `weft-sandbox` binary. One sandbox runs per machine, so a test holds
+//! [`Up`] for as long as it uses it.
+
+use std::process::Command;
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+use crate::{bins, control_plane, prereq, wait};
+
+/// Tests of one binary take turns; other binaries wait for the machine's lock.
+static ONE_SANDBOX: Mutex<()> = Mutex::new(());
+
+/// Runs `weft-sandbox args…`; returns success and stdout+stderr.
+pub fn run(args: &[&str]) -> (bool, String) {
+    let out = Command::new(bins::weft("weft-sandbox"))
+        .args(args)
+        .env("RUST_BACKTRACE", "0")
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run weft-sandbox: {e}"));
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    (out.status.success(), text)
+}
+
+/// Runs `weft-sandbox args…`, failing the test with its output if it fails.
+#[track_caller]
+pub fn ok(args: &[&str]) -> String {
+    let (success, out) = run(args);
+    assert!(success, "weft-sandbox {args:?} failed:\n{out}");
+    out
+}
+
+/// A sandbox this test brought up; brought down on drop, also on panic.
+pub struct Up {
+    _turn: MutexGuard<'static, ()>,
+}
+
+impl Up {
+    /// Brings the sandbox up with `args` (e.g. `["--nodes", "2"]`) once root,
+    /// the control plane binaries and `extra` prerequisites are present;
+    /// `None` when one is missing outside CI.
+    pub fn start(args: &[&str], extra: &[(&str, bool)]) -> Option<Up> {
+        let turn = ONE_SANDBOX.lock().unwrap_or_else(|p| p.into_inner());
+        if !prereq::require_root()
+            || !prereq::require("kube-apiserver and etcd (e2e/scripts/build-tools.sh)", control_plane::tools_present())
+            || !extra.iter().all(|(what, present)| prereq::require(what, *present))
+        {
+            return None;
+        }
+        // A person (or another test binary) may own the sandbox right now.
+        wait::until("no other sandbox to be up or starting", Duration::from_secs(600), || {
+            let idle = !run(&["status"]).0
+                && super::existing_namespaces().is_empty()
+                && !super::state_dir().join("supervisor.log").exists();
+            idle.then_some(())
+        });
+        let mut full = vec!["up"];
+        full.extend_from_slice(args);
+        ok(&full);
+        Some(Up { _turn: turn })
+    }
+}
+
+impl Drop for Up {
+    fn drop(&mut self) {
+        let _ = run(&["down"]);
+    }
+}
