@@ -64,25 +64,21 @@ pub struct NodeFacts {
     pub node_ip: String,
     pub vtep_ip: Option<String>,
     pub vtep_mac: Option<String>,
-    /// `Ok` when the datapath uses the lease; `Err(reason, message)` otherwise.
-    pub ready: Result<(), (String, String)>,
 }
 
-/// Writes the agent's part of the Subnet status with server-side apply, so
+/// Writes the agent's part of the Subnet status (facts and Ready=True) with server-side apply, so
 /// the operator's fields (its own conditions) are left alone.
 pub async fn publish(api: &Api<Subnet>, node: &str, facts: &NodeFacts) -> Result<(), LeaseError> {
-    let (status, reason, message) = match &facts.ready {
-        Ok(()) => ("True", "DatapathProgrammed".to_owned(), "the node's agent uses this lease".to_owned()),
-        Err((r, m)) => ("False", r.clone(), m.clone()),
-    };
     let now = k8s_openapi::jiff::Timestamp::now().to_string();
     let mut st = json!({
         "nodeIP": facts.node_ip,
         "conditions": [{
             "type": CONDITION_READY,
-            "status": status,
-            "reason": reason,
-            "message": message,
+            // Published once the datapath uses the lease; problems with peers
+            // go to the PeersProgrammed condition (peer_sync.rs).
+            "status": "True",
+            "reason": "DatapathProgrammed",
+            "message": "the node's agent uses this lease",
             "lastTransitionTime": now,
         }],
     });

@@ -142,7 +142,6 @@ async fn setup_overlay(
         node_ip: node_ip.to_string(),
         vtep_ip: local.vtep_ip.map(|ip| ip.to_string()),
         vtep_mac: local.vtep_mac.map(|m| m.to_string()),
-        ready: Ok(()),
     };
     lease::publish(api, &config.node_name, &facts).await?;
     Ok((reconciler, local.pod_mtu))
