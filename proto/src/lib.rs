@@ -36,6 +36,10 @@ pub enum ErrorCode {
     PoolExhausted = 102,
     /// Weft: CHECK found the attachment differs from what it should be.
     CheckFailed = 103,
+    /// Weft: every port of the node's host port range is taken.
+    HostPortsExhausted = 104,
+    /// Weft: a requested host port is taken by another pod or a host process.
+    HostPortConflict = 105,
 }
 
 impl ErrorCode {

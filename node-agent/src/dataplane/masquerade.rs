@@ -8,21 +8,13 @@
 //! it names: our chain is flushed and refilled, nobody else's chain is
 //! flushed. Nothing is written when the rules are already right.
 
-use std::io::Write;
-use std::process::{Command, Stdio};
-
 use ipnet::Ipv4Net;
 
 pub const CHAIN: &str = "WEFT-POSTROUTING";
 const JUMP_COMMENT: &str = "weft: masquerade pod traffic leaving the cluster";
 
-#[derive(Debug, thiserror::Error)]
-pub enum MasqueradeError {
-    #[error("cannot run {cmd}: {source}")]
-    Spawn { cmd: &'static str, source: std::io::Error },
-    #[error("{cmd} failed ({status}): {stderr}")]
-    Failed { cmd: &'static str, status: std::process::ExitStatus, stderr: String },
-}
+pub use super::iptables::IptablesError as MasqueradeError;
+use super::iptables::{restore, save};
 
 /// The rules of our chain, exactly as `iptables-save` prints them, so that
 /// comparing with the saved state detects "already right".
@@ -123,7 +115,7 @@ pub fn removal_text(current: &NatState) -> Option<String> {
 /// Blocking (runs iptables): call from a blocking context. Acts in the
 /// calling thread's network namespace.
 pub fn ensure(pod_cidr: Ipv4Net, cluster_cidr: Ipv4Net) -> Result<bool, MasqueradeError> {
-    let current = parse_save(&save()?);
+    let current = parse_save(&save("nat")?);
     match restore_text(&current, pod_cidr, cluster_cidr) {
         None => Ok(false),
         Some(text) => restore(&text).map(|()| true),
@@ -133,48 +125,10 @@ pub fn ensure(pod_cidr: Ipv4Net, cluster_cidr: Ipv4Net) -> Result<bool, Masquera
 /// Removes Weft's chain and jump; `Ok(true)` when something was removed.
 #[allow(dead_code)]
 pub fn remove() -> Result<bool, MasqueradeError> {
-    match removal_text(&parse_save(&save()?)) {
+    match removal_text(&parse_save(&save("nat")?)) {
         None => Ok(false),
         Some(text) => restore(&text).map(|()| true),
     }
-}
-
-fn save() -> Result<String, MasqueradeError> {
-    const CMD: &str = "iptables-save";
-    let out =
-        Command::new(CMD).args(["-t", "nat"]).output().map_err(|source| MasqueradeError::Spawn { cmd: CMD, source })?;
-    if !out.status.success() {
-        return Err(MasqueradeError::Failed {
-            cmd: CMD,
-            status: out.status,
-            stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
-        });
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
-fn restore(text: &str) -> Result<(), MasqueradeError> {
-    const CMD: &str = "iptables-restore";
-    // -w: wait for the xtables lock instead of failing while kube-proxy holds it.
-    let mut child = Command::new(CMD)
-        .args(["-w", "5", "--noflush"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|source| MasqueradeError::Spawn { cmd: CMD, source })?;
-    if let Some(mut stdin) = child.stdin.take() {
-        stdin.write_all(text.as_bytes()).map_err(|source| MasqueradeError::Spawn { cmd: CMD, source })?;
-    }
-    let out = child.wait_with_output().map_err(|source| MasqueradeError::Spawn { cmd: CMD, source })?;
-    if !out.status.success() {
-        return Err(MasqueradeError::Failed {
-            cmd: CMD,
-            status: out.status,
-            stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
-        });
-    }
-    Ok(())
 }
 
 #[cfg(test)]

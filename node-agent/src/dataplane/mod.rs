@@ -1,6 +1,7 @@
 //! The node's kernel dataplane, through rtnetlink. Only this module talks to
 //! the kernel; what should exist is decided by its callers.
 
+pub mod iptables;
 pub mod link;
 // The overlay's kernel layer; used by `overlay`, which is not wired yet.
 pub mod masquerade;
