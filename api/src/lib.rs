@@ -14,7 +14,10 @@ pub mod network_policy;
 pub mod subnet;
 
 pub use common::{Protocol, conditions_schema};
-pub use host_port::{HostPort, HostPortAllocation, HostPortAllocationSpec, HostPortAllocationStatus, PodRef};
+pub use host_port::{
+    HostPort, HostPortAllocation, HostPortAllocationSpec, HostPortAllocationStatus, NodePoolStatus, PodRef,
+    PortRangeSpec,
+};
 pub use network_policy::{
     IpBlock, NetworkPolicy, NetworkPolicySpec, NetworkPolicyStatus, PolicyAction, PolicyPeer, PolicyPort, PolicyRule,
 };

@@ -9,6 +9,8 @@ use weft_proto::cni::v1::CniError;
 
 use crate::config::Config;
 use crate::dataplane::link;
+use crate::hostport::HostPorts;
+use crate::hostport::pods::PodCache;
 use crate::ipam::{Ipam, IpamError, Key};
 use crate::metrics::Metrics;
 
@@ -20,6 +22,9 @@ pub const HOST_VETH_PREFIX: &str = "weftv";
 pub struct Agent {
     pub config: Config,
     pub ipam: Arc<Ipam>,
+    pub hostports: Arc<HostPorts>,
+    /// The API, when the agent has one: pods' host port annotations, Events.
+    pub kube: Option<KubeAccess>,
     pub host: Handle,
     pub metrics: Metrics,
     /// MTU of pod interfaces when the network configuration sets none.
@@ -28,11 +33,26 @@ pub struct Agent {
     bridge: tokio::sync::Mutex<Option<u32>>,
 }
 
+/// The agent's view of the Kubernetes API.
+pub struct KubeAccess {
+    pub client: kube::Client,
+    pub pods: PodCache,
+}
+
 impl Agent {
-    pub fn new(config: Config, ipam: Ipam, host: Handle, pod_mtu: u32) -> Self {
+    pub fn new(
+        config: Config,
+        ipam: Ipam,
+        hostports: HostPorts,
+        kube: Option<KubeAccess>,
+        host: Handle,
+        pod_mtu: u32,
+    ) -> Self {
         Self {
             config,
             ipam: Arc::new(ipam),
+            hostports: Arc::new(hostports),
+            kube,
             host,
             metrics: Metrics::default(),
             pod_mtu,
@@ -60,9 +80,12 @@ impl Agent {
         *self.bridge.lock().await = None;
     }
 
-    /// Deletes the host veth of an attachment and releases its address.
-    /// Idempotent: both steps succeed when there is nothing left to remove.
+    /// Removes an attachment's host ports, deletes its host veth and
+    /// releases its address. Idempotent: every step succeeds when there is
+    /// nothing left to remove.
     pub async fn teardown(&self, key: &Key, host_veth: &str) -> Result<(), CniError> {
+        self.hostports.release(key).await.map_err(|e| e.to_cni())?;
+        self.metrics.set_host_port_usage(self.hostports.usage());
         link::delete(&self.host, host_veth)
             .await
             .map_err(|e| ErrorCode::Internal.error(format!("cannot delete veth {host_veth}: {e}")))?;

@@ -54,6 +54,11 @@ pub struct Config {
     /// Full overlay resync period, in seconds (changes apply at once anyway).
     #[arg(long, env = "WEFT_RESYNC_SECONDS", default_value_t = 30)]
     pub resync_seconds: u64,
+    /// Range automatic host ports are picked from (pod annotation
+    /// `weft.dev/host-ports`). The default stays clear of the NodePort range
+    /// and Linux's default ephemeral range.
+    #[arg(long, env = "WEFT_HOST_PORT_RANGE", default_value = crate::hostport::range::DEFAULT_RANGE)]
+    pub host_port_range: crate::hostport::PortRange,
     /// Address for /metrics, /healthz and /readyz.
     #[arg(long, env = "WEFT_METRICS_ADDR", default_value = "0.0.0.0:9646")]
     pub metrics_addr: SocketAddr,

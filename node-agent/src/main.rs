@@ -5,6 +5,7 @@ mod agent;
 mod cni_server;
 mod config;
 mod dataplane;
+mod hostport;
 mod http;
 mod ipam;
 mod lease;
@@ -54,9 +55,15 @@ async fn run(config: Config) -> anyhow::Result<()> {
 
     // Without a fixed pod CIDR the node's Subnet lease decides it; no CNI
     // socket exists until then, so weft-cni answers STATUS 50 / ADD 11.
-    let subnets = match config.pod_cidr {
-        Some(_) => None,
-        None => Some(Api::<Subnet>::all(kube_client(&config).await?)),
+    // With a fixed pod CIDR the API is optional (host port annotations and
+    // Events need it); with a lease it is required.
+    let client = match (config.pod_cidr, &config.kubeconfig) {
+        (Some(_), None) => None,
+        _ => Some(kube_client(&config).await?),
+    };
+    let subnets = match (config.pod_cidr, &client) {
+        (None, Some(c)) => Some(Api::<Subnet>::all(c.clone())),
+        _ => None,
     };
     let lease = match (&subnets, config.pod_cidr) {
         (_, Some(cidr)) => lease::Lease { cidr, backend: weft_api::subnet::Backend::default() },
@@ -79,9 +86,20 @@ async fn run(config: Config) -> anyhow::Result<()> {
 
     let ipam_dir = config.state_dir.join("ipam");
     let ipam = tokio::task::block_in_place(|| Ipam::open(pool, &ipam_dir)).context("cannot load IPAM state")?;
-    let agent = Arc::new(Agent::new(config.clone(), ipam, host, pod_mtu));
+    let hostports = open_host_ports(&config, &pool)?;
+    let kube = client
+        .clone()
+        .map(|c| agent::KubeAccess { pods: hostport::pods::PodCache::start(c.clone(), &config.node_name), client: c });
+    let agent = Arc::new(Agent::new(config.clone(), ipam, hostports, kube, host, pod_mtu));
 
     agent.reconcile_on_start().await.context("start-up reconciliation failed")?;
+    agent.metrics.set_host_port_usage(agent.hostports.usage());
+    tokio::spawn(sync_host_ports(Arc::clone(&agent)));
+    if let (Some(c), Some(node_ip)) = (&client, config.node_ip) {
+        let resync = std::time::Duration::from_secs(config.resync_seconds.max(1));
+        let hp = Arc::clone(&agent.hostports);
+        tokio::spawn(hostport::publish::run(c.clone(), config.node_name.clone(), node_ip.to_string(), hp, resync));
+    }
     agent.ensure_bridge(true).await.map_err(|e| anyhow::anyhow!(e.msg))?;
     agent.metrics.set_ipam_usage(agent.ipam.usage());
     let _ = slot.set(Arc::clone(&agent));
@@ -145,6 +163,37 @@ async fn setup_overlay(
     };
     lease::publish(api, &config.node_name, &facts).await?;
     Ok((reconciler, local.pod_mtu))
+}
+
+/// The host port records; warns when the range collides with the node's
+/// ephemeral ports (outgoing connections could then take a port first).
+fn open_host_ports(config: &Config, pool: &Pool) -> anyhow::Result<hostport::HostPorts> {
+    let range = config.host_port_range;
+    if let Some(eph) = hostport::range::ephemeral_range().filter(|e| e.overlaps(&range)) {
+        tracing::warn!(%range, ephemeral = %eph, "the host port range overlaps the node's ephemeral port range");
+    }
+    let dir = config.state_dir.join("hostports");
+    tokio::task::block_in_place(|| hostport::HostPorts::open(&dir, range, pool.cidr()))
+        .context("cannot load host port state")
+}
+
+/// Rewrites the host port rules whenever someone else changed them (a
+/// component restoring the nat table, a hand edit), every resync period.
+async fn sync_host_ports(agent: Arc<Agent>) {
+    let period = std::time::Duration::from_secs(agent.config.resync_seconds.max(1));
+    let mut first = true;
+    loop {
+        match agent.hostports.sync().await {
+            Ok(true) if !first => {
+                tracing::warn!("host port rules had been changed by someone else; rewritten");
+                agent.metrics.host_port_repairs.inc();
+            }
+            Ok(_) => {}
+            Err(e) => tracing::error!(error = %e, "cannot sync host port rules"),
+        }
+        first = false;
+        tokio::time::sleep(period).await;
+    }
 }
 
 fn unreachable_config() -> anyhow::Result<lease::Lease> {

@@ -38,6 +38,8 @@ pub struct Metrics {
     pub duration: HistogramFamily,
     pub ipam_addresses: Family<StateLabels, Gauge>,
     pub released_on_start: Counter,
+    pub host_ports: Family<StateLabels, Gauge>,
+    pub host_port_repairs: Counter,
 }
 
 fn latency_histogram() -> Histogram {
@@ -75,7 +77,19 @@ impl Default for Metrics {
             "Allocations released by start-up reconciliation (their ADD never finished or their pod is gone)",
             released_on_start.clone(),
         );
-        Self { registry, requests, errors, duration, ipam_addresses, released_on_start }
+        let host_ports = Family::<StateLabels, Gauge>::default();
+        registry.register(
+            "host_ports",
+            "Ports of this node's host port range, by state (allocated or free)",
+            host_ports.clone(),
+        );
+        let host_port_repairs = Counter::default();
+        registry.register(
+            "host_port_rule_repairs",
+            "Times the periodic sync found the host port rules changed by someone else and rewrote them",
+            host_port_repairs.clone(),
+        );
+        Self { registry, requests, errors, duration, ipam_addresses, released_on_start, host_ports, host_port_repairs }
     }
 }
 
@@ -83,6 +97,11 @@ impl Metrics {
     pub fn set_ipam_usage(&self, (allocated, free): (u64, u64)) {
         self.ipam_addresses.get_or_create(&StateLabels { state: "allocated" }).set(allocated as i64);
         self.ipam_addresses.get_or_create(&StateLabels { state: "free" }).set(free as i64);
+    }
+
+    pub fn set_host_port_usage(&self, (used, size): (usize, usize)) {
+        self.host_ports.get_or_create(&StateLabels { state: "allocated" }).set(used as i64);
+        self.host_ports.get_or_create(&StateLabels { state: "free" }).set(size.saturating_sub(used) as i64);
     }
 
     pub fn observe(&self, verb: &'static str, seconds: f64, error_code: Option<u32>) {

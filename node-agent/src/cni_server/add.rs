@@ -10,6 +10,7 @@ use weft_proto::cni::v1::{CniError, CniRequest, CniResult, Dns, Interface, IpCon
 use super::key_of;
 use crate::agent::{Agent, host_veth_name, ipam_error, veth_mac};
 use crate::dataplane::link::{self, AttachSpec};
+use crate::hostport::{self, HostPortError, PodIdentity, Wanted, publish, request};
 use crate::ipam::Record;
 use crate::netns::{Netns, NetnsError};
 
@@ -28,6 +29,7 @@ impl Agent {
             other => ErrorCode::Internal.error(other.to_string()),
         })?;
         let bridge_index = self.ensure_bridge(false).await?;
+        let (pod_id, wanted) = self.host_ports_wanted(req).await?;
 
         let host_veth = host_veth_name(&key);
         let record = Record {
@@ -59,7 +61,15 @@ impl Agent {
         // reconciliation removes both.
         let ipam = Arc::clone(&self.ipam);
         let persist = tokio::task::spawn_blocking(move || ipam.persist(ip));
-        let (attached, persisted) = tokio::join!(link::attach(&self.host, &pod, &spec), persist);
+        let ports = self.hostports.add(&key, &pod_id, ip, wanted);
+        let (attached, persisted, ports) = tokio::join!(link::attach(&self.host, &pod, &spec), persist, ports);
+        if let Err(e) = ports {
+            if let Err(cleanup) = self.teardown(&key, &host_veth).await {
+                tracing::error!(%ip, error = %cleanup.msg, "could not undo a failed ADD");
+            }
+            return Err(self.host_port_failure(&pod_id, e));
+        }
+        self.metrics.set_host_port_usage(self.hostports.usage());
         let failure = match (attached, persisted) {
             (Err(e), _) => {
                 // Perhaps the bridge went away: look again on the next ADD.
@@ -92,6 +102,53 @@ impl Agent {
             routes: vec![Route { dst: "0.0.0.0/0".into(), gw: pool.gateway().to_string() }],
             dns: dns_of(&req.config_json),
         })
+    }
+}
+
+impl Agent {
+    /// The pod's identity and the host ports it asks for: fixed ones from
+    /// the runtime's `portMappings`, automatic ones from its annotation (read
+    /// from the API when the agent has one).
+    async fn host_ports_wanted(&self, req: &CniRequest) -> Result<(PodIdentity, Vec<Wanted>), CniError> {
+        let arg = |k: &str| req.args.get(k).cloned().unwrap_or_default();
+        let mut pod_id =
+            PodIdentity { namespace: arg("K8S_POD_NAMESPACE"), name: arg("K8S_POD_NAME"), uid: arg("K8S_POD_UID") };
+        let mut wanted = request::from_runtime_config(&req.config_json)
+            .map_err(|e| self.host_port_failure(&pod_id, HostPortError::from(e)))?;
+        let Some(kube) = &self.kube else { return Ok((pod_id, wanted)) };
+        if pod_id.name.is_empty() || pod_id.namespace.is_empty() {
+            return Ok((pod_id, wanted));
+        }
+        let uid = Some(pod_id.uid.as_str()).filter(|u| !u.is_empty());
+        let pod = kube
+            .pods
+            .get(&pod_id.namespace, &pod_id.name, uid)
+            .await
+            .map_err(|e| ErrorCode::TryAgainLater.error(e.to_string()))?;
+        // No Pod object: a runtime used outside Kubernetes; nothing to read.
+        if let Some(pod) = pod {
+            if pod_id.uid.is_empty() {
+                pod_id.uid = pod.metadata.uid.clone().unwrap_or_default();
+            }
+            let auto = request::from_pod(&pod).map_err(|e| self.host_port_failure(&pod_id, HostPortError::from(e)))?;
+            wanted.extend(auto);
+        }
+        Ok((pod_id, wanted))
+    }
+
+    /// The CNI error for a host port failure, also recorded as an Event on the pod.
+    fn host_port_failure(&self, pod_id: &PodIdentity, e: HostPortError) -> CniError {
+        let err = e.to_cni();
+        let reason = match &e {
+            HostPortError::Request(_) => "InvalidHostPorts",
+            HostPortError::Store(hostport::StoreError::Exhausted { .. }) => "HostPortsExhausted",
+            HostPortError::Store(hostport::StoreError::Conflict { .. }) => "HostPortConflict",
+            _ => "HostPortsFailed",
+        };
+        if let Some(kube) = &self.kube {
+            publish::warn_pod(&kube.client, &self.config.node_name, pod_id, reason, err.msg.clone());
+        }
+        err
     }
 }
 

@@ -68,7 +68,7 @@ impl Agent {
         if !gws.contains(&pool.gateway()) {
             return Err(failed(format!("the pod has no default route via {}", pool.gateway())));
         }
-        Ok(())
+        self.hostports.check(&key).await.map_err(failed)
     }
 }
 

@@ -18,7 +18,8 @@ pub enum IptablesError {
 /// The rules of one table, as `iptables-save -t <table>` prints them.
 pub fn save(table: &str) -> Result<String, IptablesError> {
     const CMD: &str = "iptables-save";
-    let out = Command::new(CMD).args(["-t", table]).output().map_err(|source| IptablesError::Spawn { cmd: CMD, source })?;
+    let out =
+        Command::new(CMD).args(["-t", table]).output().map_err(|source| IptablesError::Spawn { cmd: CMD, source })?;
     if !out.status.success() {
         return Err(IptablesError::Failed {
             cmd: CMD,

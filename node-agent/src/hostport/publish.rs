@@ -1,0 +1,186 @@
+//! Publishes the node's host port records as `HostPortAllocation` objects
+//! (level-triggered: list ours, apply what differs, delete what has no
+//! record) and reports allocation failures as Events on the pod. Runs in
+//! the background: ADD and DEL never wait for the API.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Event;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+use weft_api::host_port::{HostPort, HostPortAllocation, HostPortAllocationSpec, NODE_LABEL, PodRef, PortRangeSpec};
+
+use super::{Allocation, HostPorts, PodIdentity};
+
+const FIELD_MANAGER: &str = "weft-agent";
+
+/// Name of the object for one allocation: the pod's name and a hash of the
+/// attachment, so a pod recreated under the same name (perhaps on another
+/// node) never fights over one object.
+pub fn object_name(a: &Allocation) -> String {
+    let mut h: u32 = 0x811c_9dc5;
+    for b in a.container_id.bytes().chain([0]).chain(a.ifname.bytes()) {
+        h ^= u32::from(b);
+        h = h.wrapping_mul(0x0100_0193);
+    }
+    let pod: String = a.pod_name.chars().take(240).collect();
+    format!("{pod}-{h:08x}")
+}
+
+fn desired(a: &Allocation, node: &str, node_ip: &str, hp: &HostPorts) -> HostPortAllocationSpec {
+    let range = hp.range();
+    HostPortAllocationSpec {
+        pod_ref: PodRef { name: a.pod_name.clone(), uid: (!a.pod_uid.is_empty()).then(|| a.pod_uid.clone()) },
+        node_name: node.to_owned(),
+        node_ip: node_ip.to_owned(),
+        ports: a
+            .ports
+            .iter()
+            .map(|m| HostPort {
+                protocol: m.protocol,
+                container_port: i32::from(m.container_port),
+                host_port: i32::from(m.host_port),
+                name: m.name.clone(),
+                host_ip: m.host_ip.map(|ip| ip.to_string()),
+                automatic: m.auto,
+            })
+            .collect(),
+        port_range: Some(PortRangeSpec { first: i32::from(range.first), last: i32::from(range.last) }),
+    }
+}
+
+/// Runs forever: after every change of the records, and every `resync`.
+pub async fn run(client: kube::Client, node: String, node_ip: String, hp: Arc<HostPorts>, resync: Duration) {
+    loop {
+        let wait = match publish_once(&client, &node, &node_ip, &hp).await {
+            Ok(()) => resync,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot publish HostPortAllocations; retrying");
+                Duration::from_secs(1)
+            }
+        };
+        tokio::select! {
+            _ = hp.changed.notified() => {}
+            _ = tokio::time::sleep(wait) => {}
+        }
+    }
+}
+
+async fn publish_once(client: &kube::Client, node: &str, node_ip: &str, hp: &HostPorts) -> Result<(), kube::Error> {
+    let all = Api::<HostPortAllocation>::all(client.clone());
+    // Label values are at most 63 characters; longer node names list everything.
+    let params = if node.len() <= 63 {
+        ListParams::default().labels(&format!("{NODE_LABEL}={node}"))
+    } else {
+        ListParams::default()
+    };
+    let existing: HashMap<(String, String), HostPortAllocation> = all
+        .list(&params)
+        .await?
+        .items
+        .into_iter()
+        .filter(|o| o.spec.node_name == node)
+        .filter_map(|o| Some(((o.metadata.namespace.clone()?, o.metadata.name.clone()?), o)))
+        .collect();
+    let mut wanted = std::collections::HashSet::new();
+    for a in hp.all().into_iter().filter(|a| !a.pod_name.is_empty() && !a.pod_namespace.is_empty()) {
+        let name = object_name(&a);
+        let spec = desired(&a, node, node_ip, hp);
+        let id = (a.pod_namespace.clone(), name.clone());
+        wanted.insert(id.clone());
+        if existing.get(&id).is_some_and(|o| o.spec == spec) {
+            continue;
+        }
+        let mut metadata = json!({"name": name, "namespace": a.pod_namespace, "labels": {NODE_LABEL: node}});
+        if !a.pod_uid.is_empty() {
+            // Lets a Kubernetes garbage collector, where one runs, remove it with the pod.
+            metadata["ownerReferences"] =
+                json!([{"apiVersion": "v1", "kind": "Pod", "name": a.pod_name, "uid": a.pod_uid}]);
+        }
+        let object = json!({"apiVersion": "weft.dev/v1alpha1", "kind": "HostPortAllocation", "metadata": metadata, "spec": spec});
+        Api::<HostPortAllocation>::namespaced(client.clone(), &a.pod_namespace)
+            .patch(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&object))
+            .await?;
+    }
+    for (ns, name) in existing.keys().filter(|id| !wanted.contains(*id)) {
+        match Api::<HostPortAllocation>::namespaced(client.clone(), ns).delete(name, &DeleteParams::default()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Records a Warning Event on the pod, in the background.
+pub fn warn_pod(client: &kube::Client, node: &str, pod: &PodIdentity, reason: &'static str, message: String) {
+    if pod.name.is_empty() || pod.namespace.is_empty() {
+        return;
+    }
+    let (client, node, pod) = (client.clone(), node.to_owned(), pod.clone());
+    tokio::spawn(async move {
+        let now = k8s_openapi::jiff::Timestamp::now().to_string();
+        let event = json!({
+            "metadata": {"generateName": format!("{}.", pod.name), "namespace": pod.namespace},
+            "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": pod.name, "namespace": pod.namespace,
+                               "uid": (!pod.uid.is_empty()).then_some(&pod.uid)},
+            "reason": reason,
+            "message": message,
+            "type": "Warning",
+            "source": {"component": "weft-agent", "host": node},
+            "reportingComponent": "weft.dev/weft-agent",
+            "reportingInstance": node,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        });
+        let result = match serde_json::from_value::<Event>(event) {
+            Ok(ev) => {
+                Api::<Event>::namespaced(client, &pod.namespace).create(&PostParams::default(), &ev).await.map(|_| ())
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "malformed Event");
+                Ok(())
+            }
+        };
+        if let Err(e) = result {
+            tracing::warn!(pod = %format!("{}/{}", pod.namespace, pod.name), error = %e, "cannot record an Event on the pod");
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hostport::store::Mapping;
+
+    #[test]
+    fn specs_carry_the_record_and_names_are_stable() {
+        let dir = tempfile::tempdir().unwrap();
+        let hp = HostPorts::open(dir.path(), "20000-20009".parse().unwrap(), "10.244.1.0/24".parse().unwrap()).unwrap();
+        let a = Allocation {
+            container_id: "abc".into(),
+            ifname: "eth0".into(),
+            pod_namespace: "default".into(),
+            pod_name: "web".into(),
+            pod_uid: "u-1".into(),
+            pod_ip: "10.244.1.5".parse().unwrap(),
+            ports: vec![Mapping {
+                protocol: weft_api::Protocol::Udp,
+                container_port: 53,
+                host_port: 20001,
+                host_ip: None,
+                name: Some("dns".into()),
+                auto: true,
+            }],
+        };
+        let spec = desired(&a, "node-1", "10.250.0.11", &hp);
+        assert_eq!(spec.ports[0].host_port, 20001);
+        assert_eq!(spec.pod_ref.uid.as_deref(), Some("u-1"));
+        assert_eq!(spec.port_range.map(|r| (r.first, r.last)), Some((20000, 20009)));
+        assert_eq!(object_name(&a), object_name(&a.clone()));
+        assert!(object_name(&a).starts_with("web-") && object_name(&a).len() == 12);
+    }
+}

@@ -1,0 +1,337 @@
+//! The agent's durable record of the host ports it allocated: one file per
+//! attachment (written atomically), loaded on start, so ports stay unique
+//! across restarts and DEL never needs the API to know what to remove.
+
+use std::collections::HashMap;
+use std::fs;
+use std::io::Write;
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use serde::{Deserialize, Serialize};
+use weft_api::Protocol;
+
+use super::range::PortRange;
+use super::request::Wanted;
+use crate::ipam::Key;
+
+/// One forwarded port.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Mapping {
+    pub protocol: Protocol,
+    pub container_port: u16,
+    pub host_port: u16,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_ip: Option<Ipv4Addr>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Picked from the range (annotation) rather than fixed (pod spec hostPort).
+    pub auto: bool,
+}
+
+/// The host ports of one attachment.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Allocation {
+    pub container_id: String,
+    pub ifname: String,
+    pub pod_namespace: String,
+    pub pod_name: String,
+    #[serde(default)]
+    pub pod_uid: String,
+    pub pod_ip: Ipv4Addr,
+    pub ports: Vec<Mapping>,
+}
+
+impl Allocation {
+    pub fn key(&self) -> Key {
+        Key { container_id: self.container_id.clone(), ifname: self.ifname.clone() }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("no free {protocol:?} host port left in {range} ({used} in use by pods, the rest bound by host processes)")]
+    Exhausted { protocol: Protocol, range: PortRange, used: usize },
+    #[error("host port {port}/{protocol:?} is already used by {owner}")]
+    Conflict { port: u16, protocol: Protocol, owner: String },
+    #[error("host port state {path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error("host port record {path} is corrupt: {source}")]
+    Corrupt { path: PathBuf, source: serde_json::Error },
+}
+
+#[derive(Default)]
+struct Inner {
+    by_key: HashMap<Key, Allocation>,
+    taken: HashMap<(Protocol, u16), Key>,
+    /// Per protocol, where the next automatic search starts, so freed ports
+    /// are not reused at once.
+    cursor: HashMap<Protocol, u16>,
+}
+
+pub struct Store {
+    dir: PathBuf,
+    range: PortRange,
+    inner: Mutex<Inner>,
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> StoreError + '_ {
+    move |source| StoreError::Io { path: path.to_owned(), source }
+}
+
+impl Store {
+    /// Loads every record in `dir` (created if missing); leftovers of an
+    /// interrupted write are removed.
+    pub fn open(dir: &Path, range: PortRange) -> Result<Self, StoreError> {
+        fs::create_dir_all(dir).map_err(io(dir))?;
+        let mut inner = Inner::default();
+        for entry in fs::read_dir(dir).map_err(io(dir))? {
+            let path = entry.map_err(io(dir))?.path();
+            if path.extension().is_some_and(|e| e == "tmp") {
+                fs::remove_file(&path).map_err(io(&path))?;
+                continue;
+            }
+            let text = fs::read(&path).map_err(io(&path))?;
+            let a: Allocation =
+                serde_json::from_slice(&text).map_err(|source| StoreError::Corrupt { path: path.clone(), source })?;
+            for m in &a.ports {
+                inner.taken.insert((m.protocol, m.host_port), a.key());
+            }
+            inner.by_key.insert(a.key(), a);
+        }
+        Ok(Self { dir: dir.to_owned(), range, inner: Mutex::new(inner) })
+    }
+
+    pub fn range(&self) -> PortRange {
+        self.range
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        // A panic while holding the lock cannot leave the maps half-updated
+        // in a way that matters more than losing the agent: keep serving.
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Picks and records ports for `wanted` (all or nothing). `bound` says
+    /// whether a host process holds a port. The record is on disk when this
+    /// returns `Ok`.
+    pub fn allocate(
+        &self,
+        key: &Key,
+        mut alloc: Allocation,
+        wanted: &[Wanted],
+        bound: impl Fn(Protocol, u16) -> bool,
+    ) -> Result<Allocation, StoreError> {
+        let mut inner = self.lock();
+        let mut picked: Vec<(Protocol, u16)> = Vec::new();
+        let owner_of = |inner: &Inner, k: &(Protocol, u16)| {
+            inner
+                .taken
+                .get(k)
+                .and_then(|o| inner.by_key.get(o))
+                .map(|a| format!("pod {}/{}", a.pod_namespace, a.pod_name))
+        };
+        // Fixed ports first, so that automatic ones never take them.
+        for w in wanted.iter().filter(|w| w.host_port.is_some()) {
+            let port = w.host_port.unwrap_or_default();
+            let k = (w.protocol, port);
+            if let Some(owner) = owner_of(&inner, &k) {
+                return Err(StoreError::Conflict { port, protocol: w.protocol, owner });
+            }
+            if picked.contains(&k) {
+                return Err(StoreError::Conflict { port, protocol: w.protocol, owner: "this pod already".into() });
+            }
+            if bound(w.protocol, port) {
+                return Err(StoreError::Conflict { port, protocol: w.protocol, owner: "a process on the node".into() });
+            }
+            picked.push(k);
+            alloc.ports.push(mapping(w, port));
+        }
+        for w in wanted.iter().filter(|w| w.host_port.is_none()) {
+            let mut found = None;
+            let mut port = inner.cursor.get(&w.protocol).copied().unwrap_or(self.range.first);
+            for _ in 0..self.range.len() {
+                let k = (w.protocol, port);
+                if !inner.taken.contains_key(&k) && !picked.contains(&k) && !bound(w.protocol, port) {
+                    found = Some(port);
+                    break;
+                }
+                port = self.range.next(port);
+            }
+            let Some(port) = found else {
+                let used = inner.taken.keys().filter(|(p, n)| *p == w.protocol && self.range.contains(*n)).count();
+                return Err(StoreError::Exhausted { protocol: w.protocol, range: self.range, used });
+            };
+            inner.cursor.insert(w.protocol, self.range.next(port));
+            picked.push((w.protocol, port));
+            alloc.ports.push(mapping(w, port));
+        }
+        self.write(&alloc)?;
+        for k in picked {
+            inner.taken.insert(k, key.clone());
+        }
+        inner.by_key.insert(key.clone(), alloc.clone());
+        Ok(alloc)
+    }
+
+    pub fn get(&self, key: &Key) -> Option<Allocation> {
+        self.lock().by_key.get(key).cloned()
+    }
+
+    pub fn all(&self) -> Vec<Allocation> {
+        let mut v: Vec<Allocation> = self.lock().by_key.values().cloned().collect();
+        v.sort_by(|a, b| (&a.container_id, &a.ifname).cmp(&(&b.container_id, &b.ifname)));
+        v
+    }
+
+    /// (ports in use, ports in the range).
+    pub fn usage(&self) -> (usize, usize) {
+        let inner = self.lock();
+        (inner.taken.keys().filter(|(_, n)| self.range.contains(*n)).count(), self.range.len())
+    }
+
+    /// Removes the record; returns what it held (`None` when nothing was recorded).
+    pub fn release(&self, key: &Key) -> Result<Option<Allocation>, StoreError> {
+        let mut inner = self.lock();
+        let Some(alloc) = inner.by_key.get(key).cloned() else { return Ok(None) };
+        let path = self.path(key);
+        match fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io(&path)(e)),
+        }
+        sync_dir(&self.dir)?;
+        inner.by_key.remove(key);
+        for m in &alloc.ports {
+            if inner.taken.get(&(m.protocol, m.host_port)) == Some(key) {
+                inner.taken.remove(&(m.protocol, m.host_port));
+            }
+        }
+        Ok(Some(alloc))
+    }
+
+    fn path(&self, key: &Key) -> PathBuf {
+        // Container IDs and interface names cannot contain '/'.
+        self.dir.join(format!("{}_{}.json", key.container_id, key.ifname))
+    }
+
+    fn write(&self, alloc: &Allocation) -> Result<(), StoreError> {
+        let path = self.path(&alloc.key());
+        let tmp = path.with_extension("tmp");
+        let body =
+            serde_json::to_vec_pretty(alloc).map_err(|source| StoreError::Corrupt { path: path.clone(), source })?;
+        let mut f = fs::File::create(&tmp).map_err(io(&tmp))?;
+        f.write_all(&body).map_err(io(&tmp))?;
+        f.sync_all().map_err(io(&tmp))?;
+        fs::rename(&tmp, &path).map_err(io(&path))?;
+        sync_dir(&self.dir)
+    }
+}
+
+fn mapping(w: &Wanted, host_port: u16) -> Mapping {
+    Mapping {
+        protocol: w.protocol,
+        container_port: w.container_port,
+        host_port,
+        host_ip: w.host_ip,
+        name: w.name.clone(),
+        auto: w.host_port.is_none(),
+    }
+}
+
+fn sync_dir(dir: &Path) -> Result<(), StoreError> {
+    fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io(dir))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(id: &str) -> Key {
+        Key { container_id: id.into(), ifname: "eth0".into() }
+    }
+
+    fn alloc(id: &str) -> Allocation {
+        Allocation {
+            container_id: id.into(),
+            ifname: "eth0".into(),
+            pod_namespace: "default".into(),
+            pod_name: id.into(),
+            pod_uid: String::new(),
+            pod_ip: "10.244.1.2".parse().unwrap(),
+            ports: vec![],
+        }
+    }
+
+    fn auto(proto: Protocol, port: u16) -> Wanted {
+        Wanted { protocol: proto, container_port: port, host_port: None, host_ip: None, name: None }
+    }
+
+    fn fixed(port: u16) -> Wanted {
+        Wanted { protocol: Protocol::Tcp, container_port: 80, host_port: Some(port), host_ip: None, name: None }
+    }
+
+    const RANGE: PortRange = PortRange { first: 20000, last: 20003 };
+
+    #[test]
+    fn ports_are_distinct_survive_reopen_and_are_reused_after_release() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Store::open(dir.path(), RANGE).unwrap();
+        let a = s.allocate(&key("a"), alloc("a"), &[auto(Protocol::Tcp, 80), auto(Protocol::Tcp, 81)], |_, _| false);
+        let a = a.unwrap();
+        assert_eq!(a.ports.iter().map(|m| m.host_port).collect::<Vec<_>>(), vec![20000, 20001]);
+        // UDP has its own space.
+        let u = s.allocate(&key("u"), alloc("u"), &[auto(Protocol::Udp, 53)], |_, _| false).unwrap();
+        assert_eq!(u.ports[0].host_port, 20000);
+        drop(s);
+        let s = Store::open(dir.path(), RANGE).unwrap();
+        assert_eq!(s.get(&key("a")), Some(a));
+        let b = s.allocate(&key("b"), alloc("b"), &[auto(Protocol::Tcp, 80), auto(Protocol::Tcp, 81)], |_, _| false);
+        assert_eq!(b.unwrap().ports.iter().map(|m| m.host_port).collect::<Vec<_>>(), vec![20002, 20003]);
+        let e = s.allocate(&key("c"), alloc("c"), &[auto(Protocol::Tcp, 80)], |_, _| false).unwrap_err();
+        assert!(e.to_string().contains("no free Tcp host port left in 20000-20003"), "{e}");
+        assert!(s.get(&key("c")).is_none(), "a failed allocation records nothing");
+        s.release(&key("a")).unwrap();
+        assert!(s.release(&key("a")).unwrap().is_none(), "releasing twice is harmless");
+        let c = s.allocate(&key("c"), alloc("c"), &[auto(Protocol::Tcp, 80)], |_, _| false).unwrap();
+        assert_eq!(c.ports[0].host_port, 20000);
+        assert_eq!(s.usage(), (4, 4));
+    }
+
+    #[test]
+    fn bound_ports_and_fixed_ports_are_skipped() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Store::open(dir.path(), RANGE).unwrap();
+        let a = s.allocate(&key("a"), alloc("a"), &[auto(Protocol::Tcp, 80), fixed(20001)], |_, p| p == 20000).unwrap();
+        let ports: Vec<_> = a.ports.iter().map(|m| (m.host_port, m.auto)).collect();
+        assert_eq!(ports, vec![(20001, false), (20002, true)]);
+        let e = s.allocate(&key("b"), alloc("b"), &[fixed(20001)], |_, _| false).unwrap_err();
+        assert!(e.to_string().contains("already used by pod default/a"), "{e}");
+        let e = s.allocate(&key("b"), alloc("b"), &[fixed(8080)], |_, p| p == 8080).unwrap_err();
+        assert!(e.to_string().contains("a process on the node"), "{e}");
+    }
+
+    #[test]
+    fn concurrent_allocations_never_share_a_port() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = std::sync::Arc::new(Store::open(dir.path(), PortRange { first: 30000, last: 30199 }).unwrap());
+        let handles: Vec<_> = (0..50)
+            .map(|i| {
+                let s = s.clone();
+                std::thread::spawn(move || {
+                    let id = format!("p{i}");
+                    s.allocate(&key(&id), alloc(&id), &[auto(Protocol::Tcp, 80), auto(Protocol::Tcp, 81)], |_, _| false)
+                        .unwrap()
+                })
+            })
+            .collect();
+        let mut ports: Vec<u16> =
+            handles.into_iter().flat_map(|h| h.join().unwrap().ports.into_iter().map(|m| m.host_port)).collect();
+        ports.sort();
+        ports.dedup();
+        assert_eq!(ports.len(), 100);
+    }
+}
