@@ -502,6 +502,13 @@ fn install_upgrade_uninstall_on_a_real_apiserver() {
     assert!(!can(&agent_sa, "patch", "subnets.weft.dev", &[]));
     assert!(!can(&agent_sa, "create", "subnets.weft.dev", &[]));
     assert!(can(&agent_sa, "get", "nodes", &[]));
+    assert!(can(&agent_sa, "create", "hostportallocations.weft.dev", &["-n", "default"]));
+    assert!(can(&agent_sa, "create", "events", &["-n", "default"]));
+    assert!(!can(&agent_sa, "patch", "pods", &["-n", "default"]));
+    assert!(can(&op_sa, "delete", "hostportallocations.weft.dev", &["-n", "default"]));
+    assert!(can(&op_sa, "patch", "hostportallocations.weft.dev", &["--subresource=status", "-n", "default"]));
+    assert!(!can(&op_sa, "create", "hostportallocations.weft.dev", &["-n", "default"]));
+    assert!(can(&op_sa, "patch", "pods", &["-n", "default"]));
     assert!(!can(&agent_sa, "list", "secrets", &[]));
 
     // Upgrade with changed values changes the objects, and removes disabled ones.

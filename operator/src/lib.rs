@@ -1,6 +1,7 @@
 //! Weft operator: per-node Subnet leases (later: host ports, policy).
 
 pub mod config;
+pub mod hostports;
 pub mod ipam;
 pub mod leader;
 pub mod metrics;

@@ -38,7 +38,16 @@ pub struct Metrics {
     pub reconcile_duration: Family<ControllerLabel, Histogram>,
     pub pool_exhausted: Counter,
     pub leader: Gauge,
+    /// `node`, `state="allocated"|"free"`: each node's host port range.
+    pub host_ports: Family<NodeStateLabels, Gauge>,
+    pub host_port_collected: Counter,
     ready: AtomicBool,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NodeStateLabels {
+    pub node: String,
+    pub state: &'static str,
 }
 
 impl Metrics {
@@ -62,8 +71,22 @@ impl Metrics {
         );
         let leader = Gauge::default();
         registry.register("leader", "1 while this replica holds the leader Lease", leader.clone());
+        let host_ports = Family::<NodeStateLabels, Gauge>::default();
+        registry.register(
+            "host_ports",
+            "Ports of each node's host port range, by node and state (allocated, free)",
+            host_ports.clone(),
+        );
+        let host_port_collected = Counter::default();
+        registry.register(
+            "host_port_allocations_collected",
+            "HostPortAllocations deleted because their pod was gone",
+            host_port_collected.clone(),
+        );
         Metrics {
             registry,
+            host_ports,
+            host_port_collected,
             subnet_leases,
             reconcile,
             reconcile_errors,
@@ -79,6 +102,16 @@ impl Metrics {
         // Precision loss above 2^53 is fine for a gauge.
         self.subnet_leases.get_or_create(&StateLabel { state: "allocated" }).set(allocated as f64);
         self.subnet_leases.get_or_create(&StateLabel { state: "free" }).set(capacity.saturating_sub(allocated) as f64);
+    }
+
+    /// Replaces the per-node host port gauges (nodes without allocations drop out).
+    pub fn set_host_port_pools(&self, pools: &std::collections::HashMap<String, (i32, i32)>) {
+        self.host_ports.clear();
+        for (node, (used, size)) in pools {
+            let label = |state| NodeStateLabels { node: node.clone(), state };
+            self.host_ports.get_or_create(&label("allocated")).set(i64::from(*used));
+            self.host_ports.get_or_create(&label("free")).set(i64::from(size - used));
+        }
     }
 
     /// Records one reconciliation.

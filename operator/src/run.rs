@@ -178,7 +178,8 @@ async fn run_controllers(
                 tracing::debug!(error = %e, "subnet controller event");
             }
         });
-    tokio::join!(nodes, subnets, wake, ready);
+    let hostports = crate::hostports::run(client.clone(), metrics.clone(), std::time::Duration::from_secs(30));
+    tokio::join!(nodes, subnets, wake, ready, hostports);
     anyhow::bail!("controllers stopped")
 }
 

@@ -1,0 +1,311 @@
+//! HostPortAllocations: the agents write them (they own the ports); the
+//! operator deletes those whose pod is gone (a cluster may run no garbage
+//! collector), keeps each pod's `weft.dev/host-port-addresses` annotation
+//! in step with its allocations, and reports per-node pool usage on the
+//! objects' status and as metrics.
+//!
+//! Level-triggered: every change of an allocation or a pod, and a periodic
+//! resync, runs one pass over everything in the caches.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+use weft_api::host_port::{ADDRESSES_ANNOTATION, HostPortAllocation, HostPortAllocationStatus, NodePoolStatus};
+
+use crate::metrics::Metrics;
+
+pub const CONDITION_ANNOTATED: &str = "PodAnnotated";
+
+/// Runs until the process ends.
+pub async fn run(client: Client, metrics: Arc<Metrics>, resync: Duration) {
+    let changed = Arc::new(tokio::sync::Notify::new());
+    let allocations = cache::<HostPortAllocation>(Api::all(client.clone()), changed.clone());
+    let pods = cache::<Pod>(Api::all(client.clone()), changed.clone());
+    if allocations.wait_until_ready().await.is_err() || pods.wait_until_ready().await.is_err() {
+        tracing::error!("host port caches were dropped before they were ready");
+        return;
+    }
+    loop {
+        let started = std::time::Instant::now();
+        let result = pass(&client, &allocations, &pods, &metrics).await;
+        metrics.observe("hostports", started.elapsed(), result.is_err());
+        let wait = match result {
+            Ok(()) => resync,
+            Err(e) => {
+                tracing::warn!(error = %e, "host port pass failed; retrying");
+                Duration::from_secs(1)
+            }
+        };
+        tokio::select! {
+            _ = changed.notified() => {
+                // Let a burst of changes (a node's pods starting) settle into one pass.
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            _ = tokio::time::sleep(wait) => {}
+        }
+    }
+}
+
+fn cache<K>(api: Api<K>, changed: Arc<tokio::sync::Notify>) -> Store<K>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
+{
+    let (store, writer) = reflector::store();
+    let events = watcher(api, watcher::Config::default()).default_backoff().reflect(writer).touched_objects();
+    tokio::spawn(async move {
+        futures::pin_mut!(events);
+        while let Some(event) = events.next().await {
+            if let Err(e) = event {
+                tracing::debug!(error = %e, "watch error; retrying");
+            }
+            changed.notify_one();
+        }
+    });
+    store
+}
+
+/// The annotation value for a pod's allocations: `containerPort/PROTOCOL` →
+/// `nodeIP:hostPort`, as JSON with sorted keys.
+pub fn addresses_annotation(allocs: &[&HostPortAllocation]) -> String {
+    let map: BTreeMap<String, String> = allocs
+        .iter()
+        .flat_map(|a| {
+            a.spec.ports.iter().map(|p| {
+                let proto = protocol_name(p.protocol);
+                let ip = p.host_ip.clone().unwrap_or_else(|| a.spec.node_ip.clone());
+                (format!("{}/{proto}", p.container_port), format!("{ip}:{}", p.host_port))
+            })
+        })
+        .collect();
+    serde_json::to_string(&map).unwrap_or_default()
+}
+
+fn protocol_name(p: weft_api::Protocol) -> &'static str {
+    match p {
+        weft_api::Protocol::Tcp => "TCP",
+        weft_api::Protocol::Udp => "UDP",
+        weft_api::Protocol::Sctp => "SCTP",
+    }
+}
+
+fn pod_alive(pod: Option<&Pod>, a: &HostPortAllocation) -> bool {
+    pod.is_some_and(|p| a.spec.pod_ref.uid.as_deref().is_none_or(|uid| p.metadata.uid.as_deref() == Some(uid)))
+}
+
+/// Per node: (ports of the range in use, size of the range).
+pub fn node_pools(allocs: &[Arc<HostPortAllocation>]) -> HashMap<String, (i32, i32)> {
+    let mut pools: HashMap<String, (i32, i32)> = HashMap::new();
+    for a in allocs {
+        let entry = pools.entry(a.spec.node_name.clone()).or_default();
+        if let Some(r) = a.spec.port_range {
+            entry.1 = r.last - r.first + 1;
+            entry.0 += a.spec.ports.iter().filter(|p| (r.first..=r.last).contains(&p.host_port)).count() as i32;
+        }
+    }
+    pools
+}
+
+async fn pass(
+    client: &Client,
+    allocations: &Store<HostPortAllocation>,
+    pods: &Store<Pod>,
+    metrics: &Metrics,
+) -> Result<(), kube::Error> {
+    let all = allocations.state();
+    let mut live: Vec<Arc<HostPortAllocation>> = Vec::new();
+    for a in all {
+        let ns = a.namespace().unwrap_or_default();
+        let cached = pods.get(&ObjectRef::new(&a.spec.pod_ref.name).within(&ns));
+        if pod_alive(cached.as_deref(), &a) {
+            live.push(a);
+            continue;
+        }
+        // The cache may lag behind a pod created a moment ago: ask the API.
+        let fresh = Api::<Pod>::namespaced(client.clone(), &ns).get_opt(&a.spec.pod_ref.name).await?;
+        if pod_alive(fresh.as_ref(), &a) {
+            live.push(a);
+            continue;
+        }
+        tracing::info!(allocation = %format!("{ns}/{}", a.name_any()), pod = %a.spec.pod_ref.name, "pod is gone; deleting its HostPortAllocation");
+        match Api::<HostPortAllocation>::namespaced(client.clone(), &ns)
+            .delete(&a.name_any(), &DeleteParams::default())
+            .await
+        {
+            Ok(_) => {
+                metrics.host_port_collected.inc();
+            }
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => return Err(e),
+        }
+    }
+
+    let pools = node_pools(&live);
+    metrics.set_host_port_pools(&pools);
+
+    // Pod annotations: one value per pod from all its allocations.
+    let mut by_pod: BTreeMap<(String, String), Vec<&HostPortAllocation>> = BTreeMap::new();
+    for a in &live {
+        by_pod.entry((a.namespace().unwrap_or_default(), a.spec.pod_ref.name.clone())).or_default().push(a);
+    }
+    let mut annotated: HashMap<(String, String), Result<(), String>> = HashMap::new();
+    for ((ns, name), allocs) in &by_pod {
+        let want = addresses_annotation(allocs);
+        let pod = pods.get(&ObjectRef::new(name).within(ns));
+        let have = pod.as_ref().and_then(|p| p.annotations().get(ADDRESSES_ANNOTATION).cloned());
+        let outcome = if have.as_deref() == Some(want.as_str()) {
+            Ok(())
+        } else {
+            let patch = json!({"metadata": {"annotations": {ADDRESSES_ANNOTATION: want}}});
+            // A merge patch of metadata only: the pod is neither restarted nor rescheduled.
+            Api::<Pod>::namespaced(client.clone(), ns)
+                .patch_metadata(name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        };
+        annotated.insert((ns.clone(), name.clone()), outcome);
+    }
+    // Pods that keep the annotation without any allocation (their ports were released).
+    for pod in pods.state() {
+        let key = (pod.namespace().unwrap_or_default(), pod.name_any());
+        if pod.annotations().contains_key(ADDRESSES_ANNOTATION) && !by_pod.contains_key(&key) {
+            let patch = json!({"metadata": {"annotations": {ADDRESSES_ANNOTATION: null}}});
+            match Api::<Pod>::namespaced(client.clone(), &key.0)
+                .patch_metadata(&key.1, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    // Status: addresses, the node's pool, whether the pod shows them.
+    for a in &live {
+        let ns = a.namespace().unwrap_or_default();
+        let (used, size) = pools.get(&a.spec.node_name).copied().unwrap_or_default();
+        let outcome = annotated.get(&(ns.clone(), a.spec.pod_ref.name.clone())).cloned().unwrap_or(Ok(()));
+        let want = status_for(a, used, size, &outcome);
+        if same_status(a.status.as_ref(), &want) {
+            continue;
+        }
+        let patch = json!({"status": want});
+        match Api::<HostPortAllocation>::namespaced(client.clone(), &ns)
+            .patch_status(&a.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+fn status_for(
+    a: &HostPortAllocation,
+    used: i32,
+    size: i32,
+    annotated: &Result<(), String>,
+) -> HostPortAllocationStatus {
+    let addresses = a
+        .spec
+        .ports
+        .iter()
+        .map(|p| {
+            let ip = p.host_ip.clone().unwrap_or_else(|| a.spec.node_ip.clone());
+            format!("{ip}:{}/{}", p.host_port, protocol_name(p.protocol))
+        })
+        .collect();
+    let (status, reason, message) = match annotated {
+        Ok(()) => ("True", "Annotated", format!("pod annotation {ADDRESSES_ANNOTATION} lists these ports")),
+        Err(e) => ("False", "AnnotationFailed", format!("cannot annotate the pod: {e}")),
+    };
+    let condition = serde_json::from_value(json!({
+        "type": CONDITION_ANNOTATED,
+        "status": status,
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": k8s_openapi::jiff::Timestamp::now().to_string(),
+    }));
+    HostPortAllocationStatus {
+        conditions: condition.into_iter().collect(),
+        addresses,
+        node_pool: (size > 0).then(|| NodePoolStatus { used, size, summary: format!("{used}/{size}") }),
+    }
+}
+
+/// Equal but for condition timestamps.
+fn same_status(have: Option<&HostPortAllocationStatus>, want: &HostPortAllocationStatus) -> bool {
+    let Some(have) = have else { return false };
+    let key = |s: &HostPortAllocationStatus| {
+        s.conditions
+            .iter()
+            .map(|c| (c.type_.clone(), c.status.clone(), c.reason.clone(), c.message.clone()))
+            .collect::<Vec<_>>()
+    };
+    have.addresses == want.addresses && have.node_pool == want.node_pool && key(have) == key(want)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn alloc(node: &str, ports: serde_json::Value) -> HostPortAllocation {
+        let mut a: HostPortAllocation = serde_json::from_value(json!({
+            "apiVersion": "weft.dev/v1alpha1", "kind": "HostPortAllocation",
+            "metadata": {"name": "web-1", "namespace": "default"},
+            "spec": {"podRef": {"name": "web", "uid": "u1"}, "nodeName": node, "nodeIP": "10.250.0.11",
+                     "ports": ports, "portRange": {"first": 20000, "last": 20009}},
+        }))
+        .unwrap();
+        a.status = None;
+        a
+    }
+
+    #[test]
+    fn annotation_maps_container_ports_to_reachable_addresses() {
+        let a = alloc(
+            "n1",
+            json!([{"protocol": "TCP", "containerPort": 80, "hostPort": 20000},
+                                     {"protocol": "UDP", "containerPort": 53, "hostPort": 20001, "hostIP": "10.0.0.9"}]),
+        );
+        assert_eq!(addresses_annotation(&[&a]), r#"{"53/UDP":"10.0.0.9:20001","80/TCP":"10.250.0.11:20000"}"#);
+        let s = status_for(&a, 2, 10, &Ok(()));
+        assert_eq!(s.addresses, vec!["10.250.0.11:20000/TCP", "10.0.0.9:20001/UDP"]);
+        assert_eq!(s.node_pool.as_ref().map(|p| p.summary.as_str()), Some("2/10"));
+        assert!(same_status(Some(&s), &status_for(&a, 2, 10, &Ok(()))));
+        assert!(!same_status(Some(&s), &status_for(&a, 3, 10, &Ok(()))));
+    }
+
+    #[test]
+    fn pools_count_only_ports_of_the_range_per_node() {
+        let a = Arc::new(alloc(
+            "n1",
+            json!([{"containerPort": 80, "hostPort": 20000}, {"containerPort": 81, "hostPort": 8080}]),
+        ));
+        let b = Arc::new(alloc("n2", json!([{"containerPort": 80, "hostPort": 20000}])));
+        let pools = node_pools(&[a, b]);
+        assert_eq!(pools["n1"], (1, 10));
+        assert_eq!(pools["n2"], (1, 10));
+    }
+
+    #[test]
+    fn a_recreated_pod_does_not_keep_the_old_allocation_alive() {
+        let a = alloc("n1", json!([{"containerPort": 80, "hostPort": 20000}]));
+        let pod =
+            |uid: &str| -> Pod { serde_json::from_value(json!({"metadata": {"name": "web", "uid": uid}})).unwrap() };
+        assert!(pod_alive(Some(&pod("u1")), &a));
+        assert!(!pod_alive(Some(&pod("u2")), &a));
+        assert!(!pod_alive(None, &a));
+    }
+}
