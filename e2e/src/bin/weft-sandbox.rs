@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use weft_e2e::sandbox::pods::{self, PodRecord, PortSpec};
+use weft_e2e::sandbox::pods::{self, HostPortSpec, PodRecord, PortSpec};
 use weft_e2e::sandbox::{State, cluster, probe};
 
 #[derive(Parser)]
@@ -25,6 +25,9 @@ enum Cmd {
         /// vxlan or host-gw.
         #[arg(long, default_value = "vxlan")]
         backend: String,
+        /// An extra flag for every agent, e.g. --agent-arg=--host-port-range=20000-20009 (repeatable).
+        #[arg(long = "agent-arg", allow_hyphen_values = true)]
+        agent_args: Vec<String>,
     },
     /// Stop everything and remove every namespace the sandbox created.
     Down,
@@ -54,13 +57,39 @@ enum Cmd {
         /// Ports to serve, e.g. 80/tcp, 53/udp, http=8080/tcp (repeatable).
         #[arg(long = "port", short = 'p', default_value = "80/tcp")]
         ports: Vec<PortSpec>,
+        /// Annotations as key=value (repeatable), e.g. weft.dev/host-ports=http,53/udp.
+        #[arg(long = "annotation", short = 'a')]
+        annotations: Vec<String>,
+        /// A pod spec hostPort, HOSTPORT:CONTAINERPORT[/protocol] (repeatable).
+        #[arg(long = "host-port")]
+        host_ports: Vec<HostPortSpec>,
     },
     /// Delete a pod (CNI DEL, namespace, Pod object).
     DelPod {
         name: String,
         #[arg(long, short = 'n', default_value = "default")]
         namespace: String,
+        /// Leave the Pod object alone (CNI DEL and namespace only), e.g. while the API is paused.
+        #[arg(long)]
+        keep_object: bool,
     },
+    /// Connect to IP:PORT from inside a pod (namespace/name) or a node (node-N)
+    /// and print what the responder answered; fails when nothing answers.
+    Connect {
+        /// A pod as namespace/name, or a node name.
+        #[arg(long)]
+        from: String,
+        #[arg(long, default_value = "tcp")]
+        protocol: String,
+        #[arg(long, default_value_t = 1000)]
+        timeout_ms: u64,
+        /// IP:PORT
+        target: std::net::SocketAddrV4,
+    },
+    /// Freeze the kube-apiserver (SIGSTOP): the API stops answering, as in an outage.
+    ApiPause,
+    /// Let a paused kube-apiserver go on (SIGCONT).
+    ApiResume,
     /// List pods with their node and IP.
     Pods,
     /// Run a command inside a pod's network namespace.
@@ -113,9 +142,9 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     match cli.command {
-        Cmd::Up { nodes, backend } => {
+        Cmd::Up { nodes, backend, agent_args } => {
             anyhow::ensure!(["vxlan", "host-gw"].contains(&backend.as_str()), "--backend must be vxlan or host-gw");
-            let state = cluster::up(nodes, &backend)?;
+            let state = cluster::up(nodes, &backend, &agent_args)?;
             print_status(&state);
             println!("\nkubeconfig: {}", state.kubeconfig.display());
             println!("try: e2e/sandbox.sh kubectl get subnets; e2e/sandbox.sh add-pod web -l app=web");
@@ -131,15 +160,31 @@ fn main() -> anyhow::Result<()> {
             let pid = weft_e2e::sandbox::nodes::restart_agent(&State::load()?, &node, kill)?;
             println!("{pid}");
         }
-        Cmd::AddPod { name, namespace, node, labels, ports } => {
-            let labels = labels
-                .iter()
-                .map(|l| l.split_once('=').map(|(k, v)| (k.to_owned(), v.to_owned())).context("labels are key=value"))
-                .collect::<anyhow::Result<BTreeMap<_, _>>>()?;
-            let rec = rt.block_on(pods::add(&name, &namespace, node.as_deref(), &labels, &ports))?;
+        Cmd::AddPod { name, namespace, node, labels, ports, annotations, host_ports } => {
+            let labels = key_values(&labels, "labels")?;
+            let options = pods::PodOptions { annotations: key_values(&annotations, "annotations")?, host_ports };
+            let rec = rt.block_on(pods::add(&name, &namespace, node.as_deref(), &labels, &ports, &options))?;
             println!("{}", serde_json::to_string(&rec)?);
         }
-        Cmd::DelPod { name, namespace } => rt.block_on(pods::delete(&name, &namespace))?,
+        Cmd::DelPod { name, namespace, keep_object } => rt.block_on(pods::delete(&name, &namespace, keep_object))?,
+        Cmd::Connect { from, protocol, timeout_ms, target } => {
+            let state = State::load()?;
+            let netns = match state.nodes.iter().find(|n| n.name == from) {
+                Some(n) => n.netns.clone(),
+                None => {
+                    let (ns, name) =
+                        from.split_once('/').context("--from is a node name or a pod as namespace/name")?;
+                    PodRecord::load(ns, name)?.netns
+                }
+            };
+            let timeout = Duration::from_millis(timeout_ms);
+            match probe::reach_from(&netns, &target.ip().to_string(), target.port(), &protocol, timeout)? {
+                Some(answer) => println!("{answer}"),
+                None => anyhow::bail!("no answer from {target}/{protocol} within {timeout_ms} ms"),
+            }
+        }
+        Cmd::ApiPause => signal_apiserver(libc::SIGSTOP)?,
+        Cmd::ApiResume => signal_apiserver(libc::SIGCONT)?,
         Cmd::Pods => {
             println!("{:<32} {:<10} {:<16}", "POD", "NODE", "IP");
             for p in PodRecord::all() {
@@ -175,6 +220,26 @@ fn main() -> anyhow::Result<()> {
         }
         Cmd::Supervise { nodes, backend } => rt.block_on(cluster::supervise(nodes, &backend))?,
         Cmd::Respond { name, ports, ready_file } => probe::respond(&name, &ports, ready_file.as_deref())?,
+    }
+    Ok(())
+}
+
+fn key_values(items: &[String], what: &str) -> anyhow::Result<BTreeMap<String, String>> {
+    items
+        .iter()
+        .map(|l| {
+            l.split_once('=')
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .with_context(|| format!("{what} are key=value"))
+        })
+        .collect()
+}
+
+fn signal_apiserver(signal: i32) -> anyhow::Result<()> {
+    let pid = weft_e2e::sandbox::apiserver_pid()?;
+    // SAFETY: plain kill(2) of the sandbox's own apiserver.
+    if unsafe { libc::kill(pid, signal) } != 0 {
+        anyhow::bail!("cannot signal the apiserver (pid {pid}): {}", std::io::Error::last_os_error());
     }
     Ok(())
 }

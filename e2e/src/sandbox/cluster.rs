@@ -40,7 +40,7 @@ fn try_lock() -> anyhow::Result<Option<std::fs::File>> {
 
 /// Starts the supervisor in the background and waits until the cluster is
 /// ready (every node's Subnet Ready and its peers programmed).
-pub fn up(nodes: usize, backend: &str) -> anyhow::Result<State> {
+pub fn up(nodes: usize, backend: &str, agent_args: &[String]) -> anyhow::Result<State> {
     match try_lock()? {
         // Free: nothing runs, so leftovers of a crashed sandbox may go.
         Some(_probe) => {}
@@ -51,6 +51,7 @@ pub fn up(nodes: usize, backend: &str) -> anyhow::Result<State> {
     std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let log = dir.join("supervisor.log");
     let _ = std::fs::remove_file(&log);
+    std::fs::write(dir.join("agent-args.json"), serde_json::to_vec(agent_args)?)?;
     let mut cmd = Command::new(std::env::current_exe()?);
     cmd.args(["supervise", "--nodes", &nodes.to_string(), "--backend", backend]);
     let mut child = super::spawn_detached(cmd, &log)?;
@@ -166,6 +167,10 @@ async fn build(nodes: usize, backend: &str) -> anyhow::Result<Parts> {
         })
     })
     .await??;
+    // The apiserver is the last of the control plane's processes.
+    if let Some(pid) = cp.pids().last() {
+        std::fs::write(dir.join("apiserver.pid"), pid.to_string())?;
+    }
     let client = cp.client().await?;
     control_plane::install_crds(&client).await?;
     let namespaces = Api::<Namespace>::all(client.clone());

@@ -133,3 +133,19 @@ pub fn existing_namespaces() -> Vec<String> {
         .map(str::to_owned)
         .collect()
 }
+
+/// Extra flags every sandbox agent gets (`weft-sandbox up --agent-arg ...`),
+/// kept in the state directory so restarted and added nodes get them too.
+pub fn agent_args() -> Vec<String> {
+    std::fs::read(state_dir().join("agent-args.json"))
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default()
+}
+
+/// Pid of the sandbox's kube-apiserver (for pausing the API in tests).
+pub fn apiserver_pid() -> anyhow::Result<i32> {
+    let path = state_dir().join("apiserver.pid");
+    let text = std::fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?;
+    text.trim().parse().with_context(|| format!("bad pid in {}", path.display()))
+}

@@ -64,7 +64,8 @@ pub fn start_agent(node: &NodeInfo, kubeconfig: &Path) -> anyhow::Result<u32> {
         .arg(&node.socket)
         .arg("--state-dir")
         .arg(dir.join("state"))
-        .args(["--metrics-addr", "0.0.0.0:9646"]);
+        .args(["--metrics-addr", "0.0.0.0:9646"])
+        .args(super::agent_args());
     let pid = super::spawn_detached(cmd, &dir.join("agent.log"))?.id();
     std::fs::write(dir.join("agent.pid"), pid.to_string())?;
     Ok(pid)
@@ -119,7 +120,7 @@ pub async fn remove(name: &str) -> anyhow::Result<()> {
     let mut state = State::load()?;
     let info = state.node(name)?.clone();
     for pod in super::pods::PodRecord::all().into_iter().filter(|p| p.node == name) {
-        super::pods::delete(&pod.name, &pod.namespace).await?;
+        super::pods::delete(&pod.name, &pod.namespace, false).await?;
     }
     stop_agent(name);
     let client = crate::control_plane::kube_util::client_from(&state.kubeconfig).await?;

@@ -41,6 +41,32 @@ impl std::str::FromStr for PortSpec {
     }
 }
 
+/// A pod spec `hostPort`: `8080:80/tcp` maps node port 8080 to container port 80.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostPortSpec {
+    pub host_port: u16,
+    pub container_port: u16,
+    pub protocol: String,
+}
+
+impl std::str::FromStr for HostPortSpec {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (ports, proto) = s.split_once('/').unwrap_or((s, "tcp"));
+        let (h, c) = ports.split_once(':').ok_or_else(|| format!("{s:?} is not HOSTPORT:CONTAINERPORT[/protocol]"))?;
+        let port = |x: &str| x.parse::<u16>().ok().filter(|p| *p > 0).ok_or_else(|| format!("bad port {x:?} in {s:?}"));
+        Ok(HostPortSpec { host_port: port(h)?, container_port: port(c)?, protocol: proto.to_ascii_lowercase() })
+    }
+}
+
+/// Extras of a pod beyond its name, node, labels and ports.
+#[derive(Debug, Clone, Default)]
+pub struct PodOptions {
+    pub annotations: BTreeMap<String, String>,
+    /// Pod spec `hostPort`s, passed to weft-cni as `runtimeConfig.portMappings` as a runtime does.
+    pub host_ports: Vec<HostPortSpec>,
+}
+
 /// What the sandbox remembers of a pod.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct PodRecord {
@@ -51,6 +77,10 @@ pub struct PodRecord {
     pub container_id: String,
     pub ip: String,
     pub ports: Vec<PortSpec>,
+    #[serde(default)]
+    pub host_ports: Vec<HostPortSpec>,
+    #[serde(default)]
+    pub uid: String,
     pub responder_pid: Option<u32>,
 }
 
@@ -92,16 +122,31 @@ impl PodRecord {
     }
 }
 
-fn cni_conf(state: &State, node: &str) -> anyhow::Result<serde_json::Value> {
-    let n = state.node(node)?;
-    Ok(json!({"cniVersion": "1.1.0", "name": "weft", "type": "weft-cni", "agentSocket": n.socket}))
+/// The network configuration as a runtime passes it for this pod: the
+/// `portMappings` capability filled from the pod's hostPorts.
+fn cni_conf(state: &State, rec: &PodRecord) -> anyhow::Result<serde_json::Value> {
+    let n = state.node(&rec.node)?;
+    let mut conf = json!({"cniVersion": "1.1.0", "name": "weft", "type": "weft-cni", "agentSocket": n.socket,
+                          "capabilities": {"portMappings": true}});
+    if !rec.host_ports.is_empty() {
+        let mappings: Vec<_> = rec
+            .host_ports
+            .iter()
+            .map(|h| json!({"hostPort": h.host_port, "containerPort": h.container_port, "protocol": h.protocol}))
+            .collect();
+        conf["runtimeConfig"] = json!({"portMappings": mappings});
+    }
+    Ok(conf)
 }
 
 /// Execs weft-cni inside the node's namespace, as the runtime on that node would.
-fn cni(state: &State, node: &str, verb: &str, rec: &PodRecord) -> anyhow::Result<Outcome> {
-    let n = state.node(node)?;
+fn cni(state: &State, verb: &str, rec: &PodRecord) -> anyhow::Result<Outcome> {
+    let n = state.node(&rec.node)?;
     let ns = crate::netns::Netns::existing(&n.netns);
-    let args = format!("IgnoreUnknown=1;K8S_POD_NAMESPACE={};K8S_POD_NAME={}", rec.namespace, rec.name);
+    let mut args = format!("IgnoreUnknown=1;K8S_POD_NAMESPACE={};K8S_POD_NAME={}", rec.namespace, rec.name);
+    if !rec.uid.is_empty() {
+        args.push_str(&format!(";K8S_POD_INFRA_CONTAINER_ID={};K8S_POD_UID={}", rec.container_id, rec.uid));
+    }
     let netns_path = format!("/run/netns/{}", rec.netns);
     let env = [
         ("CNI_COMMAND", verb),
@@ -110,20 +155,33 @@ fn cni(state: &State, node: &str, verb: &str, rec: &PodRecord) -> anyhow::Result
         ("CNI_IFNAME", "eth0"),
         ("CNI_ARGS", args.as_str()),
     ];
-    Ok(crate::cni::exec_raw(&ns, &bins::weft("weft-cni"), &env, cni_conf(state, node)?.to_string().as_bytes()))
+    Ok(crate::cni::exec_raw(&ns, &bins::weft("weft-cni"), &env, cni_conf(state, rec)?.to_string().as_bytes()))
 }
 
-/// Creates a pod on `node` (default: the least loaded node).
+/// Creates a pod on `node` (default: the least loaded node) the way a
+/// cluster does: the Pod object first (scheduled to the node), then the
+/// runtime's CNI ADD, then the pod's status and its responder.
 pub async fn add(
     name: &str,
     namespace: &str,
     node: Option<&str>,
     labels: &BTreeMap<String, String>,
     ports: &[PortSpec],
+    options: &PodOptions,
 ) -> anyhow::Result<PodRecord> {
     let state = State::load()?;
     if PodRecord::load(namespace, name).is_ok() {
         bail!("pod {namespace}/{name} exists already");
+    }
+    for h in &options.host_ports {
+        if !ports.iter().any(|p| p.port == h.container_port && p.protocol == h.protocol) {
+            bail!(
+                "host port {}:{}/{} maps a port the pod does not serve (add --port)",
+                h.host_port,
+                h.container_port,
+                h.protocol
+            );
+        }
     }
     let node = match node {
         Some(n) => state.node(n)?.name.clone(),
@@ -139,57 +197,93 @@ pub async fn add(
         container_id: format!("sbx-{namespace}-{name}-{:08x}", rand::random::<u32>()),
         ip: String::new(),
         ports: ports.to_vec(),
+        host_ports: options.host_ports.clone(),
+        uid: String::new(),
         responder_pid: None,
     };
-    ip(&["netns", "add", &netns])?;
-    ip(&["-n", &netns, "link", "set", "lo", "up"])?;
-    let out = cni(&state, &node, "ADD", &rec)?;
+    let client = crate::control_plane::kube_util::client_from(&state.kubeconfig).await?;
+    let pods = Api::<Pod>::namespaced(client.clone(), namespace);
+    rec.uid = create_pod_object(&client, &rec, labels, options).await?;
+    let undo_object = || async {
+        let _ = pods.delete(name, &DeleteParams { grace_period_seconds: Some(0), ..Default::default() }).await;
+    };
+    if let Err(e) = ip(&["netns", "add", &netns]).and_then(|_| ip(&["-n", &netns, "link", "set", "lo", "up"])) {
+        undo_object().await;
+        return Err(e);
+    }
+    let out = match cni(&state, "ADD", &rec) {
+        Ok(out) => out,
+        Err(e) => {
+            let _ = ip(&["netns", "del", &netns]);
+            undo_object().await;
+            return Err(e);
+        }
+    };
     if !out.success {
         let _ = ip(&["netns", "del", &netns]);
+        undo_object().await;
         bail!("weft-cni ADD failed: {}", out.stdout);
     }
     rec.ip = crate::cni::pod_ip(&out.json());
-    match register(&state, &mut rec, labels).await {
+    match register(&state, &mut rec).await {
         Ok(()) => Ok(rec),
         Err(e) => {
-            // Leave nothing half-made behind: the attachment and the namespace go too.
+            // Leave nothing half-made behind: the attachment, the namespace and the object go too.
             rec.stop_responder();
-            let _ = cni(&state, &rec.node, "DEL", &rec);
+            let _ = cni(&state, "DEL", &rec);
             let _ = ip(&["netns", "del", &rec.netns]);
+            undo_object().await;
             Err(e)
         }
     }
 }
 
-/// The Pod object, the responder and the record of an attached pod.
-async fn register(state: &State, rec: &mut PodRecord, labels: &BTreeMap<String, String>) -> anyhow::Result<()> {
-    let (name, namespace, node, ports) = (rec.name.clone(), rec.namespace.clone(), rec.node.clone(), rec.ports.clone());
-    let client = crate::control_plane::kube_util::client_from(&state.kubeconfig).await?;
-    ensure_namespace(&client, &namespace).await?;
-    let pods = Api::<Pod>::namespaced(client, &namespace);
-    let container_ports: Vec<_> = ports
+/// The Pod object, scheduled to the record's node; returns its UID.
+async fn create_pod_object(
+    client: &kube::Client,
+    rec: &PodRecord,
+    labels: &BTreeMap<String, String>,
+    options: &PodOptions,
+) -> anyhow::Result<String> {
+    ensure_namespace(client, &rec.namespace).await?;
+    let pods = Api::<Pod>::namespaced(client.clone(), &rec.namespace);
+    let container_ports: Vec<_> = rec
+        .ports
         .iter()
         .map(|p| {
             let mut v = json!({"containerPort": p.port, "protocol": p.protocol.to_ascii_uppercase()});
             if let Some(n) = &p.name {
                 v["name"] = json!(n);
             }
+            if let Some(h) = rec.host_ports.iter().find(|h| h.container_port == p.port && h.protocol == p.protocol) {
+                v["hostPort"] = json!(h.host_port);
+            }
             v
         })
         .collect();
     let pod: Pod = serde_json::from_value(json!({
-        "metadata": {"name": name, "namespace": namespace, "labels": labels},
-        "spec": {"nodeName": node, "containers": [{"name": "app", "image": "weft.dev/sandbox-responder", "ports": container_ports}]},
+        "metadata": {"name": rec.name, "namespace": rec.namespace, "labels": labels, "annotations": options.annotations},
+        "spec": {"nodeName": rec.node, "containers": [{"name": "app", "image": "weft.dev/sandbox-responder", "ports": container_ports}]},
     }))?;
-    pods.create(&PostParams::default(), &pod).await.with_context(|| format!("creating Pod {namespace}/{name}"))?;
-    let host_ip = state.node(&node)?.ip.to_string();
+    let created = pods
+        .create(&PostParams::default(), &pod)
+        .await
+        .with_context(|| format!("creating Pod {}/{}", rec.namespace, rec.name))?;
+    Ok(created.metadata.uid.unwrap_or_default())
+}
+
+/// The pod's status, its responder and its record, once it is attached.
+async fn register(state: &State, rec: &mut PodRecord) -> anyhow::Result<()> {
+    let client = crate::control_plane::kube_util::client_from(&state.kubeconfig).await?;
+    let pods = Api::<Pod>::namespaced(client, &rec.namespace);
+    let host_ip = state.node(&rec.node)?.ip.to_string();
     let status =
         json!({"status": {"phase": "Running", "podIP": rec.ip, "podIPs": [{"ip": rec.ip}], "hostIP": host_ip}});
-    pods.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status)).await?;
+    pods.patch_status(&rec.name, &PatchParams::default(), &Patch::Merge(&status)).await?;
 
     rec.responder_pid = Some(start_responder(rec)?);
     std::fs::create_dir_all(pods_dir())?;
-    std::fs::write(PodRecord::path(&namespace, &name), serde_json::to_vec_pretty(&rec)?)?;
+    std::fs::write(PodRecord::path(&rec.namespace, &rec.name), serde_json::to_vec_pretty(&rec)?)?;
     Ok(())
 }
 
@@ -250,16 +344,21 @@ fn start_responder(rec: &PodRecord) -> anyhow::Result<u32> {
     Ok(child.id())
 }
 
-/// Deletes a pod: CNI DEL, namespace, Pod object, record.
-pub async fn delete(name: &str, namespace: &str) -> anyhow::Result<()> {
+/// Deletes a pod: CNI DEL, namespace, Pod object (unless `keep_object`:
+/// the API may be unreachable on purpose), record.
+pub async fn delete(name: &str, namespace: &str, keep_object: bool) -> anyhow::Result<()> {
     let state = State::load()?;
     let rec = PodRecord::load(namespace, name)?;
     rec.stop_responder();
-    let out = cni(&state, &rec.node, "DEL", &rec)?;
+    let out = cni(&state, "DEL", &rec)?;
     if !out.success {
         bail!("weft-cni DEL failed: {}", out.stdout);
     }
     let _ = ip(&["netns", "del", &rec.netns]);
+    if keep_object {
+        std::fs::remove_file(PodRecord::path(namespace, name))?;
+        return Ok(());
+    }
     let client = crate::control_plane::kube_util::client_from(&state.kubeconfig).await?;
     let pods = Api::<Pod>::namespaced(client, namespace);
     match pods.delete(name, &DeleteParams { grace_period_seconds: Some(0), ..Default::default() }).await {

@@ -96,7 +96,7 @@ pub fn probe(pods: &[PodRecord], port: u16, protocol: &str, timeout: Duration) -
 }
 
 /// The name the responder at `ip:port` answered with, if any.
-fn reach(ip: &str, port: u16, protocol: &str, timeout: Duration) -> Option<String> {
+pub fn reach(ip: &str, port: u16, protocol: &str, timeout: Duration) -> Option<String> {
     let addr: SocketAddr = format!("{ip}:{port}").parse().ok()?;
     let mut buf = [0u8; 256];
     let n = match protocol {
@@ -113,4 +113,24 @@ fn reach(ip: &str, port: u16, protocol: &str, timeout: Duration) -> Option<Strin
         }
     };
     Some(String::from_utf8_lossy(&buf[..n]).trim().to_owned())
+}
+
+/// Connects from inside `netns` to `ip:port` and returns the responder's
+/// answer (`None`: no answer within `timeout`).
+pub fn reach_from(
+    netns: &str,
+    ip: &str,
+    port: u16,
+    protocol: &str,
+    timeout: Duration,
+) -> anyhow::Result<Option<String>> {
+    let (netns, ip, protocol) = (netns.to_owned(), ip.to_owned(), protocol.to_owned());
+    std::thread::spawn(move || -> anyhow::Result<Option<String>> {
+        // This thread moves into the namespace for good.
+        let file = File::open(format!("/run/netns/{netns}")).with_context(|| format!("no namespace {netns}"))?;
+        nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET).with_context(|| format!("entering {netns}"))?;
+        Ok(reach(&ip, port, &protocol, timeout))
+    })
+    .join()
+    .map_err(|_| anyhow::anyhow!("connect thread panicked"))?
 }

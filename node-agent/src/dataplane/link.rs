@@ -165,13 +165,25 @@ pub async fn attach(host: &Handle, pod: &Netns, spec: &AttachSpec<'_>) -> Result
             op(format!("create veth {} / {}", spec.host_veth, spec.ifname))(e)
         }
     })?;
-    if let Err(e) = configure_pod(pod, spec).await {
+    let (configured, hairpin) = tokio::join!(configure_pod(pod, spec), set_hairpin(spec.host_veth));
+    if let Err(e) = configured.and(hairpin) {
         if let Err(cleanup) = delete(host, spec.host_veth).await {
             tracing::warn!(veth = spec.host_veth, error = %cleanup, "rollback of a failed ADD could not delete the veth");
         }
         return Err(e);
     }
     Ok(())
+}
+
+/// Hairpin mode on the pod's bridge port: with bridge netfilter, a pod's
+/// traffic to its own host port is DNATed while being bridged and must be
+/// allowed back out of the port it came in on. Written through sysfs: the
+/// kernel takes bridge port options only from RTM_NEWLINK, which rtnetlink's
+/// `set` does not send.
+async fn set_hairpin(host_veth: &str) -> Result<(), DataplaneError> {
+    let path = format!("/sys/class/net/{host_veth}/brport/hairpin_mode");
+    std::fs::write(&path, b"1")
+        .map_err(|e| DataplaneError::Unexpected(format!("cannot set hairpin mode on {host_veth} ({path}): {e}")))
 }
 
 async fn configure_pod(pod: &Netns, spec: &AttachSpec<'_>) -> Result<(), DataplaneError> {

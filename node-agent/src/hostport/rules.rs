@@ -113,7 +113,14 @@ pub fn full_sync_text(saved: &Saved, allocations: &[Allocation], pod_cidr: Ipv4N
     let want: Vec<String> = allocations.iter().flat_map(|a| allocation_rules(a, pod_cidr)).collect();
     let want_masq = masq_rules();
     let want_jumps = jumps();
-    let chain_ok = saved.chain.as_ref() == Some(&want);
+    // Appends leave allocations in arrival order, a rewrite in record order:
+    // the order between mappings does not matter, so compare sorted.
+    let sorted = |v: &[String]| {
+        let mut v = v.to_vec();
+        v.sort();
+        v
+    };
+    let chain_ok = saved.chain.as_deref().map(sorted) == Some(sorted(&want));
     let masq_ok = saved.masq.as_ref() == Some(&want_masq);
     let jumps_ok = saved.jumps == want_jumps;
     if chain_ok && masq_ok && jumps_ok {
@@ -222,6 +229,14 @@ mod tests {
         let saved = parse_save(&saved_after(&text));
         assert_eq!(saved.chain.as_ref().map(Vec::len), Some(4));
         assert_eq!(full_sync_text(&saved, &[a], cidr()), None);
+    }
+
+    #[test]
+    fn arrival_order_is_as_good_as_record_order() {
+        let a = alloc("a", "10.244.1.5", &[(Protocol::Tcp, 80, 20000)]);
+        let b = alloc("b", "10.244.1.6", &[(Protocol::Tcp, 80, 20001)]);
+        let text = full_sync_text(&Saved::default(), &[b.clone(), a.clone()], cidr()).unwrap();
+        assert_eq!(full_sync_text(&parse_save(&saved_after(&text)), &[a, b], cidr()), None);
     }
 
     #[test]
