@@ -15,6 +15,23 @@ pub enum Protocol {
     Sctp,
 }
 
+impl Protocol {
+    /// The name Kubernetes uses: `TCP`, `UDP`, `SCTP`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Protocol::Tcp => "TCP",
+            Protocol::Udp => "UDP",
+            Protocol::Sctp => "SCTP",
+        }
+    }
+}
+
+impl std::fmt::Display for Protocol {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// Schema for a `conditions` list of `metav1.Condition`, keyed by `type` so
 /// that several field managers (operator, agent) can each own their own
 /// conditions under server-side apply.

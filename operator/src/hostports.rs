@@ -79,21 +79,13 @@ pub fn addresses_annotation(allocs: &[&HostPortAllocation]) -> String {
         .iter()
         .flat_map(|a| {
             a.spec.ports.iter().map(|p| {
-                let proto = protocol_name(p.protocol);
+                let proto = p.protocol.as_str();
                 let ip = p.host_ip.clone().unwrap_or_else(|| a.spec.node_ip.clone());
                 (format!("{}/{proto}", p.container_port), format!("{ip}:{}", p.host_port))
             })
         })
         .collect();
     serde_json::to_string(&map).unwrap_or_default()
-}
-
-fn protocol_name(p: weft_api::Protocol) -> &'static str {
-    match p {
-        weft_api::Protocol::Tcp => "TCP",
-        weft_api::Protocol::Udp => "UDP",
-        weft_api::Protocol::Sctp => "SCTP",
-    }
 }
 
 fn pod_alive(pod: Option<&Pod>, a: &HostPortAllocation) -> bool {
@@ -223,7 +215,7 @@ fn status_for(
         .iter()
         .map(|p| {
             let ip = p.host_ip.clone().unwrap_or_else(|| a.spec.node_ip.clone());
-            format!("{ip}:{}/{}", p.host_port, protocol_name(p.protocol))
+            format!("{ip}:{}/{}", p.host_port, p.protocol.as_str())
         })
         .collect();
     let (status, reason, message) = match annotated {

@@ -9,6 +9,8 @@
 //! background by `publish`, so the API being slow or down never blocks DEL.
 
 pub mod conntrack;
+#[cfg(test)]
+mod kernel_tests;
 pub mod pods;
 pub mod publish;
 pub mod range;
@@ -64,7 +66,7 @@ pub struct PodIdentity {
 }
 
 pub struct HostPorts {
-    store: store::Store,
+    store: std::sync::Arc<store::Store>,
     pod_cidr: Ipv4Net,
     /// Serialises nat table writes: incremental ones assume the full sync
     /// state they follow.
@@ -78,7 +80,7 @@ pub struct HostPorts {
 impl HostPorts {
     pub fn open(dir: &Path, range: PortRange, pod_cidr: Ipv4Net) -> Result<Self, StoreError> {
         Ok(Self {
-            store: store::Store::open(dir, range)?,
+            store: std::sync::Arc::new(store::Store::open(dir, range)?),
             pod_cidr,
             iptables: tokio::sync::Mutex::new(()),
             dirty: AtomicBool::new(true),
@@ -124,8 +126,22 @@ impl HostPorts {
             let bound = range::bound_ports();
             self.store.allocate(key, draft, &wanted, |p, n| bound.contains(&(p, n)))
         })?;
-        if let Err(e) = self.program(Some(rules::append_text(&alloc, self.pod_cidr))).await {
-            if let Err(undo) = tokio::task::block_in_place(|| self.store.release(key)) {
+        // The record's fsyncs overlap with the rules. A crash in between
+        // leaves rules without a record (the start-up sync removes them) or
+        // a record without rules (the start-up sync adds them).
+        let store = std::sync::Arc::clone(&self.store);
+        let owned_key = key.clone();
+        let persist = tokio::task::spawn_blocking(move || store.persist(&owned_key));
+        let (persisted, programmed) =
+            tokio::join!(persist, self.program(Some(rules::append_text(&alloc, self.pod_cidr))));
+        let failure = match (persisted, programmed) {
+            (_, Err(e)) => Some(e),
+            (Ok(Err(e)), Ok(())) => Some(HostPortError::Store(e)),
+            (Err(join), Ok(())) => Some(HostPortError::Task(join)),
+            (Ok(Ok(())), Ok(())) => None,
+        };
+        if let Some(e) = failure {
+            if let Err(undo) = self.release(key).await {
                 tracing::error!(error = %undo, "could not undo a host port allocation");
             }
             return Err(e);

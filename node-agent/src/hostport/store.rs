@@ -53,9 +53,9 @@ impl Allocation {
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    #[error("no free {protocol:?} host port left in {range} ({used} in use by pods, the rest bound by host processes)")]
+    #[error("no free {protocol} host port left in {range} ({used} in use by pods, the rest bound by host processes)")]
     Exhausted { protocol: Protocol, range: PortRange, used: usize },
-    #[error("host port {port}/{protocol:?} is already used by {owner}")]
+    #[error("host port {port}/{protocol} is already used by {owner}")]
     Conflict { port: u16, protocol: Protocol, owner: String },
     #[error("host port state {path}: {source}")]
     Io { path: PathBuf, source: std::io::Error },
@@ -115,9 +115,9 @@ impl Store {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Picks and records ports for `wanted` (all or nothing). `bound` says
-    /// whether a host process holds a port. The record is on disk when this
-    /// returns `Ok`.
+    /// Picks ports for `wanted` (all or nothing) and reserves them in
+    /// memory; `persist` writes the record. `bound` says whether a host
+    /// process holds a port.
     pub fn allocate(
         &self,
         key: &Key,
@@ -169,12 +169,19 @@ impl Store {
             picked.push((w.protocol, port));
             alloc.ports.push(mapping(w, port));
         }
-        self.write(&alloc)?;
         for k in picked {
             inner.taken.insert(k, key.clone());
         }
         inner.by_key.insert(key.clone(), alloc.clone());
         Ok(alloc)
+    }
+
+    /// Writes the record of a reserved allocation (atomically, durably).
+    pub fn persist(&self, key: &Key) -> Result<(), StoreError> {
+        match self.get(key) {
+            Some(alloc) => self.write(&alloc),
+            None => Ok(()),
+        }
     }
 
     pub fn get(&self, key: &Key) -> Option<Allocation> {
@@ -282,9 +289,11 @@ mod tests {
         let s = Store::open(dir.path(), RANGE).unwrap();
         let a = s.allocate(&key("a"), alloc("a"), &[auto(Protocol::Tcp, 80), auto(Protocol::Tcp, 81)], |_, _| false);
         let a = a.unwrap();
+        s.persist(&key("a")).unwrap();
         assert_eq!(a.ports.iter().map(|m| m.host_port).collect::<Vec<_>>(), vec![20000, 20001]);
         // UDP has its own space.
         let u = s.allocate(&key("u"), alloc("u"), &[auto(Protocol::Udp, 53)], |_, _| false).unwrap();
+        s.persist(&key("u")).unwrap();
         assert_eq!(u.ports[0].host_port, 20000);
         drop(s);
         let s = Store::open(dir.path(), RANGE).unwrap();
@@ -292,7 +301,7 @@ mod tests {
         let b = s.allocate(&key("b"), alloc("b"), &[auto(Protocol::Tcp, 80), auto(Protocol::Tcp, 81)], |_, _| false);
         assert_eq!(b.unwrap().ports.iter().map(|m| m.host_port).collect::<Vec<_>>(), vec![20002, 20003]);
         let e = s.allocate(&key("c"), alloc("c"), &[auto(Protocol::Tcp, 80)], |_, _| false).unwrap_err();
-        assert!(e.to_string().contains("no free Tcp host port left in 20000-20003"), "{e}");
+        assert!(e.to_string().contains("no free TCP host port left in 20000-20003"), "{e}");
         assert!(s.get(&key("c")).is_none(), "a failed allocation records nothing");
         s.release(&key("a")).unwrap();
         assert!(s.release(&key("a")).unwrap().is_none(), "releasing twice is harmless");
