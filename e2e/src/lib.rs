@@ -2,6 +2,7 @@
 //! execs plugins, and the real control plane.
 
 pub mod agent;
+pub mod bench_exec;
 pub mod bins;
 pub mod cni;
 pub mod control_plane;
