@@ -609,3 +609,57 @@ fn custom_values_render_objects_the_apiserver_accepts() {
         "{stdout}"
     );
 }
+
+/// The chart installed into the sandbox cluster (the apiserver the sandbox's
+/// operator and agents use), as a user would after `e2e/sandbox.sh up`: every
+/// object is accepted, and uninstall removes them. (The sandbox has no
+/// kubelet, so the pods stay Pending; the sandbox's own daemons keep serving.)
+#[test]
+fn installs_into_the_sandbox_cluster() {
+    use weft_e2e::sandbox::testing::{Up, ok};
+    let Some(_up) = Up::start(&["--nodes", "1"], &[]) else { return };
+    let Some(mut helm) = Helm::new() else { return };
+    helm.kubeconfig = Some(weft_e2e::sandbox::State::load().expect("sandbox state").kubeconfig);
+    let chart = chart_dir();
+    let chart = chart.to_str().expect("path");
+    let out = helm.ok(&[
+        "install",
+        "weft",
+        chart,
+        "-n",
+        "weft-system",
+        "--create-namespace",
+        "--set",
+        "network.clusterCIDR=10.244.0.0/16,network.hostPortRange.min=21000,network.hostPortRange.max=21999",
+    ]);
+    assert!(out.contains("STATUS: deployed"), "{out}");
+    let objects = ok(&[
+        "kubectl",
+        "get",
+        "deployment,daemonset,configmap,serviceaccount,service",
+        "-n",
+        "weft-system",
+        "-o",
+        "name",
+    ]);
+    for want in ["deployment.apps/weft-operator", "daemonset.apps/weft-agent", "configmap/weft-cni-config"] {
+        assert!(objects.lines().any(|l| l == want), "{want} missing:\n{objects}");
+    }
+    let env = ok(&["kubectl", "get", "daemonset", "weft-agent", "-n", "weft-system", "-o", "json"]);
+    assert!(env.contains("\"WEFT_HOST_PORT_RANGE\"") && env.contains("\"21000-21999\""), "{env}");
+    // The sandbox's own objects (its Subnet, managed by its operator) are untouched.
+    assert!(ok(&["kubectl", "get", "subnets"]).contains("node-1"));
+    helm.ok(&["uninstall", "weft", "-n", "weft-system", "--wait"]);
+    let left = ok(&[
+        "kubectl",
+        "get",
+        "deployment,daemonset,configmap,serviceaccount,service",
+        "-n",
+        "weft-system",
+        "-o",
+        "name",
+    ]);
+    assert!(!left.lines().any(|l| l.contains("weft-")), "left behind:\n{left}");
+    let roles = ok(&["kubectl", "get", "clusterroles,clusterrolebindings", "-o", "name"]);
+    assert!(!roles.lines().any(|l| l.contains("/weft-")), "cluster-scoped objects left behind:\n{roles}");
+}

@@ -240,7 +240,7 @@ fn host_ports_are_unique_freed_and_never_leaked() {
     assert!(reused.iter().any(|p| ports.contains(p)), "freed ports are reused: {reused:?}");
 
     // DEL after the Pod object is gone: succeeds and leaves nothing.
-    ok(&["kubectl", "delete", "pod", "rep-10", "--wait=true"]);
+    ok(&["kubectl", "delete", "pod", "rep-10", "--grace-period=0", "--force", "--wait=true"]);
     ok(&["del-pod", "rep-10"]);
     assert!(!host_port_rules("node-2").iter().any(|r| r.contains("default/rep-10 ")));
 
@@ -256,5 +256,5 @@ fn host_ports_are_unique_freed_and_never_leaked() {
     wait::until("rep-10 and rep-11's allocations to go", Duration::from_secs(60), || {
         (allocation_of("rep-10").is_none() && allocation_of("rep-11").is_none()).then_some(())
     });
-    ok(&["kubectl", "delete", "pod", "rep-11", "--wait=true"]);
+    ok(&["kubectl", "delete", "pod", "rep-11", "--grace-period=0", "--force", "--wait=true"]);
 }
