@@ -40,7 +40,7 @@ fn kubectl_shows_weft_resources_and_explains_failures() {
         assert_eq!(column(&header, row, "READY"), "True");
     }
     let described = ok(&["kubectl", "describe", "subnet", "node-1"]);
-    for want in ["Conditions:", "Ready", "DatapathProgrammed", "PeersProgrammed", "Vtep MAC:"] {
+    for want in ["Conditions:", "Ready", "DatapathProgrammed", "PeersProgrammed", "Vtep Mac:"] {
         assert!(described.contains(want), "{want:?} missing from describe:\n{described}");
     }
 

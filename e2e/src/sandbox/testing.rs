@@ -47,16 +47,26 @@ impl Up {
         {
             return None;
         }
-        // A person (or another test binary) may own the sandbox right now.
-        wait::until("no other sandbox to be up or starting", Duration::from_secs(600), || {
-            let idle = !run(&["status"]).0
-                && super::existing_namespaces().is_empty()
-                && !super::state_dir().join("supervisor.log").exists();
-            idle.then_some(())
-        });
+        // A person (or another test binary) may own the sandbox right now,
+        // and another binary may win the race to `up` once it is free: wait
+        // for the machine again then.
         let mut full = vec!["up"];
         full.extend_from_slice(args);
-        ok(&full);
+        let deadline = std::time::Instant::now() + Duration::from_secs(1200);
+        loop {
+            wait::until("no other sandbox to be up or starting", Duration::from_secs(600), || {
+                let idle = !run(&["status"]).0
+                    && super::existing_namespaces().is_empty()
+                    && !super::state_dir().join("supervisor.log").exists();
+                idle.then_some(())
+            });
+            let (success, out) = run(&full);
+            if success {
+                break;
+            }
+            let lost_race = out.contains("already up or starting");
+            assert!(lost_race && std::time::Instant::now() < deadline, "weft-sandbox {full:?} failed:\n{out}");
+        }
         Some(Up { _turn: turn })
     }
 }
