@@ -67,6 +67,32 @@ fn in_node(node: &str, cmd: &[&str]) -> bool {
     Command::new("ip").args(["netns", "exec", &format!("weft-sbx-{node}")]).args(cmd).status().expect("run").success()
 }
 
+/// A process listening on a TCP port in a node's namespace (stopped on drop).
+struct HostListener(std::process::Child);
+
+impl HostListener {
+    fn start(node: &str, port: u16) -> Self {
+        let ready = std::env::temp_dir().join(format!("weft-host-listener-{}", std::process::id()));
+        let _ = std::fs::remove_file(&ready);
+        let child = Command::new("ip")
+            .args(["netns", "exec", &format!("weft-sbx-{node}")])
+            .arg(weft_e2e::bins::weft("weft-sandbox"))
+            .args(["respond", "--name", "host-process", &format!("--port={port}/tcp"), "--ready-file"])
+            .arg(&ready)
+            .spawn()
+            .expect("host listener");
+        wait::until("the host listener", Duration::from_secs(10), || ready.exists().then_some(()));
+        HostListener(child)
+    }
+}
+
+impl Drop for HostListener {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 fn allocations() -> Vec<Value> {
     let out = ok(&["kubectl", "get", "hostportallocations", "-A", "-o", "json"]);
     serde_json::from_str::<Value>(&out).expect("JSON")["items"].as_array().cloned().unwrap_or_default()
@@ -79,6 +105,8 @@ fn allocation_of(pod: &str) -> Option<Value> {
 #[test]
 fn host_ports_reach_pods_from_everywhere_and_survive_agent_restarts() {
     let Some(_up) = Up::start(&["--nodes", "2", "--agent-arg=--resync-seconds=1"], &[]) else { return };
+    // A host process on node-1 holds the first port of the range: it is skipped.
+    let _host_process = HostListener::start("node-1", 20000);
     ok(&[
         "add-pod",
         "web",
@@ -106,6 +134,8 @@ fn host_ports_reach_pods_from_everywhere_and_survive_agent_restarts() {
     for a in [&http, &admin, &dns] {
         assert!((20000..=29999).contains(&port_of(a)), "default range: {a}");
     }
+    assert_ne!(port_of(&http), 20000, "a port a host process listens on was handed out");
+    assert_eq!(connect("node-2", "tcp", &format!("{NODE1_IP}:20000")).as_deref(), Some("host-process"));
 
     // From another node, the pod's own node, a pod on each node, and the pod itself (hairpin).
     for from in ["node-2", "node-1", "default/client", "default/neighbour", "default/web"] {
