@@ -43,6 +43,8 @@ fn main() {
         std::fs::write(&file, pod.to_string()).expect("pod file");
         ok(&["kubectl", "apply", "-f", file.to_str().expect("path")]);
     };
+    // The namespace's default ServiceAccount (no controller-manager runs to make it).
+    ok(&["kubectl", "create", "serviceaccount", "default", "-n", "default"]);
     pod("bench-plain", None);
     pod("bench-ports", Some("80,81"));
 
