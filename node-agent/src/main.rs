@@ -86,7 +86,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
 
     let ipam_dir = config.state_dir.join("ipam");
     let ipam = tokio::task::block_in_place(|| Ipam::open(pool, &ipam_dir)).context("cannot load IPAM state")?;
-    let hostports = open_host_ports(&config, &pool)?;
+    let hostports = host_ports(&config, &pool, &ipam);
     let kube = client
         .clone()
         .map(|c| agent::KubeAccess { pods: hostport::pods::PodCache::start(c.clone(), &config.node_name), client: c });
@@ -165,16 +165,15 @@ async fn setup_overlay(
     Ok((reconciler, local.pod_mtu))
 }
 
-/// The host port records; warns when the range collides with the node's
-/// ephemeral ports (outgoing connections could then take a port first).
-fn open_host_ports(config: &Config, pool: &Pool) -> anyhow::Result<hostport::HostPorts> {
+/// The host ports in the IPAM records; warns when the range collides with
+/// the node's ephemeral ports (outgoing connections could take a port first).
+fn host_ports(config: &Config, pool: &Pool, ipam: &Ipam) -> hostport::HostPorts {
     let range = config.host_port_range;
     if let Some(eph) = hostport::range::ephemeral_range().filter(|e| e.overlaps(&range)) {
         tracing::warn!(%range, ephemeral = %eph, "the host port range overlaps the node's ephemeral port range");
     }
-    let dir = config.state_dir.join("hostports");
-    tokio::task::block_in_place(|| hostport::HostPorts::open(&dir, range, pool.cidr()))
-        .context("cannot load host port state")
+    let existing = ipam.all().iter().filter_map(|(ip, r)| hostport::Allocation::from_record(*ip, r)).collect();
+    hostport::HostPorts::new(range, pool.cidr(), existing)
 }
 
 /// Rewrites the host port rules whenever someone else changed them (a

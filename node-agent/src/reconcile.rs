@@ -33,13 +33,6 @@ impl Agent {
             released += 1;
         }
         let orphans = self.remove_orphan_veths().await.map_err(|e| anyhow::anyhow!(e.msg))?;
-        // Host ports of attachments that are gone (a crash between the two records).
-        for alloc in self.hostports.all() {
-            if self.ipam.get(&alloc.key()).is_none() {
-                tracing::info!(container = %alloc.container_id, "releasing host ports of a vanished attachment");
-                self.hostports.release(&alloc.key()).await?;
-            }
-        }
         self.metrics.released_on_start.inc_by(released as u64);
         tracing::info!(released, orphans, "start-up reconciliation done");
         Ok(released)

@@ -38,9 +38,29 @@ fn try_lock() -> anyhow::Result<Option<std::fs::File>> {
     Ok(locked.then_some(file))
 }
 
+/// Held by `up` while it starts a supervisor: two `up`s at the same moment
+/// would otherwise both find the machine free and clean up each other's
+/// state directory. The second waits, then finds the sandbox up.
+fn starting_lock() -> anyhow::Result<std::fs::File> {
+    use std::os::fd::AsRawFd;
+    let path = state_dir().with_extension("starting.lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("cannot open {}", path.display()))?;
+    // SAFETY: flock on a descriptor we own; released when the file is closed.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
+        bail!("cannot lock {}: {}", path.display(), std::io::Error::last_os_error());
+    }
+    Ok(file)
+}
+
 /// Starts the supervisor in the background and waits until the cluster is
 /// ready (every node's Subnet Ready and its peers programmed).
 pub fn up(nodes: usize, backend: &str, agent_args: &[String]) -> anyhow::Result<State> {
+    let _starting = starting_lock()?;
     match try_lock()? {
         // Free: nothing runs, so leftovers of a crashed sandbox may go.
         Some(_probe) => {}

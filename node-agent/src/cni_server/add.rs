@@ -38,8 +38,23 @@ impl Agent {
             netns: req.netns.clone(),
             host_veth: host_veth.clone(),
             pod: pod_name(req),
+            pod_uid: pod_id.uid.clone(),
+            host_ports: Vec::new(),
         };
         let ip = self.ipam.reserve(record).map_err(ipam_error)?;
+        // Host ports go into the same record, so the ADD writes one file.
+        let ports = match tokio::task::block_in_place(|| self.hostports.reserve(&key, &pod_id, ip, &wanted)) {
+            Ok(ports) => ports,
+            Err(e) => {
+                if let Err(cleanup) = self.teardown(&key, &host_veth).await {
+                    tracing::error!(%ip, error = %cleanup.msg, "could not undo a failed ADD");
+                }
+                return Err(self.host_port_failure(&pod_id, e));
+            }
+        };
+        if let Some(p) = &ports {
+            self.ipam.set_host_ports(ip, &pod_id.uid, p.ports.clone());
+        }
         let pool = *self.ipam.pool();
         let address = Ipv4Net::new(ip, pool.cidr().prefix_len())
             .map_err(|e| ErrorCode::Internal.error(format!("bad prefix for {ip}: {e}")))?;
@@ -61,8 +76,8 @@ impl Agent {
         // reconciliation removes both.
         let ipam = Arc::clone(&self.ipam);
         let persist = tokio::task::spawn_blocking(move || ipam.persist(ip));
-        let ports = self.hostports.add(&key, &pod_id, ip, wanted);
-        let (attached, persisted, ports) = tokio::join!(link::attach(&self.host, &pod, &spec), persist, ports);
+        let programmed = self.hostports.program(ports.as_ref());
+        let (attached, persisted, ports) = tokio::join!(link::attach(&self.host, &pod, &spec), persist, programmed);
         if let Err(e) = ports {
             if let Err(cleanup) = self.teardown(&key, &host_veth).await {
                 tracing::error!(%ip, error = %cleanup.msg, "could not undo a failed ADD");

@@ -80,17 +80,16 @@ fn add_release_and_sync_write_exactly_our_rules() {
         return;
     }
     let ns = Ns::new("rules");
-    let dir = tempfile::tempdir().expect("tempdir");
-    let state = dir.path().to_owned();
     ns.run(async move || {
-        let hp = HostPorts::open(&state, "20000-20099".parse().unwrap(), "10.244.1.0/24".parse().unwrap()).unwrap();
+        let hp = HostPorts::new("20000-20099".parse().unwrap(), "10.244.1.0/24".parse().unwrap(), vec![]);
         // Someone else's rules, there before us.
         let foreign = "*nat\n:OTHER - [0:0]\n-A PREROUTING -j OTHER\n-A OTHER -p tcp --dport 20000 -j RETURN\nCOMMIT\n";
         crate::dataplane::iptables::restore(foreign).unwrap();
         hp.sync().await.unwrap();
         let ip = "10.244.1.5".parse().unwrap();
-        let a = hp.add(&key(1), &pod(1), ip, vec![auto(Protocol::Tcp, 80), auto(Protocol::Udp, 53)]).await;
-        let a = a.unwrap().unwrap();
+        let a = hp.reserve(&key(1), &pod(1), ip, &[auto(Protocol::Tcp, 80), auto(Protocol::Udp, 53)]).unwrap();
+        hp.program(a.as_ref()).await.unwrap();
+        let a = a.unwrap();
         assert_eq!(a.ports.len(), 2);
         hp.check(&key(1)).await.unwrap();
         // Converged: a sync writes nothing.
@@ -120,15 +119,14 @@ fn thousand_host_port_allocations() {
         return;
     }
     let ns = Ns::new("bench");
-    let dir = tempfile::tempdir().expect("tempdir");
-    let state = dir.path().to_owned();
     let (adds, full, one, releases, rules_count) = ns.run(async move || {
-        let hp = HostPorts::open(&state, "20000-29999".parse().unwrap(), "10.244.0.0/16".parse().unwrap()).unwrap();
+        let hp = HostPorts::new("20000-29999".parse().unwrap(), "10.244.0.0/16".parse().unwrap(), vec![]);
         hp.sync().await.unwrap();
         let started = Instant::now();
         for i in 0..1000 {
             let ip = std::net::Ipv4Addr::from(0x0af4_0000u32 + i as u32 + 2);
-            hp.add(&key(i), &pod(i), ip, vec![auto(Protocol::Tcp, 80)]).await.unwrap();
+            let a = hp.reserve(&key(i), &pod(i), ip, &[auto(Protocol::Tcp, 80)]).unwrap();
+            hp.program(a.as_ref()).await.unwrap();
         }
         let adds = started.elapsed();
         // A restart on an empty table: one full sync programs everything.
@@ -137,7 +135,9 @@ fn thousand_host_port_allocations() {
         assert!(hp.sync().await.unwrap());
         let full = started.elapsed();
         let started = Instant::now();
-        hp.add(&key(5000), &pod(5000), "10.244.200.1".parse().unwrap(), vec![auto(Protocol::Tcp, 80)]).await.unwrap();
+        let a =
+            hp.reserve(&key(5000), &pod(5000), "10.244.200.1".parse().unwrap(), &[auto(Protocol::Tcp, 80)]).unwrap();
+        hp.program(a.as_ref()).await.unwrap();
         let one = started.elapsed();
         let saved = rules::parse_save(&crate::dataplane::iptables::save("nat").unwrap());
         let rules_count = saved.chain.map(|c| c.len()).unwrap_or_default();
@@ -153,9 +153,9 @@ fn thousand_host_port_allocations() {
     let row = |what: &str, d: std::time::Duration, n: u32| {
         println!("| {what} | {:.1} ms | {:.2} ms |", d.as_secs_f64() * 1e3, d.as_secs_f64() * 1e3 / f64::from(n));
     };
-    row("1,000 ADDs (record + incremental iptables-restore each)", adds, 1000);
+    row("1,000 allocations (ports taken + incremental iptables-restore each)", adds, 1000);
     row("full sync of 1,000 allocations (agent restart on an empty table)", full, 1000);
     row("one more ADD with 1,000 in place", one, 1);
-    row("1,000 DELs", releases, 1000);
+    row("1,000 releases (incremental delete each)", releases, 1000);
     println!("\nrules in WEFT-HOSTPORTS: {rules_count}");
 }

@@ -1,10 +1,11 @@
 //! Host ports: automatic (pod annotation) and fixed (runtime `portMappings`)
 //! host ports forwarded to pods, recorded durably on the node.
 //!
-//! The record on disk is the truth: ADD allocates and records before it
-//! programs DNAT, DEL removes the record and the rules using only the
-//! record (never the API), and a periodic full sync makes the nat table
-//! match the records again whatever happened to it. Objects in the API
+//! The attachment's IPAM record on disk is the truth: ADD takes the ports,
+//! puts them in the record (written once, while the DNAT is programmed),
+//! DEL removes the rules using only the record (never the API), and a
+//! periodic full sync makes the nat table match the records again whatever
+//! happened to it. Objects in the API
 //! (`HostPortAllocation`, Events) are published from the records in the
 //! background by `publish`, so the API being slow or down never blocks DEL.
 
@@ -19,7 +20,6 @@ pub mod rules;
 pub mod store;
 
 use std::net::Ipv4Addr;
-use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use ipnet::Ipv4Net;
@@ -66,7 +66,7 @@ pub struct PodIdentity {
 }
 
 pub struct HostPorts {
-    store: std::sync::Arc<store::Store>,
+    store: store::Store,
     pod_cidr: Ipv4Net,
     /// Serialises nat table writes: incremental ones assume the full sync
     /// state they follow.
@@ -78,14 +78,15 @@ pub struct HostPorts {
 }
 
 impl HostPorts {
-    pub fn open(dir: &Path, range: PortRange, pod_cidr: Ipv4Net) -> Result<Self, StoreError> {
-        Ok(Self {
-            store: std::sync::Arc::new(store::Store::open(dir, range)?),
+    /// `existing`: the allocations in the IPAM records.
+    pub fn new(range: PortRange, pod_cidr: Ipv4Net, existing: Vec<Allocation>) -> Self {
+        Self {
+            store: store::Store::new(range, existing),
             pod_cidr,
             iptables: tokio::sync::Mutex::new(()),
             dirty: AtomicBool::new(true),
             changed: tokio::sync::Notify::new(),
-        })
+        }
     }
 
     pub fn range(&self) -> PortRange {
@@ -101,14 +102,14 @@ impl HostPorts {
         self.store.usage()
     }
 
-    /// Allocates, records and forwards the ports `wanted` for the pod at
-    /// `pod_ip`. `None` when nothing was asked for.
-    pub async fn add(
+    /// Takes host ports for `wanted` for the pod at `pod_ip` (all or
+    /// nothing; nothing is written). `None` when nothing was asked for.
+    pub fn reserve(
         &self,
         key: &Key,
         pod: &PodIdentity,
         pod_ip: Ipv4Addr,
-        wanted: Vec<Wanted>,
+        wanted: &[Wanted],
     ) -> Result<Option<Allocation>, HostPortError> {
         if wanted.is_empty() {
             return Ok(None);
@@ -122,46 +123,32 @@ impl HostPorts {
             pod_ip,
             ports: Vec::new(),
         };
-        let alloc = tokio::task::block_in_place(|| {
-            let bound = range::bound_ports();
-            self.store.allocate(key, draft, &wanted, |p, n| bound.contains(&(p, n)))
-        })?;
-        // The record's fsyncs overlap with the rules. A crash in between
-        // leaves rules without a record (the start-up sync removes them) or
-        // a record without rules (the start-up sync adds them).
-        let store = std::sync::Arc::clone(&self.store);
-        let owned_key = key.clone();
-        let persist = tokio::task::spawn_blocking(move || store.persist(&owned_key));
-        let (persisted, programmed) =
-            tokio::join!(persist, self.program(Some(rules::append_text(&alloc, self.pod_cidr))));
-        let failure = match (persisted, programmed) {
-            (_, Err(e)) => Some(e),
-            (Ok(Err(e)), Ok(())) => Some(HostPortError::Store(e)),
-            (Err(join), Ok(())) => Some(HostPortError::Task(join)),
-            (Ok(Ok(())), Ok(())) => None,
-        };
-        if let Some(e) = failure {
-            if let Err(undo) = self.release(key).await {
-                tracing::error!(error = %undo, "could not undo a host port allocation");
-            }
-            return Err(e);
-        }
-        // A UDP flow to the port from before the rule existed would keep
-        // bypassing the DNAT: forget it.
-        conntrack::flush_udp(udp_ports(&alloc)).await;
-        self.changed.notify_one();
-        Ok(Some(alloc))
+        let bound = range::bound_ports();
+        Ok(Some(self.store.allocate(key, draft, wanted, |p, n| bound.contains(&(p, n)))?))
     }
 
-    /// Removes the record and the rules of `key`. Succeeds when there is nothing to remove.
+    /// Forwards the ports of a reserved allocation. On error the caller
+    /// tears the attachment down (which releases the ports).
+    pub async fn program(&self, alloc: Option<&Allocation>) -> Result<(), HostPortError> {
+        let Some(alloc) = alloc else { return Ok(()) };
+        self.write(Some(rules::append_text(alloc, self.pod_cidr))).await?;
+        // A UDP flow to the port from before the rule existed would keep
+        // bypassing the DNAT: forget it.
+        conntrack::flush_udp(udp_ports(alloc)).await;
+        self.changed.notify_one();
+        Ok(())
+    }
+
+    /// Frees the ports of `key` and removes their rules (the caller removes
+    /// the record). Succeeds when there is nothing to remove.
     pub async fn release(&self, key: &Key) -> Result<(), HostPortError> {
-        let Some(alloc) = tokio::task::block_in_place(|| self.store.release(key))? else {
+        let Some(alloc) = self.store.release(key) else {
             if self.dirty.load(Ordering::Acquire) {
-                self.program(None).await?;
+                self.write(None).await?;
             }
             return Ok(());
         };
-        self.program(Some(rules::delete_text(&alloc, self.pod_cidr))).await?;
+        self.write(Some(rules::delete_text(&alloc, self.pod_cidr))).await?;
         conntrack::flush_udp(udp_ports(&alloc)).await;
         self.changed.notify_one();
         Ok(())
@@ -175,7 +162,7 @@ impl HostPorts {
 
     /// Applies `incremental` when the table is known to be in sync, else
     /// (or when it fails) a full sync.
-    async fn program(&self, incremental: Option<String>) -> Result<(), HostPortError> {
+    async fn write(&self, incremental: Option<String>) -> Result<(), HostPortError> {
         let _turn = self.iptables.lock().await;
         if let Some(text) = incremental.filter(|_| !self.dirty.load(Ordering::Acquire)) {
             match tokio::task::spawn_blocking(move || iptables::restore(&text)).await? {

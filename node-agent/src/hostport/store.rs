@@ -1,12 +1,10 @@
-//! The agent's durable record of the host ports it allocated: one file per
-//! attachment (written atomically), loaded on start, so ports stay unique
-//! across restarts and DEL never needs the API to know what to remove.
+//! Which host ports are taken on the node, and by whom. The durable copy
+//! is part of each attachment's IPAM record (one write per ADD); this index
+//! is rebuilt from those records on start, so ports stay unique across
+//! restarts and DEL never needs the API to know what to remove.
 
 use std::collections::HashMap;
-use std::fs;
-use std::io::Write;
 use std::net::Ipv4Addr;
-use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use serde::{Deserialize, Serialize};
@@ -46,6 +44,23 @@ pub struct Allocation {
 }
 
 impl Allocation {
+    /// The host ports an IPAM record holds, if any.
+    pub fn from_record(ip: Ipv4Addr, r: &crate::ipam::Record) -> Option<Allocation> {
+        if r.host_ports.is_empty() {
+            return None;
+        }
+        let (namespace, name) = r.pod.split_once('/').unwrap_or_default();
+        Some(Allocation {
+            container_id: r.container_id.clone(),
+            ifname: r.ifname.clone(),
+            pod_namespace: namespace.to_owned(),
+            pod_name: name.to_owned(),
+            pod_uid: r.pod_uid.clone(),
+            pod_ip: ip,
+            ports: r.host_ports.clone(),
+        })
+    }
+
     pub fn key(&self) -> Key {
         Key { container_id: self.container_id.clone(), ifname: self.ifname.clone() }
     }
@@ -57,10 +72,6 @@ pub enum StoreError {
     Exhausted { protocol: Protocol, range: PortRange, used: usize },
     #[error("host port {port}/{protocol} is already used by {owner}")]
     Conflict { port: u16, protocol: Protocol, owner: String },
-    #[error("host port state {path}: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
-    #[error("host port record {path} is corrupt: {source}")]
-    Corrupt { path: PathBuf, source: serde_json::Error },
 }
 
 #[derive(Default)]
@@ -73,36 +84,21 @@ struct Inner {
 }
 
 pub struct Store {
-    dir: PathBuf,
     range: PortRange,
     inner: Mutex<Inner>,
 }
 
-fn io(path: &Path) -> impl FnOnce(std::io::Error) -> StoreError + '_ {
-    move |source| StoreError::Io { path: path.to_owned(), source }
-}
-
 impl Store {
-    /// Loads every record in `dir` (created if missing); leftovers of an
-    /// interrupted write are removed.
-    pub fn open(dir: &Path, range: PortRange) -> Result<Self, StoreError> {
-        fs::create_dir_all(dir).map_err(io(dir))?;
+    /// The index of `existing` allocations (from the IPAM records).
+    pub fn new(range: PortRange, existing: Vec<Allocation>) -> Self {
         let mut inner = Inner::default();
-        for entry in fs::read_dir(dir).map_err(io(dir))? {
-            let path = entry.map_err(io(dir))?.path();
-            if path.extension().is_some_and(|e| e == "tmp") {
-                fs::remove_file(&path).map_err(io(&path))?;
-                continue;
-            }
-            let text = fs::read(&path).map_err(io(&path))?;
-            let a: Allocation =
-                serde_json::from_slice(&text).map_err(|source| StoreError::Corrupt { path: path.clone(), source })?;
+        for a in existing {
             for m in &a.ports {
                 inner.taken.insert((m.protocol, m.host_port), a.key());
             }
             inner.by_key.insert(a.key(), a);
         }
-        Ok(Self { dir: dir.to_owned(), range, inner: Mutex::new(inner) })
+        Self { range, inner: Mutex::new(inner) }
     }
 
     pub fn range(&self) -> PortRange {
@@ -115,9 +111,8 @@ impl Store {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Picks ports for `wanted` (all or nothing) and reserves them in
-    /// memory; `persist` writes the record. `bound` says whether a host
-    /// process holds a port.
+    /// Picks ports for `wanted` (all or nothing) and takes them. `bound`
+    /// says whether a host process holds a port.
     pub fn allocate(
         &self,
         key: &Key,
@@ -176,14 +171,6 @@ impl Store {
         Ok(alloc)
     }
 
-    /// Writes the record of a reserved allocation (atomically, durably).
-    pub fn persist(&self, key: &Key) -> Result<(), StoreError> {
-        match self.get(key) {
-            Some(alloc) => self.write(&alloc),
-            None => Ok(()),
-        }
-    }
-
     pub fn get(&self, key: &Key) -> Option<Allocation> {
         self.lock().by_key.get(key).cloned()
     }
@@ -200,41 +187,16 @@ impl Store {
         (inner.taken.keys().filter(|(_, n)| self.range.contains(*n)).count(), self.range.len())
     }
 
-    /// Removes the record; returns what it held (`None` when nothing was recorded).
-    pub fn release(&self, key: &Key) -> Result<Option<Allocation>, StoreError> {
+    /// Frees the ports of `key`; returns what it held (`None` when nothing).
+    pub fn release(&self, key: &Key) -> Option<Allocation> {
         let mut inner = self.lock();
-        let Some(alloc) = inner.by_key.get(key).cloned() else { return Ok(None) };
-        let path = self.path(key);
-        match fs::remove_file(&path) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(io(&path)(e)),
-        }
-        sync_dir(&self.dir)?;
-        inner.by_key.remove(key);
+        let alloc = inner.by_key.remove(key)?;
         for m in &alloc.ports {
             if inner.taken.get(&(m.protocol, m.host_port)) == Some(key) {
                 inner.taken.remove(&(m.protocol, m.host_port));
             }
         }
-        Ok(Some(alloc))
-    }
-
-    fn path(&self, key: &Key) -> PathBuf {
-        // Container IDs and interface names cannot contain '/'.
-        self.dir.join(format!("{}_{}.json", key.container_id, key.ifname))
-    }
-
-    fn write(&self, alloc: &Allocation) -> Result<(), StoreError> {
-        let path = self.path(&alloc.key());
-        let tmp = path.with_extension("tmp");
-        let body =
-            serde_json::to_vec_pretty(alloc).map_err(|source| StoreError::Corrupt { path: path.clone(), source })?;
-        let mut f = fs::File::create(&tmp).map_err(io(&tmp))?;
-        f.write_all(&body).map_err(io(&tmp))?;
-        f.sync_all().map_err(io(&tmp))?;
-        fs::rename(&tmp, &path).map_err(io(&path))?;
-        sync_dir(&self.dir)
+        Some(alloc)
     }
 }
 
@@ -247,10 +209,6 @@ fn mapping(w: &Wanted, host_port: u16) -> Mapping {
         name: w.name.clone(),
         auto: w.host_port.is_none(),
     }
-}
-
-fn sync_dir(dir: &Path) -> Result<(), StoreError> {
-    fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io(dir))
 }
 
 #[cfg(test)]
@@ -284,27 +242,24 @@ mod tests {
     const RANGE: PortRange = PortRange { first: 20000, last: 20003 };
 
     #[test]
-    fn ports_are_distinct_survive_reopen_and_are_reused_after_release() {
-        let dir = tempfile::tempdir().unwrap();
-        let s = Store::open(dir.path(), RANGE).unwrap();
+    fn ports_are_distinct_survive_a_rebuild_and_are_reused_after_release() {
+        let s = Store::new(RANGE, vec![]);
         let a = s.allocate(&key("a"), alloc("a"), &[auto(Protocol::Tcp, 80), auto(Protocol::Tcp, 81)], |_, _| false);
         let a = a.unwrap();
-        s.persist(&key("a")).unwrap();
         assert_eq!(a.ports.iter().map(|m| m.host_port).collect::<Vec<_>>(), vec![20000, 20001]);
         // UDP has its own space.
         let u = s.allocate(&key("u"), alloc("u"), &[auto(Protocol::Udp, 53)], |_, _| false).unwrap();
-        s.persist(&key("u")).unwrap();
         assert_eq!(u.ports[0].host_port, 20000);
-        drop(s);
-        let s = Store::open(dir.path(), RANGE).unwrap();
+        // What start-up does: rebuild from the records.
+        let s = Store::new(RANGE, s.all());
         assert_eq!(s.get(&key("a")), Some(a));
         let b = s.allocate(&key("b"), alloc("b"), &[auto(Protocol::Tcp, 80), auto(Protocol::Tcp, 81)], |_, _| false);
         assert_eq!(b.unwrap().ports.iter().map(|m| m.host_port).collect::<Vec<_>>(), vec![20002, 20003]);
         let e = s.allocate(&key("c"), alloc("c"), &[auto(Protocol::Tcp, 80)], |_, _| false).unwrap_err();
         assert!(e.to_string().contains("no free TCP host port left in 20000-20003"), "{e}");
         assert!(s.get(&key("c")).is_none(), "a failed allocation records nothing");
-        s.release(&key("a")).unwrap();
-        assert!(s.release(&key("a")).unwrap().is_none(), "releasing twice is harmless");
+        assert!(s.release(&key("a")).is_some());
+        assert!(s.release(&key("a")).is_none(), "releasing twice is harmless");
         let c = s.allocate(&key("c"), alloc("c"), &[auto(Protocol::Tcp, 80)], |_, _| false).unwrap();
         assert_eq!(c.ports[0].host_port, 20000);
         assert_eq!(s.usage(), (4, 4));
@@ -312,8 +267,7 @@ mod tests {
 
     #[test]
     fn bound_ports_and_fixed_ports_are_skipped() {
-        let dir = tempfile::tempdir().unwrap();
-        let s = Store::open(dir.path(), RANGE).unwrap();
+        let s = Store::new(RANGE, vec![]);
         let a = s.allocate(&key("a"), alloc("a"), &[auto(Protocol::Tcp, 80), fixed(20001)], |_, p| p == 20000).unwrap();
         let ports: Vec<_> = a.ports.iter().map(|m| (m.host_port, m.auto)).collect();
         assert_eq!(ports, vec![(20001, false), (20002, true)]);
@@ -325,8 +279,7 @@ mod tests {
 
     #[test]
     fn concurrent_allocations_never_share_a_port() {
-        let dir = tempfile::tempdir().unwrap();
-        let s = std::sync::Arc::new(Store::open(dir.path(), PortRange { first: 30000, last: 30199 }).unwrap());
+        let s = std::sync::Arc::new(Store::new(PortRange { first: 30000, last: 30199 }, vec![]));
         let handles: Vec<_> = (0..50)
             .map(|i| {
                 let s = s.clone();

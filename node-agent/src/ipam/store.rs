@@ -35,6 +35,13 @@ pub struct Record {
     /// `namespace/name` of the pod when the runtime said (K8S_POD_*).
     #[serde(default)]
     pub pod: String,
+    /// The pod's UID, when known (K8S_POD_UID or the API).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub pod_uid: String,
+    /// Host ports forwarded to this attachment: recorded here so that an ADD
+    /// writes one record, and DEL needs nothing else to remove them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub host_ports: Vec<crate::hostport::store::Mapping>,
 }
 
 impl Record {
@@ -131,6 +138,14 @@ impl Ipam {
         Ok(ip)
     }
 
+    /// Adds host ports to a reserved (not yet persisted) record.
+    pub fn set_host_ports(&self, ip: Ipv4Addr, pod_uid: &str, ports: Vec<crate::hostport::store::Mapping>) {
+        if let Some(r) = self.lock().by_ip.get_mut(&ip) {
+            r.pod_uid = pod_uid.to_owned();
+            r.host_ports = ports;
+        }
+    }
+
     /// Writes the record of a reserved address durably.
     pub fn persist(&self, ip: Ipv4Addr) -> Result<(), IpamError> {
         let Some(record) = self.lock().by_ip.get(&ip).cloned() else { return Ok(()) };
@@ -206,6 +221,8 @@ mod tests {
 
     fn record(id: &str) -> Record {
         Record {
+            pod_uid: String::new(),
+            host_ports: Vec::new(),
             container_id: id.into(),
             ifname: "eth0".into(),
             netns: "/run/netns/x".into(),
@@ -232,6 +249,36 @@ mod tests {
         let key = |id: &str| Key { container_id: id.into(), ifname: "eth0".into() };
         assert_eq!(b.get(&key("c1")).unwrap(), (ip, record("c1")));
         assert!(b.get(&key("c2")).is_none(), "a reservation never persisted is not remembered");
+    }
+
+    #[test]
+    fn host_ports_are_part_of_the_record() {
+        use crate::hostport::store::{Allocation, Mapping};
+        let dir = tempfile::tempdir().unwrap();
+        let a = ipam(dir.path(), "10.1.0.0/24");
+        let mut r = record("c1");
+        r.pod = "default/web".into();
+        let ip = a.reserve(r).unwrap();
+        let mapping = Mapping {
+            protocol: weft_api::Protocol::Udp,
+            container_port: 53,
+            host_port: 20001,
+            host_ip: None,
+            name: Some("dns".into()),
+            auto: true,
+        };
+        a.set_host_ports(ip, "uid-1", vec![mapping.clone()]);
+        a.persist(ip).unwrap();
+        drop(a);
+        let b = ipam(dir.path(), "10.1.0.0/24");
+        let (ip2, r) = b.get(&Key { container_id: "c1".into(), ifname: "eth0".into() }).unwrap();
+        let alloc = Allocation::from_record(ip2, &r).unwrap();
+        assert_eq!(
+            (alloc.pod_namespace.as_str(), alloc.pod_name.as_str(), alloc.pod_uid.as_str()),
+            ("default", "web", "uid-1")
+        );
+        assert_eq!((alloc.pod_ip, alloc.ports), (ip, vec![mapping]));
+        assert!(Allocation::from_record(ip2, &record("c2")).is_none(), "no host ports, no allocation");
     }
 
     #[test]
