@@ -280,7 +280,12 @@ fn host_ports_are_unique_freed_and_never_leaked() {
     ok(&["api-resume"]);
     assert!(del.0, "DEL with the API paused failed: {}", del.1);
     assert!(!host_port_rules("node-2").iter().any(|r| r.contains("default/rep-11 ")));
-    let records = std::fs::read_dir("/run/weft-sandbox/node-2/state/hostports").expect("records").count();
+    // The agent's records (its IPAM records carry the host ports).
+    let records = std::fs::read_dir("/run/weft-sandbox/node-2/state/ipam")
+        .expect("records")
+        .filter_map(|e| std::fs::read_to_string(e.ok()?.path()).ok())
+        .filter(|r| r.contains("\"hostPorts\""))
+        .count();
     assert_eq!(records, 38 + 1, "38 replicas left and greedy2");
     // Once the API is back, the stale objects go too (agent and operator).
     wait::until("rep-10 and rep-11's allocations to go", Duration::from_secs(60), || {
