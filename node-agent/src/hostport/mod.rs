@@ -123,8 +123,7 @@ impl HostPorts {
             pod_ip,
             ports: Vec::new(),
         };
-        let bound = range::bound_ports();
-        Ok(Some(self.store.allocate(key, draft, wanted, |p, n| bound.contains(&(p, n)))?))
+        Ok(Some(self.store.allocate(key, draft, wanted, range::in_use)?))
     }
 
     /// Forwards the ports of a reserved allocation. On error the caller

@@ -1,6 +1,5 @@
 //! The node's host port range, and the ports host processes already hold.
 
-use std::collections::HashSet;
 use std::fmt;
 use std::str::FromStr;
 
@@ -61,39 +60,22 @@ pub fn ephemeral_range() -> Option<PortRange> {
     Some(PortRange { first: it.next()?, last: it.next()? })
 }
 
-/// Ports bound by processes in this network namespace: listening TCP and
-/// bound UDP sockets, IPv4 and IPv6. Read from /proc/net at the moment of
-/// the call (a snapshot; good enough to step around long-running daemons).
-pub fn bound_ports() -> HashSet<(Protocol, u16)> {
-    let mut set = HashSet::new();
-    for (file, proto, listen_only) in [
-        ("/proc/net/tcp", Protocol::Tcp, true),
-        ("/proc/net/tcp6", Protocol::Tcp, true),
-        ("/proc/net/udp", Protocol::Udp, false),
-        ("/proc/net/udp6", Protocol::Udp, false),
-    ] {
-        if let Ok(text) = std::fs::read_to_string(file) {
-            set.extend(parse_proc_net(&text, listen_only).into_iter().map(|p| (proto, p)));
-        }
-    }
-    set
-}
-
-/// Local ports of the sockets in a /proc/net/{tcp,udp}[6] table; with
-/// `listen_only`, of those in state LISTEN (0A).
-pub fn parse_proc_net(text: &str, listen_only: bool) -> Vec<u16> {
-    text.lines()
-        .skip(1)
-        .filter_map(|line| {
-            let mut cols = line.split_whitespace();
-            let local = cols.nth(1)?;
-            let state = cols.nth(1)?;
-            if listen_only && state != "0A" {
-                return None;
-            }
-            u16::from_str_radix(local.rsplit_once(':')?.1, 16).ok()
-        })
-        .collect()
+/// Whether a process in this network namespace holds `port`: a listening
+/// TCP socket or a bound UDP socket on it (any IPv4 address). Probed by
+/// binding the wildcard address for an instant — microseconds, where
+/// reading /proc/net/{tcp,udp} walks the kernel's whole socket hash tables
+/// (milliseconds on a big host).
+pub fn in_use(protocol: Protocol, port: u16) -> bool {
+    let addr = std::net::SocketAddr::from(([0, 0, 0, 0], port));
+    let result = match protocol {
+        // std sets SO_REUSEADDR: only a listener (or a socket bound without
+        // it) makes this fail, not TIME_WAIT leftovers.
+        Protocol::Tcp => std::net::TcpListener::bind(addr).map(drop),
+        Protocol::Udp => std::net::UdpSocket::bind(addr).map(drop),
+        // Not probed (no SCTP sockets without kernel support).
+        Protocol::Sctp => Ok(()),
+    };
+    matches!(result, Err(e) if e.kind() == std::io::ErrorKind::AddrInUse)
 }
 
 #[cfg(test)]
@@ -113,18 +95,16 @@ mod tests {
     }
 
     #[test]
-    fn proc_net_tables_give_listening_ports() {
-        let tcp = "  sl  local_address rem_address   st tx_queue rx_queue\n\
-                   0: 00000000:1F90 00000000:0000 0A 00000000:00000000\n\
-                   1: 0100007F:A000 0100007F:1F90 01 00000000:00000000\n";
-        assert_eq!(parse_proc_net(tcp, true), vec![8080]);
-        assert_eq!(parse_proc_net(tcp, false), vec![8080, 40960]);
-    }
-
-    #[test]
-    fn a_listening_socket_here_is_seen() {
+    fn listening_and_bound_sockets_are_seen_and_free_ports_are_not() {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = l.local_addr().unwrap().port();
-        assert!(bound_ports().contains(&(Protocol::Tcp, port)));
+        assert!(in_use(Protocol::Tcp, port));
+        let u = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+        let uport = u.local_addr().unwrap().port();
+        assert!(in_use(Protocol::Udp, uport));
+        drop(l);
+        drop(u);
+        assert!(!in_use(Protocol::Tcp, port), "a closed listener leaves the port free");
+        assert!(!in_use(Protocol::Udp, uport));
     }
 }
