@@ -54,6 +54,9 @@ pub struct Config {
     /// Full overlay resync period, in seconds (changes apply at once anyway).
     #[arg(long, env = "WEFT_RESYNC_SECONDS", default_value_t = 30)]
     pub resync_seconds: u64,
+    /// Enforce NetworkPolicies (standard and weft.dev) for this node's pods.
+    #[arg(long, env = "WEFT_NETWORK_POLICY", default_value_t = true, action = clap::ArgAction::Set)]
+    pub network_policy: bool,
     /// Address for /metrics, /healthz and /readyz.
     #[arg(long, env = "WEFT_METRICS_ADDR", default_value = "0.0.0.0:9646")]
     pub metrics_addr: SocketAddr,

@@ -12,6 +12,7 @@ mod metrics;
 mod netns;
 mod overlay;
 mod peer_sync;
+mod policy;
 mod reconcile;
 
 use std::os::unix::fs::PermissionsExt;
@@ -89,6 +90,11 @@ async fn run(config: Config) -> anyhow::Result<()> {
     if let (Some(api), Some((reconciler, _))) = (&subnets, overlay) {
         let resync = std::time::Duration::from_secs(config.resync_seconds.max(1));
         tokio::spawn(peer_sync::run(api.clone(), reconciler, config.node_name.clone(), resync));
+        if config.network_policy {
+            let client = api.clone().into_client();
+            let metrics = Arc::clone(&agent.metrics.policy);
+            tokio::spawn(policy::sync::run(client, config.node_name.clone(), resync, metrics));
+        }
     }
 
     let listener = bind_socket(&config.socket)?;

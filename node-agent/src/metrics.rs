@@ -38,6 +38,7 @@ pub struct Metrics {
     pub duration: HistogramFamily,
     pub ipam_addresses: Family<StateLabels, Gauge>,
     pub released_on_start: Counter,
+    pub policy: std::sync::Arc<crate::policy::metrics::PolicyMetrics>,
 }
 
 fn latency_histogram() -> Histogram {
@@ -75,7 +76,8 @@ impl Default for Metrics {
             "Allocations released by start-up reconciliation (their ADD never finished or their pod is gone)",
             released_on_start.clone(),
         );
-        Self { registry, requests, errors, duration, ipam_addresses, released_on_start }
+        let policy = std::sync::Arc::new(crate::policy::metrics::PolicyMetrics::register(&mut registry));
+        Self { registry, requests, errors, duration, ipam_addresses, released_on_start, policy }
     }
 }
 

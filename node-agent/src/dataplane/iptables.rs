@@ -18,7 +18,8 @@ pub enum IptablesError {
 /// The rules of one table, as `iptables-save -t <table>` prints them.
 pub fn save(table: &str) -> Result<String, IptablesError> {
     const CMD: &str = "iptables-save";
-    let out = Command::new(CMD).args(["-t", table]).output().map_err(|source| IptablesError::Spawn { cmd: CMD, source })?;
+    let out =
+        Command::new(CMD).args(["-t", table]).output().map_err(|source| IptablesError::Spawn { cmd: CMD, source })?;
     if !out.status.success() {
         return Err(IptablesError::Failed {
             cmd: CMD,
@@ -53,4 +54,21 @@ pub fn restore(text: &str) -> Result<(), IptablesError> {
         });
     }
     Ok(())
+}
+
+/// Like [`save`], with each rule's packet and byte counters (`iptables-save -c`).
+pub fn save_counted(table: &str) -> Result<String, IptablesError> {
+    const CMD: &str = "iptables-save";
+    let out = Command::new(CMD)
+        .args(["-c", "-t", table])
+        .output()
+        .map_err(|source| IptablesError::Spawn { cmd: CMD, source })?;
+    if !out.status.success() {
+        return Err(IptablesError::Failed {
+            cmd: CMD,
+            status: out.status,
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+        });
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
