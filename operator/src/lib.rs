@@ -4,5 +4,6 @@ pub mod config;
 pub mod ipam;
 pub mod leader;
 pub mod metrics;
+pub mod policies;
 pub mod run;
 pub mod subnets;

@@ -38,6 +38,8 @@ pub struct Metrics {
     pub reconcile_duration: Family<ControllerLabel, Histogram>,
     pub pool_exhausted: Counter,
     pub leader: Gauge,
+    /// weft.dev NetworkPolicies by `state` (accepted, rejected).
+    pub network_policies: Family<StateLabel, Gauge>,
     ready: AtomicBool,
 }
 
@@ -62,6 +64,12 @@ impl Metrics {
         );
         let leader = Gauge::default();
         registry.register("leader", "1 while this replica holds the leader Lease", leader.clone());
+        let network_policies = Family::<StateLabel, Gauge>::default();
+        registry.register(
+            "network_policies",
+            "weft.dev NetworkPolicies by state (accepted, rejected)",
+            network_policies.clone(),
+        );
         Metrics {
             registry,
             subnet_leases,
@@ -70,6 +78,7 @@ impl Metrics {
             reconcile_duration,
             pool_exhausted,
             leader,
+            network_policies,
             ready: AtomicBool::new(false),
         }
     }
@@ -79,6 +88,12 @@ impl Metrics {
         // Precision loss above 2^53 is fine for a gauge.
         self.subnet_leases.get_or_create(&StateLabel { state: "allocated" }).set(allocated as f64);
         self.subnet_leases.get_or_create(&StateLabel { state: "free" }).set(capacity.saturating_sub(allocated) as f64);
+    }
+
+    /// Records how many weft.dev NetworkPolicies are accepted and rejected.
+    pub fn set_network_policies(&self, accepted: i64, rejected: i64) {
+        self.network_policies.get_or_create(&StateLabel { state: "accepted" }).set(accepted);
+        self.network_policies.get_or_create(&StateLabel { state: "rejected" }).set(rejected);
     }
 
     /// Records one reconciliation.

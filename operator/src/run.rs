@@ -178,7 +178,8 @@ async fn run_controllers(
                 tracing::debug!(error = %e, "subnet controller event");
             }
         });
-    tokio::join!(nodes, subnets, wake, ready);
+    let policies = crate::policies::run(client.clone(), metrics.clone());
+    tokio::join!(nodes, subnets, wake, ready, policies);
     anyhow::bail!("controllers stopped")
 }
 
