@@ -458,6 +458,44 @@ spec:
     );
     assert!(!accepted && msg.contains("endPort requires a numeric port and must not be below it"), "{msg}");
 
+    // What CEL cannot check, the operator reports in the status; agents ignore such a policy.
+    apply(
+        "
+apiVersion: weft.dev/v1alpha1
+kind: NetworkPolicy
+metadata: {name: bad-except, namespace: prod}
+spec:
+  ingress:
+  - action: Deny
+    peers: [{ipBlock: {cidr: 10.244.0.0/16, except: [10.245.0.0/24]}}]
+---
+apiVersion: weft.dev/v1alpha1
+kind: NetworkPolicy
+metadata: {name: web-pods, namespace: prod}
+spec:
+  podSelector: {matchLabels: {app: web}}
+  egress: [{action: Allow}]
+",
+    );
+    let status = |name: &str, path: &str| {
+        kubectl(&["get", "networkpolicies.weft.dev", name, "-n", "prod", "-o", &format!("jsonpath={path}")])
+    };
+    let accepted = "{.status.conditions[?(@.type==\"Accepted\")].status}";
+    let message = "{.status.conditions[?(@.type==\"Accepted\")].message}";
+    wait::until("bad-except to be rejected", CONVERGE, || (status("bad-except", accepted) == "False").then_some(()));
+    let why = status("bad-except", message);
+    assert!(
+        why.contains(
+            "spec.ingress[0].peers[0].ipBlock.except[0]: 10.245.0.0/24 is not strictly inside cidr 10.244.0.0/16"
+        ),
+        "{why}"
+    );
+    wait::until("web-pods to be accepted", CONVERGE, || (status("web-pods", accepted) == "True").then_some(()));
+    wait::until("web-pods to count its pod", CONVERGE, || {
+        (status("web-pods", "{.status.selectedPods}") == "1").then_some(())
+    });
+    expect_matrix("the rejected Deny is not enforced", "tcp", 80, |_, _| true);
+
     // Others' rules survive our syncs; tampering with ours is repaired by the resync.
     delete_all_policies();
     apply(DENY_ALL_PROD);
