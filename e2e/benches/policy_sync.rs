@@ -111,7 +111,7 @@ fn policy(k: usize, port: u16) -> NetworkPolicy {
             "ports": [{"port": port}, {"port": "http"}]
         }]
     });
-    if k % 3 == 0 {
+    if k.is_multiple_of(3) {
         spec["egress"] = json!([{"to": [{"ipBlock": {"cidr": "10.0.0.0/8", "except": ["10.100.0.0/16", "10.101.1.0/24"]}}]},
                                 {"ports": [{"protocol": "UDP", "port": "dns"}]}]);
         spec["policyTypes"] = json!(["Ingress", "Egress"]);
@@ -180,7 +180,7 @@ fn compare(sets: &str, rules: &str) -> (Duration, Duration, usize) {
         let ns = Netns::new("pcmp");
         let path = ns.path();
         std::thread::spawn(move || {
-            setns(&File::open(&path).expect("netns"), CloneFlags::CLONE_NEWNET).expect("setns");
+            setns(File::open(&path).expect("netns"), CloneFlags::CLONE_NEWNET).expect("setns");
             f()
         })
         .join()
