@@ -421,3 +421,21 @@ fn peers_matching_nothing_drop_the_rule_not_the_traffic_check() {
     assert!(ch.rules.is_empty() && ch.default_deny);
     assert!(!ing(&c, "prod/db", "10.0.1.1", 1));
 }
+
+#[test]
+fn re_addressed_and_deleted_pods_update_peers_and_chains() {
+    let mut c = cluster();
+    c.standard.push(std_policy(
+        "prod",
+        "p",
+        json!({"podSelector": {"matchLabels": {"app": "db"}}, "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "web"}}}]}]}),
+    ));
+    assert!(ing(&c, "prod/db", "10.0.1.1", 1));
+    c.pods[0].ip = Some(ip("10.0.3.7"));
+    assert!(!ing(&c, "prod/db", "10.0.1.1", 1), "the old address is no peer any more");
+    assert!(ing(&c, "prod/db", "10.0.3.7", 1));
+    c.pods[1].ip = Some(ip("10.0.1.20"));
+    assert_eq!(compile(&c, NODE)[0].ip, ip("10.0.1.20"), "the chain follows the selected pod's new address");
+    c.pods.remove(0);
+    assert!(!ing(&c, "prod/db", "10.0.3.7", 1), "a deleted pod is no peer");
+}
