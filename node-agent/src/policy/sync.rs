@@ -48,13 +48,43 @@ pub struct Report {
     pub local_pods: usize,
 }
 
-fn reflect<K>(api: Api<K>, what: &'static str, changed: Arc<tokio::sync::Notify>) -> Store<K>
+/// Keeps only what policy reads, so that the caches stay small with many pods.
+fn slim<K: Resource>(obj: &mut K) {
+    let meta = obj.meta_mut();
+    meta.managed_fields = None;
+    meta.annotations = None;
+    meta.owner_references = None;
+}
+
+fn slim_pod(pod: &mut Pod) {
+    slim(pod);
+    if let Some(spec) = pod.spec.as_mut() {
+        spec.volumes = None;
+        spec.tolerations = None;
+        spec.affinity = None;
+        for c in spec.containers.iter_mut().chain(spec.init_containers.iter_mut().flatten()) {
+            *c = k8s_openapi::api::core::v1::Container {
+                name: std::mem::take(&mut c.name),
+                ports: c.ports.take(),
+                ..Default::default()
+            };
+        }
+    }
+    if let Some(status) = pod.status.as_mut() {
+        status.conditions = None;
+        status.container_statuses = None;
+        status.init_container_statuses = None;
+    }
+}
+
+fn reflect<K>(api: Api<K>, what: &'static str, changed: Arc<tokio::sync::Notify>, trim: fn(&mut K)) -> Store<K>
 where
     K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
 {
     let (reader, writer) = reflector::store();
-    let events = watcher(api, watcher::Config::default()).default_backoff().reflect(writer).touched_objects();
+    let events =
+        watcher(api, watcher::Config::default()).default_backoff().modify(trim).reflect(writer).touched_objects();
     tokio::spawn(async move {
         futures::pin_mut!(events);
         while let Some(event) = events.next().await {
@@ -177,10 +207,10 @@ pub fn sync_once(cluster: &Cluster, node: &str, metrics: Option<&PolicyMetrics>)
 /// Runs for the agent's lifetime.
 pub async fn run(client: Client, node: String, resync: Duration, metrics: Arc<PolicyMetrics>) {
     let changed = Arc::new(tokio::sync::Notify::new());
-    let pods = reflect(Api::<Pod>::all(client.clone()), "Pod", Arc::clone(&changed));
-    let namespaces = reflect(Api::<Namespace>::all(client.clone()), "Namespace", Arc::clone(&changed));
-    let standard = reflect(Api::<StandardPolicy>::all(client.clone()), "NetworkPolicy", Arc::clone(&changed));
-    let weft = reflect(Api::<WeftPolicy>::all(client), "weft.dev NetworkPolicy", Arc::clone(&changed));
+    let pods = reflect(Api::<Pod>::all(client.clone()), "Pod", Arc::clone(&changed), slim_pod);
+    let namespaces = reflect(Api::<Namespace>::all(client.clone()), "Namespace", Arc::clone(&changed), slim);
+    let standard = reflect(Api::<StandardPolicy>::all(client.clone()), "NetworkPolicy", Arc::clone(&changed), slim);
+    let weft = reflect(Api::<WeftPolicy>::all(client), "weft.dev NetworkPolicy", Arc::clone(&changed), slim);
     tracing::info!("policy: waiting for the pod, namespace and policy caches");
     for ready in [
         pods.wait_until_ready().await,
@@ -258,6 +288,9 @@ mod tests {
         }))
         .unwrap();
         let info = pod_info(&pod).unwrap();
+        let mut slimmed = pod.clone();
+        slim_pod(&mut slimmed);
+        assert_eq!(pod_info(&slimmed), Some(info.clone()), "slimming keeps what policy reads");
         assert_eq!(info.ip, Some("10.0.0.5".parse().unwrap()));
         assert_eq!(info.key(), "prod/web");
         assert_eq!(info.node, "n1");
