@@ -500,6 +500,11 @@ spec:
     delete_all_policies();
     apply(DENY_ALL_PROD);
     expect_matrix("deny-all again", "tcp", 80, |_, to| ns_of(to) != "prod");
+    // The node itself still reaches its isolated pods (kubelet probes).
+    let db_ip = pod_ip("prod/db");
+    let answer =
+        in_node("node-2", "timeout", &["3", "bash", "-c", &format!("exec 3<>/dev/tcp/{db_ip}/80 && head -c 64 <&3")]);
+    assert_eq!(answer.trim(), "prod/db", "node-2 cannot reach its own pod under deny-all");
     in_node(
         "node-2",
         "iptables",
