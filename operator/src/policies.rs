@@ -132,39 +132,41 @@ fn error_policy(_p: Arc<NetworkPolicy>, error: &Error, _ctx: Arc<Ctx>) -> Action
 pub async fn run(client: Client, metrics: Arc<Metrics>) {
     let policies_api: Api<NetworkPolicy> = Api::all(client.clone());
     let pods_api: Api<Pod> = Api::all(client.clone());
-    let (pods, writer) = reflector::store();
-    let pod_events = watcher(pods_api.clone(), watcher::Config::default())
-        .default_backoff()
-        .reflect(writer)
-        .for_each(|_| futures::future::ready(()));
     let ctrl = Controller::new(policies_api, watcher::Config::default());
     let policies = ctrl.store();
     let by_namespace = policies.clone();
-    // A pod change can change the count of every policy of its namespace.
-    let ctrl = ctrl.watches(pods_api, watcher::Config::default(), move |pod: Pod| {
-        let ns = pod.namespace();
-        by_namespace
-            .state()
-            .iter()
-            .filter(|p| p.namespace() == ns)
-            .map(|p| ObjectRef::from_obj(&**p))
-            .collect::<Vec<_>>()
-    });
-    let ctx = Arc::new(Ctx { client, pods: pods.clone(), policies, metrics });
-    let run = async move {
-        // Counts are only right once the pod cache is complete.
-        if pods.wait_until_ready().await.is_err() {
-            return;
-        }
-        ctrl.run(reconcile, error_policy, ctx)
-            .for_each(|res| async move {
-                if let Err(e) = res {
-                    tracing::debug!(error = %e, "networkpolicy controller event");
-                }
-            })
-            .await;
-    };
-    tokio::join!(pod_events, run);
+    // One pod watch feeds the store the counts are taken from and, after the
+    // store has the change, triggers the policies of the pod's namespace.
+    let (pods, writer) = reflector::store();
+    let triggers = watcher(pods_api, watcher::Config::default())
+        .default_backoff()
+        .reflect(writer)
+        .touched_objects()
+        .filter_map(|r| {
+            if let Err(e) = &r {
+                tracing::warn!(error = %e, "Pod watch error; retrying");
+            }
+            futures::future::ready(r.ok())
+        })
+        .flat_map(move |pod: Pod| {
+            let ns = pod.namespace();
+            let refs: Vec<ObjectRef<NetworkPolicy>> = by_namespace
+                .state()
+                .iter()
+                .filter(|p| p.namespace() == ns)
+                .map(|p| ObjectRef::from_obj(&**p))
+                .collect();
+            futures::stream::iter(refs)
+        });
+    let ctx = Arc::new(Ctx { client, pods, policies, metrics });
+    ctrl.reconcile_on(triggers)
+        .run(reconcile, error_policy, ctx)
+        .for_each(|res| async move {
+            if let Err(e) = res {
+                tracing::debug!(error = %e, "networkpolicy controller event");
+            }
+        })
+        .await;
 }
 
 #[cfg(test)]
