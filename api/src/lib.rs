@@ -11,6 +11,7 @@
 pub mod common;
 pub mod host_port;
 pub mod network_policy;
+pub mod selector;
 pub mod subnet;
 
 pub use common::{Protocol, conditions_schema};

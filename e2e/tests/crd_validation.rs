@@ -177,7 +177,36 @@ async fn network_policy_is_validated() {
     let msg = rejection(&api, policy(10, json!({}), good_port.clone())).await;
     assert!(msg.contains("a peer needs podSelector, namespaceSelector or ipBlock"), "message: {msg}");
     let msg = rejection(&api, policy(10, good_peer.clone(), json!({"port": 100, "endPort": 50}))).await;
-    assert!(msg.contains("endPort requires port and must not be below it"), "message: {msg}");
+    assert!(msg.contains("endPort requires a numeric port and must not be below it"), "message: {msg}");
+    let msg = rejection(&api, policy(10, good_peer.clone(), json!({"port": "http", "endPort": 50}))).await;
+    assert!(msg.contains("endPort requires a numeric port"), "message: {msg}");
+    let msg = rejection(&api, policy(10, good_peer.clone(), json!({"port": 0}))).await;
+    assert!(msg.contains("port must be between 1 and 65535"), "message: {msg}");
+    let msg = rejection(&api, policy(10, good_peer.clone(), json!({"protocol": "ICMP", "port": 1}))).await;
+    assert!(msg.contains("protocol") && msg.contains("\"TCP\", \"UDP\", \"SCTP\""), "message: {msg}");
+    let msg = rejection(
+        &api,
+        json!({"apiVersion": "weft.dev/v1alpha1", "kind": "NetworkPolicy",
+               "metadata": {"name": unique_name("np"), "namespace": ns},
+               "spec": {"ingress": [{"action": "Reject"}]}}),
+    )
+    .await;
+    assert!(msg.contains("action") && msg.contains("\"Allow\", \"Deny\""), "message: {msg}");
+    let msg =
+        rejection(&api, policy(10, json!({"ipBlock": {"cidr": "10.0.0.0/8"}, "podSelector": {}}), good_port.clone()))
+            .await;
+    assert!(msg.contains("ipBlock cannot be combined with podSelector or namespaceSelector"), "message: {msg}");
+    // Named ports and ranges are accepted.
+    for port in [
+        json!({"port": "http"}),
+        json!({"protocol": "UDP", "port": 8000, "endPort": 8080}),
+        json!({"protocol": "SCTP"}),
+    ] {
+        let obj = policy(10, good_peer.clone(), port.clone());
+        api.create(&PostParams::default(), &serde_json::from_value(obj).expect("np"))
+            .await
+            .unwrap_or_else(|e| panic!("{port} must be accepted: {e}"));
+    }
     let created = api
         .create(&PostParams::default(), &serde_json::from_value(policy(10, good_peer, good_port)).expect("np"))
         .await

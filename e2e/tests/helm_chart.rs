@@ -510,6 +510,16 @@ fn install_upgrade_uninstall_on_a_real_apiserver() {
     assert!(!can(&op_sa, "create", "hostportallocations.weft.dev", &["-n", "default"]));
     assert!(can(&op_sa, "patch", "pods", &["-n", "default"]));
     assert!(!can(&agent_sa, "list", "secrets", &[]));
+    // Network policy: the operator keeps weft.dev policy status, the agent only reads.
+    assert!(can(&op_sa, "watch", "networkpolicies.weft.dev", &["-A"]));
+    assert!(can(&op_sa, "patch", "networkpolicies.weft.dev", &["--subresource=status"]));
+    assert!(!can(&op_sa, "patch", "networkpolicies.weft.dev", &[]));
+    assert!(can(&op_sa, "watch", "pods", &["-A"]));
+    for what in ["pods", "namespaces", "networkpolicies.networking.k8s.io", "networkpolicies.weft.dev"] {
+        assert!(can(&agent_sa, "watch", what, &["-A"]), "agent cannot watch {what}");
+    }
+    assert!(!can(&agent_sa, "patch", "networkpolicies.weft.dev", &["--subresource=status"]));
+    assert!(!can(&agent_sa, "create", "networkpolicies.networking.k8s.io", &[]));
 
     // Upgrade with changed values changes the objects, and removes disabled ones.
     helm.ok(&[

@@ -59,6 +59,9 @@ pub struct Config {
     /// and Linux's default ephemeral range.
     #[arg(long, env = "WEFT_HOST_PORT_RANGE", default_value = crate::hostport::range::DEFAULT_RANGE)]
     pub host_port_range: crate::hostport::PortRange,
+    /// Enforce NetworkPolicies (standard and weft.dev) for this node's pods.
+    #[arg(long, env = "WEFT_NETWORK_POLICY", default_value_t = true, action = clap::ArgAction::Set)]
+    pub network_policy: bool,
     /// Address for /metrics, /healthz and /readyz.
     #[arg(long, env = "WEFT_METRICS_ADDR", default_value = "0.0.0.0:9646")]
     pub metrics_addr: SocketAddr,

@@ -13,6 +13,7 @@ mod metrics;
 mod netns;
 mod overlay;
 mod peer_sync;
+mod policy;
 mod reconcile;
 
 use std::os::unix::fs::PermissionsExt;
@@ -107,6 +108,16 @@ async fn run(config: Config) -> anyhow::Result<()> {
     if let (Some(api), Some((reconciler, _))) = (&subnets, overlay) {
         let resync = std::time::Duration::from_secs(config.resync_seconds.max(1));
         tokio::spawn(peer_sync::run(api.clone(), reconciler, config.node_name.clone(), resync));
+    }
+    // Policy needs the API: with a lease, or a fixed pod CIDR plus --kubeconfig.
+    if config.network_policy && (subnets.is_some() || config.kubeconfig.is_some()) {
+        let client = match &subnets {
+            Some(api) => api.clone().into_client(),
+            None => kube_client(&config).await?,
+        };
+        let resync = std::time::Duration::from_secs(config.resync_seconds.max(1));
+        let metrics = Arc::clone(&agent.metrics.policy);
+        tokio::spawn(policy::sync::run(client, config.node_name.clone(), resync, metrics));
     }
 
     let listener = bind_socket(&config.socket)?;

@@ -40,6 +40,7 @@ pub struct Metrics {
     pub released_on_start: Counter,
     pub host_ports: Family<StateLabels, Gauge>,
     pub host_port_repairs: Counter,
+    pub policy: std::sync::Arc<crate::policy::metrics::PolicyMetrics>,
 }
 
 fn latency_histogram() -> Histogram {
@@ -89,7 +90,18 @@ impl Default for Metrics {
             "Times the periodic sync found the host port rules changed by someone else and rewrote them",
             host_port_repairs.clone(),
         );
-        Self { registry, requests, errors, duration, ipam_addresses, released_on_start, host_ports, host_port_repairs }
+        let policy = std::sync::Arc::new(crate::policy::metrics::PolicyMetrics::register(&mut registry));
+        Self {
+            registry,
+            requests,
+            errors,
+            duration,
+            ipam_addresses,
+            released_on_start,
+            host_ports,
+            host_port_repairs,
+            policy,
+        }
     }
 }
 

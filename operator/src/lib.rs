@@ -5,5 +5,6 @@ pub mod hostports;
 pub mod ipam;
 pub mod leader;
 pub mod metrics;
+pub mod policies;
 pub mod run;
 pub mod subnets;

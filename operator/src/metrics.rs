@@ -41,6 +41,8 @@ pub struct Metrics {
     /// `node`, `state="allocated"|"free"`: each node's host port range.
     pub host_ports: Family<NodeStateLabels, Gauge>,
     pub host_port_collected: Counter,
+    /// weft.dev NetworkPolicies by `state` (accepted, rejected).
+    pub network_policies: Family<StateLabel, Gauge>,
     ready: AtomicBool,
 }
 
@@ -83,6 +85,12 @@ impl Metrics {
             "HostPortAllocations deleted because their pod was gone",
             host_port_collected.clone(),
         );
+        let network_policies = Family::<StateLabel, Gauge>::default();
+        registry.register(
+            "network_policies",
+            "weft.dev NetworkPolicies by state (accepted, rejected)",
+            network_policies.clone(),
+        );
         Metrics {
             registry,
             host_ports,
@@ -93,6 +101,7 @@ impl Metrics {
             reconcile_duration,
             pool_exhausted,
             leader,
+            network_policies,
             ready: AtomicBool::new(false),
         }
     }
@@ -112,6 +121,12 @@ impl Metrics {
             self.host_ports.get_or_create(&label("allocated")).set(i64::from(*used));
             self.host_ports.get_or_create(&label("free")).set(i64::from(size - used));
         }
+    }
+
+    /// Records how many weft.dev NetworkPolicies are accepted and rejected.
+    pub fn set_network_policies(&self, accepted: i64, rejected: i64) {
+        self.network_policies.get_or_create(&StateLabel { state: "accepted" }).set(accepted);
+        self.network_policies.get_or_create(&StateLabel { state: "rejected" }).set(rejected);
     }
 
     /// Records one reconciliation.

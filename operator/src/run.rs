@@ -179,7 +179,8 @@ async fn run_controllers(
             }
         });
     let hostports = crate::hostports::run(client.clone(), metrics.clone(), std::time::Duration::from_secs(30));
-    tokio::join!(nodes, subnets, wake, ready, hostports);
+    let policies = crate::policies::run(client.clone(), metrics.clone());
+    tokio::join!(nodes, subnets, wake, ready, hostports, policies);
     anyhow::bail!("controllers stopped")
 }
 

@@ -55,3 +55,20 @@ pub fn restore(text: &str) -> Result<(), IptablesError> {
     }
     Ok(())
 }
+
+/// Like [`save`], with each rule's packet and byte counters (`iptables-save -c`).
+pub fn save_counted(table: &str) -> Result<String, IptablesError> {
+    const CMD: &str = "iptables-save";
+    let out = Command::new(CMD)
+        .args(["-c", "-t", table])
+        .output()
+        .map_err(|source| IptablesError::Spawn { cmd: CMD, source })?;
+    if !out.status.success() {
+        return Err(IptablesError::Failed {
+            cmd: CMD,
+            status: out.status,
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+        });
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}

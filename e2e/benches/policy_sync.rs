@@ -1,0 +1,339 @@
+//! Policy scale: one weft-agent with 5,000 pods and 1,000 NetworkPolicies in
+//! the API (250 of the pods on its node): full sync, one policy change, one
+//! pod label change, rules programmed, agent RSS; and the same rule set
+//! applied rule by rule (`iptables -A` per rule) against one
+//! `iptables-restore`, in the same run.
+//!
+//! Everything runs in network namespaces this bench creates (the control
+//! plane and the agent share one, so the agent reaches the apiserver on
+//! loopback); the root namespace's rules are never touched.
+//! Run with `e2e/bench.sh policy` or `cargo bench -p weft-e2e --bench policy_sync`
+//! (`WEFT_BENCH_PODS` / `WEFT_BENCH_POLICIES` scale it down).
+
+use std::fs::File;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use futures::{StreamExt, stream};
+use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use kube::Client;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use nix::sched::{CloneFlags, setns};
+use serde_json::json;
+use weft_e2e::control_plane::{ControlPlane, Options, install_crds, tools_dir, tools_present};
+use weft_e2e::netns::Netns;
+use weft_e2e::{bins, wait};
+
+const NODES: usize = 20;
+const NAMESPACES: usize = 50;
+const CONCURRENCY: usize = 32;
+
+fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+fn main() {
+    if !weft_e2e::prereq::require_root()
+        || !weft_e2e::prereq::require(&format!("kube-apiserver and etcd in {}", tools_dir().display()), tools_present())
+    {
+        return;
+    }
+    let pods = env_usize("WEFT_BENCH_PODS", 5000);
+    let policies = env_usize("WEFT_BENCH_POLICIES", 1000);
+    let ns = Netns::new("pbench");
+    ns.ip(&["link", "set", "lo", "up"]);
+    let path = ns.path();
+    // The whole bench runs on a thread inside the namespace: the control
+    // plane, the agent and the bench's own API client all live there.
+    std::thread::spawn(move || {
+        let file = File::open(&path).expect("open netns");
+        setns(&file, CloneFlags::CLONE_NEWNET).expect("setns");
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+        rt.block_on(bench(pods, policies, &path));
+    })
+    .join()
+    .unwrap_or_else(|p| std::panic::resume_unwind(p));
+}
+
+fn pod_ip(i: usize) -> String {
+    format!("10.{}.{}.{}", 100 + i / 62_500, (i / 250) % 250, i % 250 + 1)
+}
+
+async fn create_objects(client: &Client, pods: usize, policies: usize) {
+    let nss: Api<Namespace> = Api::all(client.clone());
+    for n in 0..NAMESPACES {
+        let ns: Namespace = serde_json::from_value(
+            json!({"metadata": {"name": format!("b{n}"), "labels": {"team": format!("t{}", n % 5)}}}),
+        )
+        .expect("namespace");
+        nss.create(&PostParams::default(), &ns).await.expect("create namespace");
+        let sa: ServiceAccount = serde_json::from_value(json!({"metadata": {"name": "default"}})).expect("sa");
+        let _ = Api::<ServiceAccount>::namespaced(client.clone(), &format!("b{n}"))
+            .create(&PostParams::default(), &sa)
+            .await;
+    }
+    stream::iter(0..pods)
+        .for_each_concurrent(CONCURRENCY, |i| async move {
+            let ns = format!("b{}", i % NAMESPACES);
+            let j = i / NAMESPACES;
+            let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
+            let pod: Pod = serde_json::from_value(json!({
+                "metadata": {"name": format!("p{i}"), "labels": {"app": format!("a{}", j % 10), "tier": format!("t{}", j % 3)}},
+                "spec": {"nodeName": format!("node-{}", i % NODES), "containers": [{"name": "c", "image": "x",
+                    "ports": [{"name": "http", "containerPort": 8080}, {"name": "dns", "containerPort": 53, "protocol": "UDP"}]}]},
+            }))
+            .expect("pod");
+            api.create(&PostParams::default(), &pod).await.expect("create pod");
+            let status = json!({"status": {"phase": "Running", "podIP": pod_ip(i), "podIPs": [{"ip": pod_ip(i)}]}});
+            api.patch_status(&format!("p{i}"), &PatchParams::default(), &Patch::Merge(&status)).await.expect("pod status");
+        })
+        .await;
+    stream::iter(0..policies)
+        .for_each_concurrent(CONCURRENCY, |k| async move {
+            let ns = format!("b{}", k % NAMESPACES);
+            let api: Api<NetworkPolicy> = Api::namespaced(client.clone(), &ns);
+            api.create(&PostParams::default(), &policy(k, 80)).await.expect("create policy");
+        })
+        .await;
+}
+
+/// Policy `k`: selects app=a<k%10> of its namespace; ingress from a tier of
+/// its namespace OR an app of team namespaces (AND) on a port and a named
+/// port; every third also egress to an ipBlock with except and DNS.
+fn policy(k: usize, port: u16) -> NetworkPolicy {
+    let mut spec = json!({
+        "podSelector": {"matchLabels": {"app": format!("a{}", (k / NAMESPACES) % 10)}},
+        "ingress": [{
+            "from": [{"podSelector": {"matchLabels": {"tier": format!("t{}", k % 3)}}},
+                     {"namespaceSelector": {"matchLabels": {"team": format!("t{}", k % 5)}},
+                      "podSelector": {"matchLabels": {"app": format!("a{}", (k + 1) % 10)}}}],
+            "ports": [{"port": port}, {"port": "http"}]
+        }]
+    });
+    if k.is_multiple_of(3) {
+        spec["egress"] = json!([{"to": [{"ipBlock": {"cidr": "10.0.0.0/8", "except": ["10.100.0.0/16", "10.101.1.0/24"]}}]},
+                                {"ports": [{"protocol": "UDP", "port": "dns"}]}]);
+        spec["policyTypes"] = json!(["Ingress", "Egress"]);
+    }
+    serde_json::from_value(json!({"metadata": {"name": format!("np{k}")}, "spec": spec})).expect("policy")
+}
+
+fn metrics() -> String {
+    let out = Command::new("curl").args(["-sf", "-m", "5", "http://127.0.0.1:9646/metrics"]).output().expect("curl");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn metric(text: &str, line_start: &str) -> f64 {
+    text.lines().find(|l| l.starts_with(line_start)).and_then(|l| l.rsplit(' ').next()?.parse().ok()).unwrap_or(0.0)
+}
+
+/// (applied syncs, sync seconds sum).
+fn syncs() -> (f64, f64) {
+    let m = metrics();
+    (
+        metric(&m, "weft_agent_policy_syncs_total{result=\"applied\"}"),
+        metric(&m, "weft_agent_policy_sync_duration_seconds_sum"),
+    )
+}
+
+/// Waits for the next applied sync after `before`; returns (wall time, the
+/// time of every pass the agent ran since `before`, unchanged ones included).
+fn next_sync(before: (f64, f64), started: Instant) -> (Duration, f64) {
+    let after = wait::until("the agent to apply a sync", Duration::from_secs(300), || {
+        let now = syncs();
+        (now.0 > before.0).then_some(now)
+    });
+    (started.elapsed(), after.1 - before.1)
+}
+
+fn rss_mib(pid: u32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
+        .unwrap_or(0.0)
+        / 1024.0
+}
+
+fn sh(cmd: &str, args: &[&str], stdin: Option<&str>) {
+    let mut c = Command::new(cmd);
+    c.args(args).stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() }).stdout(Stdio::null());
+    let mut child = c.spawn().expect("spawn");
+    if let (Some(text), Some(mut w)) = (stdin, child.stdin.take()) {
+        std::io::Write::write_all(&mut w, text.as_bytes()).expect("stdin");
+    }
+    let out = child.wait_with_output().expect("wait");
+    assert!(out.status.success(), "{cmd} {args:?} failed");
+}
+
+fn output(cmd: &str, args: &[&str]) -> String {
+    String::from_utf8_lossy(&Command::new(cmd).args(args).output().expect("spawn").stdout).into_owned()
+}
+
+/// Applies `rules` (the agent's, from iptables-save) to a fresh namespace
+/// rule by rule, and to another in one iptables-restore; returns both times.
+fn compare(sets: &str, rules: &str) -> (Duration, Duration, usize) {
+    let ours: Vec<&str> = rules.lines().filter(|l| l.starts_with("-A ")).collect();
+    let chains: Vec<&str> = rules.lines().filter(|l| l.starts_with(":WEFT")).collect();
+    let run_in = |f: Box<dyn FnOnce() -> Duration + Send>| -> Duration {
+        let ns = Netns::new("pcmp");
+        let path = ns.path();
+        std::thread::spawn(move || {
+            setns(File::open(&path).expect("netns"), CloneFlags::CLONE_NEWNET).expect("setns");
+            f()
+        })
+        .join()
+        .expect("compare thread")
+    };
+    let (sets1, sets2) = (sets.to_owned(), sets.to_owned());
+    let one_by_one: Vec<String> = ours.iter().map(|s| s.to_string()).collect();
+    let decl: Vec<String> =
+        chains.iter().map(|c| c[1..].split_whitespace().next().unwrap_or_default().to_owned()).collect();
+    let by_rule = run_in(Box::new(move || {
+        sh("ipset", &["restore"], Some(&sets1));
+        let t = Instant::now();
+        for c in &decl {
+            sh("iptables", &["-w", "-N", c], None);
+        }
+        for r in &one_by_one {
+            // iptables-save quoting is shell quoting: split it the same way.
+            let args = shell_words(r);
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            sh("iptables", &[&["-w"], args.as_slice()].concat(), None);
+        }
+        t.elapsed()
+    }));
+    let text = format!("*filter\n{}\n{}\nCOMMIT\n", chains.join("\n"), ours.join("\n"));
+    let restore = run_in(Box::new(move || {
+        sh("ipset", &["restore"], Some(&sets2));
+        let t = Instant::now();
+        sh("iptables-restore", &["-w", "--noflush"], Some(&text));
+        t.elapsed()
+    }));
+    (by_rule, restore, ours.len())
+}
+
+struct Defer<F: FnMut()>(F);
+
+impl<F: FnMut()> Drop for Defer<F> {
+    fn drop(&mut self) {
+        (self.0)();
+    }
+}
+
+fn shell_words(line: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    let mut quoted = false;
+    let mut any = false;
+    for ch in line.chars() {
+        match ch {
+            '"' => {
+                quoted = !quoted;
+                any = true;
+            }
+            ' ' if !quoted => {
+                if any || !cur.is_empty() {
+                    out.push(std::mem::take(&mut cur));
+                }
+                any = false;
+            }
+            c => cur.push(c),
+        }
+    }
+    if any || !cur.is_empty() {
+        out.push(cur);
+    }
+    out
+}
+
+async fn bench(pods: usize, policies: usize, ns_path: &str) {
+    let ns_name = ns_path.rsplit('/').next().unwrap_or_default().to_owned();
+    let cp = ControlPlane::start_with(&Options { netns: Some(ns_name.clone()), ..Default::default() })
+        .expect("control plane starts");
+    let client = cp.client().await.expect("client");
+    install_crds(&client).await.expect("CRDs");
+    let t = Instant::now();
+    create_objects(&client, pods, policies).await;
+    eprintln!("created {pods} pods and {policies} policies in {:.1} s", t.elapsed().as_secs_f64());
+
+    let dir = tempfile::Builder::new().prefix("weft-pbench-").tempdir().expect("temp dir");
+    let log = File::create(dir.path().join("agent.log")).expect("log");
+    let agent_log = dir.path().join("agent.log");
+    // On failure the agent's log says why.
+    let _report = Defer(move || {
+        if std::thread::panicking() {
+            eprintln!("--- agent log ---\n{}", std::fs::read_to_string(&agent_log).unwrap_or_default());
+        }
+    });
+    let started = Instant::now();
+    let mut agent: Child = Command::new(bins::weft("weft-agent"))
+        .args(["--node-name", "node-0", "--pod-cidr", "10.100.0.0/24", "--metrics-addr", "127.0.0.1:9646"])
+        .arg("--kubeconfig")
+        .arg(cp.in_namespace_kubeconfig())
+        .arg("--socket")
+        .arg(dir.path().join("agent.sock"))
+        .arg("--state-dir")
+        .arg(dir.path().join("state"))
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("weft-agent");
+    let (full_wall, full_sync) = next_sync((0.0, 0.0), started);
+    let m = metrics();
+    let rules = metric(&m, "weft_agent_policy_rules ");
+    let sets = metric(&m, "weft_agent_policy_ipsets ");
+    let local = metric(&m, "weft_agent_policy_local_pods ");
+    let rss = rss_mib(agent.id());
+
+    // One policy change: another port for a policy selecting local pods.
+    let before = syncs();
+    let t = Instant::now();
+    let api: Api<NetworkPolicy> = Api::namespaced(client.clone(), "b0");
+    let patch = json!({"spec": policy(0, 81).spec});
+    api.patch("np0", &PatchParams::default(), &Patch::Merge(&patch)).await.expect("patch policy");
+    let (policy_wall, policy_sync) = next_sync(before, t);
+
+    // One pod label change: a local pod moves to another app (other chains).
+    let before = syncs();
+    let t = Instant::now();
+    let pods_api: Api<Pod> = Api::namespaced(client.clone(), "b0");
+    let relabel = json!({"metadata": {"labels": {"app": "a9", "tier": "t2"}}});
+    pods_api.patch("p0", &PatchParams::default(), &Patch::Merge(&relabel)).await.expect("label pod");
+    let (label_wall, label_sync) = next_sync(before, t);
+    let rss_after = rss_mib(agent.id());
+    let rules_after = metric(&metrics(), "weft_agent_policy_rules ");
+
+    let saved = output("iptables-save", &["-t", "filter"]);
+    let ipsets = output("ipset", &["save"]);
+    let _ = agent.kill();
+    let _ = agent.wait();
+    let (by_rule, restore, n) = compare(&ipsets, &saved);
+
+    println!("\npolicy_sync: {pods} pods in the API ({local} local pods under policy), {policies} NetworkPolicies");
+    println!("| measure | value |");
+    println!("|---|---|");
+    println!("| full sync: agent start → rules applied (incl. listing the API) | {:.2} s |", full_wall.as_secs_f64());
+    println!("| full sync: compile + diff + apply (agent's own time) | {:.3} s |", full_sync);
+    println!(
+        "| one policy change: API write → applied | {:.3} s (agent passes {:.3} s) |",
+        policy_wall.as_secs_f64(),
+        policy_sync
+    );
+    println!(
+        "| one pod label change: API write → applied | {:.3} s (agent passes {:.3} s) |",
+        label_wall.as_secs_f64(),
+        label_sync
+    );
+    println!("| iptables rules programmed after full sync / after changes; ipsets | {rules} / {rules_after}; {sets} |");
+    println!("| agent RSS after full sync / after changes | {rss:.1} MiB / {rss_after:.1} MiB |");
+    println!("| same {n} rules: one iptables-restore | {:.3} s |", restore.as_secs_f64());
+    println!(
+        "| same {n} rules: iptables -A per rule | {:.2} s ({:.0}× slower) |",
+        by_rule.as_secs_f64(),
+        by_rule.as_secs_f64() / restore.as_secs_f64().max(1e-6)
+    );
+    cp.shutdown();
+}

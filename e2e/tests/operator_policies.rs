@@ -1,0 +1,105 @@
+//! The operator's weft.dev NetworkPolicy controller against the real
+//! apiserver: `Accepted` with the validation problems the CRD schema cannot
+//! see, and `selectedPods` following pods and their labels.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+use weft_api::NetworkPolicy;
+use weft_e2e::control_plane::operator::OperatorProcess;
+use weft_e2e::control_plane::{ControlPlane, install_crds, new_namespace, unique_name, wait_for};
+
+fn accepted(p: &NetworkPolicy) -> Option<(String, String, String)> {
+    let c = p.status.as_ref()?.conditions.iter().find(|c| c.type_ == "Accepted")?;
+    Some((c.status.clone(), c.reason.clone(), c.message.clone()))
+}
+
+#[tokio::test]
+async fn operator_reports_acceptance_and_selected_pods() {
+    let Some(cp) = ControlPlane::shared() else { return };
+    let client = cp.client().await.expect("client");
+    install_crds(&client).await.expect("CRDs");
+    let ns = new_namespace(&client, "op-np").await.expect("namespace");
+    let sa: ServiceAccount = serde_json::from_value(json!({"metadata": {"name": "default"}})).expect("sa");
+    let _ = Api::<ServiceAccount>::namespaced(client.clone(), &ns).create(&PostParams::default(), &sa).await;
+    // Its own lease namespace and node selector: it shares the control plane with other tests.
+    let _op = OperatorProcess::start(
+        cp,
+        &[
+            "--cluster-cidr=10.213.0.0/16".into(),
+            format!("--node-selector=weft.dev/e2e={ns}"),
+            format!("--leader-election-namespace={ns}"),
+        ],
+    )
+    .expect("operator starts");
+
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    for (name, app) in [("a", "web"), ("b", "web"), ("c", "db")] {
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": name, "labels": {"app": app}},
+            "spec": {"containers": [{"name": "c", "image": "x"}]},
+        }))
+        .expect("pod");
+        pods.create(&PostParams::default(), &pod).await.expect("create pod");
+    }
+    let policies: Api<NetworkPolicy> = Api::namespaced(client.clone(), &ns);
+    let good = unique_name("web");
+    let bad = unique_name("bad");
+    for (name, spec) in [
+        (&good, json!({"podSelector": {"matchLabels": {"app": "web"}}, "ingress": [{"action": "Allow"}]})),
+        (
+            &bad,
+            json!({"podSelector": {"matchExpressions": [{"key": "app", "operator": "In"}]},
+                   "egress": [{"action": "Deny", "peers": [{"ipBlock": {"cidr": "10.0.0.0/16", "except": ["10.1.0.0/24"]}}]}]}),
+        ),
+    ] {
+        let obj: NetworkPolicy =
+            serde_json::from_value(json!({"apiVersion": "weft.dev/v1alpha1", "kind": "NetworkPolicy",
+            "metadata": {"name": name}, "spec": spec}))
+            .expect("policy");
+        policies.create(&PostParams::default(), &obj).await.expect("the schema accepts it");
+    }
+
+    let status_is = |name: String, want: (&'static str, i32)| {
+        let policies = policies.clone();
+        async move {
+            let p = policies.get(&name).await?;
+            let selected = p.status.as_ref().map(|s| s.selected_pods);
+            Ok(accepted(&p).is_some_and(|(s, _, _)| s == want.0) && selected == Some(want.1))
+        }
+    };
+    wait_for(Duration::from_secs(30), "the valid policy accepted with 2 pods", || status_is(good.clone(), ("True", 2)))
+        .await
+        .expect("accepted");
+    wait_for(Duration::from_secs(30), "the invalid policy rejected", || status_is(bad.clone(), ("False", 0)))
+        .await
+        .expect("rejected");
+    let (_, reason, message) = accepted(&policies.get(&bad).await.expect("get")).expect("condition");
+    assert_eq!(reason, "Invalid");
+    assert!(message.contains("spec.podSelector.matchExpressions[0]: operator In needs values"), "{message}");
+    assert!(
+        message
+            .contains("spec.egress[0].peers[0].ipBlock.except[0]: 10.1.0.0/24 is not strictly inside cidr 10.0.0.0/16"),
+        "{message}"
+    );
+
+    // Pods gaining or losing the label, and deleted pods, change the count.
+    pods.patch("c", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {"app": "web"}}})))
+        .await
+        .expect("label");
+    wait_for(Duration::from_secs(30), "3 selected pods", || status_is(good.clone(), ("True", 3))).await.expect("3");
+    pods.delete("a", &DeleteParams { grace_period_seconds: Some(0), ..Default::default() }).await.expect("delete");
+    wait_for(Duration::from_secs(30), "2 selected pods", || status_is(good.clone(), ("True", 2))).await.expect("2");
+
+    // Fixing the invalid policy makes it accepted.
+    let fix = json!({"spec": {"podSelector": {"matchLabels": {"app": "web"}, "matchExpressions": null},
+        "egress": [{"action": "Deny", "peers": [{"ipBlock": {"cidr": "10.0.0.0/8", "except": ["10.1.0.0/24"]}}]}]}});
+    policies.patch(&bad, &PatchParams::default(), &Patch::Merge(fix)).await.expect("fix");
+    wait_for(Duration::from_secs(30), "the fixed policy accepted", || status_is(bad.clone(), ("True", 2)))
+        .await
+        .expect("fixed");
+    let p = policies.get(&bad).await.expect("get");
+    assert_eq!(p.status.and_then(|s| s.observed_generation), p.metadata.generation);
+}

@@ -1,0 +1,525 @@
+//! NetworkPolicy truth tables in the sandbox cluster: namespaces and pods
+//! with labels across three nodes, policies applied with kubectl, and the
+//! probe's allow/deny matrix compared with the expected one after each step
+//! (waiting for convergence with a deadline, never a fixed sleep).
+//!
+//! SCTP cannot be probed here (the kernel has no SCTP); SCTP rules are
+//! checked at rule level in the agent's unit and kernel tests.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::process::Command;
+use std::time::Duration;
+
+use serde_json::Value;
+use weft_e2e::sandbox::testing::{Up, ok, run};
+use weft_e2e::wait;
+
+const CONVERGE: Duration = Duration::from_secs(45);
+const PODS: [&str; 5] = ["dev/client", "dev/web", "prod/api", "prod/db", "prod/web"];
+
+fn kubectl(args: &[&str]) -> String {
+    let mut full = vec!["kubectl"];
+    full.extend_from_slice(args);
+    ok(&full)
+}
+
+/// `kubectl apply -f` of a YAML document; returns success and output.
+fn try_apply(yaml: &str) -> (bool, String) {
+    let mut f = tempfile::Builder::new().suffix(".yaml").tempfile().expect("temp file");
+    f.write_all(yaml.as_bytes()).expect("write YAML");
+    let path = f.path().to_str().expect("utf-8 path").to_owned();
+    run(&["kubectl", "apply", "-f", &path])
+}
+
+#[track_caller]
+fn apply(yaml: &str) {
+    let (success, out) = try_apply(yaml);
+    assert!(success, "kubectl apply failed:\n{out}\n{yaml}");
+}
+
+fn delete_all_policies() {
+    for ns in ["prod", "dev"] {
+        kubectl(&["delete", "networkpolicies.networking.k8s.io", "--all", "-n", ns]);
+        kubectl(&["delete", "networkpolicies.weft.dev", "--all", "-n", ns]);
+    }
+}
+
+fn probe(protocol: &str, port: u16) -> BTreeMap<(String, String), bool> {
+    let out = ok(&["probe", "--protocol", protocol, "--port", &port.to_string(), "--timeout-ms", "700"]);
+    let v: Value = serde_json::from_str(&out).expect("probe JSON");
+    let mut m = BTreeMap::new();
+    for (from, row) in v["matrix"].as_object().expect("matrix") {
+        for (to, allowed) in row.as_object().expect("row") {
+            m.insert((from.clone(), to.clone()), allowed.as_bool().expect("bool"));
+        }
+    }
+    m
+}
+
+/// Waits until the probe matrix equals `expect(from, to)` for every ordered pair.
+#[track_caller]
+fn expect_matrix(step: &str, protocol: &str, port: u16, expect: impl Fn(&str, &str) -> bool) {
+    let mut want = BTreeMap::new();
+    for f in PODS {
+        for t in PODS.iter().filter(|t| **t != f) {
+            want.insert((f.to_owned(), (*t).to_owned()), expect(f, t));
+        }
+    }
+    let mut last = String::new();
+    let converged = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        wait::until(step, CONVERGE, || {
+            let got = probe(protocol, port);
+            if got == want {
+                return Some(());
+            }
+            last = got
+                .iter()
+                .filter(|(k, v)| want.get(*k) != Some(v))
+                .map(|((f, t), v)| format!("  {f} -> {t}: got {}, want {}", allowed(*v), allowed(!*v)))
+                .collect::<Vec<_>>()
+                .join("\n");
+            None
+        })
+    }));
+    assert!(converged.is_ok(), "step {step:?} ({protocol}/{port}) did not converge; differences:\n{last}");
+    eprintln!("ok: {step} ({protocol}/{port})");
+}
+
+fn allowed(v: bool) -> &'static str {
+    if v { "allow" } else { "deny" }
+}
+
+fn ns_of(pod: &str) -> &str {
+    pod.split('/').next().unwrap_or_default()
+}
+
+fn pod_ip(key: &str) -> String {
+    ok(&["pods"])
+        .lines()
+        .find(|l| l.starts_with(&format!("{key} ")))
+        .and_then(|l| l.split_whitespace().nth(2))
+        .unwrap_or_else(|| panic!("no IP for {key}"))
+        .to_owned()
+}
+
+fn in_node(node: &str, cmd: &str, args: &[&str]) -> String {
+    let out = Command::new("ip")
+        .args(["netns", "exec", &format!("weft-sbx-{node}"), cmd])
+        .args(args)
+        .output()
+        .expect("ip netns exec");
+    assert!(out.status.success(), "{cmd} {args:?} in {node}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn agent_metrics(node_ip: &str) -> String {
+    let url = format!("http://{node_ip}:9646/metrics");
+    let out = Command::new("ip")
+        .args(["netns", "exec", "weft-sbx-cp", "curl", "-sf", "-m", "5", &url])
+        .output()
+        .expect("curl");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Sum of a metric family's samples whose line contains `filter`.
+fn metric_sum(text: &str, name: &str, filter: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(name) && l.contains(filter))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+const DENY_ALL_PROD: &str = "
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: deny-all, namespace: prod}
+spec:
+  podSelector: {}
+";
+
+#[test]
+fn standard_and_weft_policies_follow_the_truth_table() {
+    let Some(_up) = Up::start(&["--nodes", "3"], &[("curl", std::path::Path::new("/usr/bin/curl").is_file())]) else {
+        return;
+    };
+    kubectl(&["create", "namespace", "prod"]);
+    kubectl(&["create", "namespace", "dev"]);
+    kubectl(&["label", "namespace", "prod", "team=a"]);
+    kubectl(&["label", "namespace", "dev", "team=b"]);
+    let ports = ["-p", "80/tcp", "-p", "http=8080/tcp", "-p", "dns=53/udp"];
+    for (ns, name, node, label) in [
+        ("dev", "client", "node-1", "app=client"),
+        ("dev", "web", "node-3", "app=web"),
+        ("prod", "api", "node-3", "app=api"),
+        ("prod", "db", "node-2", "app=db"),
+        ("prod", "web", "node-1", "app=web"),
+    ] {
+        let mut args = vec!["add-pod", name, "-n", ns, "--node", node, "-l", label];
+        args.extend_from_slice(&ports);
+        ok(&args);
+    }
+
+    // No policy: everything is open.
+    expect_matrix("default allow", "tcp", 80, |_, _| true);
+
+    // An empty podSelector selects every pod of its namespace (ingress only: egress stays open).
+    apply(DENY_ALL_PROD);
+    expect_matrix("deny-all ingress in prod", "tcp", 80, |_, to| ns_of(to) != "prod");
+
+    // podSelector peer: the policy's namespace only (dev/web has the label too, but is in dev).
+    apply(
+        "
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: db-from-web, namespace: prod}
+spec:
+  podSelector: {matchLabels: {app: db}}
+  ingress:
+  - from: [{podSelector: {matchLabels: {app: web}}}]
+",
+    );
+    expect_matrix("podSelector peer", "tcp", 80, |from, to| {
+        ns_of(to) != "prod" || (to == "prod/db" && from == "prod/web")
+    });
+
+    // A pod created later is isolated by deny-all at once and becomes a peer at once.
+    ok(&["add-pod", "web2", "-n", "prod", "--node", "node-3", "-l", "app=web", "-p", "80/tcp"]);
+    wait::until("new prod/web2 to reach prod/db and be isolated itself", CONVERGE, || {
+        let out = ok(&["probe", "--port", "80", "--pod", "prod/web2", "--pod", "prod/db", "--pod", "dev/client"]);
+        let m: Value = serde_json::from_str(&out).expect("probe JSON");
+        let web2_to_db = m["matrix"]["prod/web2"]["prod/db"] == Value::Bool(true);
+        let client_to_web2 = m["matrix"]["dev/client"]["prod/web2"] == Value::Bool(true);
+        (web2_to_db && !client_to_web2).then_some(())
+    });
+    ok(&["del-pod", "web2", "-n", "prod"]);
+
+    // Both selectors in one peer: AND.
+    apply(
+        "
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: db-from-web, namespace: prod}
+spec:
+  podSelector: {matchLabels: {app: db}}
+  ingress:
+  - from: [{namespaceSelector: {matchLabels: {team: b}}, podSelector: {matchLabels: {app: web}}}]
+",
+    );
+    expect_matrix("namespaceSelector AND podSelector", "tcp", 80, |from, to| {
+        ns_of(to) != "prod" || (to == "prod/db" && from == "dev/web")
+    });
+    // Two peers: OR (updated in place).
+    apply(
+        "
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: db-from-web, namespace: prod}
+spec:
+  podSelector: {matchLabels: {app: db}}
+  ingress:
+  - from: [{namespaceSelector: {matchLabels: {team: b}}}, {podSelector: {matchLabels: {app: web}}}]
+",
+    );
+    expect_matrix("namespaceSelector OR podSelector", "tcp", 80, |from, to| {
+        ns_of(to) != "prod" || (to == "prod/db" && (ns_of(from) == "dev" || from == "prod/web"))
+    });
+
+    // ipBlock with except, on prod/api; the other policies stay (union with deny-all).
+    let client_ip = pod_ip("dev/client");
+    apply(&format!(
+        "
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {{name: api-from-cluster, namespace: prod}}
+spec:
+  podSelector: {{matchLabels: {{app: api}}}}
+  ingress:
+  - from: [{{ipBlock: {{cidr: 10.244.0.0/16, except: [{client_ip}/32]}}}}]
+"
+    ));
+    expect_matrix("ipBlock except", "tcp", 80, |from, to| match to {
+        "prod/db" => ns_of(from) == "dev" || from == "prod/web",
+        "prod/api" => from != "dev/client",
+        "prod/web" => false,
+        _ => true,
+    });
+
+    // Named port and endPort: prod/web admits port "http" (8080); prod/db admits 8000-8090.
+    delete_all_policies();
+    apply(DENY_ALL_PROD);
+    apply(
+        "
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: web-http, namespace: prod}
+spec:
+  podSelector: {matchLabels: {app: web}}
+  ingress:
+  - ports: [{port: http}]
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: db-range, namespace: prod}
+spec:
+  podSelector: {matchLabels: {app: db}}
+  ingress:
+  - ports: [{port: 8000, endPort: 8090}]
+",
+    );
+    expect_matrix("named port and endPort admit 8080", "tcp", 8080, |_, to| to != "prod/api");
+    expect_matrix("named port and endPort do not admit 80", "tcp", 80, |_, to| ns_of(to) != "prod");
+
+    // UDP: prod/db admits UDP 53 from app=web pods of any namespace.
+    delete_all_policies();
+    apply(
+        "
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: db-dns, namespace: prod}
+spec:
+  podSelector: {matchLabels: {app: db}}
+  ingress:
+  - from: [{namespaceSelector: {}, podSelector: {matchLabels: {app: web}}}]
+    ports: [{protocol: UDP, port: 53}]
+",
+    );
+    expect_matrix("UDP from web pods", "udp", 53, |from, to| to != "prod/db" || from.ends_with("/web"));
+    expect_matrix("UDP rule does not admit TCP", "tcp", 80, |_, to| to != "prod/db");
+
+    // Egress (policyTypes Egress only): dev/client may reach prod/db only; its ingress stays open.
+    // And prod/db has egress deny-all: replies of connections to it still pass (conntrack).
+    delete_all_policies();
+    apply(
+        "
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: client-out, namespace: dev}
+spec:
+  podSelector: {matchLabels: {app: client}}
+  policyTypes: [Egress]
+  egress:
+  - to: [{namespaceSelector: {matchLabels: {team: a}}, podSelector: {matchLabels: {app: db}}}]
+    ports: [{port: 80}]
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: db-no-egress, namespace: prod}
+spec:
+  podSelector: {matchLabels: {app: db}}
+  policyTypes: [Egress]
+",
+    );
+    expect_matrix("egress policies; replies pass", "tcp", 80, |from, to| match from {
+        "dev/client" => to == "prod/db",
+        "prod/db" => false,
+        _ => true,
+    });
+    // Egress with a named port: each destination's own number for "http".
+    apply(
+        "
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: client-out, namespace: dev}
+spec:
+  podSelector: {matchLabels: {app: client}}
+  policyTypes: [Egress]
+  egress:
+  - ports: [{port: http}]
+",
+    );
+    expect_matrix("egress named port 8080", "tcp", 8080, |from, _| from != "prod/db");
+    expect_matrix("egress named port does not admit 80", "tcp", 80, |from, _| {
+        from != "prod/db" && from != "dev/client"
+    });
+
+    // Label changes: of a pod, then of a namespace.
+    delete_all_policies();
+    apply(
+        "
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: db-friends, namespace: prod}
+spec:
+  podSelector: {matchLabels: {app: db}}
+  ingress:
+  - from: [{podSelector: {matchLabels: {role: friend}}}, {namespaceSelector: {matchLabels: {access: 'yes'}}}]
+",
+    );
+    expect_matrix("no friends yet", "tcp", 80, |_, to| to != "prod/db");
+    kubectl(&["label", "pod", "api", "-n", "prod", "role=friend"]);
+    expect_matrix("pod label added", "tcp", 80, |from, to| to != "prod/db" || from == "prod/api");
+    kubectl(&["label", "namespace", "dev", "access=yes"]);
+    expect_matrix("namespace label added", "tcp", 80, |from, to| {
+        to != "prod/db" || from == "prod/api" || ns_of(from) == "dev"
+    });
+    kubectl(&["label", "pod", "api", "-n", "prod", "role-"]);
+    kubectl(&["label", "namespace", "dev", "access-"]);
+    expect_matrix("labels removed", "tcp", 80, |_, to| to != "prod/db");
+
+    // Policy deletion reopens.
+    kubectl(&["delete", "networkpolicy.networking.k8s.io", "db-friends", "-n", "prod"]);
+    expect_matrix("policy deleted", "tcp", 80, |_, _| true);
+
+    // Weft Deny beats a standard Allow.
+    apply(
+        "
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: db-open, namespace: prod}
+spec:
+  podSelector: {matchLabels: {app: db}}
+  ingress: [{}]
+---
+apiVersion: weft.dev/v1alpha1
+kind: NetworkPolicy
+metadata: {name: db-no-dev, namespace: prod}
+spec:
+  podSelector: {matchLabels: {app: db}}
+  priority: 100
+  ingress:
+  - action: Deny
+    peers: [{namespaceSelector: {matchLabels: {team: b}}}]
+",
+    );
+    expect_matrix("Weft Deny beats standard Allow", "tcp", 80, |from, to| to != "prod/db" || ns_of(from) == "prod");
+    // Weft Allow is final over a standard deny-all; a higher-priority Weft Deny still wins.
+    delete_all_policies();
+    apply(DENY_ALL_PROD);
+    apply(
+        "
+apiVersion: weft.dev/v1alpha1
+kind: NetworkPolicy
+metadata: {name: db-from-dev, namespace: prod}
+spec:
+  podSelector: {matchLabels: {app: db}}
+  priority: 10
+  ingress:
+  - action: Allow
+    peers: [{namespaceSelector: {matchLabels: {team: b}}}]
+    ports: [{port: 80}]
+---
+apiVersion: weft.dev/v1alpha1
+kind: NetworkPolicy
+metadata: {name: no-web, namespace: prod}
+spec:
+  priority: 500
+  ingress:
+  - action: Deny
+    peers: [{namespaceSelector: {}, podSelector: {matchLabels: {app: web}}}]
+",
+    );
+    expect_matrix("Weft Allow is final, higher Deny first", "tcp", 80, |from, to| {
+        ns_of(to) != "prod" || (to == "prod/db" && from == "dev/client")
+    });
+    // Weft egress Deny on UDP without isolating anything else.
+    delete_all_policies();
+    apply(
+        "
+apiVersion: weft.dev/v1alpha1
+kind: NetworkPolicy
+metadata: {name: web-no-dns-out, namespace: dev}
+spec:
+  podSelector: {matchLabels: {app: web}}
+  egress:
+  - action: Deny
+    ports: [{protocol: UDP, port: dns}]
+",
+    );
+    expect_matrix("Weft egress Deny with a named UDP port", "udp", 53, |from, _| from != "dev/web");
+    expect_matrix("Weft UDP Deny leaves TCP open", "tcp", 80, |_, _| true);
+
+    // Invalid Weft policies: the apiserver's messages.
+    let (accepted, msg) = try_apply(
+        "
+apiVersion: weft.dev/v1alpha1
+kind: NetworkPolicy
+metadata: {name: bad, namespace: prod}
+spec:
+  priority: 5000
+  ingress:
+  - action: Maybe
+",
+    );
+    assert!(!accepted, "{msg}");
+    for part in ["spec.priority", "1000", "Unsupported value: \"Maybe\""] {
+        assert!(msg.contains(part), "{part:?} missing in: {msg}");
+    }
+    let (accepted, msg) = try_apply(
+        "
+apiVersion: weft.dev/v1alpha1
+kind: NetworkPolicy
+metadata: {name: bad, namespace: prod}
+spec:
+  ingress:
+  - action: Deny
+    ports: [{port: 80, endPort: 10}]
+",
+    );
+    assert!(!accepted && msg.contains("endPort requires a numeric port and must not be below it"), "{msg}");
+
+    // What CEL cannot check, the operator reports in the status; agents ignore such a policy.
+    apply(
+        "
+apiVersion: weft.dev/v1alpha1
+kind: NetworkPolicy
+metadata: {name: bad-except, namespace: prod}
+spec:
+  ingress:
+  - action: Deny
+    peers: [{ipBlock: {cidr: 10.244.0.0/16, except: [10.245.0.0/24]}}]
+---
+apiVersion: weft.dev/v1alpha1
+kind: NetworkPolicy
+metadata: {name: web-pods, namespace: prod}
+spec:
+  podSelector: {matchLabels: {app: web}}
+  egress: [{action: Allow}]
+",
+    );
+    let status = |name: &str, path: &str| {
+        kubectl(&["get", "networkpolicies.weft.dev", name, "-n", "prod", "-o", &format!("jsonpath={path}")])
+    };
+    let accepted = "{.status.conditions[?(@.type==\"Accepted\")].status}";
+    let message = "{.status.conditions[?(@.type==\"Accepted\")].message}";
+    wait::until("bad-except to be rejected", CONVERGE, || (status("bad-except", accepted) == "False").then_some(()));
+    let why = status("bad-except", message);
+    assert!(
+        why.contains(
+            "spec.ingress[0].peers[0].ipBlock.except[0]: 10.245.0.0/24 is not strictly inside cidr 10.244.0.0/16"
+        ),
+        "{why}"
+    );
+    wait::until("web-pods to be accepted", CONVERGE, || (status("web-pods", accepted) == "True").then_some(()));
+    wait::until("web-pods to count its pod", CONVERGE, || {
+        (status("web-pods", "{.status.selectedPods}") == "1").then_some(())
+    });
+    expect_matrix("the rejected Deny is not enforced", "tcp", 80, |_, _| true);
+
+    // Others' rules survive our syncs; tampering with ours is repaired by the resync.
+    delete_all_policies();
+    apply(DENY_ALL_PROD);
+    expect_matrix("deny-all again", "tcp", 80, |_, to| ns_of(to) != "prod");
+    // The node itself still reaches its isolated pods (kubelet probes).
+    let db_ip = pod_ip("prod/db");
+    let answer =
+        in_node("node-2", "timeout", &["3", "bash", "-c", &format!("exec 3<>/dev/tcp/{db_ip}/80 && head -c 64 <&3")]);
+    assert_eq!(answer.trim(), "prod/db", "node-2 cannot reach its own pod under deny-all");
+    in_node(
+        "node-2",
+        "iptables",
+        &["-A", "FORWARD", "-s", "192.0.2.0/24", "-m", "comment", "--comment", "not weft", "-j", "ACCEPT"],
+    );
+    in_node("node-2", "iptables", &["-F", "WEFT-FORWARD"]);
+    expect_matrix("flushed chain repaired", "tcp", 80, |_, to| ns_of(to) != "prod");
+    let forward = in_node("node-2", "iptables", &["-S", "FORWARD"]);
+    assert!(forward.contains("not weft"), "a foreign rule was removed:\n{forward}");
+    assert_eq!(forward.matches("-j WEFT-FORWARD").count(), 1, "{forward}");
+
+    // Drops are counted per policy on the destination's node (read at each sync).
+    wait::until("node-2 to count default-deny drops", CONVERGE, || {
+        let text = agent_metrics("10.250.0.12");
+        let dropped = metric_sum(&text, "weft_agent_policy_dropped_packets_total", "policy=\"default-deny\"");
+        (dropped > 0.0 && metric_sum(&text, "weft_agent_policy_rules", "") > 3.0).then_some(())
+    });
+}

@@ -1,0 +1,594 @@
+//! The policy truth, pure: from pods, namespaces, standard
+//! (`networking.k8s.io/v1`) and Weft (`weft.dev`) NetworkPolicies to what
+//! each local pod's ingress and egress must admit. No kernel, no API: the
+//! semantics are unit-tested here; `render` turns the result into iptables.
+//!
+//! Per pod and direction the evaluation order is: Weft rules (priority
+//! descending, Deny before Allow at equal priority; Deny drops, Allow admits
+//! and is final), then, if a standard policy of that direction selects the
+//! pod, the union of the standard rules, then drop. A pod no standard policy
+//! of a direction selects is open in that direction (after Weft rules).
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, HashMap};
+use std::net::Ipv4Addr;
+
+use ipnet::Ipv4Net;
+use k8s_openapi::api::networking::v1 as netv1;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use weft_api::network_policy as wnp;
+use weft_api::selector;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Proto {
+    Tcp,
+    Udp,
+    Sctp,
+}
+
+impl Proto {
+    /// From the API's spelling; `None` for anything else (matches nothing).
+    pub fn parse(s: Option<&str>) -> Option<Proto> {
+        match s.unwrap_or("TCP") {
+            "TCP" => Some(Proto::Tcp),
+            "UDP" => Some(Proto::Udp),
+            "SCTP" => Some(Proto::Sctp),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Proto::Tcp => "tcp",
+            Proto::Udp => "udp",
+            Proto::Sctp => "sctp",
+        }
+    }
+}
+
+impl From<weft_api::Protocol> for Proto {
+    fn from(p: weft_api::Protocol) -> Self {
+        match p {
+            weft_api::Protocol::Tcp => Proto::Tcp,
+            weft_api::Protocol::Udp => Proto::Udp,
+            weft_api::Protocol::Sctp => Proto::Sctp,
+        }
+    }
+}
+
+/// A container port of a pod, for named-port resolution.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NamedPort {
+    pub name: String,
+    pub port: u16,
+    pub proto: Proto,
+}
+
+/// What policy needs of a pod.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodInfo {
+    pub namespace: String,
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    /// None until the pod has an address (it is then no peer and gets no chain).
+    pub ip: Option<Ipv4Addr>,
+    pub node: String,
+    pub ports: Vec<NamedPort>,
+}
+
+impl PodInfo {
+    pub fn key(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+}
+
+/// Everything the agent knows of the cluster.
+#[derive(Clone, Debug, Default)]
+pub struct Cluster {
+    /// Pods with a pod-network address (host-network and finished pods are left out by the caller).
+    pub pods: Vec<PodInfo>,
+    /// Namespace name → labels.
+    pub namespaces: BTreeMap<String, BTreeMap<String, String>>,
+    pub standard: Vec<netv1::NetworkPolicy>,
+    /// Only policies that pass `weft_api::network_policy::validate`.
+    pub weft: Vec<wnp::NetworkPolicy>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Direction {
+    Ingress,
+    Egress,
+}
+
+impl Direction {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Direction::Ingress => "ingress",
+            Direction::Egress => "egress",
+        }
+    }
+}
+
+/// The remote addresses a match applies to.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Peers {
+    Any,
+    /// Disjoint, sorted, never empty.
+    Nets(Vec<Ipv4Net>),
+}
+
+/// One packet match: remote addresses, protocol and destination ports.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Match {
+    pub peers: Peers,
+    /// None: any protocol (then `ports` is None too).
+    pub proto: Option<Proto>,
+    /// Inclusive destination port range; None: every port.
+    pub ports: Option<(u16, u16)>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Verdict {
+    /// Admit for this direction; no later rule is consulted.
+    Allow,
+    Drop,
+}
+
+/// A rule of a pod's chain: any of `matches` gives `verdict`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Rule {
+    pub matches: Vec<Match>,
+    pub verdict: Verdict,
+    /// The policy it comes from: `ns/name` or `weft.dev/ns/name`.
+    pub origin: String,
+}
+
+/// What one direction of a pod admits, in evaluation order.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Chain {
+    pub rules: Vec<Rule>,
+    /// Selected by a standard policy of this direction: drop what no rule admitted.
+    pub default_deny: bool,
+}
+
+/// A local pod with at least one direction under policy.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodPolicy {
+    pub key: String,
+    pub ip: Ipv4Addr,
+    pub ingress: Option<Chain>,
+    pub egress: Option<Chain>,
+}
+
+/// A peer of either API: pods (by namespace and pod selectors) or an IP block.
+#[derive(Debug)]
+enum Peer<'a> {
+    /// `ns`: None means the policy's own namespace; `pods`: None means all pods.
+    Pods {
+        ns: Option<&'a LabelSelector>,
+        pods: Option<&'a LabelSelector>,
+    },
+    Block {
+        cidr: &'a str,
+        except: &'a [String],
+    },
+    /// A peer that can match nothing (no field set).
+    Nothing,
+}
+
+/// A port selector before resolution.
+#[derive(Debug, Clone)]
+enum PortSel {
+    Proto(Proto),
+    Range(Proto, u16, u16),
+    Named(Proto, String),
+    /// An unknown protocol or a bad number: matches nothing.
+    Nothing,
+}
+
+struct RuleSpec<'a> {
+    /// Empty: every address.
+    peers: Vec<Peer<'a>>,
+    /// Empty: every port.
+    ports: Vec<PortSel>,
+    verdict: Verdict,
+}
+
+fn port_sel(proto: Option<Proto>, port: Option<&IntOrString>, end: Option<i32>) -> PortSel {
+    let Some(proto) = proto else { return PortSel::Nothing };
+    match port {
+        None => PortSel::Proto(proto),
+        Some(IntOrString::Int(p)) => {
+            let hi = end.unwrap_or(*p);
+            match (u16::try_from(*p), u16::try_from(hi)) {
+                (Ok(lo), Ok(hi)) if lo >= 1 && hi >= lo => PortSel::Range(proto, lo, hi),
+                _ => PortSel::Nothing,
+            }
+        }
+        Some(IntOrString::String(name)) => match name.parse::<u16>() {
+            // "80" as a string is a number to the apiserver too.
+            Ok(n) if n >= 1 => PortSel::Range(proto, n, end.and_then(|e| u16::try_from(e).ok()).unwrap_or(n)),
+            _ => PortSel::Named(proto, name.clone()),
+        },
+    }
+}
+
+fn std_peer(p: &netv1::NetworkPolicyPeer) -> Peer<'_> {
+    match (&p.ip_block, &p.namespace_selector, &p.pod_selector) {
+        (Some(b), _, _) => Peer::Block { cidr: &b.cidr, except: b.except.as_deref().unwrap_or_default() },
+        (None, None, None) => Peer::Nothing,
+        (None, ns, pods) => Peer::Pods { ns: ns.as_ref(), pods: pods.as_ref() },
+    }
+}
+
+fn weft_peer(p: &wnp::PolicyPeer) -> Peer<'_> {
+    match (&p.ip_block, &p.namespace_selector, &p.pod_selector) {
+        (Some(b), _, _) => Peer::Block { cidr: &b.cidr, except: &b.except },
+        (None, None, None) => Peer::Nothing,
+        (None, ns, pods) => Peer::Pods { ns: ns.as_ref(), pods: pods.as_ref() },
+    }
+}
+
+fn std_ports(ports: Option<&Vec<netv1::NetworkPolicyPort>>) -> Vec<PortSel> {
+    ports
+        .into_iter()
+        .flatten()
+        .map(|p| port_sel(Proto::parse(p.protocol.as_deref()), p.port.as_ref(), p.end_port))
+        .collect()
+}
+
+fn weft_ports(ports: &[wnp::PolicyPort]) -> Vec<PortSel> {
+    ports.iter().map(|p| port_sel(Some(p.protocol.into()), p.port.as_ref(), p.end_port)).collect()
+}
+
+/// The policy types of a standard policy, with the API's defaulting:
+/// Ingress always, Egress when there are egress rules.
+pub fn policy_types(spec: &netv1::NetworkPolicySpec) -> (bool, bool) {
+    match &spec.policy_types {
+        Some(t) if !t.is_empty() => (t.iter().any(|x| x == "Ingress"), t.iter().any(|x| x == "Egress")),
+        _ => (true, spec.egress.as_ref().is_some_and(|e| !e.is_empty())),
+    }
+}
+
+/// Inclusive u32 address ranges, merged.
+fn union_ranges(mut r: Vec<(u32, u32)>) -> Vec<(u32, u32)> {
+    r.sort_unstable();
+    let mut out: Vec<(u32, u32)> = Vec::with_capacity(r.len());
+    for (lo, hi) in r {
+        match out.last_mut() {
+            Some(last) if u64::from(lo) <= u64::from(last.1) + 1 => last.1 = last.1.max(hi),
+            _ => out.push((lo, hi)),
+        }
+    }
+    out
+}
+
+fn net_range(n: &Ipv4Net) -> (u32, u32) {
+    (u32::from(n.network()), u32::from(n.broadcast()))
+}
+
+/// `cidr` minus `except`, as ranges. IPv6 or unparsable blocks give nothing
+/// (the cluster is IPv4; validation rejects the malformed ones).
+fn block_ranges(cidr: &str, except: &[String]) -> Vec<(u32, u32)> {
+    let Ok(net) = cidr.parse::<Ipv4Net>() else { return Vec::new() };
+    let holes = union_ranges(except.iter().filter_map(|e| e.parse::<Ipv4Net>().ok()).map(|e| net_range(&e)).collect());
+    let (mut lo, hi) = net_range(&net.trunc());
+    let mut out = Vec::new();
+    for (hlo, hhi) in holes {
+        if hhi < lo || hlo > hi {
+            continue;
+        }
+        if hlo > lo {
+            out.push((lo, hlo - 1));
+        }
+        if hhi >= hi {
+            return out;
+        }
+        lo = hhi + 1;
+    }
+    out.push((lo, hi));
+    out
+}
+
+/// The fewest CIDRs covering exactly the (merged) ranges.
+fn ranges_to_nets(ranges: &[(u32, u32)]) -> Vec<Ipv4Net> {
+    let mut out = Vec::new();
+    for &(lo, hi) in ranges {
+        let mut cur = u64::from(lo);
+        let end = u64::from(hi);
+        while cur <= end {
+            // Largest aligned block starting at cur that fits.
+            let mut size = if cur == 0 { 1u64 << 32 } else { 1u64 << cur.trailing_zeros().min(32) };
+            while cur + size - 1 > end {
+                size >>= 1;
+            }
+            let prefix = 32 - size.trailing_zeros() as u8;
+            out.push(Ipv4Net::new(Ipv4Addr::from(cur as u32), prefix).unwrap_or_default());
+            cur += size;
+        }
+    }
+    out
+}
+
+/// Read-only view with the lookups compilation needs.
+struct View<'a> {
+    cluster: &'a Cluster,
+    no_labels: BTreeMap<String, String>,
+    /// Peer sets by (policy origin, direction, rule index): computed once,
+    /// however many local pods the policy selects.
+    peer_cache: RefCell<HashMap<(String, Direction, usize), Peers>>,
+}
+
+impl<'a> View<'a> {
+    fn ns_labels(&self, ns: &str) -> &BTreeMap<String, String> {
+        self.cluster.namespaces.get(ns).unwrap_or(&self.no_labels)
+    }
+
+    fn peer_pod_matches(&self, peer: &Peer<'_>, policy_ns: &str, pod: &PodInfo) -> bool {
+        match peer {
+            Peer::Pods { ns, pods } => {
+                let ns_ok = match ns {
+                    None => pod.namespace == policy_ns,
+                    Some(sel) => selector::matches(sel, self.ns_labels(&pod.namespace)),
+                };
+                ns_ok && pods.is_none_or(|sel| selector::matches(sel, &pod.labels))
+            }
+            Peer::Block { cidr, except } => pod.ip.is_some_and(|ip| {
+                let a = u32::from(ip);
+                block_ranges(cidr, except).iter().any(|&(lo, hi)| lo <= a && a <= hi)
+            }),
+            Peer::Nothing => false,
+        }
+    }
+
+    /// The addresses of `peers` (empty peers: any).
+    fn peer_set(&self, peers: &[Peer<'_>], policy_ns: &str) -> Peers {
+        if peers.is_empty() {
+            return Peers::Any;
+        }
+        let mut ranges = Vec::new();
+        for p in peers {
+            match p {
+                Peer::Block { cidr, except } => ranges.extend(block_ranges(cidr, except)),
+                Peer::Pods { .. } => ranges.extend(
+                    self.cluster
+                        .pods
+                        .iter()
+                        .filter(|pod| self.peer_pod_matches(p, policy_ns, pod))
+                        .filter_map(|pod| pod.ip.map(|ip| (u32::from(ip), u32::from(ip)))),
+                ),
+                Peer::Nothing => {}
+            }
+        }
+        Peers::Nets(ranges_to_nets(&union_ranges(ranges)))
+    }
+
+    /// The pods among `peers` (empty peers: every pod), for named egress ports.
+    fn peer_pods(&self, peers: &[Peer<'_>], policy_ns: &str) -> Vec<&'a PodInfo> {
+        self.cluster
+            .pods
+            .iter()
+            .filter(|pod| pod.ip.is_some())
+            .filter(|pod| peers.is_empty() || peers.iter().any(|p| self.peer_pod_matches(p, policy_ns, pod)))
+            .collect()
+    }
+
+    /// The matches of one rule for `pod` (the selected, local pod).
+    fn compile_rule(
+        &self,
+        rule: &RuleSpec<'_>,
+        at: (&str, usize),
+        policy_ns: &str,
+        dir: Direction,
+        pod: &PodInfo,
+    ) -> Vec<Match> {
+        let key = (at.0.to_owned(), dir, at.1);
+        let cached = self.peer_cache.borrow().get(&key).cloned();
+        let peers = match cached {
+            Some(p) => p,
+            None => {
+                let p = self.peer_set(&rule.peers, policy_ns);
+                self.peer_cache.borrow_mut().insert(key, p.clone());
+                p
+            }
+        };
+        if peers == Peers::Nets(Vec::new()) {
+            return Vec::new();
+        }
+        if rule.ports.is_empty() {
+            return vec![Match { peers, proto: None, ports: None }];
+        }
+        let mut out = Vec::new();
+        for sel in &rule.ports {
+            match sel {
+                PortSel::Proto(proto) => out.push(Match { peers: peers.clone(), proto: Some(*proto), ports: None }),
+                PortSel::Range(proto, lo, hi) => {
+                    out.push(Match { peers: peers.clone(), proto: Some(*proto), ports: Some((*lo, *hi)) })
+                }
+                PortSel::Nothing => {}
+                // Ingress: the destination is the selected pod itself.
+                PortSel::Named(proto, name) if dir == Direction::Ingress => {
+                    for p in pod.ports.iter().filter(|p| &p.name == name && p.proto == *proto) {
+                        out.push(Match { peers: peers.clone(), proto: Some(*proto), ports: Some((p.port, p.port)) });
+                    }
+                }
+                // Egress: each destination pod's own number for the name.
+                PortSel::Named(proto, name) => {
+                    let mut by_port: BTreeMap<u16, Vec<(u32, u32)>> = BTreeMap::new();
+                    for dst in self.peer_pods(&rule.peers, policy_ns) {
+                        let Some(ip) = dst.ip else { continue };
+                        for p in dst.ports.iter().filter(|p| &p.name == name && p.proto == *proto) {
+                            by_port.entry(p.port).or_default().push((u32::from(ip), u32::from(ip)));
+                        }
+                    }
+                    for (port, ips) in by_port {
+                        let nets = ranges_to_nets(&union_ranges(ips));
+                        out.push(Match { peers: Peers::Nets(nets), proto: Some(*proto), ports: Some((port, port)) });
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+/// One policy of either kind, reduced to what compilation needs.
+struct PolicyView<'a> {
+    namespace: &'a str,
+    origin: String,
+    pod_selector: &'a LabelSelector,
+    /// Weft priority; None for standard policies.
+    priority: Option<i32>,
+    ingress: Option<Vec<RuleSpec<'a>>>,
+    egress: Option<Vec<RuleSpec<'a>>>,
+}
+
+/// The empty selector: every pod of the namespace.
+static EVERY_POD: LabelSelector = LabelSelector { match_expressions: None, match_labels: None };
+
+fn standard_view(p: &netv1::NetworkPolicy) -> Option<PolicyView<'_>> {
+    let spec = p.spec.as_ref()?;
+    let namespace = p.metadata.namespace.as_deref()?;
+    let (ing, eg) = policy_types(spec);
+    let ingress = ing.then(|| {
+        spec.ingress
+            .iter()
+            .flatten()
+            .map(|r| RuleSpec {
+                peers: r.from.iter().flatten().map(std_peer).collect(),
+                ports: std_ports(r.ports.as_ref()),
+                verdict: Verdict::Allow,
+            })
+            .collect()
+    });
+    let egress = eg.then(|| {
+        spec.egress
+            .iter()
+            .flatten()
+            .map(|r| RuleSpec {
+                peers: r.to.iter().flatten().map(std_peer).collect(),
+                ports: std_ports(r.ports.as_ref()),
+                verdict: Verdict::Allow,
+            })
+            .collect()
+    });
+    Some(PolicyView {
+        namespace,
+        origin: format!("{namespace}/{}", p.metadata.name.as_deref().unwrap_or_default()),
+        pod_selector: spec.pod_selector.as_ref().unwrap_or(&EVERY_POD),
+        priority: None,
+        ingress,
+        egress,
+    })
+}
+
+fn weft_rules(rs: &[wnp::PolicyRule]) -> Option<Vec<RuleSpec<'_>>> {
+    (!rs.is_empty()).then(|| {
+        rs.iter()
+            .map(|r| RuleSpec {
+                peers: r.peers.iter().map(weft_peer).collect(),
+                ports: weft_ports(&r.ports),
+                verdict: match r.action {
+                    wnp::PolicyAction::Allow => Verdict::Allow,
+                    wnp::PolicyAction::Deny => Verdict::Drop,
+                },
+            })
+            .collect()
+    })
+}
+
+fn rules_of<'p, 'a>(p: &'p PolicyView<'a>, dir: Direction) -> &'p [RuleSpec<'a>] {
+    match dir {
+        Direction::Ingress => p.ingress.as_deref().unwrap_or_default(),
+        Direction::Egress => p.egress.as_deref().unwrap_or_default(),
+    }
+}
+
+fn weft_view(p: &wnp::NetworkPolicy) -> Option<PolicyView<'_>> {
+    let namespace = p.metadata.namespace.as_deref()?;
+    Some(PolicyView {
+        namespace,
+        origin: format!("weft.dev/{namespace}/{}", p.metadata.name.as_deref().unwrap_or_default()),
+        pod_selector: &p.spec.pod_selector,
+        priority: Some(p.spec.priority),
+        ingress: weft_rules(&p.spec.ingress),
+        egress: weft_rules(&p.spec.egress),
+    })
+}
+
+/// Whether a policy of `namespace` with `sel` selects `pod`.
+pub fn selects(namespace: &str, sel: &LabelSelector, pod: &PodInfo) -> bool {
+    pod.namespace == namespace && selector::matches(sel, &pod.labels)
+}
+
+/// The policy of every pod on `node` that some policy selects, by pod key.
+pub fn compile(cluster: &Cluster, node: &str) -> Vec<PodPolicy> {
+    let view = View { cluster, no_labels: BTreeMap::new(), peer_cache: RefCell::new(HashMap::new()) };
+    let standard: Vec<PolicyView<'_>> = cluster.standard.iter().filter_map(standard_view).collect();
+    let mut weft: Vec<PolicyView<'_>> = cluster.weft.iter().filter_map(weft_view).collect();
+    weft.sort_by(|a, b| b.priority.cmp(&a.priority).then_with(|| a.origin.cmp(&b.origin)));
+
+    let mut out = Vec::new();
+    for pod in cluster.pods.iter().filter(|p| p.node == node) {
+        let Some(ip) = pod.ip else { continue };
+        let chain = |dir: Direction| -> Option<Chain> {
+            let pick = |p: &'_ PolicyView<'_>| -> bool {
+                let rules = if dir == Direction::Ingress { &p.ingress } else { &p.egress };
+                rules.is_some() && selects(p.namespace, p.pod_selector, pod)
+            };
+            // Weft rules: priority descending (already sorted), Deny first at equal priority.
+            let mut weft_rules: Vec<(i32, bool, Rule)> = Vec::new();
+            for p in weft.iter().filter(|p| pick(p)) {
+                for (i, r) in rules_of(p, dir).iter().enumerate() {
+                    let matches = view.compile_rule(r, (&p.origin, i), p.namespace, dir, pod);
+                    if !matches.is_empty() {
+                        let rule = Rule { matches, verdict: r.verdict, origin: p.origin.clone() };
+                        weft_rules.push((p.priority.unwrap_or_default(), r.verdict == Verdict::Allow, rule));
+                    }
+                }
+            }
+            weft_rules.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+            let mut rules: Vec<Rule> = weft_rules.into_iter().map(|(_, _, r)| r).collect();
+            let isolating: Vec<&PolicyView<'_>> = standard.iter().filter(|p| pick(p)).collect();
+            for p in &isolating {
+                for (i, r) in rules_of(p, dir).iter().enumerate() {
+                    let matches = view.compile_rule(r, (&p.origin, i), p.namespace, dir, pod);
+                    if !matches.is_empty() {
+                        rules.push(Rule { matches, verdict: Verdict::Allow, origin: p.origin.clone() });
+                    }
+                }
+            }
+            let default_deny = !isolating.is_empty();
+            (default_deny || !rules.is_empty()).then_some(Chain { rules, default_deny })
+        };
+        let (ingress, egress) = (chain(Direction::Ingress), chain(Direction::Egress));
+        if ingress.is_some() || egress.is_some() {
+            out.push(PodPolicy { key: pod.key(), ip, ingress, egress });
+        }
+    }
+    out
+}
+
+/// What a chain decides for one packet (for tests and debugging): from/to
+/// `remote`, `proto`/`port`. True when admitted.
+#[cfg(test)]
+pub fn admits(chain: &Chain, remote: Ipv4Addr, proto: Proto, port: u16) -> bool {
+    let hit = |m: &Match| {
+        let peer_ok = match &m.peers {
+            Peers::Any => true,
+            Peers::Nets(nets) => nets.iter().any(|n| n.contains(&remote)),
+        };
+        peer_ok && m.proto.is_none_or(|p| p == proto) && m.ports.is_none_or(|(lo, hi)| lo <= port && port <= hi)
+    };
+    for r in &chain.rules {
+        if r.matches.iter().any(hit) {
+            return r.verdict == Verdict::Allow;
+        }
+    }
+    !chain.default_deny
+}
+
+#[cfg(test)]
+#[path = "model_tests.rs"]
+mod tests;

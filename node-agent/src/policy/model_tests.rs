@@ -1,0 +1,441 @@
+//! Truth tables for the policy model: each Kubernetes NetworkPolicy rule and
+//! each Weft precedence rule, checked by evaluating the compiled chains.
+
+use serde_json::{Value, json};
+
+use super::*;
+
+const NODE: &str = "n1";
+
+fn pod(ns: &str, name: &str, labels: &[(&str, &str)], ip: &str, node: &str) -> PodInfo {
+    PodInfo {
+        namespace: ns.into(),
+        name: name.into(),
+        labels: labels.iter().map(|(k, v)| ((*k).into(), (*v).into())).collect(),
+        ip: Some(ip.parse().unwrap()),
+        node: node.into(),
+        ports: vec![],
+    }
+}
+
+fn with_port(mut p: PodInfo, name: &str, port: u16, proto: Proto) -> PodInfo {
+    p.ports.push(NamedPort { name: name.into(), port, proto });
+    p
+}
+
+/// Namespaces `prod` (team=a, env=prod) and `dev` (team=b); pods:
+/// prod/web (10.0.1.1, n1), prod/db (10.0.1.2, n1), prod/cache (10.0.2.1, n2),
+/// dev/web (10.0.2.2, n2), dev/tool (10.0.1.3, n1).
+fn cluster() -> Cluster {
+    let mut c = Cluster::default();
+    c.namespaces.insert("prod".into(), [("team", "a"), ("env", "prod")].map(|(k, v)| (k.into(), v.into())).into());
+    c.namespaces.insert("dev".into(), [("team".to_owned(), "b".to_owned())].into());
+    c.pods = vec![
+        with_port(pod("prod", "web", &[("app", "web")], "10.0.1.1", NODE), "http", 8080, Proto::Tcp),
+        with_port(pod("prod", "db", &[("app", "db")], "10.0.1.2", NODE), "sql", 5432, Proto::Tcp),
+        with_port(pod("prod", "cache", &[("app", "cache")], "10.0.2.1", "n2"), "http", 9090, Proto::Tcp),
+        pod("dev", "web", &[("app", "web")], "10.0.2.2", "n2"),
+        pod("dev", "tool", &[("app", "tool")], "10.0.1.3", NODE),
+    ];
+    c
+}
+
+fn std_policy(ns: &str, name: &str, spec: Value) -> netv1::NetworkPolicy {
+    serde_json::from_value(json!({"metadata": {"name": name, "namespace": ns}, "spec": spec})).unwrap()
+}
+
+fn weft_policy(ns: &str, name: &str, spec: Value) -> wnp::NetworkPolicy {
+    serde_json::from_value(json!({"apiVersion": "weft.dev/v1alpha1", "kind": "NetworkPolicy",
+        "metadata": {"name": name, "namespace": ns}, "spec": spec}))
+    .unwrap()
+}
+
+fn ip(s: &str) -> Ipv4Addr {
+    s.parse().unwrap()
+}
+
+/// Whether `pod` (a local pod key) admits, in `dir`, traffic with `remote`.
+fn admitted(c: &Cluster, pod: &str, dir: Direction, remote: &str, proto: Proto, port: u16) -> bool {
+    let compiled = compile(c, NODE);
+    let Some(p) = compiled.iter().find(|p| p.key == pod) else { return true };
+    let chain = match dir {
+        Direction::Ingress => &p.ingress,
+        Direction::Egress => &p.egress,
+    };
+    chain.as_ref().is_none_or(|ch| admits(ch, ip(remote), proto, port))
+}
+
+fn ing(c: &Cluster, pod: &str, remote: &str, port: u16) -> bool {
+    admitted(c, pod, Direction::Ingress, remote, Proto::Tcp, port)
+}
+
+fn eg(c: &Cluster, pod: &str, remote: &str, port: u16) -> bool {
+    admitted(c, pod, Direction::Egress, remote, Proto::Tcp, port)
+}
+
+#[test]
+fn no_policy_means_open_and_no_chains() {
+    let c = cluster();
+    assert!(compile(&c, NODE).is_empty());
+    assert!(ing(&c, "prod/web", "1.2.3.4", 80));
+}
+
+#[test]
+fn empty_pod_selector_selects_every_pod_of_its_namespace_only() {
+    let mut c = cluster();
+    c.standard.push(std_policy("prod", "deny-all", json!({"podSelector": {}})));
+    let compiled = compile(&c, NODE);
+    let keys: Vec<&str> = compiled.iter().map(|p| p.key.as_str()).collect();
+    assert_eq!(keys, ["prod/web", "prod/db"], "local prod pods only; dev/tool stays open");
+    assert!(!ing(&c, "prod/web", "10.0.1.3", 80));
+    assert!(ing(&c, "dev/tool", "10.0.1.1", 80));
+    // policyTypes defaults to Ingress only: egress stays open.
+    assert!(compiled[0].egress.is_none());
+    assert!(eg(&c, "prod/web", "8.8.8.8", 53));
+}
+
+#[test]
+fn policy_types_defaulting() {
+    let spec = |v: Value| serde_json::from_value::<netv1::NetworkPolicySpec>(v).unwrap();
+    assert_eq!(policy_types(&spec(json!({"podSelector": {}}))), (true, false));
+    assert_eq!(policy_types(&spec(json!({"podSelector": {}, "egress": [{}]}))), (true, true));
+    assert_eq!(policy_types(&spec(json!({"podSelector": {}, "policyTypes": ["Egress"]}))), (false, true));
+    assert_eq!(
+        policy_types(&spec(json!({"podSelector": {}, "ingress": [{}], "policyTypes": ["Ingress", "Egress"]}))),
+        (true, true)
+    );
+    // An egress-only policy without policyTypes isolates ingress too (deny all ingress).
+    let mut c = cluster();
+    c.standard.push(std_policy(
+        "prod",
+        "eg",
+        json!({"podSelector": {"matchLabels": {"app": "web"}}, "egress": [{"to": [{"ipBlock": {"cidr": "8.8.8.8/32"}}]}]}),
+    ));
+    assert!(!ing(&c, "prod/web", "10.0.1.2", 80));
+    assert!(eg(&c, "prod/web", "8.8.8.8", 53));
+    assert!(!eg(&c, "prod/web", "8.8.4.4", 53));
+}
+
+#[test]
+fn egress_only_policy_types_leaves_ingress_open() {
+    let mut c = cluster();
+    c.standard.push(std_policy("prod", "eg", json!({"podSelector": {}, "policyTypes": ["Egress"]})));
+    assert!(ing(&c, "prod/web", "10.0.2.2", 80));
+    assert!(!eg(&c, "prod/web", "10.0.2.2", 80), "egress deny-all");
+}
+
+#[test]
+fn pod_selector_peer_is_in_the_policy_namespace() {
+    let mut c = cluster();
+    c.standard.push(std_policy(
+        "prod",
+        "p",
+        json!({"podSelector": {"matchLabels": {"app": "db"}},
+               "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "web"}}}]}]}),
+    ));
+    assert!(ing(&c, "prod/db", "10.0.1.1", 5432), "prod/web");
+    assert!(!ing(&c, "prod/db", "10.0.2.2", 5432), "dev/web has the label but another namespace");
+    assert!(!ing(&c, "prod/db", "10.0.1.3", 5432));
+    assert!(ing(&c, "prod/web", "10.0.1.3", 80), "web not selected");
+}
+
+#[test]
+fn namespace_selector_peer_and_both_is_and_and_two_peers_or() {
+    let base = cluster();
+    let nsel = json!({"namespaceSelector": {"matchLabels": {"team": "b"}}});
+    let psel = json!({"podSelector": {"matchLabels": {"app": "web"}}});
+    let both =
+        json!({"namespaceSelector": {"matchLabels": {"team": "b"}}, "podSelector": {"matchLabels": {"app": "web"}}});
+    let with = |from: Value| {
+        let mut c = base.clone();
+        c.standard.push(std_policy(
+            "prod",
+            "p",
+            json!({"podSelector": {"matchLabels": {"app": "db"}}, "ingress": [{"from": from}]}),
+        ));
+        c
+    };
+    // namespaceSelector alone: every pod of team=b namespaces.
+    let c = with(json!([nsel]));
+    assert!(ing(&c, "prod/db", "10.0.2.2", 1) && ing(&c, "prod/db", "10.0.1.3", 1));
+    assert!(!ing(&c, "prod/db", "10.0.1.1", 1));
+    // Both in one peer: AND — dev pods labelled app=web only.
+    let c = with(json!([both]));
+    assert!(ing(&c, "prod/db", "10.0.2.2", 1));
+    assert!(!ing(&c, "prod/db", "10.0.1.3", 1), "dev/tool: namespace yes, label no");
+    assert!(!ing(&c, "prod/db", "10.0.1.1", 1), "prod/web: label yes, namespace no");
+    // Two peers: OR.
+    let c = with(json!([nsel, psel]));
+    assert!(
+        ing(&c, "prod/db", "10.0.2.2", 1) && ing(&c, "prod/db", "10.0.1.3", 1) && ing(&c, "prod/db", "10.0.1.1", 1)
+    );
+    assert!(!ing(&c, "prod/db", "10.0.2.1", 1), "prod/cache matches neither");
+    // An empty namespaceSelector selects all namespaces.
+    let c = with(json!([{"namespaceSelector": {}}]));
+    assert!(ing(&c, "prod/db", "10.0.2.2", 1) && ing(&c, "prod/db", "10.0.2.1", 1));
+    assert!(!ing(&c, "prod/db", "192.168.1.1", 1), "not a pod");
+    // matchExpressions on namespaces.
+    let c = with(json!([{"namespaceSelector": {"matchExpressions": [{"key": "env", "operator": "DoesNotExist"}]}}]));
+    assert!(ing(&c, "prod/db", "10.0.2.2", 1) && !ing(&c, "prod/db", "10.0.2.1", 1));
+}
+
+#[test]
+fn ip_block_with_except() {
+    let mut c = cluster();
+    c.standard.push(std_policy(
+        "prod",
+        "p",
+        json!({"podSelector": {"matchLabels": {"app": "db"}},
+               "ingress": [{"from": [{"ipBlock": {"cidr": "10.0.0.0/16", "except": ["10.0.2.0/24", "10.0.1.3/32"]}}]}]}),
+    ));
+    assert!(ing(&c, "prod/db", "10.0.1.1", 1));
+    assert!(ing(&c, "prod/db", "10.0.200.9", 1), "any address of the block, pod or not");
+    assert!(!ing(&c, "prod/db", "10.0.2.2", 1), "excepted /24");
+    assert!(!ing(&c, "prod/db", "10.0.1.3", 1), "excepted /32");
+    assert!(!ing(&c, "prod/db", "10.1.0.1", 1), "outside the block");
+    let p = &compile(&c, NODE)[0];
+    let Peers::Nets(nets) = &p.ingress.as_ref().unwrap().rules[0].matches[0].peers else { panic!("nets") };
+    assert!(nets.len() < 20, "except is compiled to a few CIDRs: {nets:?}");
+}
+
+#[test]
+fn ranges_become_minimal_cidrs() {
+    let n = |s: &str| s.parse::<Ipv4Net>().unwrap();
+    assert_eq!(ranges_to_nets(&block_ranges("10.0.0.0/8", &[])), [n("10.0.0.0/8")]);
+    assert_eq!(ranges_to_nets(&block_ranges("0.0.0.0/0", &[])), [n("0.0.0.0/0")]);
+    assert_eq!(
+        ranges_to_nets(&block_ranges("10.0.0.0/30", &["10.0.0.1/32".into()])),
+        [n("10.0.0.0/32"), n("10.0.0.2/31")]
+    );
+    assert_eq!(ranges_to_nets(&block_ranges("10.0.0.0/24", &["10.0.0.0/24".into()])), Vec::<Ipv4Net>::new());
+    assert_eq!(ranges_to_nets(&union_ranges(vec![(5, 5), (4, 4), (6, 7)])), [n("0.0.0.4/30")]);
+    assert_eq!(ranges_to_nets(&block_ranges("255.255.255.254/31", &[])), [n("255.255.255.254/31")]);
+    assert!(block_ranges("fd00::/8", &[]).is_empty(), "IPv6 blocks match nothing here");
+}
+
+#[test]
+fn several_peers_across_rules_and_policies_are_unioned() {
+    let mut c = cluster();
+    c.standard.push(std_policy(
+        "prod",
+        "a",
+        json!({"podSelector": {"matchLabels": {"app": "db"}}, "ingress": [{"from": [{"ipBlock": {"cidr": "10.0.1.1/32"}}]}]}),
+    ));
+    c.standard.push(std_policy(
+        "prod",
+        "b",
+        json!({"podSelector": {}, "ingress": [{"from": [{"ipBlock": {"cidr": "10.0.2.2/32"}}], "ports": [{"port": 5432}]}]}),
+    ));
+    assert!(ing(&c, "prod/db", "10.0.1.1", 1));
+    assert!(ing(&c, "prod/db", "10.0.2.2", 5432));
+    assert!(!ing(&c, "prod/db", "10.0.2.2", 5433));
+    assert!(!ing(&c, "prod/db", "10.0.1.3", 5432));
+}
+
+#[test]
+fn ports_by_number_range_protocol_and_empty_rule() {
+    let base = cluster();
+    let with = |ports: Value| {
+        let mut c = base.clone();
+        c.standard.push(std_policy(
+            "prod",
+            "p",
+            json!({"podSelector": {"matchLabels": {"app": "db"}}, "ingress": [{"ports": ports}]}),
+        ));
+        c
+    };
+    let c = with(json!([{"port": 80}]));
+    assert!(ing(&c, "prod/db", "1.1.1.1", 80) && !ing(&c, "prod/db", "1.1.1.1", 81));
+    assert!(!admitted(&c, "prod/db", Direction::Ingress, "1.1.1.1", Proto::Udp, 80), "protocol defaults to TCP");
+    let c = with(json!([{"port": 8000, "endPort": 8080}]));
+    assert!(ing(&c, "prod/db", "1.1.1.1", 8000) && ing(&c, "prod/db", "1.1.1.1", 8080));
+    assert!(!ing(&c, "prod/db", "1.1.1.1", 7999) && !ing(&c, "prod/db", "1.1.1.1", 8081));
+    let c = with(json!([{"protocol": "UDP", "port": 53}, {"protocol": "SCTP"}]));
+    assert!(admitted(&c, "prod/db", Direction::Ingress, "1.1.1.1", Proto::Udp, 53));
+    assert!(!admitted(&c, "prod/db", Direction::Ingress, "1.1.1.1", Proto::Tcp, 53));
+    assert!(admitted(&c, "prod/db", Direction::Ingress, "1.1.1.1", Proto::Sctp, 9999), "SCTP, every port");
+    // An ingress rule with neither from nor ports admits everything.
+    let mut c = base.clone();
+    c.standard.push(std_policy("prod", "p", json!({"podSelector": {}, "ingress": [{}]})));
+    assert!(admitted(&c, "prod/db", Direction::Ingress, "1.1.1.1", Proto::Udp, 7));
+    // ingress: [] (present but empty) denies all.
+    let mut c = base.clone();
+    c.standard.push(std_policy("prod", "p", json!({"podSelector": {}, "ingress": []})));
+    assert!(!ing(&c, "prod/db", "10.0.1.1", 80));
+}
+
+#[test]
+fn named_ports_resolve_against_the_destination_pod() {
+    let mut c = cluster();
+    // Ingress: "http" is 8080 on prod/web; prod/db has no "http" port.
+    c.standard.push(std_policy("prod", "p", json!({"podSelector": {}, "ingress": [{"ports": [{"port": "http"}]}]})));
+    assert!(ing(&c, "prod/web", "1.1.1.1", 8080));
+    assert!(!ing(&c, "prod/web", "1.1.1.1", 9090));
+    assert!(!ing(&c, "prod/db", "1.1.1.1", 8080), "db has no port named http: nothing admitted");
+    assert!(!admitted(&c, "prod/web", Direction::Ingress, "1.1.1.1", Proto::Udp, 8080), "name and protocol");
+    // Egress: each destination's own number: prod/web→8080, prod/cache→9090.
+    let mut c = cluster();
+    c.standard.push(std_policy(
+        "dev",
+        "e",
+        json!({"podSelector": {}, "policyTypes": ["Egress"], "egress": [{"ports": [{"port": "http"}]}]}),
+    ));
+    assert!(eg(&c, "dev/tool", "10.0.1.1", 8080));
+    assert!(!eg(&c, "dev/tool", "10.0.1.1", 9090));
+    assert!(eg(&c, "dev/tool", "10.0.2.1", 9090));
+    assert!(!eg(&c, "dev/tool", "10.0.2.1", 8080));
+    assert!(!eg(&c, "dev/tool", "10.0.1.2", 5432));
+    // A numeric string is a number.
+    let mut c = cluster();
+    c.standard.push(std_policy("prod", "p", json!({"podSelector": {}, "ingress": [{"ports": [{"port": "5432"}]}]})));
+    assert!(ing(&c, "prod/db", "1.1.1.1", 5432));
+}
+
+#[test]
+fn egress_peers_and_ports() {
+    let mut c = cluster();
+    c.standard.push(std_policy(
+        "prod",
+        "e",
+        json!({"podSelector": {"matchLabels": {"app": "web"}}, "policyTypes": ["Egress"],
+               "egress": [{"to": [{"podSelector": {"matchLabels": {"app": "db"}}}], "ports": [{"port": 5432}]},
+                          {"to": [{"namespaceSelector": {}}], "ports": [{"protocol": "UDP", "port": 53}]}]}),
+    ));
+    assert!(eg(&c, "prod/web", "10.0.1.2", 5432));
+    assert!(!eg(&c, "prod/web", "10.0.1.2", 80));
+    assert!(!eg(&c, "prod/web", "10.0.2.1", 5432));
+    assert!(admitted(&c, "prod/web", Direction::Egress, "10.0.2.2", Proto::Udp, 53));
+    assert!(!admitted(&c, "prod/web", Direction::Egress, "8.8.8.8", Proto::Udp, 53));
+    assert!(ing(&c, "prod/web", "8.8.8.8", 80), "ingress open");
+}
+
+#[test]
+fn only_local_pods_with_addresses_get_chains() {
+    let mut c = cluster();
+    c.pods.push(PodInfo { ip: None, ..pod("prod", "pending", &[], "0.0.0.0", NODE) });
+    c.standard.push(std_policy("prod", "p", json!({"podSelector": {}})));
+    let keys: Vec<String> = compile(&c, NODE).into_iter().map(|p| p.key).collect();
+    assert_eq!(keys, ["prod/web", "prod/db"]);
+    let keys: Vec<String> = compile(&c, "n2").into_iter().map(|p| p.key).collect();
+    assert_eq!(keys, ["prod/cache"]);
+}
+
+#[test]
+fn label_changes_move_pods_in_and_out() {
+    let mut c = cluster();
+    c.standard.push(std_policy(
+        "prod",
+        "p",
+        json!({"podSelector": {"matchLabels": {"app": "db"}}, "ingress": [{"from": [{"podSelector": {"matchLabels": {"role": "client"}}}]}]}),
+    ));
+    assert!(!ing(&c, "prod/db", "10.0.1.1", 1));
+    c.pods[0].labels.insert("role".into(), "client".into());
+    assert!(ing(&c, "prod/db", "10.0.1.1", 1), "peer gained the label");
+    c.pods[1].labels.insert("app".into(), "db2".into());
+    assert!(compile(&c, NODE).is_empty(), "no longer selected");
+}
+
+#[test]
+fn weft_deny_beats_standard_allow_and_allow_is_final() {
+    let mut c = cluster();
+    c.standard.push(std_policy(
+        "prod",
+        "allow-web",
+        json!({"podSelector": {"matchLabels": {"app": "db"}}, "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "web"}}}]}]}),
+    ));
+    assert!(ing(&c, "prod/db", "10.0.1.1", 5432));
+    c.weft.push(weft_policy(
+        "prod",
+        "deny-web",
+        json!({"podSelector": {"matchLabels": {"app": "db"}}, "priority": 10,
+               "ingress": [{"action": "Deny", "peers": [{"ipBlock": {"cidr": "10.0.1.1/32"}}]}]}),
+    ));
+    assert!(!ing(&c, "prod/db", "10.0.1.1", 5432), "Weft Deny wins over standard Allow");
+    // Weft Allow is final: admitted though the standard policy would drop dev/tool.
+    c.weft.push(weft_policy(
+        "prod",
+        "allow-tool",
+        json!({"podSelector": {"matchLabels": {"app": "db"}}, "priority": 5,
+               "ingress": [{"action": "Allow", "peers": [{"namespaceSelector": {"matchLabels": {"team": "b"}}}]}]}),
+    ));
+    assert!(ing(&c, "prod/db", "10.0.1.3", 5432));
+    // Priority orders Weft rules: a higher Allow beats a lower Deny.
+    c.weft.push(weft_policy(
+        "prod",
+        "allow-web-high",
+        json!({"podSelector": {}, "priority": 20, "ingress": [{"action": "Allow", "peers": [{"podSelector": {"matchLabels": {"app": "web"}}}], "ports": [{"port": 5432}]}]}),
+    ));
+    assert!(ing(&c, "prod/db", "10.0.1.1", 5432));
+    assert!(!ing(&c, "prod/db", "10.0.1.1", 5433), "the lower Deny still applies to other ports");
+    // At equal priority Deny comes first.
+    let mut c = cluster();
+    for (name, action) in [("a-allow", "Allow"), ("b-deny", "Deny")] {
+        c.weft.push(weft_policy(
+            "prod",
+            name,
+            json!({"podSelector": {}, "priority": 7, "ingress": [{"action": action}]}),
+        ));
+    }
+    assert!(!ing(&c, "prod/db", "10.0.1.1", 1));
+}
+
+#[test]
+fn weft_policy_alone_does_not_isolate() {
+    let mut c = cluster();
+    c.weft.push(weft_policy(
+        "prod",
+        "deny-dev",
+        json!({"podSelector": {}, "egress": [{"action": "Deny", "peers": [{"namespaceSelector": {"matchLabels": {"team": "b"}}}], "ports": [{"protocol": "UDP", "port": 53}]}]}),
+    ));
+    assert!(!admitted(&c, "prod/web", Direction::Egress, "10.0.2.2", Proto::Udp, 53));
+    assert!(admitted(&c, "prod/web", Direction::Egress, "10.0.2.2", Proto::Tcp, 53));
+    assert!(admitted(&c, "prod/web", Direction::Egress, "8.8.8.8", Proto::Udp, 53));
+    let p = &compile(&c, NODE)[0];
+    assert!(p.ingress.is_none() && !p.egress.as_ref().unwrap().default_deny);
+}
+
+#[test]
+fn weft_named_ports_and_ranges() {
+    let mut c = cluster();
+    c.weft.push(weft_policy(
+        "prod",
+        "w",
+        json!({"podSelector": {}, "ingress": [{"action": "Deny", "ports": [{"port": "sql"}, {"protocol": "UDP", "port": 100, "endPort": 200}]}]}),
+    ));
+    assert!(!ing(&c, "prod/db", "1.1.1.1", 5432));
+    assert!(ing(&c, "prod/web", "1.1.1.1", 5432), "web has no port named sql");
+    assert!(!admitted(&c, "prod/web", Direction::Ingress, "1.1.1.1", Proto::Udp, 150));
+    assert!(admitted(&c, "prod/web", Direction::Ingress, "1.1.1.1", Proto::Udp, 201));
+}
+
+#[test]
+fn peers_matching_nothing_drop_the_rule_not_the_traffic_check() {
+    let mut c = cluster();
+    c.standard.push(std_policy(
+        "prod",
+        "p",
+        json!({"podSelector": {"matchLabels": {"app": "db"}}, "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "nobody"}}}]}]}),
+    ));
+    let p = &compile(&c, NODE)[0];
+    let ch = p.ingress.as_ref().unwrap();
+    assert!(ch.rules.is_empty() && ch.default_deny);
+    assert!(!ing(&c, "prod/db", "10.0.1.1", 1));
+}
+
+#[test]
+fn re_addressed_and_deleted_pods_update_peers_and_chains() {
+    let mut c = cluster();
+    c.standard.push(std_policy(
+        "prod",
+        "p",
+        json!({"podSelector": {"matchLabels": {"app": "db"}}, "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "web"}}}]}]}),
+    ));
+    assert!(ing(&c, "prod/db", "10.0.1.1", 1));
+    c.pods[0].ip = Some(ip("10.0.3.7"));
+    assert!(!ing(&c, "prod/db", "10.0.1.1", 1), "the old address is no peer any more");
+    assert!(ing(&c, "prod/db", "10.0.3.7", 1));
+    c.pods[1].ip = Some(ip("10.0.1.20"));
+    assert_eq!(compile(&c, NODE)[0].ip, ip("10.0.1.20"), "the chain follows the selected pod's new address");
+    c.pods.remove(0);
+    assert!(!ing(&c, "prod/db", "10.0.3.7", 1), "a deleted pod is no peer");
+}
