@@ -66,6 +66,31 @@ fn kubectl_shows_weft_resources_and_explains_failures() {
     let described = ok(&["kubectl", "describe", "hostportallocation", &row[0]]);
     assert!(described.contains("PodAnnotated") && described.contains("lists these ports"), "{described}");
 
+    // Weft NetworkPolicies: priority, selected pods, accepted or why not.
+    let policies = std::env::temp_dir().join(format!("weft-kubectl-policies-{}.yaml", std::process::id()));
+    std::fs::write(
+        &policies,
+        "apiVersion: weft.dev/v1alpha1\nkind: NetworkPolicy\nmetadata: {name: guard, namespace: default}\n\
+         spec:\n  priority: 100\n  podSelector: {}\n  ingress:\n  - action: Allow\n\
+         ---\napiVersion: weft.dev/v1alpha1\nkind: NetworkPolicy\nmetadata: {name: broken, namespace: default}\n\
+         spec:\n  ingress:\n  - action: Deny\n    peers:\n    - ipBlock: {cidr: 10.0.0.0/8, except: [192.168.0.0/16]}\n",
+    )
+    .expect("policy file");
+    ok(&["kubectl", "apply", "-f", policies.to_str().expect("path")]);
+    let _ = std::fs::remove_file(&policies);
+    let (header, rows) = wait::until("both policies to have a status", Duration::from_secs(60), || {
+        let (header, rows) = table(&["kubectl", "get", "networkpolicies.weft.dev"]);
+        (rows.len() == 2 && rows.iter().all(|r| column(&header, r, "ACCEPTED") != "")).then_some((header, rows))
+    });
+    assert_eq!(header, ["NAME", "PRIORITY", "PODS", "ACCEPTED", "AGE"]);
+    let guard = rows.iter().find(|r| r[0] == "guard").expect("guard");
+    assert_eq!((column(&header, guard, "PRIORITY"), column(&header, guard, "PODS")), ("100", "1"));
+    assert_eq!(column(&header, guard, "ACCEPTED"), "True");
+    let broken = rows.iter().find(|r| r[0] == "broken").expect("broken");
+    assert_eq!(column(&header, broken, "ACCEPTED"), "False");
+    let described = ok(&["kubectl", "describe", "networkpolicies.weft.dev", "broken"]);
+    assert!(described.contains("192.168.0.0/16 is not strictly inside cidr 10.0.0.0/8"), "{described}");
+
     // An exhausted range: the ADD fails and the pod's Events say why.
     let (success, out) =
         run(&["add-pod", "more", "--node", "node-1", "-p", "http=8080/tcp", "-a", "weft.dev/host-ports=http"]);
