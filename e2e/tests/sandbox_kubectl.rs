@@ -80,7 +80,7 @@ fn kubectl_shows_weft_resources_and_explains_failures() {
     let _ = std::fs::remove_file(&policies);
     let (header, rows) = wait::until("both policies to have a status", Duration::from_secs(60), || {
         let (header, rows) = table(&["kubectl", "get", "networkpolicies.weft.dev"]);
-        (rows.len() == 2 && rows.iter().all(|r| column(&header, r, "ACCEPTED") != "")).then_some((header, rows))
+        (rows.len() == 2 && rows.iter().all(|r| column(&header, r, "ACCEPTED") != "<none>")).then_some((header, rows))
     });
     assert_eq!(header, ["NAME", "PRIORITY", "PODS", "ACCEPTED", "AGE"]);
     let guard = rows.iter().find(|r| r[0] == "guard").expect("guard");

@@ -84,11 +84,11 @@ impl Agent {
     /// releases its address. Idempotent: every step succeeds when there is
     /// nothing left to remove.
     pub async fn teardown(&self, key: &Key, host_veth: &str) -> Result<(), CniError> {
-        self.hostports.release(key).await.map_err(|e| e.to_cni())?;
+        // The rules and the veth are independent: remove both at once.
+        let (ports, veth) = tokio::join!(self.hostports.release(key), link::delete(&self.host, host_veth));
         self.metrics.set_host_port_usage(self.hostports.usage());
-        link::delete(&self.host, host_veth)
-            .await
-            .map_err(|e| ErrorCode::Internal.error(format!("cannot delete veth {host_veth}: {e}")))?;
+        ports.map_err(|e| e.to_cni())?;
+        veth.map_err(|e| ErrorCode::Internal.error(format!("cannot delete veth {host_veth}: {e}")))?;
         let ipam = Arc::clone(&self.ipam);
         let key = key.clone();
         tokio::task::spawn_blocking(move || ipam.release(&key))
