@@ -15,6 +15,8 @@ mod overlay;
 mod peer_sync;
 mod policy;
 mod reconcile;
+#[cfg(test)]
+mod test_support;
 
 use std::os::unix::fs::PermissionsExt;
 use std::sync::{Arc, OnceLock};

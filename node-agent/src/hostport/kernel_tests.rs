@@ -11,18 +11,7 @@ use weft_api::Protocol;
 
 use super::{HostPorts, PodIdentity, Wanted, rules};
 use crate::ipam::Key;
-
-fn require_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } == 0 {
-        return true;
-    }
-    if std::env::var("CI").is_ok_and(|v| v == "true") {
-        panic!("prerequisite missing under CI=true: root (euid 0)");
-    }
-    eprintln!("SKIPPED: prerequisite missing: root (euid 0) (this would fail under CI=true)");
-    false
-}
+use crate::test_support::require_root;
 
 /// A namespace removed on drop.
 struct Ns(String);

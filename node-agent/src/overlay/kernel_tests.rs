@@ -21,21 +21,11 @@ use rtnetlink::Handle;
 
 use super::{Backend, LocalVtep, OverlayConfig, Peer, PeerError, PeerIssue, PeerPath, Reconciler, Report};
 use crate::dataplane::masquerade;
+use crate::test_support::require_root;
 
 const CLUSTER: &str = "10.244.0.0/16";
 
 /// The CI rule of e2e's `prereq::require_root`: skip loudly, but fail under CI=true.
-fn require_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } == 0 {
-        return true;
-    }
-    if std::env::var("CI").is_ok_and(|v| v == "true") {
-        panic!("prerequisite missing under CI=true: root (euid 0)");
-    }
-    eprintln!("SKIPPED: prerequisite missing: root (euid 0) (this would fail under CI=true)");
-    false
-}
 
 fn run(cmd: &str, args: &[&str]) -> String {
     let out = Command::new(cmd).args(args).output().unwrap_or_else(|e| panic!("cannot run {cmd}: {e}"));

@@ -14,16 +14,7 @@ use super::model::{Chain, Match, Peers, PodPolicy, Proto, Rule, Verdict};
 use super::render::{self, FORWARD_CHAIN};
 use super::sync::apply;
 use crate::dataplane::iptables;
-
-fn require_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } == 0 {
-        return true;
-    }
-    assert!(std::env::var("CI").as_deref() != Ok("true"), "prerequisite missing under CI=true: root (euid 0)");
-    eprintln!("SKIPPED: prerequisite missing: root (euid 0) (this would fail under CI=true)");
-    false
-}
+use crate::test_support::require_root;
 
 struct Ns(String);
 
