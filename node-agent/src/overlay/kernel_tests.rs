@@ -25,8 +25,6 @@ use crate::test_support::require_root;
 
 const CLUSTER: &str = "10.244.0.0/16";
 
-/// The CI rule of e2e's `prereq::require_root`: skip loudly, but fail under CI=true.
-
 fn run(cmd: &str, args: &[&str]) -> String {
     let out = Command::new(cmd).args(args).output().unwrap_or_else(|e| panic!("cannot run {cmd}: {e}"));
     assert!(out.status.success(), "{cmd} {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
