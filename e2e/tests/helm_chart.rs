@@ -291,10 +291,19 @@ fn template_renders_defaults() {
     assert_eq!(conf["plugins"][0]["agentSocket"], "/run/weft/agent.sock");
     assert!(conf["plugins"][0].get("mtu").is_none(), "no MTU by default: the agent derives it");
 
-    // Least privilege: the agent may only patch Subnet status, never Subnets.
+    // Least privilege: the agent writes only Subnet status, its node's
+    // HostPortAllocations and Events; it never creates or deletes anything else.
     let agent_role = find(&docs, "ClusterRole", "-agent");
-    let rules = serde_yaml::to_string(&agent_role["rules"]).expect("rules");
-    assert!(!rules.contains("create") && !rules.contains("delete"), "agent rules too broad: {rules}");
+    for rule in agent_role["rules"].as_sequence().expect("rules") {
+        let text = serde_yaml::to_string(rule).expect("rule");
+        let writes = ["create", "delete", "update"].iter().any(|v| text.contains(v));
+        let resources: Vec<&str> =
+            rule["resources"].as_sequence().expect("resources").iter().filter_map(|r| r.as_str()).collect();
+        assert!(
+            !writes || resources.iter().all(|r| ["hostportallocations", "events"].contains(r)),
+            "agent rule too broad: {text}"
+        );
+    }
     let lease_role = find(&docs, "Role", "-operator-leader-election");
     assert_eq!(lease_role["metadata"]["namespace"], "weft-system");
 
