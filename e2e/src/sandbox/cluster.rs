@@ -23,38 +23,39 @@ fn lock_path() -> std::path::PathBuf {
     state_dir().with_extension("lock")
 }
 
-/// Takes the sandbox lock without waiting; `Ok(None)` when someone holds it.
-fn try_lock() -> anyhow::Result<Option<std::fs::File>> {
+/// Opens `path` and takes an exclusive flock on it, waiting for it when
+/// `wait`; `Ok(None)` when it is held and we may not wait. The lock lasts as
+/// long as the returned file is open.
+fn flock(path: &Path, wait: bool) -> anyhow::Result<Option<std::fs::File>> {
     use std::os::fd::AsRawFd;
-    let path = lock_path();
     let file = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
-        .open(&path)
+        .open(path)
         .with_context(|| format!("cannot open {}", path.display()))?;
+    let mode = if wait { libc::LOCK_EX } else { libc::LOCK_EX | libc::LOCK_NB };
     // SAFETY: flock on a descriptor we own; released when the file is closed.
-    let locked = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0;
-    Ok(locked.then_some(file))
+    if unsafe { libc::flock(file.as_raw_fd(), mode) } == 0 {
+        return Ok(Some(file));
+    }
+    let e = std::io::Error::last_os_error();
+    if e.kind() == std::io::ErrorKind::WouldBlock {
+        return Ok(None);
+    }
+    Err(e).with_context(|| format!("cannot lock {}", path.display()))
+}
+
+/// Takes the sandbox lock without waiting; `Ok(None)` when someone holds it.
+fn try_lock() -> anyhow::Result<Option<std::fs::File>> {
+    flock(&lock_path(), false)
 }
 
 /// Held by `up` while it starts a supervisor: two `up`s at the same moment
 /// would otherwise both find the machine free and clean up each other's
 /// state directory. The second waits, then finds the sandbox up.
-fn starting_lock() -> anyhow::Result<std::fs::File> {
-    use std::os::fd::AsRawFd;
-    let path = state_dir().with_extension("starting.lock");
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&path)
-        .with_context(|| format!("cannot open {}", path.display()))?;
-    // SAFETY: flock on a descriptor we own; released when the file is closed.
-    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
-        bail!("cannot lock {}: {}", path.display(), std::io::Error::last_os_error());
-    }
-    Ok(file)
+fn starting_lock() -> anyhow::Result<Option<std::fs::File>> {
+    flock(&state_dir().with_extension("starting.lock"), true)
 }
 
 /// Starts the supervisor in the background and waits until the cluster is

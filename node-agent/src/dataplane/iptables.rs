@@ -20,13 +20,7 @@ pub fn save(table: &str) -> Result<String, IptablesError> {
     const CMD: &str = "iptables-save";
     let out =
         Command::new(CMD).args(["-t", table]).output().map_err(|source| IptablesError::Spawn { cmd: CMD, source })?;
-    if !out.status.success() {
-        return Err(IptablesError::Failed {
-            cmd: CMD,
-            status: out.status,
-            stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
-        });
-    }
+    check(CMD, &out)?;
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
@@ -46,13 +40,7 @@ pub fn restore(text: &str) -> Result<(), IptablesError> {
         stdin.write_all(text.as_bytes()).map_err(|source| IptablesError::Spawn { cmd: CMD, source })?;
     }
     let out = child.wait_with_output().map_err(|source| IptablesError::Spawn { cmd: CMD, source })?;
-    if !out.status.success() {
-        return Err(IptablesError::Failed {
-            cmd: CMD,
-            status: out.status,
-            stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
-        });
-    }
+    check(CMD, &out)?;
     Ok(())
 }
 
@@ -63,12 +51,18 @@ pub fn save_counted(table: &str) -> Result<String, IptablesError> {
         .args(["-c", "-t", table])
         .output()
         .map_err(|source| IptablesError::Spawn { cmd: CMD, source })?;
-    if !out.status.success() {
-        return Err(IptablesError::Failed {
-            cmd: CMD,
-            status: out.status,
-            stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
-        });
-    }
+    check(CMD, &out)?;
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// `Failed` with the command's stderr when it did not exit 0.
+fn check(cmd: &'static str, out: &std::process::Output) -> Result<(), IptablesError> {
+    if out.status.success() {
+        return Ok(());
+    }
+    Err(IptablesError::Failed {
+        cmd,
+        status: out.status,
+        stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+    })
 }
