@@ -8,7 +8,7 @@
 ARG RUST_VERSION=1.89
 ARG DEBIAN_RELEASE=bookworm
 
-# ---- builder: one release build of the three binaries ------------------------
+# ---- builder: release builds of the three binaries (weft-cni static) ----------
 FROM rust:${RUST_VERSION}-${DEBIAN_RELEASE} AS builder
 RUN apt-get update \
  && apt-get install -y --no-install-recommends protobuf-compiler \
@@ -17,9 +17,10 @@ WORKDIR /src
 COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target,id=weft-target \
-    cargo build --release --locked -p weft-agent -p weft-operator -p weft-cni \
+    cargo build --release --locked -p weft-agent -p weft-operator \
+ && cni=$(cni-plugin/build-static.sh) \
  && mkdir -p /out \
- && cp target/release/weft-agent target/release/weft-operator target/release/weft-cni /out/
+ && cp target/release/weft-agent target/release/weft-operator "$cni" /out/
 
 # ---- agent: root, host network, programs links, routes and iptables ----------
 FROM debian:${DEBIAN_RELEASE}-slim AS agent

@@ -5,7 +5,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 e2e/scripts/setup-machine.sh
 cargo build --release --workspace --bins
-export WEFT_BIN_DIR="$PWD/target/release"
+# The release binaries, with weft-cni as it ships (static, see
+# cni-plugin/build-static.sh): what a node runs.
+cni=$(cni-plugin/build-static.sh)
+export WEFT_BIN_DIR="$PWD/target/bench-bin"
+rm -rf "$WEFT_BIN_DIR" && mkdir -p "$WEFT_BIN_DIR"
+find "$PWD/target/release" -maxdepth 1 -type f -perm -u+x -exec ln -s {} "$WEFT_BIN_DIR/" \;
+ln -sf "$cni" "$WEFT_BIN_DIR/weft-cni"
 case "${1:-all}" in
   cni) cargo bench -p weft-e2e --bench cni_add_del ;;
   overlay) cargo build --workspace --bins && e2e/bench/overlay.sh ;;

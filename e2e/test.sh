@@ -10,4 +10,6 @@ e2e/scripts/build-tools.sh
 export WEFT_TOOLS_DIR="$(e2e/scripts/build-tools.sh --print-dir)"
 
 cargo build --workspace --bins
+# weft-cni as it ships (static); e2e/tests/cni_single_node.rs runs it too.
+export WEFT_STATIC_CNI="$(cni-plugin/build-static.sh)"
 cargo test --workspace --no-fail-fast "$@"

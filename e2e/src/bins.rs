@@ -20,6 +20,12 @@ pub fn weft(name: &str) -> PathBuf {
     path
 }
 
+/// weft-cni as it ships: the static build of `cni-plugin/build-static.sh`,
+/// whose path `e2e/test.sh` exports as `WEFT_STATIC_CNI`.
+pub fn static_cni() -> Option<PathBuf> {
+    std::env::var_os("WEFT_STATIC_CNI").map(PathBuf::from).filter(|p| p.exists())
+}
+
 /// Directory of the reference CNI plugins (Debian containernetworking-plugins).
 pub const REFERENCE_PLUGINS: &str = "/usr/lib/cni";
 

@@ -92,6 +92,33 @@ fn verbs_follow_the_spec() {
 }
 
 #[test]
+fn shipped_static_cni_needs_no_libraries_and_serves_the_verbs() {
+    let plugin = bins::static_cni();
+    if !prereq::require("WEFT_STATIC_CNI (built by cni-plugin/build-static.sh; e2e/test.sh sets it)", plugin.is_some())
+    {
+        return;
+    }
+    let Some(n) = node("static", "10.209.0.0/24") else { return };
+    let Some(plugin) = plugin else { return };
+    // Copied onto nodes with any C library: no interpreter, no shared libraries.
+    let ldd = std::process::Command::new("ldd").arg(&plugin).output().expect("ldd");
+    let ldd_text = String::from_utf8_lossy(&ldd.stdout).into_owned() + &String::from_utf8_lossy(&ldd.stderr);
+    assert!(!ldd.status.success() && ldd_text.contains("not a dynamic executable"), "{ldd_text}");
+
+    let weft = Weft { plugin, ..Weft::new(&n.ns, &n.agent.socket) };
+    let version = cni::exec_raw(&n.ns, &weft.plugin, &[("CNI_COMMAND", "VERSION")], br#"{"cniVersion":"1.1.0"}"#);
+    assert!(version.assert_ok().json()["supportedVersions"].to_string().contains("1.1.0"), "{}", version.stdout);
+    let pod = Netns::new("pod");
+    let c = Container::new("static1", &pod);
+    let result = weft.add(&c).assert_ok().json();
+    assert!(pod.ping("10.209.0.1"), "pod cannot reach its gateway");
+    weft.check(&c, &result).assert_ok();
+    weft.status().assert_ok();
+    weft.del(&c, Some(&result)).assert_ok();
+    assert!(veths(&n.ns).is_empty() && n.agent.ipam_records().is_empty());
+}
+
+#[test]
 fn del_without_netns_and_after_the_netns_is_gone() {
     let Some(n) = node("delns", "10.201.0.0/24") else { return };
     let weft = Weft::new(&n.ns, &n.agent.socket);
