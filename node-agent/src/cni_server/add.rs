@@ -70,7 +70,7 @@ impl Agent {
             pod_mac,
         };
 
-        // The record's fsyncs overlap with the kernel work. Both must finish
+        // The record's write overlaps with the kernel work. Both must finish
         // before we answer; a crash in between leaves either a record without
         // a complete attachment or a veth without a record, and start-up
         // reconciliation removes both.

@@ -1,7 +1,7 @@
 //! Pod address management for the node's pod CIDR.
 //!
 //! [`pool`] decides which address is next (pure, unit-tested); [`store`]
-//! keeps one durable record per allocation so a crash or restart never hands
+//! keeps one record per allocation so a crash or restart never hands
 //! out an address twice and never forgets one.
 
 pub mod pool;

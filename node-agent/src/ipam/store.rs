@@ -1,15 +1,21 @@
-//! Durable allocation records: one file per address in the state directory,
-//! written atomically (temp file, fsync, rename, fsync of the directory).
+//! Allocation records: one file per address in the state directory, written
+//! atomically (temp file, then rename), so a record is either whole or absent.
 //!
 //! An ADD reserves an address in memory (`pending`), writes its record while
 //! it builds the dataplane, and only answers once both are done. Whether an
 //! attachment is complete is never taken from disk: start-up reconciliation
 //! checks each record against the kernel and removes what an interrupted ADD
 //! left half-made.
+//!
+//! Records are not fsynced. They describe network namespaces and veths,
+//! which no reboot survives: an agent crash keeps the page cache (so every
+//! written record), and after a power loss every record is stale anyway and
+//! reconciliation releases it. A power loss may leave a record empty or
+//! torn; one written before the current boot is dropped on load. Skipping
+//! the two fsyncs takes about 1.5 ms off every ADD and DEL on a plain disk.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs;
-use std::io::Write;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -101,8 +107,16 @@ impl Ipam {
                 continue;
             };
             let bytes = fs::read(&path).map_err(io(&path))?;
-            let record: Record =
-                serde_json::from_slice(&bytes).map_err(|source| IpamError::Corrupt { path: path.clone(), source })?;
+            let record: Record = match serde_json::from_slice(&bytes) {
+                Ok(r) => r,
+                Err(_) if written_before_boot(&path) => {
+                    // Cut short by a power loss; its pod went with the reboot.
+                    tracing::warn!(path = %path.display(), "dropping an unreadable record from before the last boot");
+                    fs::remove_file(&path).map_err(io(&path))?;
+                    continue;
+                }
+                Err(source) => return Err(IpamError::Corrupt { path, source }),
+            };
             inner.by_key.insert(record.key(), ip);
             inner.by_ip.insert(ip, record);
         }
@@ -183,7 +197,6 @@ impl Ipam {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(io(&path)(e)),
         }
-        sync_dir(&self.dir)?;
         let mut inner = self.lock();
         inner.by_key.remove(key);
         inner.by_ip.remove(&ip);
@@ -202,16 +215,22 @@ impl Ipam {
         let path = self.dir.join(ip.to_string());
         let tmp = self.dir.join(format!(".{ip}.tmp"));
         let bytes = serde_json::to_vec(record).map_err(|source| IpamError::Corrupt { path: path.clone(), source })?;
-        let mut f = fs::File::create(&tmp).map_err(io(&tmp))?;
-        f.write_all(&bytes).map_err(io(&tmp))?;
-        f.sync_all().map_err(io(&tmp))?;
-        fs::rename(&tmp, &path).map_err(io(&path))?;
-        sync_dir(&self.dir)
+        fs::write(&tmp, &bytes).map_err(io(&tmp))?;
+        fs::rename(&tmp, &path).map_err(io(&path))
     }
 }
 
-fn sync_dir(dir: &Path) -> Result<(), IpamError> {
-    fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io(dir))
+/// True when `path` was last written before this boot (from /proc/stat's
+/// btime); false when either time is unknown.
+fn written_before_boot(path: &Path) -> bool {
+    let Ok(modified) = fs::metadata(path).and_then(|m| m.modified()) else { return false };
+    boot_time().is_some_and(|boot| modified < boot)
+}
+
+fn boot_time() -> Option<std::time::SystemTime> {
+    let stat = fs::read_to_string("/proc/stat").ok()?;
+    let secs = stat.lines().find_map(|l| l.strip_prefix("btime "))?.trim().parse().ok()?;
+    Some(std::time::UNIX_EPOCH + std::time::Duration::from_secs(secs))
 }
 
 #[cfg(test)]
@@ -249,6 +268,19 @@ mod tests {
         let key = |id: &str| Key { container_id: id.into(), ifname: "eth0".into() };
         assert_eq!(b.get(&key("c1")).unwrap(), (ip, record("c1")));
         assert!(b.get(&key("c2")).is_none(), "a reservation never persisted is not remembered");
+    }
+
+    #[test]
+    fn a_torn_record_from_before_the_boot_is_dropped_and_a_fresh_one_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let torn = dir.path().join("10.1.0.7");
+        // What a power loss can leave: the rename landed, the data did not.
+        fs::write(&torn, b"").unwrap();
+        let err = Ipam::open(Pool::new("10.1.0.0/24".parse().unwrap()).unwrap(), dir.path()).err();
+        assert!(matches!(err, Some(IpamError::Corrupt { .. })), "written in this boot: not ours to guess");
+        fs::File::options().write(true).open(&torn).unwrap().set_modified(std::time::UNIX_EPOCH).unwrap();
+        let a = ipam(dir.path(), "10.1.0.0/24");
+        assert!(a.all().is_empty() && !torn.exists());
     }
 
     #[test]
