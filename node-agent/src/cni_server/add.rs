@@ -12,7 +12,7 @@ use crate::agent::{Agent, host_veth_name, ipam_error, veth_mac};
 use crate::dataplane::link::{self, AttachSpec};
 use crate::hostport::{self, HostPortError, PodIdentity, Wanted, publish, request};
 use crate::ipam::Record;
-use crate::netns::{Netns, NetnsError};
+use crate::netns::{BlockingNetns, NetnsError};
 
 impl Agent {
     pub async fn add(&self, req: &CniRequest) -> Result<CniResult, CniError> {
@@ -22,12 +22,12 @@ impl Agent {
         }
         let mtu = if req.mtu > 0 { req.mtu } else { self.pod_mtu };
         // Open the pod namespace first: a bad CNI_NETNS fails before anything is allocated.
-        let pod = Netns::open(Path::new(&req.netns)).await.map_err(|e| match e {
-            NetnsError::Missing(_) | NetnsError::Enter { .. } => {
-                ErrorCode::InvalidEnv.error(format!("CNI_NETNS {} is not a usable network namespace: {e}", req.netns))
-            }
-            other => ErrorCode::Internal.error(other.to_string()),
-        })?;
+        let mut pod =
+            tokio::task::block_in_place(|| BlockingNetns::open(Path::new(&req.netns))).map_err(|e| match e {
+                NetnsError::Missing(_) | NetnsError::Enter { .. } => ErrorCode::InvalidEnv
+                    .error(format!("CNI_NETNS {} is not a usable network namespace: {e}", req.netns)),
+                other => ErrorCode::Internal.error(other.to_string()),
+            })?;
         let bridge_index = self.ensure_bridge(false).await?;
         let (pod_id, wanted) = self.host_ports_wanted(req).await?;
 
@@ -60,8 +60,8 @@ impl Agent {
             .map_err(|e| ErrorCode::Internal.error(format!("bad prefix for {ip}: {e}")))?;
         let (host_mac, pod_mac) = (veth_mac(&key, false), veth_mac(&key, true));
         let spec = AttachSpec {
-            host_veth: &host_veth,
-            ifname: &key.ifname,
+            host_veth: host_veth.clone(),
+            ifname: key.ifname.clone(),
             bridge_index,
             address,
             gateway: pool.gateway(),
@@ -77,7 +77,11 @@ impl Agent {
         let ipam = Arc::clone(&self.ipam);
         let persist = tokio::task::spawn_blocking(move || ipam.persist(ip));
         let programmed = self.hostports.program(ports.as_ref());
-        let (attached, persisted, ports) = tokio::join!(link::attach(&self.host, &pod, &spec), persist, programmed);
+        // Blocking netlink, right here: a hand-off to another thread costs
+        // more than the requests. Polled after `programmed`, which has then
+        // started iptables-restore, so the rules are written meanwhile.
+        let attach = async { tokio::task::block_in_place(|| link::attach(&mut pod, &spec)) };
+        let (ports, attached, persisted) = tokio::join!(programmed, attach, persist);
         if let Err(e) = ports {
             if let Err(cleanup) = self.teardown(&key, &host_veth).await {
                 tracing::error!(%ip, error = %cleanup.msg, "could not undo a failed ADD");

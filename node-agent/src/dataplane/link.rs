@@ -5,13 +5,20 @@ use std::net::Ipv4Addr;
 
 use futures::TryStreamExt;
 use ipnet::Ipv4Net;
+use netlink_packet_route::RouteNetlinkMessage;
 use netlink_packet_route::address::AddressAttribute;
-use netlink_packet_route::link::{InfoData, InfoKind, InfoVeth, LinkAttribute, LinkFlags, LinkInfo, LinkMessage};
+use netlink_packet_route::link::{
+    InfoBridgePort, InfoData, InfoKind, InfoPortData, InfoVeth, LinkAttribute, LinkFlags, LinkInfo, LinkMessage,
+};
 use netlink_packet_route::route::{RouteAddress, RouteAttribute};
-use rtnetlink::{Handle, LinkBridge, LinkMessageBuilder, LinkUnspec, LinkVeth, RouteMessageBuilder};
+use rtnetlink::packet_core::{NLM_F_CREATE, NLM_F_EXCL};
+use rtnetlink::{
+    AddressMessageBuilder, Handle, LinkBridge, LinkMessageBuilder, LinkUnspec, LinkVeth, RouteMessageBuilder,
+};
 
-use super::{DataplaneError, errno, op};
-use crate::netns::Netns;
+use super::netlink_blocking::BlockingNetlink;
+use super::{DataplaneError, errno, kernel_op, op};
+use crate::netns::{BlockingNetns, Netns};
 
 const ENODEV: i32 = libc::ENODEV;
 const EEXIST: i32 = libc::EEXIST;
@@ -122,9 +129,9 @@ pub async fn default_gateways(h: &Handle) -> Result<Vec<Ipv4Addr>, DataplaneErro
 }
 
 /// What one pod attachment should look like.
-pub struct AttachSpec<'a> {
-    pub host_veth: &'a str,
-    pub ifname: &'a str,
+pub struct AttachSpec {
+    pub host_veth: String,
+    pub ifname: String,
     pub bridge_index: u32,
     /// The pod's address with the pod CIDR's prefix length.
     pub address: Ipv4Net,
@@ -138,76 +145,73 @@ pub struct AttachSpec<'a> {
 /// Creates the veth pair in one request: the host end plugged into the
 /// bridge and up, the pod end directly inside the pod's namespace under its
 /// final name (the kernel refuses to bring a peer up in another namespace at
-/// creation). Then address, up and default route in the pod. On failure
-/// the host end is deleted, which removes the pod end too.
-pub async fn attach(host: &Handle, pod: &Netns, spec: &AttachSpec<'_>) -> Result<(), DataplaneError> {
+/// creation). Then address, up and default route in the pod. Blocking (a
+/// handful of netlink requests on blocking sockets, see [`BlockingNetlink`]):
+/// run it off the async workers. On failure the caller deletes the host end,
+/// which removes the pod end too.
+pub fn attach(pod: &mut BlockingNetns, spec: &AttachSpec) -> Result<(), DataplaneError> {
     use std::os::fd::AsRawFd;
     let peer = LinkMessageBuilder::<LinkUnspec>::new()
-        .name(spec.ifname.to_owned())
+        .name(spec.ifname.clone())
         .mtu(spec.mtu)
         .address(spec.pod_mac.to_vec())
         .setns_by_fd(pod.file.as_raw_fd())
         .build();
-    let veth = LinkVeth::new(spec.host_veth, spec.ifname)
+    let veth = LinkVeth::new(&spec.host_veth, &spec.ifname)
         .set_info_data(InfoData::Veth(InfoVeth::Peer(peer)))
         .mtu(spec.mtu)
         .address(spec.host_mac.to_vec())
         .controller(spec.bridge_index)
         .up()
         .build();
-    host.link().add(veth).execute().await.map_err(|e| {
-        if errno(&e) == Some(EEXIST) {
+    let what = format!("create veth {} / {}", spec.host_veth, spec.ifname);
+    let mut host = BlockingNetlink::new().map_err(kernel_op("open a netlink socket"))?;
+    host.request(RouteNetlinkMessage::NewLink(veth), NLM_F_CREATE | NLM_F_EXCL).map_err(|e| {
+        if e.raw_os_error() == Some(EEXIST) {
             DataplaneError::Unexpected(format!(
-                "cannot create veth {} / {}: an interface of that name already exists (in the pod or on the node)",
-                spec.host_veth, spec.ifname
+                "{what}: an interface of that name already exists (in the pod or on the node)"
             ))
         } else {
-            op(format!("create veth {} / {}", spec.host_veth, spec.ifname))(e)
+            kernel_op(what)(e)
         }
     })?;
-    let (configured, hairpin) = tokio::join!(configure_pod(pod, spec), set_hairpin(spec.host_veth));
-    if let Err(e) = configured.and(hairpin) {
-        if let Err(cleanup) = delete(host, spec.host_veth).await {
-            tracing::warn!(veth = spec.host_veth, error = %cleanup, "rollback of a failed ADD could not delete the veth");
-        }
-        return Err(e);
-    }
-    Ok(())
+    set_hairpin(&mut host, &spec.host_veth)?;
+    configure_pod(&mut pod.netlink, spec)
 }
 
 /// Hairpin mode on the pod's bridge port: with bridge netfilter, a pod's
 /// traffic to its own host port is DNATed while being bridged and must be
-/// allowed back out of the port it came in on. Written through sysfs: the
-/// kernel takes bridge port options only from RTM_NEWLINK, which rtnetlink's
-/// `set` does not send.
-async fn set_hairpin(host_veth: &str) -> Result<(), DataplaneError> {
-    let path = format!("/sys/class/net/{host_veth}/brport/hairpin_mode");
-    std::fs::write(&path, b"1")
-        .map_err(|e| DataplaneError::Unexpected(format!("cannot set hairpin mode on {host_veth} ({path}): {e}")))
+/// allowed back out of the port it came in on. A bridge port option, so an
+/// RTM_NEWLINK with port data (sysfs would spin on the RTNL lock while the
+/// new link settles: 2 ms).
+fn set_hairpin(host: &mut BlockingNetlink, host_veth: &str) -> Result<(), DataplaneError> {
+    let mut msg = LinkUnspec::new_with_name(host_veth).build();
+    msg.attributes.push(LinkAttribute::LinkInfo(vec![LinkInfo::PortData(InfoPortData::BridgePort(vec![
+        InfoBridgePort::HairpinMode(true),
+    ]))]));
+    host.request(RouteNetlinkMessage::NewLink(msg), 0)
+        .map_err(kernel_op(format!("set hairpin mode on {host_veth}")))?;
+    Ok(())
 }
 
-async fn configure_pod(pod: &Netns, spec: &AttachSpec<'_>) -> Result<(), DataplaneError> {
-    let ph = &pod.handle;
-    let index = by_name(ph, spec.ifname)
-        .await?
-        .ok_or_else(|| DataplaneError::Unexpected(format!("{} did not appear in the pod namespace", spec.ifname)))?
-        .header
-        .index;
-    ph.address()
-        .add(index, spec.address.addr().into(), spec.address.prefix_len())
-        .execute()
-        .await
-        .map_err(op(format!("add {} to {}", spec.address, spec.ifname)))?;
-    ph.link()
-        .set(LinkUnspec::new_with_index(index).up().build())
-        .execute()
-        .await
-        .map_err(op(format!("set {} up", spec.ifname)))?;
-    ph.route()
-        .add(RouteMessageBuilder::<Ipv4Addr>::new().gateway(spec.gateway).output_interface(index).build())
-        .execute()
-        .await
-        .map_err(op(format!("add default route via {} in the pod", spec.gateway)))?;
+fn configure_pod(nl: &mut BlockingNetlink, spec: &AttachSpec) -> Result<(), DataplaneError> {
+    let ifname = &spec.ifname;
+    let found = nl
+        .request(RouteNetlinkMessage::GetLink(LinkUnspec::new_with_name(ifname).build()), 0)
+        .map_err(kernel_op(format!("look up {ifname} in the pod")))?;
+    let Some(RouteNetlinkMessage::NewLink(link)) = found.first() else {
+        return Err(DataplaneError::Unexpected(format!("{ifname} did not appear in the pod namespace")));
+    };
+    let index = link.header.index;
+    let address =
+        AddressMessageBuilder::<Ipv4Addr>::new().index(index).address(spec.address.addr(), spec.address.prefix_len());
+    nl.request(RouteNetlinkMessage::NewAddress(address.build()), NLM_F_CREATE | NLM_F_EXCL)
+        .map_err(kernel_op(format!("add {} to {ifname}", spec.address)))?;
+    nl.request(RouteNetlinkMessage::SetLink(LinkUnspec::new_with_index(index).up().build()), 0)
+        .map_err(kernel_op(format!("set {ifname} up")))?;
+    let route = RouteMessageBuilder::<Ipv4Addr>::new().gateway(spec.gateway).output_interface(index).build();
+    nl.request(RouteNetlinkMessage::NewRoute(route), NLM_F_CREATE | NLM_F_EXCL)
+        .map_err(kernel_op(format!("add default route via {} in the pod", spec.gateway)))?;
     Ok(())
 }
 

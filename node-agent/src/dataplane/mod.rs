@@ -3,8 +3,8 @@
 
 pub mod iptables;
 pub mod link;
-// The overlay's kernel layer; used by `overlay`, which is not wired yet.
 pub mod masquerade;
+pub mod netlink_blocking;
 pub mod routes;
 pub mod underlay;
 pub mod vxlan;
@@ -16,6 +16,8 @@ pub enum DataplaneError {
     Netlink { op: String, source: rtnetlink::Error },
     #[error(transparent)]
     Netns(#[from] crate::netns::NetnsError),
+    #[error("{op}: {source}")]
+    Kernel { op: String, source: std::io::Error },
     #[error("{0}")]
     Unexpected(String),
 }
@@ -26,6 +28,12 @@ pub fn errno(e: &rtnetlink::Error) -> Option<i32> {
         rtnetlink::Error::NetlinkError(m) => Some(-m.raw_code()),
         _ => None,
     }
+}
+
+/// Like [`op`], for requests on a blocking socket.
+pub(crate) fn kernel_op(op: impl Into<String>) -> impl FnOnce(std::io::Error) -> DataplaneError {
+    let op = op.into();
+    move |source| DataplaneError::Kernel { op, source }
 }
 
 pub(crate) fn op(op: impl Into<String>) -> impl FnOnce(rtnetlink::Error) -> DataplaneError {
