@@ -145,9 +145,9 @@ pub struct AttachSpec {
 /// Creates the veth pair in one request: the host end plugged into the
 /// bridge and up, the pod end directly inside the pod's namespace under its
 /// final name (the kernel refuses to bring a peer up in another namespace at
-/// creation). Then address, up and default route in the pod. Blocking (a
-/// handful of netlink requests on blocking sockets, see [`BlockingNetlink`]):
-/// run it off the async workers. On failure the caller deletes the host end,
+/// creation). Then address, up and default route in the pod. Blocks for the
+/// kernel's time, about 1 ms (a handful of requests on blocking sockets, see
+/// [`BlockingNetlink`]). On failure the caller deletes the host end,
 /// which removes the pod end too.
 pub fn attach(pod: &mut BlockingNetns, spec: &AttachSpec) -> Result<(), DataplaneError> {
     use std::os::fd::AsRawFd;
