@@ -124,15 +124,36 @@ async fn run(config: Config) -> anyhow::Result<()> {
 
     let listener = bind_socket(&config.socket)?;
     tracing::info!(node = %config.node_name, pod_cidr = %pool.cidr(), socket = %config.socket.display(), "weft-agent ready");
-    let grpc = tonic::transport::Server::builder()
-        .add_service(CniServer::new(cni_server::CniService::new(Arc::clone(&agent))))
-        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown(stop_rx));
-    let grpc = tokio::spawn(grpc);
+    // The CNI server runs on a thread of its own: ADD blocks on the kernel
+    // briefly (see cni_server::add), which must not stall the reconcilers,
+    // and one thread answers a request with no hand-offs between threads.
+    let service = CniServer::new(cni_server::CniService::new(Arc::clone(&agent)));
+    let stop = shutdown(stop_rx);
+    let grpc = std::thread::Builder::new()
+        .name("weft-cni-server".into())
+        .spawn(move || -> anyhow::Result<()> {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .context("cannot start the CNI server's runtime")?;
+            rt.block_on(async move {
+                let listener = UnixListener::from_std(listener).context("cannot use the CNI socket")?;
+                tonic::transport::Server::builder()
+                    .add_service(service)
+                    .serve_with_incoming_shutdown(UnixListenerStream::new(listener), stop)
+                    .await
+                    .context("gRPC server")
+            })
+        })
+        .context("cannot start the CNI server thread")?;
 
     signal.await?;
     tracing::info!("shutting down");
     let _ = stop_tx.send(true);
-    grpc.await.context("gRPC server task")?.context("gRPC server")?;
+    tokio::task::spawn_blocking(move || grpc.join())
+        .await
+        .context("gRPC server thread")?
+        .map_err(|_| anyhow::anyhow!("the gRPC server thread panicked"))??;
     http.await.context("HTTP server task")??;
     let _ = std::fs::remove_file(&config.socket);
     Ok(())
@@ -227,7 +248,7 @@ async fn kube_client(config: &Config) -> anyhow::Result<kube::Client> {
 }
 
 /// Binds the CNI socket, replacing a stale one, readable by root only.
-fn bind_socket(path: &std::path::Path) -> anyhow::Result<UnixListener> {
+fn bind_socket(path: &std::path::Path) -> anyhow::Result<std::os::unix::net::UnixListener> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     }
@@ -236,7 +257,9 @@ fn bind_socket(path: &std::path::Path) -> anyhow::Result<UnixListener> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(e).with_context(|| format!("cannot remove stale socket {}", path.display())),
     }
-    let listener = UnixListener::bind(path).with_context(|| format!("cannot listen on {}", path.display()))?;
+    let listener =
+        std::os::unix::net::UnixListener::bind(path).with_context(|| format!("cannot listen on {}", path.display()))?;
+    listener.set_nonblocking(true).context("cannot make the CNI socket non-blocking")?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
         .with_context(|| format!("cannot restrict {}", path.display()))?;
     Ok(listener)

@@ -23,9 +23,10 @@ impl Agent {
         let mtu = if req.mtu > 0 { req.mtu } else { self.pod_mtu };
         // Open the pod namespace first: a bad CNI_NETNS fails before anything
         // is allocated. ADD's kernel work is called directly, not through
-        // block_in_place or spawn_blocking: each call blocks for at most the
-        // kernel's own time (about 1 ms for the veth), and handing it to
-        // another thread cost ADD 0.4 ms more than that.
+        // block_in_place or spawn_blocking: each call blocks for the kernel's
+        // own time (about 1 ms for the veth), handing it to another thread
+        // cost ADD 0.4 ms more, and the CNI server has a thread of its own
+        // (main.rs), so only other CNI requests wait meanwhile.
         let mut pod = BlockingNetns::open(Path::new(&req.netns)).map_err(|e| match e {
             NetnsError::Missing(_) | NetnsError::Enter { .. } => {
                 ErrorCode::InvalidEnv.error(format!("CNI_NETNS {} is not a usable network namespace: {e}", req.netns))
