@@ -119,6 +119,28 @@ fn shipped_static_cni_needs_no_libraries_and_serves_the_verbs() {
 }
 
 #[test]
+fn the_gateway_mac_stays_as_pods_come_and_go() {
+    let Some(n) = node("brmac", "10.210.0.0/24") else { return };
+    let weft = Weft::new(&n.ns, &n.agent.socket);
+    let bridge_mac =
+        || n.ns.ip(&["-br", "link", "show", "weft0"]).split_whitespace().nth(2).unwrap_or_default().to_owned();
+    // 02:58 and the gateway address 10.210.0.1.
+    let fixed = "02:58:0a:d2:00:01";
+    let (pa, pb) = (Netns::new("pod"), Netns::new("pod"));
+    let (a, b) = (Container::new("brmac-a", &pa), Container::new("brmac-b", &pb));
+    weft.add(&a).assert_ok();
+    weft.add(&b).assert_ok();
+    assert_eq!(bridge_mac(), fixed);
+    // A bridge whose MAC is not set takes its lowest port MAC: it would
+    // change here, whichever of the two pods goes first.
+    weft.del(&a, None).assert_ok();
+    assert_eq!(bridge_mac(), fixed);
+    assert!(pb.ping("10.210.0.1"));
+    weft.del(&b, None).assert_ok();
+    assert_eq!(bridge_mac(), fixed);
+}
+
+#[test]
 fn del_without_netns_and_after_the_netns_is_gone() {
     let Some(n) = node("delns", "10.201.0.0/24") else { return };
     let weft = Weft::new(&n.ns, &n.agent.socket);

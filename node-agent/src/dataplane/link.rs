@@ -40,6 +40,10 @@ pub fn name_of(link: &LinkMessage) -> Option<&str> {
     link.attributes.iter().find_map(|a| if let LinkAttribute::IfName(n) = a { Some(n.as_str()) } else { None })
 }
 
+fn address_of(link: &LinkMessage) -> Option<&[u8]> {
+    link.attributes.iter().find_map(|a| if let LinkAttribute::Address(m) = a { Some(m.as_slice()) } else { None })
+}
+
 fn kind_of(link: &LinkMessage) -> Option<&InfoKind> {
     link.attributes.iter().find_map(|a| match a {
         LinkAttribute::LinkInfo(infos) => {
@@ -53,14 +57,24 @@ pub fn is_up(link: &LinkMessage) -> bool {
     link.header.flags.contains(LinkFlags::Up)
 }
 
-/// Makes sure the bridge exists, is up and carries the gateway address.
-/// Returns its index. Safe to call concurrently with itself only under the
-/// caller's lock (creation races would fail with EEXIST, which is handled).
+/// The bridge's MAC, fixed and derived from the gateway address. A bridge
+/// whose MAC was never set takes the lowest MAC of its ports: it would change
+/// as pods come and go, leaving every pod's ARP entry for the gateway stale.
+pub fn bridge_mac(gateway: Ipv4Addr) -> [u8; 6] {
+    let [a, b, c, d] = gateway.octets();
+    [0x02, 0x58, a, b, c, d]
+}
+
+/// Makes sure the bridge exists, is up, has its fixed MAC and carries the
+/// gateway address. Returns its index. Safe to call concurrently with itself
+/// only under the caller's lock (creation races would fail with EEXIST,
+/// which is handled).
 pub async fn ensure_bridge(h: &Handle, name: &str, gateway: Ipv4Net) -> Result<u32, DataplaneError> {
+    let mac = bridge_mac(gateway.addr());
     let link = match by_name(h, name).await? {
         Some(l) => l,
         None => {
-            match h.link().add(LinkBridge::new(name).build()).execute().await {
+            match h.link().add(LinkBridge::new(name).address(mac.to_vec()).build()).execute().await {
                 Ok(()) => {}
                 Err(e) if errno(&e) == Some(EEXIST) => {}
                 Err(e) => return Err(op(format!("create bridge {name}"))(e)),
@@ -74,6 +88,13 @@ pub async fn ensure_bridge(h: &Handle, name: &str, gateway: Ipv4Net) -> Result<u
         return Err(DataplaneError::Unexpected(format!("link {name} exists but is not a bridge")));
     }
     let index = link.header.index;
+    if address_of(&link) != Some(&mac[..]) {
+        h.link()
+            .set(LinkUnspec::new_with_index(index).address(mac.to_vec()).build())
+            .execute()
+            .await
+            .map_err(op(format!("set the MAC of {name}")))?;
+    }
     if !is_up(&link) {
         h.link()
             .set(LinkUnspec::new_with_index(index).up().build())
