@@ -3,14 +3,16 @@
 # Compares, in the same run and between the same node namespaces:
 #   weft vxlan   vs a hand-built kernel VXLAN (routed, no bridge)
 #   weft host-gw vs plain routing over the underlay
-# and measures overlay convergence (new peer Subnet -> route+FDB+neighbour on
-# another node). Prints tables; asserts nothing.
+# in interleaved rounds (e2e/bench/compare.py: this machine is noisy, so each
+# round measures both), and measures overlay convergence (new peer Subnet ->
+# route+FDB+neighbour on another node). Prints tables; asserts nothing.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 SBX=target/debug/weft-sandbox
-RUNS=${RUNS:-3}
-SECS=${SECS:-5}
+ROUNDS=${ROUNDS:-8}
+SECS=${SECS:-4}
 export RUST_BACKTRACE=0
+N1=weft-sbx-node-1 N2=weft-sbx-node-2
 
 cleanup() {
   pkill -f "iperf3 -s -p 5301" 2>/dev/null || true
@@ -21,22 +23,17 @@ trap cleanup EXIT
 
 median() { sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
 
-# iperf3 throughput (Gbit/s, median of $RUNS) from namespace $1 to address $3 served in namespace $2.
-throughput() {
-  local from=$1 to=$2 addr=$3
-  ip netns exec "$to" taskset -c 1 iperf3 -s -p 5301 -D -1 >/dev/null 2>&1 || true
-  for _ in $(seq "$RUNS"); do
-    ip netns exec "$to" taskset -c 1 iperf3 -s -p 5301 -1 >/dev/null 2>&1 &
-    local srv=$!
-    for _ in $(seq 100); do ip netns exec "$to" ss -ltn | grep -q ':5301' && break; sleep 0.02; done
-    ip netns exec "$from" taskset -c 0 iperf3 -c "$addr" -p 5301 -t "$SECS" -J 2>/dev/null |
-      python3 -c 'import json,sys; print("%.2f" % (json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"]/1e9))'
-    wait "$srv" 2>/dev/null || true
-  done | median
+# Weft's pod pair against a baseline pair, interleaved; sets T/R/P[weft] and T/R/P[base].
+compare() {
+  local weft=$1 base=$2 out
+  out=$(python3 e2e/bench/compare.py --rounds "$ROUNDS" --secs "$SECS" \
+    "$weft:weft-sbx-pod-default-a:weft-sbx-pod-default-b:$B_IP" "$base:bench-p1:bench-p2:192.168.202.2")
+  for k in "$weft" "$base"; do
+    T[$k]=$(python3 -c "import json,sys; print(json.load(sys.stdin)['$k']['gbps'])" <<<"$out")
+    R[$k]=$(python3 -c "import json,sys; print(json.load(sys.stdin)['$k']['rtt_ms'])" <<<"$out")
+    P[$k]=$(python3 -c "import json,sys; print(' '.join(map(str, json.load(sys.stdin)['$k']['runs'])))" <<<"$out")
+  done
 }
-
-# Mean ping RTT in ms from namespace $1 to $2.
-rtt() { ip netns exec "$1" ping -q -c 200 -i 0.005 "$2" | awk -F/ '/rtt/ {print $5}'; }
 
 # A baseline "pod" in node namespace $1: netns $2 with $3/24, gateway $4 on the node side.
 baseline_pod() {
@@ -51,27 +48,19 @@ baseline_pod() {
   ip -n "$pod" route add default via "$gw"
 }
 
-row() { printf '| %-34s | %10s | %8s | %10s |\n' "$@"; }
-
-measure_pair() { # label from_ns to_ns to_addr
-  local t r
-  t=$(throughput "$2" "$3" "$4")
-  r=$(rtt "$2" "$4")
-  echo "$1 $t $r"
+two_pods() {
+  $SBX add-pod a --node node-1 >/dev/null
+  $SBX add-pod b --node node-2 >/dev/null
+  B_IP=$($SBX pods | awk '$1=="default/b" {print $3}')
 }
 
 $SBX down >/dev/null 2>&1 || true
-declare -A T R
+declare -A T R P
 
-# --- vxlan sandbox: weft vxlan, hand-built VXLAN, plain routing -------------
+# --- vxlan sandbox: weft vxlan vs a hand-built VXLAN -----------------------------
 $SBX up --nodes 2 >/dev/null
-$SBX add-pod a --node node-1 >/dev/null
-$SBX add-pod b --node node-2 >/dev/null
-B_IP=$($SBX pods | awk '$1=="default/b" {print $3}')
-read -r _ t r < <(measure_pair weft-vxlan weft-sbx-pod-default-a weft-sbx-pod-default-b "$B_IP"); T[wv]=$t; R[wv]=$r
-
+two_pods
 # Hand-built: a second VXLAN (VNI 99, port 4790) between the same node namespaces.
-N1=weft-sbx-node-1 N2=weft-sbx-node-2
 ip -n $N1 link add bvx type vxlan id 99 dstport 4790 local 10.250.0.11 remote 10.250.0.12 dev eth0
 ip -n $N2 link add bvx type vxlan id 99 dstport 4790 local 10.250.0.12 remote 10.250.0.11 dev eth0
 ip -n $N1 addr add 172.31.99.1/30 dev bvx; ip -n $N1 link set bvx up
@@ -80,14 +69,7 @@ baseline_pod $N1 bench-p1 192.168.201.2 192.168.201.1 1450
 baseline_pod $N2 bench-p2 192.168.202.2 192.168.202.1 1450
 ip -n $N1 route add 192.168.202.0/24 via 172.31.99.2
 ip -n $N2 route add 192.168.201.0/24 via 172.31.99.1
-read -r _ t r < <(measure_pair kernel-vxlan bench-p1 bench-p2 192.168.202.2); T[kv]=$t; R[kv]=$r
-
-# Plain routing over the underlay (what host-gw amounts to), same baseline pods.
-ip -n $N1 route replace 192.168.202.0/24 via 10.250.0.12
-ip -n $N2 route replace 192.168.201.0/24 via 10.250.0.11
-ip -n bench-p1 link set eth0 mtu 1500; ip -n $N1 link set b-bench-p1 mtu 1500
-ip -n bench-p2 link set eth0 mtu 1500; ip -n $N2 link set b-bench-p2 mtu 1500
-read -r _ t r < <(measure_pair plain-routing bench-p1 bench-p2 192.168.202.2); T[pr]=$t; R[pr]=$r
+compare wv kv
 
 # Convergence: a new node's Subnet with its VTEP data -> programmed on node-1.
 KC() { $SBX kubectl "$@"; }
@@ -119,22 +101,28 @@ conv_max=$(printf '%s\n' "${conv[@]}" | sort -g | tail -1)
 $SBX down >/dev/null
 ip netns del bench-p1; ip netns del bench-p2
 
-# --- host-gw sandbox ------------------------------------------------------------
+# --- host-gw sandbox: weft host-gw vs plain routing over the underlay -----------
 $SBX up --nodes 2 --backend host-gw >/dev/null
-$SBX add-pod a --node node-1 >/dev/null
-$SBX add-pod b --node node-2 >/dev/null
-B_IP=$($SBX pods | awk '$1=="default/b" {print $3}')
-read -r _ t r < <(measure_pair weft-host-gw weft-sbx-pod-default-a weft-sbx-pod-default-b "$B_IP"); T[wh]=$t; R[wh]=$r
+two_pods
+baseline_pod $N1 bench-p1 192.168.201.2 192.168.201.1 1500
+baseline_pod $N2 bench-p2 192.168.202.2 192.168.202.1 1500
+ip -n $N1 route add 192.168.202.0/24 via 10.250.0.12
+ip -n $N2 route add 192.168.201.0/24 via 10.250.0.11
+compare wh pr
 
 ratio() { python3 -c "print(f'{$1/$2:.2f}')"; }
+row() { printf '| %-32s | %7s | %7s | %s |\n' "$@"; }
 echo
-echo "Pod-to-pod across nodes, iperf3 ${SECS}s x ${RUNS} (median), client CPU 0, server CPU 1; ping RTT mean of 200"
+echo "Pod-to-pod across nodes, ${ROUNDS} interleaved rounds: iperf3 ${SECS}s per round (median Gbit/s;"
+echo "client CPU 0, server CPU 1) and 200 pings per round (median RTT of all)"
 echo
-row "datapath" "Gbit/s" "RTT ms" "vs baseline"
-row "----------------------------------" "---------:" "-------:" "---------:"
-row "weft vxlan" "${T[wv]}" "${R[wv]}" "tput $(ratio "${T[wv]}" "${T[kv]}"), rtt $(ratio "${R[wv]}" "${R[kv]}")"
-row "hand-built kernel VXLAN" "${T[kv]}" "${R[kv]}" "1.00"
-row "weft host-gw" "${T[wh]}" "${R[wh]}" "tput $(ratio "${T[wh]}" "${T[pr]}"), rtt $(ratio "${R[wh]}" "${R[pr]}")"
-row "plain routing over the underlay" "${T[pr]}" "${R[pr]}" "1.00"
+row "datapath" "Gbit/s" "RTT ms" "Gbit/s by round"
+row "--------------------------------" "------:" "------:" "---"
+row "weft vxlan" "${T[wv]}" "${R[wv]}" "${P[wv]}"
+row "hand-built kernel VXLAN" "${T[kv]}" "${R[kv]}" "${P[kv]}"
+row "ratio weft vxlan / kernel VXLAN" "$(ratio "${T[wv]}" "${T[kv]}")" "$(ratio "${R[wv]}" "${R[kv]}")" ""
+row "weft host-gw" "${T[wh]}" "${R[wh]}" "${P[wh]}"
+row "plain routing over the underlay" "${T[pr]}" "${R[pr]}" "${P[pr]}"
+row "ratio weft host-gw / plain" "$(ratio "${T[wh]}" "${T[pr]}")" "$(ratio "${R[wh]}" "${R[pr]}")" ""
 echo
 echo "Convergence (Subnet status with VTEP data -> route+FDB+neighbour on another node), 15 peers: median ${conv_median} ms, max ${conv_max} ms"

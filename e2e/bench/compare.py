@@ -1,0 +1,77 @@
+#!/usr/bin/env python3
+"""Interleaved datapath comparison for e2e/bench/overlay.sh (run as root).
+
+Each argument is LABEL:FROM_NS:TO_NS:ADDR. Every round measures every pair
+once, in alternating order, so the machine's drift and noise hit all pairs
+alike: TCP throughput with iperf3 (client on CPU 0, server on CPU 1) and
+ping round trips. Prints JSON: per label the median Gbit/s over the rounds
+and the median (and 90th percentile) of all round-trip samples.
+"""
+
+import argparse
+import json
+import statistics
+import subprocess
+import time
+
+PORT = 5301
+
+
+def netns(ns, *cmd, **kw):
+    return subprocess.run(["ip", "netns", "exec", ns, *cmd], **kw)
+
+
+def throughput(src, dst, addr, secs):
+    server = subprocess.Popen(
+        ["ip", "netns", "exec", dst, "taskset", "-c", "1", "iperf3", "-s", "-p", str(PORT), "-1"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 5
+        while f":{PORT} " not in netns(dst, "ss", "-ltnH", capture_output=True, text=True).stdout:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"iperf3 server in {dst} did not listen")
+            time.sleep(0.01)
+        out = netns(
+            src, "taskset", "-c", "0", "iperf3", "-c", addr, "-p", str(PORT), "-t", str(secs), "-J",
+            capture_output=True, text=True, check=True,
+        ).stdout
+        return json.loads(out)["end"]["sum_received"]["bits_per_second"] / 1e9
+    finally:
+        server.wait(timeout=10)
+
+
+def round_trips(src, addr, count):
+    out = netns(src, "ping", "-c", str(count), "-i", "0.002", addr, capture_output=True, text=True).stdout
+    return [float(line.split("time=")[1].split()[0]) for line in out.splitlines() if "time=" in line]
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--rounds", type=int, default=8)
+    p.add_argument("--secs", type=int, default=4)
+    p.add_argument("--pings", type=int, default=200)
+    p.add_argument("pairs", nargs="+")
+    a = p.parse_args()
+    pairs = [x.split(":") for x in a.pairs]
+    gbps = {label: [] for label, *_ in pairs}
+    rtts = {label: [] for label, *_ in pairs}
+    for r in range(a.rounds):
+        for label, src, dst, addr in pairs if r % 2 == 0 else reversed(pairs):
+            gbps[label].append(throughput(src, dst, addr, a.secs))
+            rtts[label] += round_trips(src, addr, a.pings)
+    result = {}
+    for label, *_ in pairs:
+        samples = sorted(rtts[label])
+        result[label] = {
+            "gbps": round(statistics.median(gbps[label]), 2),
+            "rtt_ms": round(statistics.median(samples), 4),
+            "rtt_p90_ms": round(samples[int(len(samples) * 0.9)], 4),
+            "runs": [round(x, 2) for x in gbps[label]],
+        }
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
