@@ -4,7 +4,8 @@
 Each argument is LABEL:FROM_NS:TO_NS:ADDR. Every round measures every pair
 once, in alternating order, so the machine's drift and noise hit all pairs
 alike: TCP throughput with iperf3 (client on CPU 0, server on CPU 1) and
-ping round trips. Prints JSON: per label the median Gbit/s over the rounds
+ping round trips. A first, unrecorded round lets a freshly started sandbox
+settle. Prints JSON: per label the median Gbit/s over the rounds
 and the median (and 90th percentile) of all round-trip samples.
 """
 
@@ -49,7 +50,7 @@ def round_trips(src, addr, count):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--rounds", type=int, default=8)
+    p.add_argument("--rounds", type=int, default=12)
     p.add_argument("--secs", type=int, default=4)
     p.add_argument("--pings", type=int, default=200)
     p.add_argument("pairs", nargs="+")
@@ -57,6 +58,8 @@ def main():
     pairs = [x.split(":") for x in a.pairs]
     gbps = {label: [] for label, *_ in pairs}
     rtts = {label: [] for label, *_ in pairs}
+    for label, src, dst, addr in pairs:
+        throughput(src, dst, addr, 1)
     for r in range(a.rounds):
         for label, src, dst, addr in pairs if r % 2 == 0 else reversed(pairs):
             gbps[label].append(throughput(src, dst, addr, a.secs))

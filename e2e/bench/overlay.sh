@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 SBX=target/debug/weft-sandbox
-ROUNDS=${ROUNDS:-8}
+ROUNDS=${ROUNDS:-12}
 SECS=${SECS:-4}
 export RUST_BACKTRACE=0
 N1=weft-sbx-node-1 N2=weft-sbx-node-2
