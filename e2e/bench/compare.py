@@ -4,8 +4,8 @@
 Each argument is LABEL:FROM_NS:TO_NS:ADDR. Every round measures every pair
 once, in alternating order, so the machine's drift and noise hit all pairs
 alike: TCP throughput with iperf3 (client on CPU 0, server on CPU 1) and
-ping round trips. A first, unrecorded round lets a freshly started sandbox
-settle. Prints JSON: per label the median Gbit/s over the rounds
+ping round trips. A short unrecorded run per pair first lets a freshly
+started sandbox settle. Prints JSON: per label the median Gbit/s over the rounds
 and the median (and 90th percentile) of all round-trip samples.
 """
 
