@@ -21,7 +21,11 @@ use args::{Command, ConfOnly, Invocation};
 use error::{CniError, Code};
 
 fn main() -> ExitCode {
-    init_logging();
+    // With the default level only failures are logged, so the subscriber
+    // (its set-up shows in every ADD's latency) waits until there is one.
+    if std::env::var_os(LOG_ENV).is_some() {
+        init_logging();
+    }
     let mut stdin = Vec::new();
     if let Err(e) = std::io::stdin().read_to_end(&mut stdin) {
         return emit(
@@ -60,6 +64,9 @@ fn emit(outcome: Result<Option<String>, CniError>, cni_version: &str) -> ExitCod
             ExitCode::SUCCESS
         }
         Err(e) => {
+            if std::env::var_os(LOG_ENV).is_none() {
+                init_logging();
+            }
             tracing::warn!(code = e.code, msg = %e.msg, details = %e.details, "CNI request failed");
             let _ = writeln!(stdout, "{}", e.to_json(cni_version));
             ExitCode::FAILURE
@@ -67,8 +74,10 @@ fn emit(outcome: Result<Option<String>, CniError>, cni_version: &str) -> ExitCod
     }
 }
 
+const LOG_ENV: &str = "WEFT_CNI_LOG";
+
 fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("WEFT_CNI_LOG")
+    let filter = tracing_subscriber::EnvFilter::try_from_env(LOG_ENV)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
     tracing_subscriber::fmt().with_writer(std::io::stderr).with_env_filter(filter).with_target(false).init();
 }
