@@ -47,7 +47,13 @@ fn main() -> ExitCode {
     };
     let cni_version = command.version_str().to_owned();
     let outcome = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-        Ok(rt) => rt.block_on(forward(command)),
+        Ok(rt) => {
+            let outcome = rt.block_on(forward(command));
+            // The process ends right after: shutting the runtime down would
+            // only add to every ADD's latency.
+            std::mem::forget(rt);
+            outcome
+        }
         Err(e) => Err(CniError::new(Code::Internal, format!("cannot start the async runtime: {e}"))),
     };
     emit(outcome, &cni_version)
