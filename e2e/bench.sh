@@ -12,6 +12,9 @@ export WEFT_BIN_DIR="$PWD/target/bench-bin"
 rm -rf "$WEFT_BIN_DIR" && mkdir -p "$WEFT_BIN_DIR"
 find "$PWD/target/release" -maxdepth 1 -type f -perm -u+x -exec ln -s {} "$WEFT_BIN_DIR/" \;
 ln -sf "$cni" "$WEFT_BIN_DIR/weft-cni"
+# The build leaves hundreds of MB of dirty pages; their writeback would land
+# in the measurements (ADD writes a file).
+sync
 case "${1:-all}" in
   cni) cargo bench -p weft-e2e --bench cni_add_del ;;
   overlay) cargo build --workspace --bins && e2e/bench/overlay.sh ;;
