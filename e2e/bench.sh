@@ -7,8 +7,8 @@ e2e/scripts/setup-machine.sh
 cargo build --release --workspace --bins
 # The release binaries, with weft-cni as it ships (static, see
 # cni-plugin/build-static.sh), copied into place as the DaemonSet copies
-# weft-cni onto a node (a copy execs ~0.2 ms faster than the linker's output,
-# whose page cache is laid out in small pieces).
+# weft-cni onto a node (measured here: a copy execs about 0.2 ms faster than
+# the file the linker wrote).
 cni=$(cni-plugin/build-static.sh)
 export WEFT_BIN_DIR="$PWD/target/bench-bin"
 rm -rf "$WEFT_BIN_DIR" && mkdir -p "$WEFT_BIN_DIR"
