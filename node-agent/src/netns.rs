@@ -39,7 +39,7 @@ impl Netns {
     /// Opens `path` and a netlink handle inside it.
     pub async fn open(path: &Path) -> Result<Self, NetnsError> {
         let rt = tokio::runtime::Handle::current();
-        let (_, (conn, handle)) = inside(path, move || {
+        let (conn, handle) = inside(path, move || {
             // The socket registers with the runtime's reactor.
             let _guard = rt.enter();
             let (conn, handle, _) = rtnetlink::new_connection().map_err(NetnsError::Socket)?;
@@ -97,24 +97,22 @@ fn open_file(path: &Path) -> Result<File, NetnsError> {
     })
 }
 
-/// Opens `path` and runs `make` on a short-lived thread inside it.
+/// Runs `make` on a short-lived thread inside the namespace at `path`.
 async fn inside<T: Send + 'static>(
     path: &Path,
     make: impl FnOnce() -> Result<T, NetnsError> + Send + 'static,
-) -> Result<(File, T), NetnsError> {
+) -> Result<T, NetnsError> {
     let file = open_file(path)?;
-    let thread_file = file.try_clone().map_err(|source| NetnsError::Open { path: path.to_owned(), source })?;
     let owned = path.to_owned();
     let (tx, rx) = tokio::sync::oneshot::channel();
     std::thread::Builder::new()
         .name("weft-netns".into())
         .spawn(move || {
-            let result = setns(&thread_file, CloneFlags::CLONE_NEWNET)
+            let result = setns(&file, CloneFlags::CLONE_NEWNET)
                 .map_err(|source| NetnsError::Enter { path: owned, source })
                 .and_then(|()| make());
             let _ = tx.send(result);
         })
         .map_err(|_| NetnsError::Thread)?;
-    let made = rx.await.map_err(|_| NetnsError::Thread)??;
-    Ok((file, made))
+    rx.await.map_err(|_| NetnsError::Thread)?
 }
