@@ -70,9 +70,7 @@ fn emit(outcome: Result<Option<String>, CniError>, cni_version: &str) -> ExitCod
             ExitCode::SUCCESS
         }
         Err(e) => {
-            if std::env::var_os(LOG_ENV).is_none() {
-                init_logging();
-            }
+            init_logging();
             tracing::warn!(code = e.code, msg = %e.msg, details = %e.details, "CNI request failed");
             let _ = writeln!(stdout, "{}", e.to_json(cni_version));
             ExitCode::FAILURE
@@ -82,10 +80,12 @@ fn emit(outcome: Result<Option<String>, CniError>, cni_version: &str) -> ExitCod
 
 const LOG_ENV: &str = "WEFT_CNI_LOG";
 
+/// Sets up logging to stderr; a second call keeps the first set-up.
 fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_env(LOG_ENV)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    tracing_subscriber::fmt().with_writer(std::io::stderr).with_env_filter(filter).with_target(false).init();
+    let _ =
+        tracing_subscriber::fmt().with_writer(std::io::stderr).with_env_filter(filter).with_target(false).try_init();
 }
 
 fn socket_of(conf: &args::NetConf) -> PathBuf {

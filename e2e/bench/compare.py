@@ -5,8 +5,9 @@ Each argument is LABEL:FROM_NS:TO_NS:ADDR. Every round measures every pair
 once, in alternating order, so the machine's drift and noise hit all pairs
 alike: TCP throughput with iperf3 (client on CPU 0, server on CPU 1) and
 ping round trips. A short unrecorded run per pair first lets a freshly
-started sandbox settle. Prints JSON: per label the median Gbit/s over the rounds
-and the median (and 90th percentile) of all round-trip samples.
+started sandbox settle. Prints one line per pair: the label, the median
+Gbit/s over the rounds, the median round trip (ms) of all samples, then each
+round's Gbit/s.
 """
 
 import argparse
@@ -64,16 +65,9 @@ def main():
         for label, src, dst, addr in pairs if r % 2 == 0 else reversed(pairs):
             gbps[label].append(throughput(src, dst, addr, a.secs))
             rtts[label] += round_trips(src, addr, a.pings)
-    result = {}
     for label, *_ in pairs:
-        samples = sorted(rtts[label])
-        result[label] = {
-            "gbps": round(statistics.median(gbps[label]), 2),
-            "rtt_ms": round(statistics.median(samples), 4),
-            "rtt_p90_ms": round(samples[int(len(samples) * 0.9)], 4),
-            "runs": [round(x, 2) for x in gbps[label]],
-        }
-    print(json.dumps(result))
+        runs = " ".join(f"{x:.2f}" for x in gbps[label])
+        print(f"{label} {statistics.median(gbps[label]):.2f} {statistics.median(rtts[label]):.4f} {runs}")
 
 
 if __name__ == "__main__":

@@ -25,14 +25,10 @@ median() { sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a
 
 # Weft's pod pair against a baseline pair, interleaved; sets T/R/P[weft] and T/R/P[base].
 compare() {
-  local weft=$1 base=$2 out
-  out=$(python3 e2e/bench/compare.py --rounds "$ROUNDS" --secs "$SECS" \
-    "$weft:weft-sbx-pod-default-a:weft-sbx-pod-default-b:$B_IP" "$base:bench-p1:bench-p2:192.168.202.2")
-  for k in "$weft" "$base"; do
-    T[$k]=$(python3 -c "import json,sys; print(json.load(sys.stdin)['$k']['gbps'])" <<<"$out")
-    R[$k]=$(python3 -c "import json,sys; print(json.load(sys.stdin)['$k']['rtt_ms'])" <<<"$out")
-    P[$k]=$(python3 -c "import json,sys; print(' '.join(map(str, json.load(sys.stdin)['$k']['runs'])))" <<<"$out")
-  done
+  local k t r runs
+  while read -r k t r runs; do T[$k]=$t; R[$k]=$r; P[$k]=$runs; done < <(
+    python3 e2e/bench/compare.py --rounds "$ROUNDS" --secs "$SECS" \
+      "$1:weft-sbx-pod-default-a:weft-sbx-pod-default-b:$B_IP" "$2:bench-p1:bench-p2:192.168.202.2")
 }
 
 # A baseline "pod" in node namespace $1: netns $2 with $3/24, gateway $4 on the node side.

@@ -17,11 +17,7 @@ pub enum IptablesError {
 
 /// The rules of one table, as `iptables-save -t <table>` prints them.
 pub fn save(table: &str) -> Result<String, IptablesError> {
-    const CMD: &str = "iptables-save";
-    let out =
-        Command::new(CMD).args(["-t", table]).output().map_err(|source| IptablesError::Spawn { cmd: CMD, source })?;
-    check(CMD, &out)?;
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    run_save(&["-t", table])
 }
 
 /// Applies `text` (one or more `*table … COMMIT` blocks) with
@@ -46,11 +42,12 @@ pub fn restore(text: &str) -> Result<(), IptablesError> {
 
 /// Like [`save`], with each rule's packet and byte counters (`iptables-save -c`).
 pub fn save_counted(table: &str) -> Result<String, IptablesError> {
+    run_save(&["-c", "-t", table])
+}
+
+fn run_save(args: &[&str]) -> Result<String, IptablesError> {
     const CMD: &str = "iptables-save";
-    let out = Command::new(CMD)
-        .args(["-c", "-t", table])
-        .output()
-        .map_err(|source| IptablesError::Spawn { cmd: CMD, source })?;
+    let out = Command::new(CMD).args(args).output().map_err(|source| IptablesError::Spawn { cmd: CMD, source })?;
     check(CMD, &out)?;
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
