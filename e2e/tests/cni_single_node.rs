@@ -141,6 +141,24 @@ fn the_gateway_mac_stays_as_pods_come_and_go() {
 }
 
 #[test]
+fn the_veth_pair_has_one_queue_per_end_and_hairpin_on() {
+    let Some(n) = node("vshape", "10.211.0.0/24") else { return };
+    let weft = Weft::new(&n.ns, &n.agent.socket);
+    let pod = Netns::new("pod");
+    let c = Container::new("vshape1", &pod);
+    weft.add(&c).assert_ok();
+    let [host] = veths(&n.ns).try_into().expect("one host veth");
+    let host_end = n.ns.ip(&["-d", "link", "show", &host]);
+    let pod_end = pod.ip(&["-d", "link", "show", "eth0"]);
+    for (end, details) in [("host", &host_end), ("pod", &pod_end)] {
+        assert!(details.contains("numtxqueues 1 numrxqueues 1"), "{end} end has more queues:\n{details}");
+    }
+    // A pod reaching its own host port comes back through the port it left by.
+    assert!(host_end.contains("hairpin on"), "hairpin is off:\n{host_end}");
+    weft.del(&c, None).assert_ok();
+}
+
+#[test]
 fn del_without_netns_and_after_the_netns_is_gone() {
     let Some(n) = node("delns", "10.201.0.0/24") else { return };
     let weft = Weft::new(&n.ns, &n.agent.socket);
