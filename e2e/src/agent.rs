@@ -18,7 +18,8 @@ pub struct Agent {
 
 impl Agent {
     /// Starts an agent for `node` with its socket and state under `dir`, and
-    /// waits until it answers STATUS.
+    /// waits until it answers STATUS. It logs at `WEFT_LOG` when set (the
+    /// benchmarks use the chart's level), otherwise at debug for failing tests.
     pub fn start(node: &Netns, pod_cidr: &str, dir: &Path) -> Self {
         let mut agent = Self {
             child: None,
@@ -41,7 +42,7 @@ impl Agent {
             .arg(&self.socket)
             .arg("--state-dir")
             .arg(&self.state_dir)
-            .env("WEFT_LOG", "debug")
+            .env("WEFT_LOG", std::env::var("WEFT_LOG").unwrap_or_else(|_| "debug".into()))
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
