@@ -159,6 +159,24 @@ fn the_veth_pair_has_one_queue_per_end_and_hairpin_on() {
 }
 
 #[test]
+fn the_agent_turns_bridge_netfilter_on() {
+    if !prereq::require_root() || !prereq::require("ip (iproute2)", which("ip")) {
+        return;
+    }
+    let ns = Netns::new("brnf");
+    let knob = "/proc/sys/net/bridge/bridge-nf-call-iptables";
+    let read = || String::from_utf8_lossy(&ns.exec("cat", &[knob]).stdout).trim().to_owned();
+    // Off in the node's namespace, as on a host where nothing turned it on.
+    assert!(ns.exec("sh", &["-c", &format!("echo 0 > {knob}")]).status.success(), "cannot turn it off");
+    assert_eq!(read(), "0");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let agent = Agent::start(&ns, "10.212.0.0/24", dir.path());
+    // Ready means it is on: bridged traffic between local pods meets policy.
+    assert_eq!(read(), "1");
+    drop(agent);
+}
+
+#[test]
 fn del_without_netns_and_after_the_netns_is_gone() {
     let Some(n) = node("delns", "10.201.0.0/24") else { return };
     let weft = Weft::new(&n.ns, &n.agent.socket);

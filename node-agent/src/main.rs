@@ -104,6 +104,9 @@ async fn run(config: Config) -> anyhow::Result<()> {
         tokio::spawn(hostport::publish::run(c.clone(), config.node_name.clone(), node_ip.to_string(), hp, resync));
     }
     agent.ensure_bridge(true).await.map_err(|e| anyhow::anyhow!(e.msg))?;
+    if dataplane::bridge_netfilter::ensure()? {
+        tracing::info!("turned on bridge netfilter (bridge-nf-call-iptables): policy applies between local pods");
+    }
     agent.metrics.set_ipam_usage(agent.ipam.usage());
     let _ = slot.set(Arc::clone(&agent));
 

@@ -1,6 +1,7 @@
 //! The node's kernel dataplane, through rtnetlink. Only this module talks to
 //! the kernel; what should exist is decided by its callers.
 
+pub mod bridge_netfilter;
 pub mod iptables;
 pub mod link;
 pub mod masquerade;
