@@ -69,6 +69,8 @@ impl BlockingNetlink {
         let last = self.seq;
         let first = last.wrapping_sub(count as u32 - 1);
         let mut pending = count;
+        // A request is done at its ACK (or a dump's DONE), counted once.
+        let mut done = vec![false; count];
         let mut refused: Option<(usize, io::Error)> = None;
         while pending > 0 {
             let n = self.socket.recv(&mut &mut self.buf[..], 0).map_err(|e| (count - pending, e))?;
@@ -86,16 +88,21 @@ impl BlockingNetlink {
                 if at >= count {
                     continue;
                 }
-                match msg.payload {
-                    NetlinkPayload::Error(e) => {
-                        pending -= 1;
-                        if e.code.is_some() && refused.is_none() {
-                            refused = Some((at, e.to_io()));
-                        }
+                let refusal = match msg.payload {
+                    NetlinkPayload::InnerMessage(m) => {
+                        answers.push(m);
+                        continue;
                     }
-                    NetlinkPayload::Done(_) => pending -= 1,
-                    NetlinkPayload::InnerMessage(m) => answers.push(m),
-                    _ => {}
+                    NetlinkPayload::Error(e) => e.code.is_some().then(|| e.to_io()),
+                    NetlinkPayload::Done(_) => None,
+                    _ => continue,
+                };
+                if !done[at] {
+                    done[at] = true;
+                    pending -= 1;
+                }
+                if refused.is_none() {
+                    refused = refusal.map(|e| (at, e));
                 }
             }
         }
