@@ -35,9 +35,7 @@ use ipam::{Ipam, Pool};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("WEFT_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    weft_telemetry::logging::init("WEFT_LOG");
     let config = Config::parse();
     if let Err(e) = run(config).await {
         tracing::error!("{e:#}");
