@@ -4,9 +4,12 @@
 Each argument is LABEL:FROM_NS:TO_NS:ADDR. Every round measures every pair
 once, in alternating order, so the machine's drift and noise hit all pairs
 alike: TCP throughput with iperf3 (client on CPU 0, server on CPU 1) and
-ping round trips. A short unrecorded run per pair first lets a freshly
-started sandbox settle. Prints one line per pair: the label, the median
-Gbit/s over the rounds, the median round trip (ms) of all samples, then each
+ping round trips, twice: spaced 2 ms apart (an idle path, as a request
+meets it; on a VM this includes waking halted CPUs) and back to back (ping
+-f: the path's own cost, caches warm). A short unrecorded run per pair first
+lets a freshly started sandbox settle. Prints one line per pair: the label,
+the median Gbit/s over the rounds, the median spaced round trip (ms) of all
+samples, the mean back-to-back round trip (ms) over the rounds, then each
 round's Gbit/s.
 """
 
@@ -49,6 +52,12 @@ def round_trips(src, addr, count):
     return [float(line.split("time=")[1].split()[0]) for line in out.splitlines() if "time=" in line]
 
 
+def busy_round_trip(src, addr, count):
+    out = netns(src, "ping", "-f", "-q", "-c", str(count), addr, capture_output=True, text=True).stdout
+    # rtt min/avg/max/mdev = 0.018/0.025/1.014/0.011 ms
+    return float(out.split("rtt min/avg/max/mdev = ")[1].split("/")[1])
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--rounds", type=int, default=12)
@@ -59,15 +68,18 @@ def main():
     pairs = [x.split(":") for x in a.pairs]
     gbps = {label: [] for label, *_ in pairs}
     rtts = {label: [] for label, *_ in pairs}
+    busy = {label: [] for label, *_ in pairs}
     for label, src, dst, addr in pairs:
         throughput(src, dst, addr, 1)
     for r in range(a.rounds):
         for label, src, dst, addr in pairs if r % 2 == 0 else reversed(pairs):
             gbps[label].append(throughput(src, dst, addr, a.secs))
             rtts[label] += round_trips(src, addr, a.pings)
+            busy[label].append(busy_round_trip(src, addr, 20 * a.pings))
     for label, *_ in pairs:
         runs = " ".join(f"{x:.2f}" for x in gbps[label])
-        print(f"{label} {statistics.median(gbps[label]):.2f} {statistics.median(rtts[label]):.4f} {runs}")
+        rtt, rtt_busy = statistics.median(rtts[label]), statistics.mean(busy[label])
+        print(f"{label} {statistics.median(gbps[label]):.2f} {rtt:.4f} {rtt_busy:.4f} {runs}")
 
 
 if __name__ == "__main__":

@@ -23,10 +23,10 @@ trap cleanup EXIT
 
 median() { sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
 
-# Weft's pod pair against a baseline pair, interleaved; sets T/R/P[weft] and T/R/P[base].
+# Weft's pod pair against a baseline pair, interleaved; sets T/R/F/P[weft] and T/R/F/P[base].
 compare() {
-  local k t r runs
-  while read -r k t r runs; do T[$k]=$t; R[$k]=$r; P[$k]=$runs; done < <(
+  local k t r f runs
+  while read -r k t r f runs; do T[$k]=$t; R[$k]=$r; F[$k]=$f; P[$k]=$runs; done < <(
     python3 e2e/bench/compare.py --rounds "$ROUNDS" --secs "$SECS" \
       "$1:weft-sbx-pod-default-a:weft-sbx-pod-default-b:$B_IP" "$2:bench-p1:bench-p2:192.168.202.2")
 }
@@ -51,7 +51,7 @@ two_pods() {
 }
 
 $SBX down >/dev/null 2>&1 || true
-declare -A T R P
+declare -A T R F P
 
 # --- vxlan sandbox: weft vxlan vs a hand-built VXLAN -----------------------------
 $SBX up --nodes 2 >/dev/null
@@ -107,18 +107,19 @@ ip -n $N2 route add 192.168.201.0/24 via 10.250.0.11
 compare wh pr
 
 ratio() { python3 -c "print(f'{$1/$2:.2f}')"; }
-row() { printf '| %-32s | %7s | %7s | %s |\n' "$@"; }
+row() { printf '| %-32s | %7s | %7s | %7s | %s |\n' "$@"; }
 echo
 echo "Pod-to-pod across nodes, ${ROUNDS} interleaved rounds: iperf3 ${SECS}s per round (median Gbit/s;"
-echo "client CPU 0, server CPU 1) and 200 pings per round (median RTT of all)"
+echo "client CPU 0, server CPU 1), 200 pings 2 ms apart per round (median RTT of all) and"
+echo "4000 back-to-back pings per round (ping -f; mean RTT: the path without idle wake-ups)"
 echo
-row "datapath" "Gbit/s" "RTT ms" "Gbit/s by round"
-row "--------------------------------" "------:" "------:" "---"
-row "weft vxlan" "${T[wv]}" "${R[wv]}" "${P[wv]}"
-row "hand-built kernel VXLAN" "${T[kv]}" "${R[kv]}" "${P[kv]}"
-row "ratio weft vxlan / kernel VXLAN" "$(ratio "${T[wv]}" "${T[kv]}")" "$(ratio "${R[wv]}" "${R[kv]}")" ""
-row "weft host-gw" "${T[wh]}" "${R[wh]}" "${P[wh]}"
-row "plain routing over the underlay" "${T[pr]}" "${R[pr]}" "${P[pr]}"
-row "ratio weft host-gw / plain" "$(ratio "${T[wh]}" "${T[pr]}")" "$(ratio "${R[wh]}" "${R[pr]}")" ""
+row "datapath" "Gbit/s" "RTT ms" "b2b ms" "Gbit/s by round"
+row "--------------------------------" "------:" "------:" "------:" "---"
+row "weft vxlan" "${T[wv]}" "${R[wv]}" "${F[wv]}" "${P[wv]}"
+row "hand-built kernel VXLAN" "${T[kv]}" "${R[kv]}" "${F[kv]}" "${P[kv]}"
+row "ratio weft vxlan / kernel VXLAN" "$(ratio "${T[wv]}" "${T[kv]}")" "$(ratio "${R[wv]}" "${R[kv]}")" "$(ratio "${F[wv]}" "${F[kv]}")" ""
+row "weft host-gw" "${T[wh]}" "${R[wh]}" "${F[wh]}" "${P[wh]}"
+row "plain routing over the underlay" "${T[pr]}" "${R[pr]}" "${F[pr]}" "${P[pr]}"
+row "ratio weft host-gw / plain" "$(ratio "${T[wh]}" "${T[pr]}")" "$(ratio "${R[wh]}" "${R[pr]}")" "$(ratio "${F[wh]}" "${F[pr]}")" ""
 echo
 echo "Convergence (Subnet status with VTEP data -> route+FDB+neighbour on another node), 15 peers: median ${conv_median} ms, max ${conv_max} ms"
