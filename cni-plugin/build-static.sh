@@ -11,7 +11,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 host=$(rustc -vV | sed -n 's/^host: //p')
-triple=${host%-gnu}-musl
+# x86_64-unknown-linux-gnu -> x86_64-unknown-linux-musl (a musl host stays as it is).
+triple=${host/-gnu/-musl}
 if ! rustup target list --installed 2>/dev/null | grep -qx "$triple"; then
   command -v rustup >/dev/null || { echo "build-static.sh: rustup is needed to add the $triple target" >&2; exit 1; }
   rustup target add "$triple" >&2

@@ -10,7 +10,7 @@ mod error;
 mod result;
 mod version;
 
-use std::io::{Read, Write};
+use std::io::{IsTerminal, Read, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -80,12 +80,17 @@ fn emit(outcome: Result<Option<String>, CniError>, cni_version: &str) -> ExitCod
 
 const LOG_ENV: &str = "WEFT_CNI_LOG";
 
-/// Sets up logging to stderr; a second call keeps the first set-up.
+/// Sets up logging to stderr, plain text unless it is a terminal (the
+/// runtime quotes it in its own logs); a second call keeps the first set-up.
 fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_env(LOG_ENV)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    let _ =
-        tracing_subscriber::fmt().with_writer(std::io::stderr).with_env_filter(filter).with_target(false).try_init();
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_env_filter(filter)
+        .with_target(false)
+        .try_init();
 }
 
 fn socket_of(conf: &args::NetConf) -> PathBuf {

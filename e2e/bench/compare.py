@@ -55,6 +55,8 @@ def round_trips(src, addr, count):
 def busy_round_trip(src, addr, count):
     out = netns(src, "ping", "-f", "-q", "-c", str(count), addr, capture_output=True, text=True).stdout
     # rtt min/avg/max/mdev = 0.018/0.025/1.014/0.011 ms
+    if "rtt min/avg/max/mdev = " not in out:
+        raise RuntimeError(f"ping -f from {src} to {addr} got no replies:\n{out}")
     return float(out.split("rtt min/avg/max/mdev = ")[1].split("/")[1])
 
 
