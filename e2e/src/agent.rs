@@ -12,6 +12,8 @@ pub struct Agent {
     pub socket: PathBuf,
     pub state_dir: PathBuf,
     pub pod_cidr: String,
+    /// Extra flags, kept for restarts.
+    args: Vec<String>,
     node: String,
     log: PathBuf,
 }
@@ -21,7 +23,13 @@ impl Agent {
     /// waits until it answers STATUS. It logs at `WEFT_LOG` when set (the
     /// benchmarks use the chart's level), otherwise at debug for failing tests.
     pub fn start(node: &Netns, pod_cidr: &str, dir: &Path) -> Self {
+        Self::start_with(node, pod_cidr, dir, &[])
+    }
+
+    /// Like [`Agent::start`], with extra flags (also on every restart).
+    pub fn start_with(node: &Netns, pod_cidr: &str, dir: &Path, args: &[&str]) -> Self {
         let mut agent = Self {
+            args: args.iter().map(|a| a.to_string()).collect(),
             child: None,
             socket: dir.join("agent.sock"),
             state_dir: dir.join("state"),
@@ -42,6 +50,7 @@ impl Agent {
             .arg(&self.socket)
             .arg("--state-dir")
             .arg(&self.state_dir)
+            .args(&self.args)
             .env("WEFT_LOG", std::env::var("WEFT_LOG").unwrap_or_else(|_| "debug".into()))
             .stdout(Stdio::null())
             .stderr(log)

@@ -177,6 +177,76 @@ fn the_agent_turns_bridge_netfilter_on() {
 }
 
 #[test]
+fn routed_attachment_reaches_pods_without_the_bridge_and_is_adopted() {
+    if !prereq::require_root() || !prereq::require("ip (iproute2)", which("ip")) {
+        return;
+    }
+    let ns = Netns::new("routed");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut agent = Agent::start_with(&ns, "10.213.0.0/24", dir.path(), &["--pod-attachment", "routed"]);
+    let weft = Weft::new(&ns, &agent.socket);
+    let (p1, p2) = (Netns::new("pod"), Netns::new("pod"));
+    let (c1, c2) = (Container::new("routed1", &p1), Container::new("routed2", &p2));
+    let r1 = weft.add(&c1).assert_ok().json();
+    let r2 = weft.add(&c2).assert_ok().json();
+    let (ip1, ip2) = (cni::pod_ip(&r1), cni::pod_ip(&r2));
+
+    // The pod carries its address alone and reaches the gateway on-link.
+    assert_eq!(r1["ips"][0]["address"], format!("{ip1}/32"), "{r1}");
+    assert_eq!(r1["ips"][0]["gateway"], "10.213.0.1");
+    assert!(p1.ip(&["-o", "addr", "show", "eth0"]).contains(&format!("{ip1}/32")));
+    let default = p1.ip(&["route", "show", "default"]);
+    assert!(default.contains("via 10.213.0.1 dev eth0") && default.contains("onlink"), "{default}");
+    // The host end has no master; the node routes to the pod on it.
+    let host = r1["interfaces"][0]["name"].as_str().expect("host veth").to_owned();
+    let host_end = ns.ip(&["-d", "link", "show", &host]);
+    assert!(!host_end.contains("master"), "routed host end is a bridge port:\n{host_end}");
+    let route = ns.ip(&["route", "show", &format!("{ip1}/32")]);
+    assert!(route.contains(&format!("dev {host} ")) && route.contains("scope link src 10.213.0.1"), "{route}");
+
+    // Pods reach each other, the gateway and the node reaches them, and no
+    // side had to ARP: both ends' entries are permanent.
+    assert!(p1.ping(&ip2) && p2.ping(&ip1), "routed pods cannot reach each other");
+    assert!(p1.ping("10.213.0.1") && ns.ping(&ip1), "pod and node cannot reach each other");
+    assert!(p1.ip(&["neigh", "show", "10.213.0.1"]).contains("PERMANENT"));
+    assert!(ns.ip(&["neigh", "show", &ip1]).contains("PERMANENT"));
+
+    // CHECK passes, and detects a missing route on the node.
+    weft.check(&c1, &r1).assert_ok();
+    ns.ip(&["route", "del", &format!("{ip1}/32")]);
+    let chk = weft.check(&c1, &r1);
+    assert_eq!(chk.code(), 103, "{}", chk.stdout);
+    assert!(chk.msg().contains(&format!("no route to {ip1}")), "{}", chk.msg());
+
+    // A restarted agent adopts the pods and puts the route back.
+    agent.restart(&ns);
+    weft.check(&c1, &r1).assert_ok();
+    assert!(p2.ping(&ip1), "pod unreachable after the agent's restart");
+
+    // Configured for the bridge while routed pods run, the agent keeps routing
+    // new pods (a bridged pod could not reach them) and says why.
+    agent.stop();
+    let agent = Agent::start(&ns, "10.213.0.0/24", dir.path());
+    let p3 = Netns::new("pod");
+    let c3 = Container::new("routed3", &p3);
+    let r3 = weft.add(&c3).assert_ok().json();
+    let ip3 = cni::pod_ip(&r3);
+    assert_eq!(r3["ips"][0]["address"], format!("{ip3}/32"), "{r3}");
+    assert!(p3.ping(&ip1), "a pod added after the switch cannot reach the others");
+    assert!(agent.log_text().contains("new pods are attached routed too"), "{}", agent.log_text());
+
+    // DEL removes the veths, their routes and the records.
+    for c in [&c1, &c2, &c3] {
+        weft.del(c, None).assert_ok();
+    }
+    assert!(veths(&ns).is_empty(), "veth left behind: {:?}", veths(&ns));
+    let routes = ns.ip(&["route"]);
+    assert!([&ip1, &ip2, &ip3].iter().all(|ip| !routes.contains(&format!("{ip} "))), "{routes}");
+    assert!(agent.ipam_records().is_empty());
+    drop(agent);
+}
+
+#[test]
 fn del_without_netns_and_after_the_netns_is_gone() {
     let Some(n) = node("delns", "10.201.0.0/24") else { return };
     let weft = Weft::new(&n.ns, &n.agent.socket);

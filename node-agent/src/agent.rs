@@ -2,11 +2,13 @@
 //! and metrics. The CNI verbs are implemented on it in `cni_server/`.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use rtnetlink::Handle;
 use weft_proto::ErrorCode;
 use weft_proto::cni::v1::CniError;
 
+use crate::attachment::{self, Attachment};
 use crate::config::Config;
 use crate::dataplane::link;
 use crate::hostport::HostPorts;
@@ -31,6 +33,9 @@ pub struct Agent {
     pub pod_mtu: u32,
     /// The bridge's index once it is known to be set up.
     bridge: tokio::sync::Mutex<Option<u32>>,
+    /// Whether new pods are routed rather than bridged: the configured mode
+    /// once start-up reconciliation has seen the pods already here.
+    routed: AtomicBool,
 }
 
 /// The agent's view of the Kubernetes API.
@@ -49,6 +54,7 @@ impl Agent {
         pod_mtu: u32,
     ) -> Self {
         Self {
+            routed: AtomicBool::new(config.pod_attachment == Attachment::Routed),
             config,
             ipam: Arc::new(ipam),
             hostports: Arc::new(hostports),
@@ -58,6 +64,26 @@ impl Agent {
             pod_mtu,
             bridge: tokio::sync::Mutex::new(None),
         }
+    }
+
+    /// How new pods are attached.
+    pub fn attachment(&self) -> Attachment {
+        if self.routed.load(Ordering::Relaxed) { Attachment::Routed } else { Attachment::Bridge }
+    }
+
+    /// Settles the mode of new pods from the configured one and the pods
+    /// already here (see [`attachment::effective`]).
+    pub fn settle_attachment(&self) -> Attachment {
+        let configured = self.config.pod_attachment;
+        let mode = attachment::effective(configured, self.ipam.all().into_iter().map(|(_, r)| r.attachment));
+        if mode != configured {
+            tracing::warn!(
+                %configured, running = %mode,
+                "pods attached {mode} still run on this node: new pods are attached {mode} too until none is left"
+            );
+        }
+        self.routed.store(mode == Attachment::Routed, Ordering::Relaxed);
+        mode
     }
 
     /// The bridge with the gateway address, created when missing. Returns its

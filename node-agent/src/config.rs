@@ -6,6 +6,8 @@ use std::path::PathBuf;
 use clap::Parser;
 use ipnet::Ipv4Net;
 
+use crate::attachment::Attachment;
+
 #[derive(Debug, Clone, Parser)]
 #[command(name = "weft-agent", version, about = "Weft node agent")]
 pub struct Config {
@@ -34,6 +36,11 @@ pub struct Config {
     /// The node bridge that pod veths are plugged into.
     #[arg(long, env = "WEFT_BRIDGE", default_value = "weft0")]
     pub bridge: String,
+    /// How pod veths join the node: `bridge` (ports of --bridge) or `routed`
+    /// (a /32 route per pod, no bridge hop; see the README). Pods already
+    /// running keep their mode, and new pods join them until none is left.
+    #[arg(long, env = "WEFT_POD_ATTACHMENT", value_enum, default_value_t = Attachment::Bridge)]
+    pub pod_attachment: Attachment,
     /// Pod interface MTU when the network configuration sets none. Default:
     /// the underlay's MTU minus the VXLAN overhead in overlay mode, else 1500.
     #[arg(long, env = "WEFT_MTU", value_parser = clap::value_parser!(u32).range(68..=65535))]

@@ -2,6 +2,7 @@
 //! node's pod addresses and programs the node's dataplane.
 
 mod agent;
+mod attachment;
 mod cni_server;
 mod config;
 mod dataplane;
@@ -30,6 +31,7 @@ use weft_api::subnet::Subnet;
 use weft_proto::cni::v1::cni_server::CniServer;
 
 use agent::Agent;
+use attachment::Attachment;
 use config::Config;
 use ipam::{Ipam, Pool};
 
@@ -102,8 +104,18 @@ async fn run(config: Config) -> anyhow::Result<()> {
         tokio::spawn(hostport::publish::run(c.clone(), config.node_name.clone(), node_ip.to_string(), hp, resync));
     }
     agent.ensure_bridge(true).await.map_err(|e| anyhow::anyhow!(e.msg))?;
-    if dataplane::bridge_netfilter::ensure()? {
-        tracing::info!("turned on bridge netfilter (bridge-nf-call-iptables): policy applies between local pods");
+    match agent.attachment() {
+        // Bridged pods of this node reach each other over weft0: iptables
+        // sees that traffic only through bridge netfilter.
+        Attachment::Bridge => {
+            if dataplane::bridge_netfilter::ensure()? {
+                tracing::info!(
+                    "turned on bridge netfilter (bridge-nf-call-iptables): policy applies between local pods"
+                );
+            }
+        }
+        // Routed pods reach even each other through the node's forwarding path.
+        Attachment::Routed => enable_forwarding()?,
     }
     agent.metrics.set_ipam_usage(agent.ipam.usage());
     let _ = slot.set(Arc::clone(&agent));
@@ -184,7 +196,7 @@ async fn setup_overlay(
     let local = reconciler.ensure_local().await.context("cannot set up this node's overlay")?;
 
     // Pods on other nodes are reached through this node's forwarding path.
-    std::fs::write("/proc/sys/net/ipv4/ip_forward", b"1").context("cannot enable IPv4 forwarding")?;
+    enable_forwarding()?;
     let pod_cidr = lease.cidr;
     tokio::task::spawn_blocking(move || dataplane::masquerade::ensure(pod_cidr, cluster_cidr))
         .await
@@ -228,6 +240,10 @@ async fn sync_host_ports(agent: Arc<Agent>) {
         first = false;
         tokio::time::sleep(period).await;
     }
+}
+
+fn enable_forwarding() -> anyhow::Result<()> {
+    std::fs::write("/proc/sys/net/ipv4/ip_forward", b"1").context("cannot enable IPv4 forwarding")
 }
 
 fn unreachable_config() -> anyhow::Result<lease::Lease> {

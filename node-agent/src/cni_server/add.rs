@@ -1,15 +1,16 @@
-//! ADD: address from IPAM, veth pair into the pod, bridge, default route.
+//! ADD: address from IPAM, veth pair into the pod, bridge (or a route to
+//! the pod), default route.
 
 use std::path::Path;
 use std::sync::Arc;
 
-use ipnet::Ipv4Net;
 use weft_proto::ErrorCode;
 use weft_proto::cni::v1::{CniError, CniRequest, CniResult, Dns, Interface, IpConfig, Route};
 
 use super::key_of;
 use crate::agent::{Agent, host_veth_name, ipam_error, veth_mac};
-use crate::dataplane::link::{self, AttachSpec};
+use crate::attachment::Attachment;
+use crate::dataplane::link::{self, AttachSpec, HostSide};
 use crate::hostport::{self, HostPortError, PodIdentity, Wanted, publish, request};
 use crate::ipam::Record;
 use crate::netns::{BlockingNetns, NetnsError};
@@ -33,7 +34,9 @@ impl Agent {
             }
             other => ErrorCode::Internal.error(other.to_string()),
         })?;
+        // Routed pods need the bridge too: it holds the gateway address.
         let bridge_index = self.ensure_bridge(false).await?;
+        let attachment = self.attachment();
         let (pod_id, wanted) = self.host_ports_wanted(req).await?;
 
         let host_veth = host_veth_name(&key);
@@ -45,6 +48,7 @@ impl Agent {
             pod: pod_name(req),
             pod_uid: pod_id.uid.clone(),
             host_ports: Vec::new(),
+            attachment,
         };
         let ip = self.ipam.reserve(record).map_err(ipam_error)?;
         // Host ports go into the same record, so the ADD writes one file.
@@ -61,13 +65,15 @@ impl Agent {
             self.ipam.set_host_ports(ip, &pod_id.uid, p.ports.clone());
         }
         let pool = *self.ipam.pool();
-        let address = Ipv4Net::new(ip, pool.cidr().prefix_len())
-            .map_err(|e| ErrorCode::Internal.error(format!("bad prefix for {ip}: {e}")))?;
+        let address = attachment.pod_address(ip, pool.cidr());
         let (host_mac, pod_mac) = (veth_mac(&key, false), veth_mac(&key, true));
         let spec = AttachSpec {
             host_veth: host_veth.clone(),
             ifname: key.ifname.clone(),
-            bridge_index,
+            host: match attachment {
+                Attachment::Bridge => HostSide::Bridge(bridge_index),
+                Attachment::Routed => HostSide::Routed,
+            },
             address,
             gateway: pool.gateway(),
             mtu,

@@ -8,6 +8,7 @@ use weft_proto::cni::v1::{CniError, CniRequest};
 
 use super::key_of;
 use crate::agent::Agent;
+use crate::attachment::Attachment;
 use crate::dataplane::link;
 use crate::netns::Netns;
 
@@ -30,7 +31,7 @@ impl Agent {
             return Err(failed(format!("the ADD of {} has not finished", key.container_id)));
         }
         let pool = *self.ipam.pool();
-        let address = Ipv4Net::new(ip, pool.cidr().prefix_len()).map_err(internal)?;
+        let address = record.attachment.pod_address(ip, pool.cidr());
         check_prev_result(&req.prev_result_json, &address)?;
 
         let host = link::by_name(&self.host, &record.host_veth)
@@ -40,15 +41,24 @@ impl Agent {
         if !link::is_up(&host) {
             return Err(failed(format!("host veth {} is down", record.host_veth)));
         }
-        let bridge = link::by_name(&self.host, &self.config.bridge)
-            .await
-            .map_err(internal)?
-            .ok_or_else(|| failed(format!("bridge {} is missing", self.config.bridge)))?;
-        if link::controller_of(&host) != Some(bridge.header.index) {
-            return Err(failed(format!(
-                "host veth {} is not attached to bridge {}",
-                record.host_veth, self.config.bridge
-            )));
+        match record.attachment {
+            Attachment::Bridge => {
+                let bridge = link::by_name(&self.host, &self.config.bridge)
+                    .await
+                    .map_err(internal)?
+                    .ok_or_else(|| failed(format!("bridge {} is missing", self.config.bridge)))?;
+                if link::controller_of(&host) != Some(bridge.header.index) {
+                    return Err(failed(format!(
+                        "host veth {} is not attached to bridge {}",
+                        record.host_veth, self.config.bridge
+                    )));
+                }
+            }
+            Attachment::Routed => {
+                if !link::routes_pod(&self.host, ip, host.header.index).await.map_err(internal)? {
+                    return Err(failed(format!("the node has no route to {ip} via {}", record.host_veth)));
+                }
+            }
         }
 
         let netns = if req.netns.is_empty() { record.netns.as_str() } else { req.netns.as_str() };

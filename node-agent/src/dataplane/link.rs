@@ -5,13 +5,14 @@ use std::net::Ipv4Addr;
 
 use futures::TryStreamExt;
 use ipnet::Ipv4Net;
-use netlink_packet_route::RouteNetlinkMessage;
 use netlink_packet_route::address::AddressAttribute;
 use netlink_packet_route::link::{
     InfoBridgePort, InfoData, InfoKind, InfoPortData, InfoVeth, LinkAttribute, LinkFlags, LinkInfo, LinkMessage,
 };
-use netlink_packet_route::route::{RouteAddress, RouteAttribute};
-use rtnetlink::packet_core::{NLM_F_CREATE, NLM_F_EXCL};
+use netlink_packet_route::neighbour::{NeighbourAddress, NeighbourAttribute, NeighbourMessage, NeighbourState};
+use netlink_packet_route::route::{RouteAddress, RouteAttribute, RouteMessage, RouteScope};
+use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
+use rtnetlink::packet_core::{NLM_F_CREATE, NLM_F_EXCL, NLM_F_REPLACE};
 use rtnetlink::{
     AddressMessageBuilder, Handle, LinkBridge, LinkMessageBuilder, LinkUnspec, LinkVeth, RouteMessageBuilder,
 };
@@ -153,8 +154,8 @@ pub async fn default_gateways(h: &Handle) -> Result<Vec<Ipv4Addr>, DataplaneErro
 pub struct AttachSpec {
     pub host_veth: String,
     pub ifname: String,
-    pub bridge_index: u32,
-    /// The pod's address with the pod CIDR's prefix length.
+    pub host: HostSide,
+    /// The pod's address as its interface carries it (see `Attachment::pod_address`).
     pub address: Ipv4Net,
     pub gateway: Ipv4Addr,
     pub mtu: u32,
@@ -163,13 +164,23 @@ pub struct AttachSpec {
     pub pod_mac: [u8; 6],
 }
 
-/// Creates the veth pair in one request: the host end plugged into the
-/// bridge (hairpin on) and up, the pod end directly inside the pod's
-/// namespace under its final name (the kernel refuses to bring a peer up in
-/// another namespace at creation). Then address, up and default route in the
-/// pod. Blocks for the kernel's time, about 1 ms (four syscalls on blocking
-/// sockets, see [`BlockingNetlink`]). On failure the caller deletes the host
-/// end, which removes the pod end too.
+/// Where the host end of a pod's veth goes.
+#[derive(Debug, Clone, Copy)]
+pub enum HostSide {
+    /// A port of the bridge with this index, hairpin on.
+    Bridge(u32),
+    /// No master: the node routes to the pod with a /32 on the host end.
+    Routed,
+}
+
+/// Creates the veth pair in one request: the host end up (and plugged into
+/// the bridge, hairpin on, when bridged), the pod end directly inside the
+/// pod's namespace under its final name (the kernel refuses to bring a peer
+/// up in another namespace at creation). Then address, up and default route
+/// in the pod, and when routed the node's route to the pod. Blocks for the
+/// kernel's time, about 1 ms (a few syscalls on blocking sockets, see
+/// [`BlockingNetlink`]). On failure the caller deletes the host end, which
+/// removes the pod end and the node's route too.
 pub fn attach(pod: &mut BlockingNetns, spec: &AttachSpec) -> Result<(), DataplaneError> {
     use std::os::fd::AsRawFd;
     let mut peer = LinkMessageBuilder::<LinkUnspec>::new()
@@ -182,34 +193,128 @@ pub fn attach(pod: &mut BlockingNetns, spec: &AttachSpec) -> Result<(), Dataplan
     let mut veth = LinkVeth::new(&spec.host_veth, &spec.ifname)
         .set_info_data(InfoData::Veth(InfoVeth::Peer(peer)))
         .mtu(spec.mtu)
-        .address(spec.host_mac.to_vec())
-        .controller(spec.bridge_index)
-        .up()
-        .build();
+        .address(spec.host_mac.to_vec());
+    if let HostSide::Bridge(index) = spec.host {
+        veth = veth.controller(index);
+    }
+    let mut veth = veth.up().build();
     single_queue(&mut veth);
-    // Hairpin rides in the same datagram: it is a bridge port option, so it
-    // needs the port to exist (sysfs would spin on the RTNL lock while the
-    // new link settles: 2 ms). With bridge netfilter, a pod's traffic to its
-    // own host port is DNATed while being bridged and must be allowed back
-    // out of the port it came in on.
-    let mut hairpin = LinkUnspec::new_with_name(&spec.host_veth).build();
-    hairpin.attributes.push(LinkAttribute::LinkInfo(vec![LinkInfo::PortData(InfoPortData::BridgePort(vec![
-        InfoBridgePort::HairpinMode(true),
-    ]))]));
+    let second = match spec.host {
+        // Hairpin rides in the same datagram: it is a bridge port option, so
+        // it needs the port to exist (sysfs would spin on the RTNL lock while
+        // the new link settles: 2 ms). With bridge netfilter, a pod's traffic
+        // to its own host port is DNATed while being bridged and must be
+        // allowed back out of the port it came in on.
+        HostSide::Bridge(_) => {
+            let mut hairpin = LinkUnspec::new_with_name(&spec.host_veth).build();
+            hairpin.attributes.push(LinkAttribute::LinkInfo(vec![LinkInfo::PortData(InfoPortData::BridgePort(vec![
+                InfoBridgePort::HairpinMode(true),
+            ]))]));
+            RouteNetlinkMessage::NewLink(hairpin)
+        }
+        // The host end's index, for its route.
+        HostSide::Routed => RouteNetlinkMessage::GetLink(LinkUnspec::new_with_name(&spec.host_veth).build()),
+    };
     let mut host = BlockingNetlink::new().map_err(kernel_op("open a netlink socket"))?;
-    host.batch(vec![
-        (RouteNetlinkMessage::NewLink(veth), NLM_F_CREATE | NLM_F_EXCL),
-        (RouteNetlinkMessage::NewLink(hairpin), 0),
-    ])
-    .map_err(|(at, e)| match at {
-        0 if e.raw_os_error() == Some(EEXIST) => DataplaneError::Unexpected(format!(
-            "create veth {} / {}: an interface of that name already exists (in the pod or on the node)",
-            spec.host_veth, spec.ifname
-        )),
-        0 => kernel_op(format!("create veth {} / {}", spec.host_veth, spec.ifname))(e),
-        _ => kernel_op(format!("set hairpin mode on {}", spec.host_veth))(e),
-    })?;
-    configure_pod(&mut pod.netlink, spec)
+    let answers = host
+        .batch(vec![(RouteNetlinkMessage::NewLink(veth), NLM_F_CREATE | NLM_F_EXCL), (second, 0)])
+        .map_err(|(at, e)| match at {
+            0 if e.raw_os_error() == Some(EEXIST) => DataplaneError::Unexpected(format!(
+                "create veth {} / {}: an interface of that name already exists (in the pod or on the node)",
+                spec.host_veth, spec.ifname
+            )),
+            0 => kernel_op(format!("create veth {} / {}", spec.host_veth, spec.ifname))(e),
+            _ if matches!(spec.host, HostSide::Bridge(_)) => {
+                kernel_op(format!("set hairpin mode on {}", spec.host_veth))(e)
+            }
+            _ => kernel_op(format!("look up {}", spec.host_veth))(e),
+        })?;
+    configure_pod(&mut pod.netlink, spec)?;
+    if let HostSide::Routed = spec.host {
+        let Some(RouteNetlinkMessage::NewLink(link)) = answers.first() else {
+            return Err(DataplaneError::Unexpected(format!("{} did not appear on the node", spec.host_veth)));
+        };
+        let (ip, index) = (spec.address.addr(), link.header.index);
+        host.batch(vec![
+            (RouteNetlinkMessage::NewRoute(pod_route(ip, index, spec.gateway)), NLM_F_CREATE | NLM_F_REPLACE),
+            (
+                RouteNetlinkMessage::NewNeighbour(permanent_neighbour(index, ip, spec.pod_mac)),
+                NLM_F_CREATE | NLM_F_REPLACE,
+            ),
+        ])
+        .map_err(|(at, e)| match at {
+            0 => kernel_op(format!("add the route to {ip} via {}", spec.host_veth))(e),
+            _ => kernel_op(format!("add the neighbour entry of {ip} on {}", spec.host_veth))(e),
+        })?;
+    }
+    Ok(())
+}
+
+/// The node's route to a routed pod: `ip/32 dev <host veth> scope link src
+/// <gateway>`, so the node talks to its pods from the gateway address as it
+/// does over the bridge.
+fn pod_route(ip: Ipv4Addr, host_index: u32, gateway: Ipv4Addr) -> RouteMessage {
+    RouteMessageBuilder::<Ipv4Addr>::new()
+        .destination_prefix(ip, 32)
+        .output_interface(host_index)
+        .scope(RouteScope::Link)
+        .pref_source(gateway)
+        .build()
+}
+
+/// A permanent IPv4 neighbour entry: routed pods and their node never ARP
+/// for each other, so neither end depends on arp_ignore or proxy ARP.
+fn permanent_neighbour(index: u32, ip: Ipv4Addr, mac: [u8; 6]) -> NeighbourMessage {
+    let mut m = NeighbourMessage::default();
+    m.header.family = AddressFamily::Inet;
+    m.header.ifindex = index;
+    m.header.state = NeighbourState::Permanent;
+    m.attributes.push(NeighbourAttribute::Destination(NeighbourAddress::Inet(ip)));
+    m.attributes.push(NeighbourAttribute::LinkLayerAddress(mac.to_vec()));
+    m
+}
+
+/// Restores the node's route and neighbour entry of a routed pod (start-up
+/// adoption repairs what someone removed; both are idempotent).
+pub async fn ensure_pod_route(
+    h: &Handle,
+    host_veth: &str,
+    ip: Ipv4Addr,
+    gateway: Ipv4Addr,
+    pod_mac: [u8; 6],
+) -> Result<(), DataplaneError> {
+    let index = by_name(h, host_veth)
+        .await?
+        .ok_or_else(|| DataplaneError::Unexpected(format!("host veth {host_veth} is missing")))?
+        .header
+        .index;
+    h.route()
+        .add(pod_route(ip, index, gateway))
+        .replace()
+        .execute()
+        .await
+        .map_err(op(format!("add the route to {ip} via {host_veth}")))?;
+    h.neighbours()
+        .add(index, ip.into())
+        .link_layer_address(&pod_mac)
+        .replace()
+        .execute()
+        .await
+        .map_err(op(format!("add the neighbour entry of {ip} on {host_veth}")))
+}
+
+/// True when the main table routes `ip`/32 out of link `index`.
+pub async fn routes_pod(h: &Handle, ip: Ipv4Addr, index: u32) -> Result<bool, DataplaneError> {
+    let mut stream = h.route().get(RouteMessageBuilder::<Ipv4Addr>::new().build()).execute();
+    while let Some(r) = stream.try_next().await.map_err(op("list routes"))? {
+        if r.header.destination_prefix_length == 32
+            && r.attributes.contains(&RouteAttribute::Destination(RouteAddress::Inet(ip)))
+            && r.attributes.contains(&RouteAttribute::Oif(index))
+        {
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }
 
 /// One rx and one tx queue instead of one per CPU: a plain veth (no XDP)
@@ -222,7 +327,9 @@ fn single_queue(link: &mut LinkMessage) {
     link.attributes.push(LinkAttribute::NumRxQueues(1));
 }
 
-/// Address, up and default route in one batch once the interface's index is known.
+/// Address, up and default route in one batch once the interface's index is
+/// known. Routed, the gateway is not on the pod's (/32) subnet: the route is
+/// on-link and the gateway's MAC (the host end's) is entered up front.
 fn configure_pod(nl: &mut BlockingNetlink, spec: &AttachSpec) -> Result<(), DataplaneError> {
     let ifname = &spec.ifname;
     let found = nl
@@ -234,16 +341,25 @@ fn configure_pod(nl: &mut BlockingNetlink, spec: &AttachSpec) -> Result<(), Data
     let index = link.header.index;
     let address =
         AddressMessageBuilder::<Ipv4Addr>::new().index(index).address(spec.address.addr(), spec.address.prefix_len());
-    let route = RouteMessageBuilder::<Ipv4Addr>::new().gateway(spec.gateway).output_interface(index).build();
-    nl.batch(vec![
+    let mut route = RouteMessageBuilder::<Ipv4Addr>::new().gateway(spec.gateway).output_interface(index);
+    let routed = matches!(spec.host, HostSide::Routed);
+    if routed {
+        route = route.onlink();
+    }
+    let mut msgs = vec![
         (RouteNetlinkMessage::NewAddress(address.build()), NLM_F_CREATE | NLM_F_EXCL),
         (RouteNetlinkMessage::SetLink(LinkUnspec::new_with_index(index).up().build()), 0),
-        (RouteNetlinkMessage::NewRoute(route), NLM_F_CREATE | NLM_F_EXCL),
-    ])
-    .map_err(|(at, e)| match at {
+        (RouteNetlinkMessage::NewRoute(route.build()), NLM_F_CREATE | NLM_F_EXCL),
+    ];
+    if routed {
+        let gateway = permanent_neighbour(index, spec.gateway, spec.host_mac);
+        msgs.push((RouteNetlinkMessage::NewNeighbour(gateway), NLM_F_CREATE | NLM_F_REPLACE));
+    }
+    nl.batch(msgs).map(drop).map_err(|(at, e)| match at {
         0 => kernel_op(format!("add {} to {ifname}", spec.address))(e),
         1 => kernel_op(format!("set {ifname} up"))(e),
-        _ => kernel_op(format!("add default route via {} in the pod", spec.gateway))(e),
+        2 => kernel_op(format!("add default route via {} in the pod", spec.gateway))(e),
+        _ => kernel_op("add the gateway's neighbour entry in the pod")(e),
     })
 }
 

@@ -41,10 +41,16 @@ impl BlockingNetlink {
     /// the kernel handles them in order as if each came alone, one syscall
     /// instead of one per request. A refusal does not stop the ones after
     /// it; the first refused message's position and errno come back.
-    pub fn batch(&mut self, msgs: Vec<(RouteNetlinkMessage, u16)>) -> Result<(), (usize, io::Error)> {
+    /// Returns what the kernel answered, in order (e.g. to a GetLink).
+    pub fn batch(
+        &mut self,
+        msgs: Vec<(RouteNetlinkMessage, u16)>,
+    ) -> Result<Vec<RouteNetlinkMessage>, (usize, io::Error)> {
         let n = msgs.len();
         self.send_all(msgs).map_err(|e| (0, e))?;
-        self.acks(n, &mut Vec::new())
+        let mut answers = Vec::new();
+        self.acks(n, &mut answers)?;
+        Ok(answers)
     }
 
     fn send_all(&mut self, msgs: Vec<(RouteNetlinkMessage, u16)>) -> io::Result<()> {
@@ -129,7 +135,8 @@ mod tests {
     fn a_batch_reports_its_first_refusal_and_handles_the_rest() {
         let mut nl = BlockingNetlink::new().unwrap();
         let get = |name: &str| (RouteNetlinkMessage::GetLink(LinkUnspec::new_with_name(name).build()), 0);
-        nl.batch(vec![get("lo"), get("lo")]).unwrap();
+        let both = nl.batch(vec![get("lo"), get("lo")]).unwrap();
+        assert_eq!(both.len(), 2, "one answer per GetLink");
         let (at, e) = nl.batch(vec![get("lo"), get("weft-no-such"), get("weft-no-such-2")]).unwrap_err();
         assert_eq!((at, e.raw_os_error()), (1, Some(libc::ENODEV)));
         // Every acknowledgement of the batch was read: the socket is in step.

@@ -23,6 +23,7 @@ use std::sync::Mutex;
 use serde::{Deserialize, Serialize};
 
 use super::pool::Pool;
+use crate::attachment::Attachment;
 
 /// An attachment is identified by container ID and interface name.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -48,6 +49,9 @@ pub struct Record {
     /// writes one record, and DEL needs nothing else to remove them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub host_ports: Vec<crate::hostport::store::Mapping>,
+    /// How the pod was attached; records from before the choice existed are bridged.
+    #[serde(default, skip_serializing_if = "Attachment::is_bridge")]
+    pub attachment: Attachment,
 }
 
 impl Record {
@@ -247,6 +251,7 @@ mod tests {
             netns: "/run/netns/x".into(),
             host_veth: "weftv0".into(),
             pod: String::new(),
+            attachment: Attachment::default(),
         }
     }
 
