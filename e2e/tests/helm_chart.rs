@@ -167,6 +167,7 @@ agent:
   metricsPort: 19646
   runDir: /run/weft-alt
   stateDir: /var/lib/weft-alt
+  podAttachment: routed
 cni:
   binDir: /usr/libexec/cni
   confDir: /etc/cni/alt.d
@@ -271,6 +272,7 @@ fn template_renders_defaults() {
     assert_eq!(env(a, "WEFT_NODE_NAME")["valueFrom"]["fieldRef"]["fieldPath"], "spec.nodeName");
     assert_eq!(env(a, "WEFT_NODE_IP")["valueFrom"]["fieldRef"]["fieldPath"], "status.hostIP");
     assert_eq!(env(a, "WEFT_CLUSTER_CIDR")["value"], "10.244.0.0/16");
+    assert_eq!(env(a, "WEFT_POD_ATTACHMENT")["value"], "bridge");
     let mounts: Vec<&str> =
         pod["volumes"].as_sequence().expect("volumes").iter().filter_map(|v| v["hostPath"]["path"].as_str()).collect();
     for dir in ["/run/weft", "/var/lib/weft", "/opt/cni/bin", "/etc/cni/net.d"] {
@@ -353,6 +355,7 @@ fn template_renders_custom_values() {
     let a = &pod["containers"][0];
     assert_eq!(a["image"], "registry.example.com/weft/agent:1.2.3");
     assert_eq!(env(a, "WEFT_DIRECT_ROUTING")["value"], "true");
+    assert_eq!(env(a, "WEFT_POD_ATTACHMENT")["value"], "routed");
     assert_eq!(env(a, "WEFT_AGENT_SOCKET")["value"], "/run/weft-alt/agent.sock");
     assert_eq!(env(a, "WEFT_METRICS_ADDR")["value"], "0.0.0.0:19646");
     assert_eq!(env(a, "WEFT_LOG")["value"], "debug");
@@ -386,6 +389,7 @@ fn schema_and_checks_reject_bad_values_with_clear_messages() {
         ("network.vni=0", "at '/network/vni'"),
         ("network.mtu=100", "at '/network/mtu'"),
         ("logLevel=loud", "at '/logLevel'"),
+        ("agent.podAttachment=macvlan", "at '/agent/podAttachment': value must be one of 'bridge', 'routed'"),
         ("network.typo=1", "additional properties 'typo' not allowed"),
         ("cni.confFileName=weft.conf", "at '/cni/confFileName'"),
         (

@@ -8,7 +8,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use serde_json::Value;
-use weft_e2e::sandbox::testing::{Up, ok};
+use weft_e2e::sandbox::testing::{Up, ok, run};
 use weft_e2e::wait;
 
 fn probe_all(protocol: &str, port: &str) -> Value {
@@ -137,4 +137,85 @@ fn host_gw_cluster_routes_via_node_ips() {
     let routes = in_node("node-1", &["route"]);
     assert!(routes.contains(&format!("{cidr2} via 10.250.0.12")), "{routes}");
     assert!(!in_node("node-1", &["link", "show"]).contains("weft.1"), "host-gw needs no VXLAN device");
+}
+
+/// What answers at `target` from `from` (a node name or namespace/pod).
+fn connect(from: &str, target: &str) -> Option<String> {
+    let (success, out) = run(&["connect", "--from", from, "--protocol", "tcp", target]);
+    success.then(|| out.trim().to_owned())
+}
+
+#[test]
+fn routed_pods_reach_each_other_their_host_ports_and_meet_policy() {
+    let args = ["--nodes", "2", "--backend", "host-gw", "--agent-arg=--pod-attachment=routed"];
+    let Some(_up) = Up::start(&args, &[]) else { return };
+    let host_port = ["-a", "weft.dev/host-ports=http"];
+    ok(&[&["add-pod", "a", "--node", "node-1", "-l", "app=a", "-p", "80/tcp", "-p", "http=8080/tcp"][..], &host_port]
+        .concat());
+    ok(&["add-pod", "b", "--node", "node-1", "-l", "app=b"]);
+    ok(&["add-pod", "c", "--node", "node-2", "-l", "app=c"]);
+    // Same node and across nodes, every way.
+    assert_all_allowed(&probe_all("tcp", "80"));
+
+    // No bridge hop: node-1 routes to each of its pods on a host veth of its own.
+    let a = pod_ip("a");
+    let route = in_node("node-1", &["route", "show", &format!("{a}/32")]);
+    assert!(route.contains("dev weftv") && route.contains("scope link"), "{route}");
+    assert!(!in_node("node-1", &["link", "show", "master", "weft0"]).contains("weftv"), "a host veth is a bridge port");
+
+    // The host port answers from the other node, the pod's node, a pod on
+    // each node and the pod itself (hairpin, routed back out of its own veth).
+    let address = wait::until("a's host port annotation", Duration::from_secs(30), || {
+        let out = ok(&[
+            "kubectl",
+            "get",
+            "pod",
+            "a",
+            "-o",
+            r"jsonpath={.metadata.annotations.weft\.dev/host-port-addresses}",
+        ]);
+        let v: Value = serde_json::from_str(out.trim()).ok()?;
+        v["8080/TCP"].as_str().map(str::to_owned)
+    });
+    assert!(address.starts_with("10.250.0.11:"), "{address}");
+    for from in ["node-2", "node-1", "default/b", "default/c", "default/a"] {
+        assert_eq!(connect(from, &address).as_deref(), Some("default/a"), "{from} -> {address}");
+    }
+
+    // Traffic across nodes survives agent restarts: the routes are adopted.
+    let ping = Command::new("ip")
+        .args(["netns", "exec", "weft-sbx-pod-default-c", "ping", "-q", "-i", "0.01", "-c", "300", "-W", "1", &a])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("ping");
+    ok(&["restart-agent", "node-1", "--kill"]);
+    ok(&["restart-agent", "node-2"]);
+    let out = ping.wait_with_output().expect("ping output");
+    let summary = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(summary.contains(" 0% packet loss"), "packets lost across agent restarts:\n{summary}");
+
+    // Policy holds between routed pods of one node as across nodes: a admits c only.
+    let policy = tempfile::Builder::new().suffix(".yaml").tempfile().expect("temp file");
+    std::fs::write(
+        policy.path(),
+        "apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: a-from-c, namespace: default}
+spec:
+  podSelector: {matchLabels: {app: a}}
+  ingress:
+  - from: [{podSelector: {matchLabels: {app: c}}}]
+",
+    )
+    .expect("write policy");
+    ok(&["kubectl", "apply", "-f", policy.path().to_str().expect("utf-8 path")]);
+    wait::until("b to be denied a while c and everything else stays allowed", Duration::from_secs(45), || {
+        let m = probe_all("tcp", "80");
+        let allowed = |from: &str, to: &str| m["matrix"][from][to] == Value::Bool(true);
+        let expected = !allowed("default/b", "default/a")
+            && allowed("default/c", "default/a")
+            && allowed("default/a", "default/b")
+            && allowed("default/b", "default/c");
+        expected.then_some(())
+    });
 }
