@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Cross-node pod-to-pod datapath benchmark (run via e2e/bench.sh overlay, as root).
 # Compares, in the same run and between the same node namespaces:
-#   weft vxlan   vs a hand-built kernel VXLAN (routed, no bridge)
-#   weft host-gw vs plain routing over the underlay
+#   weft vxlan   vs a hand-built kernel VXLAN (routed, no bridge), weft's pods
+#                routed (--pod-attachment routed), then bridged (the default)
+#   weft host-gw vs plain routing over the underlay, pods bridged, then routed
 # in interleaved rounds (e2e/bench/compare.py: this machine is noisy, so each
 # round measures both), and measures overlay convergence (new peer Subnet ->
 # route+FDB+neighbour on another node). Prints tables; asserts nothing.
@@ -53,19 +54,28 @@ two_pods() {
 $SBX down >/dev/null 2>&1 || true
 declare -A T R F P
 
-# --- vxlan sandbox: weft vxlan vs a hand-built VXLAN -----------------------------
-$SBX up --nodes 2 >/dev/null
-two_pods
-# Hand-built: a second VXLAN (VNI 99, port 4790) between the same node namespaces.
-ip -n $N1 link add bvx type vxlan id 99 dstport 4790 local 10.250.0.11 remote 10.250.0.12 dev eth0
-ip -n $N2 link add bvx type vxlan id 99 dstport 4790 local 10.250.0.12 remote 10.250.0.11 dev eth0
-ip -n $N1 addr add 172.31.99.1/30 dev bvx; ip -n $N1 link set bvx up
-ip -n $N2 addr add 172.31.99.2/30 dev bvx; ip -n $N2 link set bvx up
-baseline_pod $N1 bench-p1 192.168.201.2 192.168.201.1 1450
-baseline_pod $N2 bench-p2 192.168.202.2 192.168.202.1 1450
-ip -n $N1 route add 192.168.202.0/24 via 172.31.99.2
-ip -n $N2 route add 192.168.201.0/24 via 172.31.99.1
-compare wv kv
+# --- vxlan sandboxes: weft vxlan vs a hand-built VXLAN --------------------------
+# Pods routed first (that sandbox comes down at once), then bridged (the
+# default; convergence is measured in that one afterwards).
+vxlan() {
+  local weft=$1 base=$2; shift 2
+  $SBX up --nodes 2 "$@" >/dev/null
+  two_pods
+  # Hand-built: a second VXLAN (VNI 99, port 4790) between the same node namespaces.
+  ip -n $N1 link add bvx type vxlan id 99 dstport 4790 local 10.250.0.11 remote 10.250.0.12 dev eth0
+  ip -n $N2 link add bvx type vxlan id 99 dstport 4790 local 10.250.0.12 remote 10.250.0.11 dev eth0
+  ip -n $N1 addr add 172.31.99.1/30 dev bvx; ip -n $N1 link set bvx up
+  ip -n $N2 addr add 172.31.99.2/30 dev bvx; ip -n $N2 link set bvx up
+  baseline_pod $N1 bench-p1 192.168.201.2 192.168.201.1 1450
+  baseline_pod $N2 bench-p2 192.168.202.2 192.168.202.1 1450
+  ip -n $N1 route add 192.168.202.0/24 via 172.31.99.2
+  ip -n $N2 route add 192.168.201.0/24 via 172.31.99.1
+  compare "$weft" "$base"
+}
+vxlan wvr kvr --agent-arg=--pod-attachment=routed
+$SBX down >/dev/null
+ip netns del bench-p1; ip netns del bench-p2
+vxlan wv kv
 
 # Convergence: a new node's Subnet with its VTEP data -> programmed on node-1.
 KC() { $SBX kubectl "$@"; }
@@ -97,14 +107,23 @@ conv_max=$(printf '%s\n' "${conv[@]}" | sort -g | tail -1)
 $SBX down >/dev/null
 ip netns del bench-p1; ip netns del bench-p2
 
-# --- host-gw sandbox: weft host-gw vs plain routing over the underlay -----------
-$SBX up --nodes 2 --backend host-gw >/dev/null
-two_pods
-baseline_pod $N1 bench-p1 192.168.201.2 192.168.201.1 1500
-baseline_pod $N2 bench-p2 192.168.202.2 192.168.202.1 1500
-ip -n $N1 route add 192.168.202.0/24 via 10.250.0.12
-ip -n $N2 route add 192.168.201.0/24 via 10.250.0.11
-compare wh pr
+# --- host-gw sandboxes: weft host-gw vs plain routing over the underlay ---------
+# Once with pods on the bridge (the default), once routed (--pod-attachment
+# routed); each against its own plain-routing baseline in the same sandbox.
+host_gw() {
+  local weft=$1 base=$2; shift 2
+  $SBX up --nodes 2 --backend host-gw "$@" >/dev/null
+  two_pods
+  baseline_pod $N1 bench-p1 192.168.201.2 192.168.201.1 1500
+  baseline_pod $N2 bench-p2 192.168.202.2 192.168.202.1 1500
+  ip -n $N1 route add 192.168.202.0/24 via 10.250.0.12
+  ip -n $N2 route add 192.168.201.0/24 via 10.250.0.11
+  compare "$weft" "$base"
+  $SBX down >/dev/null
+  ip netns del bench-p1; ip netns del bench-p2
+}
+host_gw wh pr
+host_gw whr prr --agent-arg=--pod-attachment=routed
 
 ratio() { python3 -c "print(f'{$1/$2:.2f}')"; }
 row() { printf '| %-32s | %7s | %7s | %7s | %s |\n' "$@"; }
@@ -118,8 +137,14 @@ row "--------------------------------" "------:" "------:" "------:" "---"
 row "weft vxlan" "${T[wv]}" "${R[wv]}" "${F[wv]}" "${P[wv]}"
 row "hand-built kernel VXLAN" "${T[kv]}" "${R[kv]}" "${F[kv]}" "${P[kv]}"
 row "ratio weft vxlan / kernel VXLAN" "$(ratio "${T[wv]}" "${T[kv]}")" "$(ratio "${R[wv]}" "${R[kv]}")" "$(ratio "${F[wv]}" "${F[kv]}")" ""
+row "weft vxlan, routed pods" "${T[wvr]}" "${R[wvr]}" "${F[wvr]}" "${P[wvr]}"
+row "hand-built kernel VXLAN" "${T[kvr]}" "${R[kvr]}" "${F[kvr]}" "${P[kvr]}"
+row "ratio weft routed / kernel VXLAN" "$(ratio "${T[wvr]}" "${T[kvr]}")" "$(ratio "${R[wvr]}" "${R[kvr]}")" "$(ratio "${F[wvr]}" "${F[kvr]}")" ""
 row "weft host-gw" "${T[wh]}" "${R[wh]}" "${F[wh]}" "${P[wh]}"
 row "plain routing over the underlay" "${T[pr]}" "${R[pr]}" "${F[pr]}" "${P[pr]}"
 row "ratio weft host-gw / plain" "$(ratio "${T[wh]}" "${T[pr]}")" "$(ratio "${R[wh]}" "${R[pr]}")" "$(ratio "${F[wh]}" "${F[pr]}")" ""
+row "weft host-gw, routed pods" "${T[whr]}" "${R[whr]}" "${F[whr]}" "${P[whr]}"
+row "plain routing over the underlay" "${T[prr]}" "${R[prr]}" "${F[prr]}" "${P[prr]}"
+row "ratio weft routed / plain" "$(ratio "${T[whr]}" "${T[prr]}")" "$(ratio "${R[whr]}" "${R[prr]}")" "$(ratio "${F[whr]}" "${F[prr]}")" ""
 echo
 echo "Convergence (Subnet status with VTEP data -> route+FDB+neighbour on another node), 15 peers: median ${conv_median} ms, max ${conv_max} ms"

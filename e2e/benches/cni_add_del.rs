@@ -3,8 +3,9 @@
 //!
 //! Run with `e2e/bench.sh cni` (builds release binaries first). Each plugin is
 //! exec'd as a runtime does, from a process already inside the node's
-//! namespace, so the figures contain no `ip netns exec` overhead. The two
-//! plugins alternate every iteration so machine noise hits both alike.
+//! namespace, so the figures contain no `ip netns exec` overhead. Weft runs
+//! twice, with bridged and with routed pods. The chains alternate every
+//! iteration so machine noise hits them alike.
 
 use std::path::Path;
 
@@ -46,6 +47,21 @@ fn main() {
         cni_args: String::new(),
     };
 
+    // The same with routed pods (--pod-attachment routed): no bridge port, a
+    // route and neighbour entries instead.
+    let routed_node = Netns::new("bench-routed");
+    let routed_pod = Netns::new("bench-rtpod");
+    let routed_dir = tempfile::tempdir().expect("tempdir");
+    let routed_agent =
+        Agent::start_with(&routed_node, "10.222.0.0/24", routed_dir.path(), &["--pod-attachment", "routed"]);
+    let routed = Case {
+        node: &routed_node,
+        plugin: bins::weft("weft-cni"),
+        pod: &routed_pod,
+        conf: json!({"cniVersion": "1.0.0", "name": "weft", "type": "weft-cni", "agentSocket": routed_agent.socket}),
+        cni_args: String::new(),
+    };
+
     let ref_node = Netns::new("bench-ref");
     let ref_pod = Netns::new("bench-rpod");
     let reference = Case {
@@ -61,14 +77,16 @@ fn main() {
     };
 
     let mut weft_samples = Samples::default();
+    let mut routed_samples = Samples::default();
     let mut ref_samples = Samples::default();
     for _ in 0..ITERATIONS {
         weft_samples.push(measure(&weft));
+        routed_samples.push(measure(&routed));
         ref_samples.push(measure(&reference));
     }
-    drop(agent);
+    drop((agent, routed_agent));
     print_table(
         &format!("CNI ADD/DEL latency, {ITERATIONS} iterations each, alternating (ms)"),
-        &[("weft", &weft_samples), ("bridge + host-local", &ref_samples)],
+        &[("weft", &weft_samples), ("weft, routed pods", &routed_samples), ("bridge + host-local", &ref_samples)],
     );
 }

@@ -79,7 +79,7 @@ impl Agent {
         if mode != configured {
             tracing::warn!(
                 %configured, running = %mode,
-                "pods attached {mode} still run on this node: new pods are attached {mode} too until none is left"
+                "pods attached {mode} still run on this node: new pods are attached {mode} too, until the agent starts on a node without them"
             );
         }
         self.routed.store(mode == Attachment::Routed, Ordering::Relaxed);

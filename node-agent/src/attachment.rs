@@ -55,7 +55,8 @@ impl fmt::Display for Attachment {
 /// ARPs for its neighbours directly, and a routed pod is not on that segment:
 /// the two cannot reach each other on one node. So while pods of the other
 /// mode still run here, new pods join them, and the configured mode takes
-/// effect once the node has none left (drained or restarted).
+/// effect when the agent starts on a node without them (drain, then restart
+/// the agent).
 pub fn effective(configured: Attachment, existing: impl IntoIterator<Item = Attachment>) -> Attachment {
     existing.into_iter().find(|a| *a != configured).unwrap_or(configured)
 }

@@ -38,7 +38,8 @@ pub struct Config {
     pub bridge: String,
     /// How pod veths join the node: `bridge` (ports of --bridge) or `routed`
     /// (a /32 route per pod, no bridge hop; see the README). Pods already
-    /// running keep their mode, and new pods join them until none is left.
+    /// running keep their mode, and new pods join them until the agent starts
+    /// on a node without them.
     #[arg(long, env = "WEFT_POD_ATTACHMENT", value_enum, default_value_t = Attachment::Bridge)]
     pub pod_attachment: Attachment,
     /// Pod interface MTU when the network configuration sets none. Default:
