@@ -218,7 +218,10 @@ fn routed_attachment_reaches_pods_without_the_bridge_and_is_adopted() {
     assert_eq!(chk.code(), 103, "{}", chk.stdout);
     assert!(chk.msg().contains(&format!("no route to {ip1}")), "{}", chk.msg());
 
-    // A restarted agent adopts the pods and puts the route back.
+    // A restarted agent adopts the pods and puts the routes back, even when
+    // the bridge holding their source address went too (and took them along).
+    ns.ip(&["link", "del", "weft0"]);
+    assert!(!ns.ip(&["route"]).contains(&format!("{ip2} ")), "routes to pods outlived their source address");
     agent.restart(&ns);
     weft.check(&c1, &r1).assert_ok();
     assert!(p2.ping(&ip1), "pod unreachable after the agent's restart");

@@ -95,6 +95,9 @@ async fn run(config: Config) -> anyhow::Result<()> {
         .map(|c| agent::KubeAccess { pods: hostport::pods::PodCache::start(c.clone(), &config.node_name), client: c });
     let agent = Arc::new(Agent::new(config.clone(), ipam, hostports, kube, host, pod_mtu));
 
+    // The bridge first: it holds the gateway address, the source of the
+    // routes to routed pods that start-up reconciliation restores.
+    agent.ensure_bridge(true).await.map_err(|e| anyhow::anyhow!(e.msg))?;
     agent.reconcile_on_start().await.context("start-up reconciliation failed")?;
     agent.metrics.set_host_port_usage(agent.hostports.usage());
     tokio::spawn(sync_host_ports(Arc::clone(&agent)));
@@ -103,7 +106,6 @@ async fn run(config: Config) -> anyhow::Result<()> {
         let hp = Arc::clone(&agent.hostports);
         tokio::spawn(hostport::publish::run(c.clone(), config.node_name.clone(), node_ip.to_string(), hp, resync));
     }
-    agent.ensure_bridge(true).await.map_err(|e| anyhow::anyhow!(e.msg))?;
     match agent.attachment() {
         // Bridged pods of this node reach each other over weft0: iptables
         // sees that traffic only through bridge netfilter.
