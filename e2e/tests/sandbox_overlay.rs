@@ -50,6 +50,24 @@ fn in_node(node: &str, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// Pings `target` from pod `from` every 10 ms while node-1's agent is
+/// killed and node-2's stopped and restarted: not one echo may go missing.
+#[track_caller]
+fn assert_no_loss_across_agent_restarts(from: &str, target: &str) {
+    let ping = Command::new("ip")
+        .args(["netns", "exec", &format!("weft-sbx-pod-default-{from}"), "ping", "-q", "-i", "0.01", "-c", "400"])
+        .args(["-W", "1", target])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("ping");
+    ok(&["restart-agent", "node-1", "--kill"]);
+    ok(&["restart-agent", "node-2"]);
+    let out = ping.wait_with_output().expect("ping output");
+    let summary = String::from_utf8_lossy(&out.stdout).into_owned();
+    eprintln!("traffic across agent restarts: {}", summary.lines().find(|l| l.contains("loss")).unwrap_or(""));
+    assert!(summary.contains(" 0% packet loss"), "packets lost across agent restarts:\n{summary}");
+}
+
 #[test]
 fn vxlan_cluster_connects_pods_across_nodes_and_follows_membership() {
     let Some(_up) = Up::start(&["--nodes", "2"], &[]) else { return };
@@ -71,18 +89,7 @@ fn vxlan_cluster_connects_pods_across_nodes_and_follows_membership() {
     assert_all_allowed(&probe_all("tcp", "80"));
 
     // Continuous traffic across nodes survives an agent restart on both ends.
-    let target = pod_ip("b");
-    let ping = Command::new("ip")
-        .args(["netns", "exec", "weft-sbx-pod-default-a", "ping", "-q", "-i", "0.01", "-c", "400", "-W", "1", &target])
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("ping");
-    ok(&["restart-agent", "node-1", "--kill"]);
-    ok(&["restart-agent", "node-2"]);
-    let out = ping.wait_with_output().expect("ping output");
-    let summary = String::from_utf8_lossy(&out.stdout).into_owned();
-    eprintln!("traffic across agent restarts: {}", summary.lines().find(|l| l.contains("loss")).unwrap_or(""));
-    assert!(summary.contains(" 0% packet loss"), "packets lost across agent restarts:\n{summary}");
+    assert_no_loss_across_agent_restarts("a", &pod_ip("b"));
     assert_all_allowed(&probe_all("tcp", "80"));
 
     // A deleted node's route, neighbour and FDB entries disappear everywhere.
@@ -183,16 +190,7 @@ fn routed_pods_reach_each_other_their_host_ports_and_meet_policy() {
     }
 
     // Traffic across nodes survives agent restarts: the routes are adopted.
-    let ping = Command::new("ip")
-        .args(["netns", "exec", "weft-sbx-pod-default-c", "ping", "-q", "-i", "0.01", "-c", "300", "-W", "1", &a])
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("ping");
-    ok(&["restart-agent", "node-1", "--kill"]);
-    ok(&["restart-agent", "node-2"]);
-    let out = ping.wait_with_output().expect("ping output");
-    let summary = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(summary.contains(" 0% packet loss"), "packets lost across agent restarts:\n{summary}");
+    assert_no_loss_across_agent_restarts("c", &a);
 
     // Policy holds between routed pods of one node as across nodes: a admits c only.
     let policy = tempfile::Builder::new().suffix(".yaml").tempfile().expect("temp file");
