@@ -228,8 +228,9 @@ fn routed_attachment_reaches_pods_without_the_bridge_and_is_adopted() {
 
     // Configured for the bridge while routed pods run, the agent keeps routing
     // new pods (a bridged pod could not reach them) and says why.
+    // (Resync every second from here on, for the repair below.)
     agent.stop();
-    let agent = Agent::start(&ns, "10.213.0.0/24", dir.path());
+    let agent = Agent::start_with(&ns, "10.213.0.0/24", dir.path(), &["--resync-seconds", "1"]);
     let p3 = Netns::new("pod");
     let c3 = Container::new("routed3", &p3);
     let r3 = weft.add(&c3).assert_ok().json();
@@ -237,6 +238,13 @@ fn routed_attachment_reaches_pods_without_the_bridge_and_is_adopted() {
     assert_eq!(r3["ips"][0]["address"], format!("{ip3}/32"), "{r3}");
     assert!(p3.ping(&ip1), "a pod added after the switch cannot reach the others");
     assert!(agent.log_text().contains("new pods are attached routed too"), "{}", agent.log_text());
+
+    // A route deleted while the agent runs comes back at its next resync.
+    ns.ip(&["route", "del", &format!("{ip2}/32")]);
+    wait::until("the periodic resync to restore the route", Duration::from_secs(15), || {
+        weft.check(&c2, &r2).success.then_some(())
+    });
+    assert!(p1.ping(&ip2), "pod unreachable after its route was restored");
 
     // DEL removes the veths, their routes and the records.
     for c in [&c1, &c2, &c3] {

@@ -14,6 +14,7 @@ mod metrics;
 mod netns;
 mod overlay;
 mod peer_sync;
+mod pod_routes;
 mod policy;
 mod reconcile;
 #[cfg(test)]
@@ -95,12 +96,13 @@ async fn run(config: Config) -> anyhow::Result<()> {
         .map(|c| agent::KubeAccess { pods: hostport::pods::PodCache::start(c.clone(), &config.node_name), client: c });
     let agent = Arc::new(Agent::new(config.clone(), ipam, hostports, kube, host, pod_mtu));
 
-    // The bridge first: it holds the gateway address, the source of the
-    // routes to routed pods that start-up reconciliation restores.
+    // The bridge first: it holds the gateway address, which ADD needs and
+    // which the routes to routed pods come from.
     agent.ensure_bridge(true).await.map_err(|e| anyhow::anyhow!(e.msg))?;
     agent.reconcile_on_start().await.context("start-up reconciliation failed")?;
     agent.metrics.set_host_port_usage(agent.hostports.usage());
     tokio::spawn(sync_host_ports(Arc::clone(&agent)));
+    tokio::spawn(pod_routes::run(Arc::clone(&agent)));
     if let (Some(c), Some(node_ip)) = (&client, config.node_ip) {
         let resync = std::time::Duration::from_secs(config.resync_seconds.max(1));
         let hp = Arc::clone(&agent.hostports);

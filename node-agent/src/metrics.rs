@@ -40,6 +40,7 @@ pub struct Metrics {
     pub released_on_start: Counter,
     pub host_ports: Family<StateLabels, Gauge>,
     pub host_port_repairs: Counter,
+    pub pod_route_repairs: Counter,
     pub policy: std::sync::Arc<crate::policy::metrics::PolicyMetrics>,
 }
 
@@ -90,6 +91,12 @@ impl Default for Metrics {
             "Times the periodic sync found the host port rules changed by someone else and rewrote them",
             host_port_repairs.clone(),
         );
+        let pod_route_repairs = Counter::default();
+        registry.register(
+            "pod_route_repairs",
+            "Routed pods whose route the agent found missing and restored (at start-up and each resync)",
+            pod_route_repairs.clone(),
+        );
         let policy = std::sync::Arc::new(crate::policy::metrics::PolicyMetrics::register(&mut registry));
         Self {
             registry,
@@ -100,6 +107,7 @@ impl Default for Metrics {
             released_on_start,
             host_ports,
             host_port_repairs,
+            pod_route_repairs,
             policy,
         }
     }

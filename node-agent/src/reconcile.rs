@@ -4,8 +4,7 @@
 use std::net::Ipv4Addr;
 use std::path::Path;
 
-use crate::agent::{Agent, veth_mac};
-use crate::attachment::Attachment;
+use crate::agent::Agent;
 use crate::dataplane::link;
 use crate::ipam::{Pool, Record};
 use crate::netns::Netns;
@@ -14,8 +13,9 @@ impl Agent {
     /// Keeps a record only if its host veth exists and the pod's interface
     /// carries the address and routes via the gateway, as a finished ADD
     /// leaves it; everything else is torn down. Then removes veths of ours
-    /// that no record accounts for, and settles how new pods are attached.
-    /// Returns how many records were released.
+    /// that no record accounts for, restores missing routes to routed pods,
+    /// and settles how new pods are attached. Returns how many records were
+    /// released.
     pub async fn reconcile_on_start(&self) -> anyhow::Result<usize> {
         let mut released = 0;
         let pool = *self.ipam.pool();
@@ -23,9 +23,6 @@ impl Agent {
             let veth_present = link::by_name(&self.host, &record.host_veth).await?.is_some();
             let complete = veth_present && self.attachment_complete(ip, &record, &pool).await;
             if complete {
-                if record.attachment == Attachment::Routed {
-                    self.adopt_routed(ip, &record, &pool).await;
-                }
                 continue;
             }
             tracing::info!(
@@ -36,6 +33,9 @@ impl Agent {
             released += 1;
         }
         let orphans = self.remove_orphan_veths().await.map_err(|e| anyhow::anyhow!(e.msg))?;
+        // Routed pods kept are reached through their own routes: put back any
+        // that went (with weft0's address, say) while the agent was down.
+        self.repair_pod_routes().await?;
         self.metrics.released_on_start.inc_by(released as u64);
         let attachment = self.settle_attachment();
         tracing::info!(released, orphans, %attachment, "start-up reconciliation done");
@@ -46,15 +46,5 @@ impl Agent {
         let address = record.attachment.pod_address(ip, pool.cidr());
         let Ok(pod) = Netns::open(Path::new(&record.netns)).await else { return false };
         link::pod_is_attached(&pod, &record.ifname, address, pool.gateway()).await.unwrap_or(false)
-    }
-
-    /// A routed pod is reached through its own route and neighbour entry on
-    /// the node: put them back if someone removed them. A failure leaves the
-    /// pod running (CHECK reports it) rather than tearing it down.
-    async fn adopt_routed(&self, ip: Ipv4Addr, record: &Record, pool: &Pool) {
-        let pod_mac = veth_mac(&record.key(), true);
-        if let Err(e) = link::ensure_pod_route(&self.host, &record.host_veth, ip, pool.gateway(), pod_mac).await {
-            tracing::error!(container = %record.container_id, %ip, error = %e, "cannot restore the route to a routed pod");
-        }
     }
 }

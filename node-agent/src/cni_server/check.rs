@@ -55,7 +55,7 @@ impl Agent {
                 }
             }
             Attachment::Routed => {
-                if !link::routes_pod(&self.host, ip, host.header.index).await.map_err(internal)? {
+                if !link::pod_routes(&self.host).await.map_err(internal)?.contains(&(ip, host.header.index)) {
                     return Err(failed(format!("the node has no route to {ip} via {}", record.host_veth)));
                 }
             }

@@ -1,6 +1,7 @@
 //! Links and addresses of pod attachments: the node's bridge, the veth pair of
 //! each pod, and what CHECK needs to read back.
 
+use std::collections::HashSet;
 use std::net::Ipv4Addr;
 
 use futures::TryStreamExt;
@@ -274,47 +275,48 @@ fn permanent_neighbour(index: u32, ip: Ipv4Addr, mac: [u8; 6]) -> NeighbourMessa
     m
 }
 
-/// Restores the node's route and neighbour entry of a routed pod (start-up
-/// adoption repairs what someone removed; both are idempotent).
+/// Puts back the node's route and neighbour entry of a routed pod whose host
+/// veth has index `host_index` (both idempotent).
 pub async fn ensure_pod_route(
     h: &Handle,
-    host_veth: &str,
+    host_index: u32,
     ip: Ipv4Addr,
     gateway: Ipv4Addr,
     pod_mac: [u8; 6],
 ) -> Result<(), DataplaneError> {
-    let index = by_name(h, host_veth)
-        .await?
-        .ok_or_else(|| DataplaneError::Unexpected(format!("host veth {host_veth} is missing")))?
-        .header
-        .index;
     h.route()
-        .add(pod_route(ip, index, gateway))
+        .add(pod_route(ip, host_index, gateway))
         .replace()
         .execute()
         .await
-        .map_err(op(format!("add the route to {ip} via {host_veth}")))?;
+        .map_err(op(format!("add the route to {ip} via link {host_index}")))?;
     h.neighbours()
-        .add(index, ip.into())
+        .add(host_index, ip.into())
         .link_layer_address(&pod_mac)
         .replace()
         .execute()
         .await
-        .map_err(op(format!("add the neighbour entry of {ip} on {host_veth}")))
+        .map_err(op(format!("add the neighbour entry of {ip} on link {host_index}")))
 }
 
-/// True when the main table routes `ip`/32 out of link `index`.
-pub async fn routes_pod(h: &Handle, ip: Ipv4Addr, index: u32) -> Result<bool, DataplaneError> {
+/// The main table's /32 routes as (destination, output link) pairs.
+pub async fn pod_routes(h: &Handle) -> Result<HashSet<(Ipv4Addr, u32)>, DataplaneError> {
+    let mut out = HashSet::new();
     let mut stream = h.route().get(RouteMessageBuilder::<Ipv4Addr>::new().build()).execute();
     while let Some(r) = stream.try_next().await.map_err(op("list routes"))? {
-        if r.header.destination_prefix_length == 32
-            && r.attributes.contains(&RouteAttribute::Destination(RouteAddress::Inet(ip)))
-            && r.attributes.contains(&RouteAttribute::Oif(index))
-        {
-            return Ok(true);
+        if r.header.destination_prefix_length != 32 {
+            continue;
+        }
+        let dst = r.attributes.iter().find_map(|a| match a {
+            RouteAttribute::Destination(RouteAddress::Inet(d)) => Some(*d),
+            _ => None,
+        });
+        let oif = r.attributes.iter().find_map(|a| if let RouteAttribute::Oif(i) = a { Some(*i) } else { None });
+        if let (Some(dst), Some(oif)) = (dst, oif) {
+            out.insert((dst, oif));
         }
     }
-    Ok(false)
+    Ok(out)
 }
 
 /// One rx and one tx queue instead of one per CPU: a plain veth (no XDP)
