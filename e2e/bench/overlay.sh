@@ -127,6 +127,12 @@ host_gw whr prr --agent-arg=--pod-attachment=routed
 
 ratio() { python3 -c "print(f'{$1/$2:.2f}')"; }
 row() { printf '| %-32s | %7s | %7s | %7s | %s |\n' "$@"; }
+# A weft row, its baseline's row and their ratios: pair KEY BASE_KEY LABEL BASE_LABEL RATIO_LABEL.
+pair() {
+  row "$3" "${T[$1]}" "${R[$1]}" "${F[$1]}" "${P[$1]}"
+  row "$4" "${T[$2]}" "${R[$2]}" "${F[$2]}" "${P[$2]}"
+  row "$5" "$(ratio "${T[$1]}" "${T[$2]}")" "$(ratio "${R[$1]}" "${R[$2]}")" "$(ratio "${F[$1]}" "${F[$2]}")" ""
+}
 echo
 echo "Pod-to-pod across nodes, ${ROUNDS} interleaved rounds: iperf3 ${SECS}s per round (median Gbit/s;"
 echo "client CPU 0, server CPU 1), 200 pings 2 ms apart per round (median RTT of all) and"
@@ -134,17 +140,9 @@ echo "4000 back-to-back pings per round (ping -f; mean RTT: the path without idl
 echo
 row "datapath" "Gbit/s" "RTT ms" "b2b ms" "Gbit/s by round"
 row "--------------------------------" "------:" "------:" "------:" "---"
-row "weft vxlan, bridged pods" "${T[wv]}" "${R[wv]}" "${F[wv]}" "${P[wv]}"
-row "hand-built kernel VXLAN" "${T[kv]}" "${R[kv]}" "${F[kv]}" "${P[kv]}"
-row "ratio weft bridged / kernel VXLAN" "$(ratio "${T[wv]}" "${T[kv]}")" "$(ratio "${R[wv]}" "${R[kv]}")" "$(ratio "${F[wv]}" "${F[kv]}")" ""
-row "weft vxlan, routed pods" "${T[wvr]}" "${R[wvr]}" "${F[wvr]}" "${P[wvr]}"
-row "hand-built kernel VXLAN" "${T[kvr]}" "${R[kvr]}" "${F[kvr]}" "${P[kvr]}"
-row "ratio weft routed / kernel VXLAN" "$(ratio "${T[wvr]}" "${T[kvr]}")" "$(ratio "${R[wvr]}" "${R[kvr]}")" "$(ratio "${F[wvr]}" "${F[kvr]}")" ""
-row "weft host-gw, bridged pods" "${T[wh]}" "${R[wh]}" "${F[wh]}" "${P[wh]}"
-row "plain routing over the underlay" "${T[pr]}" "${R[pr]}" "${F[pr]}" "${P[pr]}"
-row "ratio weft bridged / plain" "$(ratio "${T[wh]}" "${T[pr]}")" "$(ratio "${R[wh]}" "${R[pr]}")" "$(ratio "${F[wh]}" "${F[pr]}")" ""
-row "weft host-gw, routed pods" "${T[whr]}" "${R[whr]}" "${F[whr]}" "${P[whr]}"
-row "plain routing over the underlay" "${T[prr]}" "${R[prr]}" "${F[prr]}" "${P[prr]}"
-row "ratio weft routed / plain" "$(ratio "${T[whr]}" "${T[prr]}")" "$(ratio "${R[whr]}" "${R[prr]}")" "$(ratio "${F[whr]}" "${F[prr]}")" ""
+pair wv kv "weft vxlan, bridged pods" "hand-built kernel VXLAN" "ratio weft bridged / kernel VXLAN"
+pair wvr kvr "weft vxlan, routed pods" "hand-built kernel VXLAN" "ratio weft routed / kernel VXLAN"
+pair wh pr "weft host-gw, bridged pods" "plain routing over the underlay" "ratio weft bridged / plain"
+pair whr prr "weft host-gw, routed pods" "plain routing over the underlay" "ratio weft routed / plain"
 echo
 echo "Convergence (Subnet status with VTEP data -> route+FDB+neighbour on another node), 15 peers: median ${conv_median} ms, max ${conv_max} ms"

@@ -11,7 +11,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use serde_json::Value;
-use weft_e2e::sandbox::testing::{Up, ok, run};
+use weft_e2e::sandbox::testing::{Up, connect, ok, run};
 use weft_e2e::wait;
 
 const NODE1_IP: &str = "10.250.0.11";
@@ -37,12 +37,6 @@ fn addresses(pod: &str) -> BTreeMap<String, String> {
 
 fn port_of(address: &str) -> u16 {
     address.rsplit_once(':').and_then(|(_, p)| p.parse().ok()).unwrap_or_else(|| panic!("bad address {address}"))
-}
-
-/// What answers at `target` from `from` (a node name or namespace/pod).
-fn connect(from: &str, protocol: &str, target: &str) -> Option<String> {
-    let (success, out) = run(&["connect", "--from", from, "--protocol", protocol, target]);
-    success.then(|| out.trim().to_owned())
 }
 
 #[track_caller]

@@ -8,7 +8,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use serde_json::Value;
-use weft_e2e::sandbox::testing::{Up, ok, run};
+use weft_e2e::sandbox::testing::{Up, connect, ok};
 use weft_e2e::wait;
 
 fn probe_all(protocol: &str, port: &str) -> Value {
@@ -146,12 +146,6 @@ fn host_gw_cluster_routes_via_node_ips() {
     assert!(!in_node("node-1", &["link", "show"]).contains("weft.1"), "host-gw needs no VXLAN device");
 }
 
-/// What answers at `target` from `from` (a node name or namespace/pod).
-fn connect(from: &str, target: &str) -> Option<String> {
-    let (success, out) = run(&["connect", "--from", from, "--protocol", "tcp", target]);
-    success.then(|| out.trim().to_owned())
-}
-
 #[test]
 fn routed_pods_reach_each_other_their_host_ports_and_meet_policy() {
     let args = ["--nodes", "2", "--backend", "host-gw", "--agent-arg=--pod-attachment=routed"];
@@ -186,7 +180,7 @@ fn routed_pods_reach_each_other_their_host_ports_and_meet_policy() {
     });
     assert!(address.starts_with("10.250.0.11:"), "{address}");
     for from in ["node-2", "node-1", "default/b", "default/c", "default/a"] {
-        assert_eq!(connect(from, &address).as_deref(), Some("default/a"), "{from} -> {address}");
+        assert_eq!(connect(from, "tcp", &address).as_deref(), Some("default/a"), "{from} -> {address}");
     }
 
     // Traffic across nodes survives agent restarts: the routes are adopted.

@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use crate::agent::{Agent, veth_mac};
 use crate::attachment::Attachment;
-use crate::dataplane::{DataplaneError, link};
+use crate::dataplane::netlink_blocking::BlockingNetlink;
+use crate::dataplane::{DataplaneError, kernel_op, link};
 
 impl Agent {
     /// Restores what is missing; returns how many pods needed it.
@@ -26,6 +27,9 @@ impl Agent {
         self.ensure_bridge(true).await.map_err(|e| DataplaneError::Unexpected(e.msg))?;
         let present = link::pod_routes(&self.host).await?;
         let gateway = ipam.pool().gateway();
+        // Repairs are rare and each takes the kernel microseconds: the
+        // blocking socket ADD uses serves here as well.
+        let mut nl = BlockingNetlink::new().map_err(kernel_op("open a netlink socket"))?;
         let mut restored = 0;
         for (ip, record) in routed {
             // No veth: a DEL or GC is removing this pod, or reconciliation will.
@@ -35,7 +39,7 @@ impl Agent {
                 continue;
             }
             let pod_mac = veth_mac(&record.key(), true);
-            match link::ensure_pod_route(&self.host, index, ip, gateway, pod_mac).await {
+            match link::route_to_pod(&mut nl, index, ip, gateway, pod_mac) {
                 Ok(()) => {
                     tracing::warn!(container = %record.container_id, %ip, veth = %record.host_veth, "restored the missing route to a routed pod");
                     restored += 1;

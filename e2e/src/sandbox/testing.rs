@@ -22,6 +22,13 @@ pub fn run(args: &[&str]) -> (bool, String) {
     (out.status.success(), text)
 }
 
+/// What the responder at `target` (IP:PORT) answers to `from` (a node name
+/// or namespace/pod); `None` when nothing answers.
+pub fn connect(from: &str, protocol: &str, target: &str) -> Option<String> {
+    let (success, out) = run(&["connect", "--from", from, "--protocol", protocol, target]);
+    success.then(|| out.trim().to_owned())
+}
+
 /// Runs `weft-sandbox args…`, failing the test with its output if it fails.
 #[track_caller]
 pub fn ok(args: &[&str]) -> String {

@@ -235,20 +235,30 @@ pub fn attach(pod: &mut BlockingNetns, spec: &AttachSpec) -> Result<(), Dataplan
         let Some(RouteNetlinkMessage::NewLink(link)) = answers.first() else {
             return Err(DataplaneError::Unexpected(format!("{} did not appear on the node", spec.host_veth)));
         };
-        let (ip, index) = (spec.address.addr(), link.header.index);
-        host.batch(vec![
-            (RouteNetlinkMessage::NewRoute(pod_route(ip, index, spec.gateway)), NLM_F_CREATE | NLM_F_REPLACE),
-            (
-                RouteNetlinkMessage::NewNeighbour(permanent_neighbour(index, ip, spec.pod_mac)),
-                NLM_F_CREATE | NLM_F_REPLACE,
-            ),
-        ])
-        .map_err(|(at, e)| match at {
-            0 => kernel_op(format!("add the route to {ip} via {}", spec.host_veth))(e),
-            _ => kernel_op(format!("add the neighbour entry of {ip} on {}", spec.host_veth))(e),
-        })?;
+        route_to_pod(&mut host, link.header.index, spec.address.addr(), spec.gateway, spec.pod_mac)?;
     }
     Ok(())
+}
+
+/// The node's side of a routed pod on the host veth with index
+/// `host_index`: its /32 route and neighbour entry, in one datagram. Both
+/// replace what is there, so ADD and the repair of a missing route share it.
+pub fn route_to_pod(
+    nl: &mut BlockingNetlink,
+    host_index: u32,
+    ip: Ipv4Addr,
+    gateway: Ipv4Addr,
+    pod_mac: [u8; 6],
+) -> Result<(), DataplaneError> {
+    nl.batch(vec![
+        (RouteNetlinkMessage::NewRoute(pod_route(ip, host_index, gateway)), NLM_F_CREATE | NLM_F_REPLACE),
+        (RouteNetlinkMessage::NewNeighbour(permanent_neighbour(host_index, ip, pod_mac)), NLM_F_CREATE | NLM_F_REPLACE),
+    ])
+    .map(drop)
+    .map_err(|(at, e)| match at {
+        0 => kernel_op(format!("add the route to {ip} via link {host_index}"))(e),
+        _ => kernel_op(format!("add the neighbour entry of {ip} on link {host_index}"))(e),
+    })
 }
 
 /// The node's route to a routed pod: `ip/32 dev <host veth> scope link src
@@ -273,30 +283,6 @@ fn permanent_neighbour(index: u32, ip: Ipv4Addr, mac: [u8; 6]) -> NeighbourMessa
     m.attributes.push(NeighbourAttribute::Destination(NeighbourAddress::Inet(ip)));
     m.attributes.push(NeighbourAttribute::LinkLayerAddress(mac.to_vec()));
     m
-}
-
-/// Puts back the node's route and neighbour entry of a routed pod whose host
-/// veth has index `host_index` (both idempotent).
-pub async fn ensure_pod_route(
-    h: &Handle,
-    host_index: u32,
-    ip: Ipv4Addr,
-    gateway: Ipv4Addr,
-    pod_mac: [u8; 6],
-) -> Result<(), DataplaneError> {
-    h.route()
-        .add(pod_route(ip, host_index, gateway))
-        .replace()
-        .execute()
-        .await
-        .map_err(op(format!("add the route to {ip} via link {host_index}")))?;
-    h.neighbours()
-        .add(host_index, ip.into())
-        .link_layer_address(&pod_mac)
-        .replace()
-        .execute()
-        .await
-        .map_err(op(format!("add the neighbour entry of {ip} on link {host_index}")))
 }
 
 /// The main table's /32 routes as (destination, output link) pairs.
