@@ -8,7 +8,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use serde_json::Value;
-use weft_e2e::sandbox::testing::{Up, connect, ok};
+use weft_e2e::sandbox::testing::{Up, connect, ok, try_apply};
 use weft_e2e::wait;
 
 fn probe_all(protocol: &str, port: &str) -> Value {
@@ -187,9 +187,7 @@ fn routed_pods_reach_each_other_their_host_ports_and_meet_policy() {
     assert_no_loss_across_agent_restarts("c", &a);
 
     // Policy holds between routed pods of one node as across nodes: a admits c only.
-    let policy = tempfile::Builder::new().suffix(".yaml").tempfile().expect("temp file");
-    std::fs::write(
-        policy.path(),
+    let (applied, out) = try_apply(
         "apiVersion: networking.k8s.io/v1
 kind: NetworkPolicy
 metadata: {name: a-from-c, namespace: default}
@@ -198,9 +196,8 @@ spec:
   ingress:
   - from: [{podSelector: {matchLabels: {app: c}}}]
 ",
-    )
-    .expect("write policy");
-    ok(&["kubectl", "apply", "-f", policy.path().to_str().expect("utf-8 path")]);
+    );
+    assert!(applied, "kubectl apply failed:\n{out}");
     wait::until("b to be denied a while c and everything else stays allowed", Duration::from_secs(45), || {
         let m = probe_all("tcp", "80");
         let allowed = |from: &str, to: &str| m["matrix"][from][to] == Value::Bool(true);

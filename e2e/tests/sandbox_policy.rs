@@ -7,12 +7,11 @@
 //! checked at rule level in the agent's unit and kernel tests.
 
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::process::Command;
 use std::time::Duration;
 
 use serde_json::Value;
-use weft_e2e::sandbox::testing::{Up, ok, run};
+use weft_e2e::sandbox::testing::{Up, ok, try_apply};
 use weft_e2e::wait;
 
 const CONVERGE: Duration = Duration::from_secs(45);
@@ -22,14 +21,6 @@ fn kubectl(args: &[&str]) -> String {
     let mut full = vec!["kubectl"];
     full.extend_from_slice(args);
     ok(&full)
-}
-
-/// `kubectl apply -f` of a YAML document; returns success and output.
-fn try_apply(yaml: &str) -> (bool, String) {
-    let mut f = tempfile::Builder::new().suffix(".yaml").tempfile().expect("temp file");
-    f.write_all(yaml.as_bytes()).expect("write YAML");
-    let path = f.path().to_str().expect("utf-8 path").to_owned();
-    run(&["kubectl", "apply", "-f", &path])
 }
 
 #[track_caller]

@@ -29,6 +29,14 @@ pub fn connect(from: &str, protocol: &str, target: &str) -> Option<String> {
     success.then(|| out.trim().to_owned())
 }
 
+/// `kubectl apply -f` of a YAML document; returns success and output.
+pub fn try_apply(yaml: &str) -> (bool, String) {
+    let mut f = tempfile::Builder::new().suffix(".yaml").tempfile().expect("temp file");
+    std::io::Write::write_all(&mut f, yaml.as_bytes()).expect("write YAML");
+    let path = f.path().to_str().expect("utf-8 path").to_owned();
+    run(&["kubectl", "apply", "-f", &path])
+}
+
 /// Runs `weft-sandbox args…`, failing the test with its output if it fails.
 #[track_caller]
 pub fn ok(args: &[&str]) -> String {
