@@ -24,10 +24,13 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
 
 # ---- agent: root, host network, programs links, routes and iptables ----------
 FROM debian:${DEBIAN_RELEASE}-slim AS agent
-# iptables: masquerading (iptables-save/-restore). iproute2 is not needed: the
-# agent speaks netlink itself. ca-certificates: TLS to the apiserver.
+# The programs the agent executes (e2e/tests/images.rs checks the image has each):
+# iptables: masquerading, host ports and policy (iptables-save/-restore);
+# ipset: policy address sets (ipset save/restore); conntrack: flushing stale
+# UDP entries of host ports. iproute2 is not needed: the agent speaks netlink
+# itself. ca-certificates: TLS to the apiserver.
 RUN apt-get update \
- && apt-get install -y --no-install-recommends iptables ca-certificates \
+ && apt-get install -y --no-install-recommends iptables ipset conntrack ca-certificates \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=builder /out/weft-agent /out/weft-cni /usr/local/bin/
 # Runs as root: it owns /run/weft, /var/lib/weft and the host's CNI directories

@@ -1,18 +1,21 @@
 #!/usr/bin/env bash
-# Builds the pinned Kubernetes control plane (kube-apiserver, kubectl), etcd and
-# helm from Go modules and caches them by version. A second run with the same
-# versions only checks the cache.
+# Builds the pinned Kubernetes components, etcd, containerd and helm from Go
+# modules and caches them by version. A second run with the same versions only
+# checks the cache.
 #
 # Usage: e2e/scripts/build-tools.sh [--print-dir]
-# Cache: ${WEFT_TOOLS_CACHE:-$HOME/.cache/weft/tools}/<version>/<binary>
+# Cache: ${WEFT_TOOLS_CACHE:-$HOME/.cache/weft/tools}/<name>-<version>/<binary>,
+# linked from ${WEFT_TOOLS_CACHE}/bin.
 set -euo pipefail
 
-# One Kubernetes minor throughout: k8s-openapi feature v1_35, this apiserver.
+# One Kubernetes minor throughout: k8s-openapi feature v1_35, these components.
 K8S_VERSION=v1.35.4
 STAGING_VERSION=v0.35.4
 # The etcd minor that Kubernetes 1.35 requires in its go.mod.
 ETCD_VERSION=v3.6.5
 HELM_VERSION=v3.19.0
+# containerd 2.x speaks CNI 1.1 (STATUS, GC); Debian's 1.6 rejects 1.1 results.
+CONTAINERD_VERSION=v2.2.9
 
 cache=${WEFT_TOOLS_CACHE:-$HOME/.cache/weft/tools}
 if [[ ${1:-} == --print-dir ]]; then
@@ -22,31 +25,47 @@ fi
 
 log() { echo "build-tools: $*" >&2; }
 
-# build NAME VERSION MODULE MAIN_PACKAGE [REPLACE_LINES...]
-# Builds MAIN_PACKAGE inside a throwaway wrapper module that requires MODULE.
+# build NAME VERSION MODULE LDFLAGS PACKAGES... [-- REPLACE_LINES...]
+# Builds every main package inside one throwaway wrapper module that requires
+# MODULE, into $cache/NAME-VERSION/, and links each binary from $cache/bin.
 build() {
-  local name=$1 version=$2 module=$3 pkg=$4
+  local name=$1 version=$2 module=$3 ldflags=$4
   shift 4
+  local pkgs=() replaces=()
+  while (($#)) && [[ $1 != -- ]]; do pkgs+=("$1"); shift; done
+  (($#)) && shift
+  replaces=("$@")
   local out="$cache/$name-$version"
-  if [[ -x $out ]]; then
-    ln -sf "$out" "$cache/bin/$name"
-    return 0
+  if [[ ! -f $out/.complete ]]; then
+    log "building $name $version: ${pkgs[*]##*/} (cached afterwards in $out)"
+    local work
+    work=$(mktemp -d)
+    trap 'rm -rf "$work"' RETURN
+    {
+      echo "module weft.dev/tools/$name"
+      echo "go 1.25"
+      echo "require $module $version"
+      for r in "${replaces[@]}"; do echo "replace $r"; done
+    } >"$work/go.mod"
+    {
+      echo "package tools"
+      for p in "${pkgs[@]}"; do echo "import _ \"$p\""; done
+    } >"$work/tools.go"
+    (cd "$work" && GOFLAGS=-mod=mod go mod tidy >/dev/null 2>&1 || true)
+    rm -rf "$out.tmp" && mkdir -p "$out.tmp"
+    (cd "$work" && GOFLAGS=-mod=mod CGO_ENABLED=0 go build -trimpath -tags no_btrfs \
+      -ldflags="-s -w $ldflags" -o "$out.tmp/" "${pkgs[@]}")
+    touch "$out.tmp/.complete"
+    rm -rf "$out" && mv "$out.tmp" "$out"
   fi
-  log "building $name $version (cached afterwards in $cache)"
-  local work
-  work=$(mktemp -d)
-  trap 'rm -rf "$work"' RETURN
-  {
-    echo "module weft.dev/tools/$name"
-    echo "go 1.25"
-    echo "require $module $version"
-    for r in "$@"; do echo "replace $r"; done
-  } >"$work/go.mod"
-  echo "package tools; import _ \"$pkg\"" >"$work/tools.go"
-  (cd "$work" && GOFLAGS=-mod=mod go mod tidy >/dev/null 2>&1 || true)
-  (cd "$work" && GOFLAGS=-mod=mod CGO_ENABLED=0 go build -trimpath -ldflags='-s -w' -o "$out.tmp" "$pkg")
-  mv "$out.tmp" "$out"
-  ln -sf "$out" "$cache/bin/$name"
+  local p bin
+  for p in "${pkgs[@]}"; do
+    bin=${p##*/}
+    # Some go versions name a binary whose path ends in a major version (/v3)
+    # after the element before it.
+    [[ -e $out/$bin ]] || { bin=${p%/*}; bin=${bin##*/}; }
+    ln -sfn "$out/$bin" "$cache/bin/${link_as:-$bin}"
+  done
 }
 
 mkdir -p "$cache/bin"
@@ -62,9 +81,25 @@ k8s_replaces() {
 }
 mapfile -t replaces < <(k8s_replaces)
 
-build kube-apiserver "$K8S_VERSION" k8s.io/kubernetes k8s.io/kubernetes/cmd/kube-apiserver "${replaces[@]}"
-build kubectl "$K8S_VERSION" k8s.io/kubernetes k8s.io/kubernetes/cmd/kubectl "${replaces[@]}"
-build etcd "$ETCD_VERSION" go.etcd.io/etcd/server/v3 go.etcd.io/etcd/server/v3
-build helm "$HELM_VERSION" helm.sh/helm/v3 helm.sh/helm/v3/cmd/helm
+# Without these the binaries say v0.0.0-master and `kubectl version` fails.
+minor=${K8S_VERSION#v1.}
+minor=${minor%%.*}
+k8s_ldflags=""
+for v in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+  k8s_ldflags+=" -X $v.gitVersion=$K8S_VERSION -X $v.gitMajor=1 -X $v.gitMinor=$minor"
+  k8s_ldflags+=" -X $v.gitTreeState=clean -X $v.buildDate=1970-01-01T00:00:00Z"
+done
+
+build kubernetes "$K8S_VERSION" k8s.io/kubernetes "$k8s_ldflags" \
+  k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kubectl \
+  k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler \
+  k8s.io/kubernetes/cmd/kube-proxy k8s.io/kubernetes/cmd/kubelet \
+  -- "${replaces[@]}"
+link_as=etcd build etcd "$ETCD_VERSION" go.etcd.io/etcd/server/v3 "" go.etcd.io/etcd/server/v3
+build helm "$HELM_VERSION" helm.sh/helm/v3 "" helm.sh/helm/v3/cmd/helm
+build containerd "$CONTAINERD_VERSION" github.com/containerd/containerd/v2 \
+  "-X github.com/containerd/containerd/v2/version.Version=$CONTAINERD_VERSION" \
+  github.com/containerd/containerd/v2/cmd/containerd github.com/containerd/containerd/v2/cmd/ctr \
+  github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2
 
 log "tools ready in $cache/bin"

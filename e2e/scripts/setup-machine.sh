@@ -8,6 +8,7 @@ packages=(
   protobuf-compiler                                            # tonic-prost-build
   containernetworking-plugins                                  # reference plugins (peer)
   iperf3 prometheus                                            # benchmarks and scraping
+  runc mmdebstrap                                              # real nodes and their images
 )
 
 missing=()

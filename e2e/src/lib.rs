@@ -4,6 +4,7 @@
 pub mod agent;
 pub mod bench_exec;
 pub mod bins;
+pub mod cluster;
 pub mod cni;
 pub mod control_plane;
 pub mod netns;

@@ -55,6 +55,16 @@ pub struct Options {
     pub client_server: Option<String>,
     /// Keep data here instead of a temp dir (removed on shutdown either way).
     pub dir: Option<PathBuf>,
+    /// Client certificates to issue with the PKI (kubelets, kube-proxy).
+    pub clients: Vec<pki::ClientIdentity>,
+    /// The issued client certificate (a stem of `clients`) the apiserver
+    /// presents to kubelets.
+    pub kubelet_client: Option<String>,
+    /// Authorize kubelets with the Node authorizer (and NodeRestriction)
+    /// before RBAC, as clusters with real nodes do.
+    pub node_authorization: bool,
+    /// Flags appended to kube-apiserver's (a later flag overrides an earlier one).
+    pub extra_apiserver_args: Vec<String>,
 }
 
 /// A running etcd + kube-apiserver pair.
@@ -69,6 +79,8 @@ pub struct ControlPlane {
     in_ns_server: String,
     /// CA certificate of the apiserver.
     pub ca_cert: PathBuf,
+    /// Everything the PKI issued (client certificates, service-account keys).
+    pub pki: pki::Pki,
     inner: Mutex<Running>,
 }
 
@@ -145,7 +157,7 @@ impl ControlPlane {
         };
         let root = dir.path().to_path_buf();
         let address = opts.address.unwrap_or(std::net::Ipv4Addr::LOCALHOST);
-        let pki = pki::generate_with_sans(&root, &[address.to_string()])?;
+        let pki = pki::generate_with_sans(&root, &[address.to_string()], &opts.clients)?;
 
         // Inside a namespace of our own every port is free.
         let (etcd_client, etcd_peer, api_port) = match opts.netns {
@@ -200,7 +212,7 @@ impl ControlPlane {
             &format!("--tls-private-key-file={}", pki.serving_key.display()),
             &format!("--client-ca-file={}", pki.ca_cert.display()),
             &format!("--token-auth-file={}", token_file.display()),
-            "--authorization-mode=RBAC",
+            &format!("--authorization-mode={}", if opts.node_authorization { "Node,RBAC" } else { "RBAC" }),
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
             &format!("--service-account-key-file={}", pki.service_account_pub.display()),
             &format!("--service-account-signing-key-file={}", pki.service_account_key.display()),
@@ -210,6 +222,15 @@ impl ControlPlane {
             "--profiling=false",
             "--v=1",
         ]);
+        if let Some(stem) = &opts.kubelet_client {
+            let cert = pki.clients.iter().find(|c| &c.stem == stem).context("kubelet client certificate not issued")?;
+            apiserver.arg(format!("--kubelet-client-certificate={}", cert.cert.display()));
+            apiserver.arg(format!("--kubelet-client-key={}", cert.key.display()));
+        }
+        if opts.node_authorization {
+            apiserver.arg("--enable-admission-plugins=NodeRestriction");
+        }
+        apiserver.args(&opts.extra_apiserver_args);
         let api_log = root.join("kube-apiserver.log");
         running.apiserver = Some(process::spawn_tied(apiserver, &api_log)?);
 
@@ -227,6 +248,7 @@ impl ControlPlane {
             token,
             kubeconfig,
             ca_cert: pki.ca_cert.clone(),
+            pki: pki.clone(),
             inner: Mutex::new(running),
         };
         if let Err(e) = cp.wait_ready(Duration::from_secs(90)) {

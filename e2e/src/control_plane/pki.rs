@@ -19,16 +19,38 @@ pub struct Pki {
     pub service_account_pub: PathBuf,
     /// CA certificate as PEM, for kubeconfigs.
     pub ca_pem: String,
+    /// Client certificates issued with the PKI, in the order requested.
+    pub clients: Vec<ClientCert>,
+}
+
+/// Who a client certificate names: the apiserver reads the user from the
+/// common name and a group from the organization (one: rcgen keeps one value
+/// per name type).
+#[derive(Debug, Clone)]
+pub struct ClientIdentity {
+    /// File stem of the certificate and key (`<stem>.crt`, `<stem>.key`).
+    pub stem: String,
+    pub user: String,
+    pub group: Option<String>,
+}
+
+/// A client certificate and its key, as PEM files.
+#[derive(Debug, Clone)]
+pub struct ClientCert {
+    pub stem: String,
+    pub cert: PathBuf,
+    pub key: PathBuf,
 }
 
 /// Generates the PKI into `dir`.
 pub fn generate(dir: &Path) -> anyhow::Result<Pki> {
-    generate_with_sans(dir, &[])
+    generate_with_sans(dir, &[], &[])
 }
 
 /// Generates the PKI with extra names or addresses on the serving
-/// certificate (the sandbox's apiserver address on its underlay).
-pub fn generate_with_sans(dir: &Path, extra_sans: &[String]) -> anyhow::Result<Pki> {
+/// certificate (the sandbox's apiserver address on its underlay) and client
+/// certificates for `clients` (kubelets, kube-proxy).
+pub fn generate_with_sans(dir: &Path, extra_sans: &[String], clients: &[ClientIdentity]) -> anyhow::Result<Pki> {
     let ca_key = KeyPair::generate().context("generating CA key")?;
     let mut ca_params = CertificateParams::new(Vec::<String>::new()).context("CA params")?;
     ca_params.distinguished_name = dn("weft-test-ca");
@@ -61,6 +83,26 @@ pub fn generate_with_sans(dir: &Path, extra_sans: &[String]) -> anyhow::Result<P
 
     let sa_key = KeyPair::generate().context("generating service-account key")?;
 
+    let mut issued = Vec::new();
+    for client in clients {
+        let key = KeyPair::generate().context("generating client key")?;
+        let mut params = CertificateParams::new(Vec::<String>::new()).context("client params")?;
+        params.distinguished_name = dn(&client.user);
+        if let Some(group) = &client.group {
+            params.distinguished_name.push(DnType::OrganizationName, group.as_str());
+        }
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        let cert = params.signed_by(&key, &issuer).with_context(|| format!("signing {}'s certificate", client.user))?;
+        let issued_cert = ClientCert {
+            stem: client.stem.clone(),
+            cert: dir.join(format!("{}.crt", client.stem)),
+            key: dir.join(format!("{}.key", client.stem)),
+        };
+        write(&issued_cert.cert, &cert.pem())?;
+        write(&issued_cert.key, &key.serialize_pem())?;
+        issued.push(issued_cert);
+    }
+
     let pki = Pki {
         ca_cert: dir.join("ca.crt"),
         serving_cert: dir.join("apiserver.crt"),
@@ -68,6 +110,7 @@ pub fn generate_with_sans(dir: &Path, extra_sans: &[String]) -> anyhow::Result<P
         service_account_key: dir.join("sa.key"),
         service_account_pub: dir.join("sa.pub"),
         ca_pem: ca_cert.pem(),
+        clients: issued,
     };
     write(&pki.ca_cert, &pki.ca_pem)?;
     write(&pki.serving_cert, &serving_cert.pem())?;

@@ -26,7 +26,7 @@ fn lock_path() -> std::path::PathBuf {
 /// Opens `path` and takes an exclusive flock on it, waiting for it when
 /// `wait`; `Ok(None)` when it is held and we may not wait. The lock lasts as
 /// long as the returned file is open.
-fn flock(path: &Path, wait: bool) -> anyhow::Result<Option<std::fs::File>> {
+pub fn flock(path: &Path, wait: bool) -> anyhow::Result<Option<std::fs::File>> {
     use std::os::fd::AsRawFd;
     let file = std::fs::OpenOptions::new()
         .create(true)
@@ -185,6 +185,7 @@ async fn build(nodes: usize, backend: &str) -> anyhow::Result<Parts> {
             address: Some(CP_IP),
             client_server: Some(format!("https://127.0.0.1:{FORWARD_PORT}")),
             dir: Some(state_dir()),
+            ..Default::default()
         })
     })
     .await??;

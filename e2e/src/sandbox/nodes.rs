@@ -16,11 +16,17 @@ use crate::bins;
 
 /// Creates `netns` (loopback up) with a veth to the underlay bridge carrying `addr`.
 pub fn attach_to_underlay(netns: &str, tag: &str, addr: Ipv4Addr) -> anyhow::Result<()> {
+    attach_to_bridge(UNDERLAY_NS, netns, tag, addr)
+}
+
+/// Creates `netns` (loopback up) with a veth to bridge `br0` of namespace
+/// `underlay` carrying `addr` on the underlay's prefix.
+pub fn attach_to_bridge(underlay: &str, netns: &str, tag: &str, addr: Ipv4Addr) -> anyhow::Result<()> {
     ip(&["netns", "add", netns])?;
     ip(&["-n", netns, "link", "set", "lo", "up"])?;
     let port = format!("ul-{tag}");
-    ip(&["-n", UNDERLAY_NS, "link", "add", &port, "type", "veth", "peer", "name", "eth0", "netns", netns])?;
-    ip(&["-n", UNDERLAY_NS, "link", "set", &port, "master", "br0", "up"])?;
+    ip(&["-n", underlay, "link", "add", &port, "type", "veth", "peer", "name", "eth0", "netns", netns])?;
+    ip(&["-n", underlay, "link", "set", &port, "master", "br0", "up"])?;
     ip(&["-n", netns, "addr", "add", &format!("{addr}/{UNDERLAY_PREFIX}"), "dev", "eth0"])?;
     ip(&["-n", netns, "link", "set", "eth0", "up"])?;
     Ok(())

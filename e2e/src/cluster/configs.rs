@@ -1,0 +1,189 @@
+//! The configuration files of a node's containerd, kubelet and kube-proxy,
+//! rendered from the node's facts. Pure: the paths are the host paths as seen
+//! inside the node's mount namespace, where they are the node's own.
+
+use std::path::Path;
+
+use super::{CLUSTER_CIDR, NodeInfo, PAUSE_IMAGE};
+
+/// containerd's socket inside a node.
+pub const CONTAINERD_SOCKET: &str = "/run/containerd/containerd.sock";
+
+/// containerd 2.x (config version 3). `restrict_oom_score_adj`: root here lacks
+/// CAP_SYS_RESOURCE, and without it runc fails to start containers.
+/// Loopback is set up by containerd itself; the reference plugins' directory
+/// comes second so that a conflist of reference plugins can be compared
+/// with Weft on the same nodes. Nothing is read from or written to the
+/// host's /etc/containerd or /opt/containerd.
+pub fn containerd_toml() -> String {
+    format!(
+        r#"version = 3
+root = "/var/lib/containerd"
+state = "/run/containerd"
+imports = []
+disabled_plugins = [
+  "io.containerd.snapshotter.v1.btrfs",
+  "io.containerd.snapshotter.v1.zfs",
+  "io.containerd.snapshotter.v1.devmapper",
+  "io.containerd.snapshotter.v1.blockfile",
+  "io.containerd.tracing.processor.v1.otlp",
+  "io.containerd.internal.v1.tracing",
+]
+
+[grpc]
+  address = "{CONTAINERD_SOCKET}"
+
+[debug]
+  level = "info"
+
+[plugins]
+  [plugins.'io.containerd.internal.v1.opt']
+    path = "/var/lib/containerd/opt"
+
+  [plugins.'io.containerd.cri.v1.images']
+    snapshotter = "overlayfs"
+    [plugins.'io.containerd.cri.v1.images'.pinned_images]
+      sandbox = "{PAUSE_IMAGE}"
+
+  [plugins.'io.containerd.cri.v1.runtime']
+    enable_selinux = false
+    restrict_oom_score_adj = true
+    [plugins.'io.containerd.cri.v1.runtime'.containerd]
+      default_runtime_name = "runc"
+      [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
+        runtime_type = "io.containerd.runc.v2"
+        [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
+          BinaryName = "/usr/sbin/runc"
+          SystemdCgroup = false
+    [plugins.'io.containerd.cri.v1.runtime'.cni]
+      bin_dirs = ["/opt/cni/bin", "/usr/lib/cni"]
+      conf_dir = "/etc/cni/net.d"
+      max_conf_num = 1
+      use_internal_loopback = true
+
+  [plugins.'io.containerd.grpc.v1.cri']
+    disable_tcp_service = true
+    stream_server_address = "127.0.0.1"
+    stream_server_port = "0"
+"#
+    )
+}
+
+/// kubelet's KubeletConfiguration. cgroup v1 without systemd: cgroupfs, a
+/// `cgroupRoot` of the node's own, `failCgroupV1: false`. Eviction thresholds
+/// are low because every node shares one disk.
+pub fn kubelet_yaml(node: &NodeInfo, ca: &Path) -> String {
+    format!(
+        r#"apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+address: {ip}
+port: 10250
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+healthzPort: 10248
+authentication:
+  anonymous: {{enabled: false}}
+  webhook: {{enabled: false}}
+  x509: {{clientCAFile: {ca}}}
+authorization:
+  mode: AlwaysAllow
+cgroupDriver: cgroupfs
+cgroupRoot: /{cgroup}
+cgroupsPerQOS: true
+failCgroupV1: false
+failSwapOn: false
+containerRuntimeEndpoint: unix://{sock}
+podLogsDir: /var/log/pods
+clusterDomain: cluster.local
+resolvConf: /etc/resolv.conf
+registerNode: true
+serializeImagePulls: false
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+evictionHard:
+  memory.available: 100Mi
+  nodefs.available: 1%
+  nodefs.inodesFree: 1%
+  imagefs.available: 1%
+nodeStatusUpdateFrequency: 5s
+syncFrequency: 10s
+fileCheckFrequency: 10s
+maxPods: 110
+"#,
+        ip = node.ip,
+        ca = ca.display(),
+        cgroup = node.cgroup(),
+        sock = CONTAINERD_SOCKET,
+    )
+}
+
+/// kube-proxy in iptables mode. conntrack sizes stay at the kernel's (a node
+/// namespace cannot change the host-wide table size).
+pub fn kube_proxy_yaml(node: &NodeInfo, kubeconfig: &Path) -> String {
+    format!(
+        r#"apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+clientConnection:
+  kubeconfig: {kubeconfig}
+hostnameOverride: {name}
+bindAddress: 0.0.0.0
+clusterCIDR: {CLUSTER_CIDR}
+mode: iptables
+metricsBindAddress: 127.0.0.1:10249
+healthzBindAddress: 127.0.0.1:10256
+conntrack:
+  maxPerCore: 0
+  min: 0
+  tcpEstablishedTimeout: 0s
+  tcpCloseWaitTimeout: 0s
+"#,
+        kubeconfig = kubeconfig.display(),
+        name = node.name,
+    )
+}
+
+/// A kubeconfig authenticating with a client certificate.
+pub fn cert_kubeconfig(server: &str, ca: &Path, user: &str, cert: &Path, key: &Path) -> String {
+    format!(
+        "apiVersion: v1
+kind: Config
+clusters:
+- name: weft
+  cluster:
+    server: {server}
+    certificate-authority: {ca}
+users:
+- name: {user}
+  user:
+    client-certificate: {cert}
+    client-key: {key}
+contexts:
+- name: weft
+  context:
+    cluster: weft
+    user: {user}
+current-context: weft
+",
+        ca = ca.display(),
+        cert = cert.display(),
+        key = key.display(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_node_gets_its_own_address_and_cgroup() {
+        let n2 = NodeInfo::new(2);
+        let y = kubelet_yaml(&n2, Path::new("/ca.crt"));
+        assert!(y.contains("address: 10.251.0.12\n"), "{y}");
+        assert!(y.contains("cgroupRoot: /weft-k8s/node-2\n"), "{y}");
+        assert!(y.contains("failCgroupV1: false"));
+        let p = kube_proxy_yaml(&n2, Path::new("/kp"));
+        assert!(p.contains("hostnameOverride: node-2\n"), "{p}");
+        let c = containerd_toml();
+        assert!(c.contains(PAUSE_IMAGE) && c.contains("restrict_oom_score_adj = true"));
+    }
+}

@@ -1,0 +1,30 @@
+//! The images every node imports: what `e2e/scripts/build-images.sh` wrote.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+
+/// The images a node needs: Weft's two, the pause image and the test image.
+pub const REQUIRED: &[&str] = &["weft-agent.tar", "weft-operator.tar", "pause.tar", "agnhost.tar"];
+
+/// Where build-images.sh writes its tarballs (`$WEFT_IMAGES_DIR`, default
+/// the workspace's `target/images`).
+pub fn dir() -> PathBuf {
+    std::env::var_os("WEFT_IMAGES_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/images"))
+}
+
+/// The tarballs to import, failing with the command that makes them.
+pub fn tarballs() -> anyhow::Result<Vec<PathBuf>> {
+    let dir = dir();
+    REQUIRED
+        .iter()
+        .map(|name| {
+            let path = dir.join(name);
+            path.is_file()
+                .then_some(path)
+                .with_context(|| format!("{name} is missing in {}: run e2e/scripts/build-images.sh", dir.display()))
+        })
+        .collect()
+}

@@ -1,0 +1,399 @@
+//! Bringing the real-node cluster up and down. `up` starts a supervisor
+//! process that owns the control plane and removes everything when it gets
+//! SIGTERM from `down`; node daemons run detached in their nodes' cgroups so
+//! that tests can stop, kill and restart them.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, DeleteParams};
+use weft_api::subnet::Subnet;
+
+use super::{CLUSTER_CIDR, CP_IP, CP_NS, FORWARD_PORT, IMAGE_TAG, NodeInfo, State, UNDERLAY_NS, node, state_dir};
+use crate::control_plane::pki::ClientIdentity;
+use crate::control_plane::{self, ControlPlane, Options, process};
+use crate::sandbox::cluster::flock;
+use crate::sandbox::ip;
+
+/// Nodes that can exist at once (client certificates are issued up front).
+pub const MAX_NODES: usize = 9;
+
+fn lock_path() -> PathBuf {
+    state_dir().with_extension("lock")
+}
+
+/// How `up` is asked to build the cluster.
+#[derive(Debug, Clone)]
+pub struct UpOptions {
+    pub nodes: usize,
+    pub backend: String,
+    /// Extra `--set key=value` for `helm install`.
+    pub helm_sets: Vec<String>,
+    /// docker-archive tarballs to import into every node.
+    pub images: Vec<PathBuf>,
+}
+
+/// Starts the supervisor in the background and waits until the cluster is
+/// ready: every node Ready, Weft's pods running, every Subnet Ready.
+pub fn up(opts: &UpOptions) -> anyhow::Result<State> {
+    let _starting = flock(&state_dir().with_extension("starting.lock"), true)?;
+    match flock(&lock_path(), false)? {
+        Some(_probe) => {}
+        None => bail!("a cluster is already up or starting on this machine; `e2e/cluster.sh down` first"),
+    }
+    cleanup_leftovers();
+    let dir = state_dir();
+    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let log = dir.join("supervisor.log");
+    let mut cmd = Command::new(std::env::current_exe()?);
+    cmd.args(["supervise", "--nodes", &opts.nodes.to_string(), "--backend", &opts.backend]);
+    for s in &opts.helm_sets {
+        cmd.arg(format!("--set={s}"));
+    }
+    for i in &opts.images {
+        cmd.arg("--image").arg(i);
+    }
+    let mut child = crate::sandbox::spawn_detached(cmd, &log)?;
+    let deadline = Instant::now() + Duration::from_secs(600);
+    loop {
+        if let Some(status) = child.try_wait()? {
+            bail!("the cluster supervisor exited ({status}); its log:\n{}", process::log_tail(&log, 8000));
+        }
+        if let Ok(state) = State::load() {
+            return Ok(state);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            bail!("the cluster was not ready within 600 s; log:\n{}", process::log_tail(&log, 8000));
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+/// Stops the supervisor (which tears everything down) and removes leftovers.
+pub fn down() -> anyhow::Result<()> {
+    if let Ok(state) = State::load() {
+        let pid = state.supervisor_pid as i32;
+        // SAFETY: plain kill(2).
+        if unsafe { libc::kill(pid, libc::SIGTERM) } == 0 {
+            let deadline = Instant::now() + Duration::from_secs(120);
+            // SAFETY: signal 0 only checks for existence.
+            while unsafe { libc::kill(pid, 0) } == 0 && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    }
+    cleanup_leftovers();
+    Ok(())
+}
+
+/// Removes every node (processes, mounts, cgroups), every cluster namespace
+/// and the state directory. Finds nodes by their directories, so it also
+/// cleans up after a supervisor that died.
+pub fn cleanup_leftovers() {
+    let nodes_dir = state_dir().join("nodes");
+    if let Ok(entries) = std::fs::read_dir(&nodes_dir) {
+        for e in entries.filter_map(Result::ok) {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if let Some(index) = name.strip_prefix("node-").and_then(|i| i.parse().ok()) {
+                node::destroy(&NodeInfo::new(index));
+            }
+        }
+    }
+    for ns in super::existing_namespaces() {
+        let _ = ip(&["netns", "del", &ns]);
+    }
+    let ns_dir = state_dir().join("ns");
+    let _ = Command::new("umount").arg(&ns_dir).status();
+    let _ = Command::new("rm").args(["-rf", "--one-file-system"]).arg(state_dir()).status();
+}
+
+/// The supervisor: builds everything, writes the state, waits for SIGTERM.
+pub async fn supervise(opts: UpOptions) -> anyhow::Result<()> {
+    let Some(_lock) = flock(&lock_path(), false)? else {
+        bail!("a cluster is already up or starting on this machine");
+    };
+    let started = Instant::now();
+    let (cp, children) = match build(&opts).await {
+        Ok(parts) => parts,
+        Err(e) => {
+            eprintln!("cluster start failed: {e:#}");
+            for i in 1..=MAX_NODES {
+                node::destroy(&NodeInfo::new(i));
+            }
+            for ns in super::existing_namespaces() {
+                let _ = ip(&["netns", "del", &ns]);
+            }
+            return Err(e);
+        }
+    };
+    eprintln!("cluster ready after {:.1} s", started.elapsed().as_secs_f64());
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+    eprintln!("tearing the cluster down");
+    if let Ok(state) = State::load() {
+        for n in &state.nodes {
+            node::destroy(n);
+        }
+    }
+    for mut c in children {
+        process::stop(&mut c, Duration::from_secs(5));
+    }
+    cp.shutdown();
+    cleanup_leftovers();
+    Ok(())
+}
+
+type Parts = (ControlPlane, Vec<std::process::Child>);
+
+fn client_identities() -> Vec<ClientIdentity> {
+    let mut ids: Vec<ClientIdentity> = (1..=MAX_NODES)
+        .map(|i| ClientIdentity {
+            stem: format!("kubelet-{}", super::node_name(i)),
+            user: format!("system:node:{}", super::node_name(i)),
+            group: Some("system:nodes".into()),
+        })
+        .collect();
+    ids.push(ClientIdentity { stem: "kube-proxy".into(), user: "system:kube-proxy".into(), group: None });
+    ids.push(ClientIdentity {
+        stem: "apiserver-kubelet-client".into(),
+        user: "kube-apiserver-kubelet-client".into(),
+        group: Some("system:masters".into()),
+    });
+    ids
+}
+
+async fn build(opts: &UpOptions) -> anyhow::Result<Parts> {
+    let dir = state_dir();
+    std::fs::create_dir_all(&dir)?;
+    ip(&["netns", "add", UNDERLAY_NS])?;
+    ip(&["-n", UNDERLAY_NS, "link", "add", "br0", "type", "bridge"])?;
+    ip(&["-n", UNDERLAY_NS, "link", "set", "br0", "up"])?;
+    crate::sandbox::nodes::attach_to_bridge(UNDERLAY_NS, CP_NS, "cp", CP_IP)?;
+    crate::sandbox::forward::serve(
+        SocketAddr::from(([127, 0, 0, 1], FORWARD_PORT)),
+        CP_NS,
+        SocketAddr::from((CP_IP, 6443)),
+    )?;
+
+    let cp_dir = dir.join("control-plane");
+    let cp = tokio::task::spawn_blocking(move || {
+        ControlPlane::start_with(&Options {
+            netns: Some(CP_NS.to_owned()),
+            address: Some(CP_IP),
+            client_server: Some(format!("https://127.0.0.1:{FORWARD_PORT}")),
+            dir: Some(cp_dir),
+            clients: client_identities(),
+            kubelet_client: Some("apiserver-kubelet-client".into()),
+            // Kubelets act as their node only; exec and logs reach them by IP.
+            node_authorization: true,
+            extra_apiserver_args: vec!["--kubelet-preferred-address-types=InternalIP,Hostname".into()],
+        })
+    })
+    .await??;
+    if let Some(pid) = cp.pids().last() {
+        std::fs::write(dir.join("apiserver.pid"), pid.to_string())?;
+    }
+    let mut children = Vec::new();
+    let in_cluster = cp.in_namespace_kubeconfig();
+    let kc = in_cluster.display().to_string();
+    let tools = control_plane::tools_dir();
+    let mut kcm = crate::sandbox::cluster::in_ns(CP_NS, &tools.join("kube-controller-manager"));
+    kcm.args([
+        format!("--kubeconfig={kc}"),
+        format!("--authentication-kubeconfig={kc}"),
+        format!("--authorization-kubeconfig={kc}"),
+        format!("--service-account-private-key-file={}", cp.pki.service_account_key.display()),
+        format!("--root-ca-file={}", cp.pki.ca_cert.display()),
+        "--use-service-account-credentials=true".into(),
+        "--leader-elect=false".into(),
+        "--bind-address=127.0.0.1".into(),
+        // Weft leases pod CIDRs itself (Subnets).
+        "--allocate-node-cidrs=false".into(),
+        // Notice a silent node sooner than the default 50 s.
+        "--node-monitor-grace-period=20s".into(),
+        "--v=1".into(),
+    ]);
+    children.push(process::spawn_tied(kcm, &dir.join("kube-controller-manager.log"))?);
+    let mut scheduler = crate::sandbox::cluster::in_ns(CP_NS, &tools.join("kube-scheduler"));
+    scheduler.args([
+        format!("--kubeconfig={kc}"),
+        format!("--authentication-kubeconfig={kc}"),
+        format!("--authorization-kubeconfig={kc}"),
+        "--leader-elect=false".into(),
+        "--bind-address=127.0.0.1".into(),
+        "--v=1".into(),
+    ]);
+    children.push(process::spawn_tied(scheduler, &dir.join("kube-scheduler.log"))?);
+
+    let creds = node::Credentials {
+        server: cp.in_namespace_server().to_owned(),
+        ca: cp.pki.ca_cert.clone(),
+        certs_dir: cp.pki.ca_cert.parent().context("the CA certificate has no directory")?.to_path_buf(),
+    };
+    let mut nodes = Vec::new();
+    for i in 1..=opts.nodes {
+        nodes.push(add_node(i, &creds, &opts.images)?);
+    }
+    let client = cp.client().await?;
+    wait_registered(&client, &nodes).await?;
+
+    let values = helm_values(&opts.backend, &opts.helm_sets);
+    let mut args: Vec<String> = ["install", "weft"].map(String::from).into();
+    args.push(chart_dir().display().to_string());
+    args.extend(["-n", "kube-system", "--wait", "--timeout", "5m"].map(String::from));
+    for v in &values {
+        args.push("--set".into());
+        args.push(v.clone());
+    }
+    let kubeconfig = cp.kubeconfig.clone();
+    tokio::task::spawn_blocking(move || helm(&kubeconfig, &args)).await??;
+    wait_ready(&client, &nodes, Duration::from_secs(300)).await?;
+
+    let state = State {
+        supervisor_pid: std::process::id(),
+        kubeconfig: cp.kubeconfig.clone(),
+        backend: opts.backend.clone(),
+        nodes,
+        helm_values: values,
+        credentials: creds,
+        images: opts.images.clone(),
+    };
+    state.save()?;
+    Ok((cp, children))
+}
+
+/// Makes node `index` and starts its daemons.
+pub fn add_node(index: usize, creds: &node::Credentials, images: &[PathBuf]) -> anyhow::Result<NodeInfo> {
+    anyhow::ensure!((1..=MAX_NODES).contains(&index), "node index {index} is outside 1..={MAX_NODES}");
+    let info = NodeInfo::new(index);
+    node::create(&info).with_context(|| format!("creating {}", info.name))?;
+    node::start_containerd(&info, images)?;
+    node::start_kubelet_and_proxy(&info, creds)?;
+    Ok(info)
+}
+
+/// Waits until kubelet has registered each node's Node object.
+pub async fn wait_registered(client: &kube::Client, nodes: &[NodeInfo]) -> anyhow::Result<()> {
+    let api = Api::<Node>::all(client.clone());
+    control_plane::wait_for(Duration::from_secs(120), "every kubelet to register its Node", || async {
+        let list = api.list(&Default::default()).await?;
+        Ok(nodes.iter().all(|n| list.items.iter().any(|o| o.metadata.name.as_deref() == Some(n.name.as_str()))))
+    })
+    .await
+}
+
+/// charts/weft of this repository (`$WEFT_CHART_DIR` overrides).
+pub fn chart_dir() -> PathBuf {
+    std::env::var_os("WEFT_CHART_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../charts/weft"))
+}
+
+/// Waits until every node is Ready and every node's Subnet Ready with its
+/// peers programmed.
+pub async fn wait_ready(client: &kube::Client, nodes: &[NodeInfo], timeout: Duration) -> anyhow::Result<()> {
+    let node_api = Api::<Node>::all(client.clone());
+    let subnets = Api::<Subnet>::all(client.clone());
+    control_plane::wait_for(timeout, "every node Ready and its Subnet Ready with peers programmed", || async {
+        let listed = node_api.list(&Default::default()).await?;
+        let ready = |name: &str| {
+            listed.items.iter().any(|n| {
+                n.metadata.name.as_deref() == Some(name)
+                    && n.status
+                        .as_ref()
+                        .and_then(|s| s.conditions.as_ref())
+                        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+            })
+        };
+        let list = subnets.list(&Default::default()).await?;
+        Ok(nodes.iter().all(|n| {
+            ready(&n.name)
+                && list.items.iter().any(|s| {
+                    s.spec.node_name == n.name
+                        && s.status.as_ref().is_some_and(|st| {
+                            ["Ready", "PeersProgrammed"]
+                                .iter()
+                                .all(|t| st.conditions.iter().any(|c| c.type_ == *t && c.status == "True"))
+                        })
+                })
+        }))
+    })
+    .await
+}
+
+/// Adds the next free node to the running cluster and waits until it is
+/// Ready with its Subnet.
+pub async fn add_to_running() -> anyhow::Result<NodeInfo> {
+    let mut state = State::load()?;
+    let index = (1..=MAX_NODES)
+        .find(|i| !state.nodes.iter().any(|n| n.index == *i))
+        .with_context(|| format!("the cluster already has {MAX_NODES} nodes"))?;
+    let (creds, images) = (state.credentials.clone(), state.images.clone());
+    let info = tokio::task::spawn_blocking(move || add_node(index, &creds, &images)).await??;
+    state.nodes.push(info.clone());
+    state.save()?;
+    let client = control_plane::kube_util::client_from(&state.kubeconfig).await?;
+    wait_registered(&client, std::slice::from_ref(&info)).await?;
+    wait_ready(&client, &state.nodes, Duration::from_secs(300)).await?;
+    Ok(info)
+}
+
+/// Removes a node from the running cluster: its daemons and pods, its
+/// namespaces and its Node object (the operator then releases its Subnet).
+pub async fn remove_node(name: &str) -> anyhow::Result<()> {
+    let mut state = State::load()?;
+    let info = state.node(name)?.clone();
+    node::destroy(&info);
+    let client = control_plane::kube_util::client_from(&state.kubeconfig).await?;
+    match Api::<Node>::all(client).delete(name, &DeleteParams::default()).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 404 => {}
+        Err(e) => return Err(e).context("deleting the Node object"),
+    }
+    state.nodes.retain(|n| n.name != name);
+    state.save()
+}
+
+/// Runs helm with the cluster's kubeconfig.
+pub fn helm(kubeconfig: &Path, args: &[String]) -> anyhow::Result<String> {
+    let out = Command::new(control_plane::tools_dir().join("helm"))
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(args)
+        .output()
+        .context("cannot run helm")?;
+    if !out.status.success() {
+        bail!(
+            "helm {} failed: {}{}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The chart's values for this cluster: the images built here, never pulled.
+pub fn helm_values(backend: &str, extra: &[String]) -> Vec<String> {
+    let mut v: Vec<String> = [
+        "images.agent.repository=ghcr.io/weft/weft-agent".into(),
+        format!("images.agent.tag={IMAGE_TAG}"),
+        "images.operator.repository=ghcr.io/weft/weft-operator".into(),
+        format!("images.operator.tag={IMAGE_TAG}"),
+        "images.pullPolicy=Never".into(),
+        format!("network.clusterCIDR={CLUSTER_CIDR}"),
+        format!("network.backend={backend}"),
+    ]
+    .into();
+    v.extend(extra.iter().cloned());
+    v
+}

@@ -1,0 +1,307 @@
+//! Weft on real nodes with the VXLAN backend: kubelet and containerd exec
+//! weft-cni, Weft installed by `helm install charts/weft` from images built
+//! on this machine. One cluster for the whole binary; the steps run in order
+//! because later ones change the cluster (agent hung, helm upgrade, a node
+//! replaced, helm uninstall).
+
+use std::time::{Duration, Instant};
+
+use weft_e2e::cluster::testing::{Cluster, apply, eventually, kubectl, kubectl_ok, node_exec, ok, pod_exec};
+use weft_e2e::cluster::workloads::{
+    HTTP_PORT, TestPod, delete_pods, http_hostname, namespace, udp_hostname, wait_running,
+};
+use weft_e2e::cluster::{node, state_dir};
+
+const NS: &str = "weft-e2e";
+
+#[test]
+fn weft_on_real_nodes_with_vxlan() {
+    let Some(cluster) = Cluster::shared(&["--backend", "vxlan"]) else { return };
+    let steps: &[(&str, fn(&Cluster))] = &[
+        ("pods reach each other across and within nodes (TCP, UDP), a Service reaches both nodes", connectivity),
+        ("spec hostPort and weft.dev/host-ports reachable from the other node", host_ports),
+        ("standard and weft.dev NetworkPolicies enforced by the agent image", policies),
+        ("deleted pods leave no address, veth or host-port rule", nothing_leaks),
+        ("a hung agent makes its node NotReady through CNI STATUS, and it recovers", status_follows_the_agent),
+        ("helm upgrade restarts the agents with traffic flowing, no packet lost", upgrade_without_loss),
+        ("a node deleted and a new one added: Subnet released and leased, pods reach the others", replace_node),
+        ("helm uninstall leaves no Weft objects", uninstall),
+    ];
+    namespace(NS, &[]);
+    for (what, step) in steps {
+        let started = Instant::now();
+        eprintln!("--- step: {what}");
+        step(cluster);
+        eprintln!("--- ok ({:.1} s): {what}", started.elapsed().as_secs_f64());
+    }
+}
+
+fn pod<'a>(name: &'a str, node: &'a str, labels: &'a [(&'a str, &'a str)]) -> TestPod<'a> {
+    TestPod { namespace: NS, name, node, labels, annotations: &[], host_port: None }
+}
+
+fn connectivity(_: &Cluster) {
+    let a = pod("a", "node-1", &[("app", "echo")]).run();
+    let b = pod("b", "node-1", &[("app", "echo")]).run();
+    let c = pod("c", "node-2", &[("app", "echo")]).run();
+    for (from, target, name) in [("a", &b, "b"), ("a", &c, "c"), ("c", &a, "a"), ("c", &b, "b")] {
+        let answer = eventually(&format!("{from} → {name} over TCP"), Duration::from_secs(30), || {
+            http_hostname(NS, from, &format!("{target}:{HTTP_PORT}"))
+        });
+        assert_eq!(answer, name, "TCP {from} → {target}");
+        let answer = eventually(&format!("{from} → {name} over UDP"), Duration::from_secs(30), || {
+            udp_hostname(NS, from, target)
+        });
+        assert_eq!(answer, name, "UDP {from} → {target}");
+    }
+    apply(&format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: echo, namespace: {NS}}}\n\
+         spec:\n  selector: {{app: echo}}\n  ports: [{{port: 80, targetPort: {HTTP_PORT}}}]\n"
+    ));
+    let ip = kubectl_ok(&["get", "svc", "-n", NS, "echo", "-o", "jsonpath={.spec.clusterIP}"]);
+    let mut seen = std::collections::BTreeSet::new();
+    eventually("the Service to answer from pods on both nodes", Duration::from_secs(60), || {
+        if let Some(name) = http_hostname(NS, "a", &format!("{ip}:80")) {
+            seen.insert(name);
+        }
+        (seen.contains("c") && (seen.contains("a") || seen.contains("b"))).then_some(())
+    });
+}
+
+fn host_ports(cluster: &Cluster) {
+    let state = cluster.state();
+    let node1 = state.node("node-1").expect("node-1").ip;
+    let fixed = TestPod { host_port: Some(18088), ..pod("fixed", "node-1", &[]) };
+    fixed.run();
+    let answer = eventually("spec hostPort 18088 from node-2", Duration::from_secs(30), || {
+        curl_from_node("node-2", &format!("{node1}:18088"))
+    });
+    assert_eq!(answer, "fixed");
+
+    let auto = TestPod { annotations: &[("weft.dev/host-ports", "http")], ..pod("auto", "node-1", &[]) };
+    auto.run();
+    let addresses = eventually("weft.dev/host-port-addresses on the pod", Duration::from_secs(60), || {
+        let (ok, out) = kubectl(&[
+            "get",
+            "pod",
+            "-n",
+            NS,
+            "auto",
+            "-o",
+            r"jsonpath={.metadata.annotations.weft\.dev/host-port-addresses}",
+        ]);
+        (ok && !out.trim().is_empty()).then(|| out.trim().to_owned())
+    });
+    let map: std::collections::BTreeMap<String, String> =
+        serde_json::from_str(&addresses).unwrap_or_else(|e| panic!("bad annotation {addresses:?}: {e}"));
+    let address = map.get(&format!("{HTTP_PORT}/TCP")).unwrap_or_else(|| panic!("no {HTTP_PORT}/TCP in {map:?}"));
+    assert!(address.starts_with(&format!("{node1}:")), "{address} is not on node-1's address");
+    let answer = eventually("the automatic host port from node-2", Duration::from_secs(30), || {
+        curl_from_node("node-2", address)
+    });
+    assert_eq!(answer, "auto");
+}
+
+/// `GET /hostname` from inside a node (its network namespace).
+fn curl_from_node(node: &str, target: &str) -> Option<String> {
+    let url = format!("http://{target}/hostname");
+    let (ok, out) = node_exec(node, &["curl", "-s", "--max-time", "3", &url]);
+    ok.then(|| out.trim().to_owned()).filter(|s| !s.is_empty())
+}
+
+fn policies(_: &Cluster) {
+    let server = pod("server", "node-1", &[("app", "server")]).run();
+    pod("client", "node-2", &[("role", "client")]).run();
+    pod("other", "node-2", &[("role", "other")]).run();
+    let target = format!("{server}:{HTTP_PORT}");
+    let reaches = |from: &str| http_hostname(NS, from, &target).is_some();
+    assert!(reaches("client") && reaches("other"), "server must be open before any policy");
+
+    apply(&format!(
+        r#"apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {{name: server-from-clients, namespace: {NS}}}
+spec:
+  podSelector: {{matchLabels: {{app: server}}}}
+  ingress:
+  - from: [{{podSelector: {{matchLabels: {{role: client}}}}}}]
+    ports: [{{port: http}}]
+"#
+    ));
+    eventually("the standard policy to drop other → server", Duration::from_secs(30), || {
+        (!reaches("other")).then_some(())
+    });
+    assert!(reaches("client"), "client is admitted by the standard policy");
+
+    apply(&format!(
+        r#"apiVersion: weft.dev/v1alpha1
+kind: NetworkPolicy
+metadata: {{name: deny-clients, namespace: {NS}}}
+spec:
+  podSelector: {{matchLabels: {{app: server}}}}
+  priority: 100
+  ingress:
+  - action: Deny
+    peers: [{{podSelector: {{matchLabels: {{role: client}}}}}}]
+"#
+    ));
+    eventually("the weft.dev Deny to override the standard allow", Duration::from_secs(30), || {
+        (!reaches("client")).then_some(())
+    });
+    kubectl_ok(&["delete", "networkpolicies.weft.dev", "-n", NS, "deny-clients"]);
+    kubectl_ok(&["delete", "networkpolicies.networking.k8s.io", "-n", NS, "server-from-clients"]);
+    eventually("both policies gone: other reaches server again", Duration::from_secs(30), || {
+        (reaches("other") && reaches("client")).then_some(())
+    });
+}
+
+/// Weft's host veths, IPAM records and host-port rules on a node.
+fn node_footprint(cluster: &Cluster, node_name: &str) -> (usize, usize, String) {
+    let state = cluster.state();
+    let info = state.node(node_name).expect("node").clone();
+    let (_, links) = node_exec(node_name, &["ip", "-o", "link", "show", "type", "veth"]);
+    let veths = links.lines().filter(|l| l.contains(": weftv")).count();
+    let records = node::host_view(&info, "/var/lib/weft/ipam")
+        .ok()
+        .and_then(|d| std::fs::read_dir(d).ok())
+        .map(|d| d.filter_map(Result::ok).filter(|e| !e.file_name().to_string_lossy().starts_with('.')).count())
+        .unwrap_or(0);
+    let (_, rules) = node_exec(node_name, &["iptables", "-t", "nat", "-S", "WEFT-HOSTPORTS"]);
+    (veths, records, rules)
+}
+
+fn nothing_leaks(cluster: &Cluster) {
+    delete_pods(NS, &["a", "b", "c", "fixed", "auto", "server", "client", "other"]);
+    for node in ["node-1", "node-2"] {
+        let (veths, records, rules) =
+            eventually(&format!("{node} to drop its pods' attachments"), Duration::from_secs(30), || {
+                let f = node_footprint(cluster, node);
+                (f.0 == 0 && f.1 == 0).then_some(f)
+            });
+        assert_eq!((veths, records), (0, 0));
+        assert!(
+            !rules.contains("18088") && !rules.contains("--to-destination"),
+            "host-port rules left on {node}:\n{rules}"
+        );
+    }
+}
+
+/// The pid of weft-agent running on a node (in the node's cgroup).
+fn agent_pid(node_name: &str) -> Option<i32> {
+    let (_, out) = node_exec(node_name, &["pgrep", "-x", "weft-agent"]);
+    out.lines().next().and_then(|l| l.trim().parse().ok())
+}
+
+fn node_ready(name: &str) -> Option<bool> {
+    let (ok, out) = kubectl(&["get", "node", name, "-o", "jsonpath={.status.conditions[?(@.type=='Ready')].status}"]);
+    ok.then(|| out.trim() == "True")
+}
+
+fn status_follows_the_agent(_: &Cluster) {
+    let pid = eventually("weft-agent running on node-2", Duration::from_secs(30), || agent_pid("node-2"));
+    // A hung agent: it keeps its socket but answers nothing.
+    // SAFETY: plain kill(2) of the agent process found in node-2.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+    eventually("node-2 NotReady once STATUS fails", Duration::from_secs(60), || {
+        (node_ready("node-2") == Some(false)).then_some(())
+    });
+    let message =
+        kubectl_ok(&["get", "node", "node-2", "-o", "jsonpath={.status.conditions[?(@.type=='Ready')].message}"]);
+    assert!(message.to_lowercase().contains("network"), "NotReady for another reason: {message}");
+    // A pod for node-2 waits while the node is not ready.
+    apply(&pod("late", "node-2", &[]).yaml());
+    let (_, phase) = kubectl(&["get", "pod", "-n", NS, "late", "-o", "jsonpath={.status.phase}"]);
+    assert_eq!(phase.trim(), "Pending", "a pod must not start on a node whose network is not ready");
+    // kubelet's liveness probe restarts the hung agent; the node recovers.
+    eventually("node-2 Ready again after the agent restarted", Duration::from_secs(180), || {
+        (node_ready("node-2") == Some(true)).then_some(())
+    });
+    // SAFETY: as above; the stopped process may be gone already.
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+    wait_running(NS, "late");
+    delete_pods(NS, &["late"]);
+}
+
+fn agent_pods() -> Vec<String> {
+    let out = kubectl_ok(&[
+        "get",
+        "pods",
+        "-n",
+        "kube-system",
+        "-l",
+        "app.kubernetes.io/component=agent",
+        "-o",
+        "jsonpath={.items[*].metadata.uid}",
+    ]);
+    out.split_whitespace().map(str::to_owned).collect()
+}
+
+fn upgrade_without_loss(cluster: &Cluster) {
+    pod("ping-src", "node-1", &[]).run();
+    let dst = pod("ping-dst", "node-2", &[]).run();
+    let before = agent_pods();
+    // 90 s of pings, 10 a second; the rollout must finish inside them.
+    let pinger = std::thread::spawn(move || pod_exec(NS, "ping-src", &["ping", "-q", "-i", "0.1", "-c", "900", &dst]));
+    let state = cluster.state();
+    let chart = weft_e2e::cluster::supervise::chart_dir().display().to_string();
+    let mut args: Vec<String> = ["helm", "upgrade", "weft", &chart].map(String::from).into();
+    args.extend(["-n", "kube-system", "--wait", "--timeout", "3m"].map(String::from));
+    for v in &state.helm_values {
+        args.push("--set".into());
+        args.push(v.clone());
+    }
+    // A changed setting rolls the DaemonSet.
+    args.extend(["--set", "agent.resyncSeconds=29"].map(String::from));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    ok(&args);
+    kubectl_ok(&["rollout", "status", "-n", "kube-system", "daemonset/weft-agent", "--timeout=180s"]);
+    let after = agent_pods();
+    assert!(!pinger.is_finished(), "the pings ended before the rollout did: lengthen them");
+    assert!(before.iter().all(|uid| !after.contains(uid)), "every agent pod must have been replaced");
+    let (success, out) = pinger.join().expect("pinger thread");
+    assert!(success, "ping failed:\n{out}");
+    assert!(out.contains("900 packets transmitted, 900 packets received"), "packets lost during helm upgrade:\n{out}");
+    delete_pods(NS, &["ping-src", "ping-dst"]);
+}
+
+fn subnet_of(node: &str) -> Option<String> {
+    let (ok, out) = kubectl(&["get", "subnets", "-o", "json"]);
+    if !ok {
+        return None;
+    }
+    let v: serde_json::Value = serde_json::from_str(&out).ok()?;
+    v["items"].as_array()?.iter().find(|s| s["spec"]["nodeName"] == node).map(|s| s["spec"]["cidr"].to_string())
+}
+
+fn replace_node(_: &Cluster) {
+    assert!(subnet_of("node-2").is_some(), "node-2 has a Subnet");
+    ok(&["del-node", "node-2"]);
+    eventually("node-2's Subnet released", Duration::from_secs(60), || subnet_of("node-2").is_none().then_some(()));
+    let out = ok(&["add-node"]);
+    let new = out.split_whitespace().next().expect("add-node names the node").to_owned();
+    assert!(subnet_of(&new).is_some(), "{new} got a Subnet");
+    let a = pod("after-a", "node-1", &[]).run();
+    pod("after-b", &new, &[]).run();
+    let answer = eventually(&format!("a pod on {new} reaching node-1"), Duration::from_secs(30), || {
+        http_hostname(NS, "after-b", &format!("{a}:{HTTP_PORT}"))
+    });
+    assert_eq!(answer, "after-a");
+    delete_pods(NS, &["after-a", "after-b"]);
+}
+
+fn uninstall(_: &Cluster) {
+    ok(&["helm", "uninstall", "weft", "-n", "kube-system", "--wait", "--timeout", "2m"]);
+    let (_, left) = kubectl(&[
+        "get",
+        "all,serviceaccounts,configmaps,roles,rolebindings",
+        "-A",
+        "-l",
+        "app.kubernetes.io/instance=weft",
+        "-o",
+        "name",
+    ]);
+    assert!(left.trim().is_empty(), "helm uninstall left objects:\n{left}");
+    let (_, subnets) = kubectl(&["get", "subnets,hostportallocations", "-A", "-o", "name"]);
+    assert!(subnets.trim().is_empty(), "helm uninstall left Weft objects:\n{subnets}");
+    let _ = state_dir();
+}
