@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every Weft test on this machine (as root): unit tests, integration
-# tests against a real kube-apiserver and etcd, and the namespace-based e2e
-# tests. Installs what it needs first.
+# tests against a real kube-apiserver and etcd, the namespace-based e2e tests
+# and the real-node cluster tests (kubelet + containerd, Weft from its chart).
+# Installs what it needs first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -12,4 +13,8 @@ export WEFT_TOOLS_DIR="$(e2e/scripts/build-tools.sh --print-dir)"
 cargo build --workspace --bins
 # weft-cni as it ships (static); e2e/tests/cni_single_node.rs runs it too.
 export WEFT_STATIC_CNI="$(cni-plugin/build-static.sh)"
+# The images the real-node cluster imports (e2e/tests/cluster_*.rs).
+e2e/scripts/build-images.sh >/dev/null
+# e2e/tests/images.rs checks these same tarballs instead of building its own.
+export WEFT_AGENT_IMAGE="$PWD/target/images/weft-agent.tar" WEFT_OPERATOR_IMAGE="$PWD/target/images/weft-operator.tar"
 cargo test --workspace --no-fail-fast "$@"

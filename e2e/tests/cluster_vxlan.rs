@@ -41,31 +41,7 @@ fn pod<'a>(name: &'a str, node: &'a str, labels: &'a [(&'a str, &'a str)]) -> Te
 }
 
 fn connectivity(_: &Cluster) {
-    let a = pod("a", "node-1", &[("app", "echo")]).run();
-    let b = pod("b", "node-1", &[("app", "echo")]).run();
-    let c = pod("c", "node-2", &[("app", "echo")]).run();
-    for (from, target, name) in [("a", &b, "b"), ("a", &c, "c"), ("c", &a, "a"), ("c", &b, "b")] {
-        let answer = eventually(&format!("{from} → {name} over TCP"), Duration::from_secs(30), || {
-            http_hostname(NS, from, &format!("{target}:{HTTP_PORT}"))
-        });
-        assert_eq!(answer, name, "TCP {from} → {target}");
-        let answer = eventually(&format!("{from} → {name} over UDP"), Duration::from_secs(30), || {
-            udp_hostname(NS, from, target)
-        });
-        assert_eq!(answer, name, "UDP {from} → {target}");
-    }
-    apply(&format!(
-        "apiVersion: v1\nkind: Service\nmetadata: {{name: echo, namespace: {NS}}}\n\
-         spec:\n  selector: {{app: echo}}\n  ports: [{{port: 80, targetPort: {HTTP_PORT}}}]\n"
-    ));
-    let ip = kubectl_ok(&["get", "svc", "-n", NS, "echo", "-o", "jsonpath={.spec.clusterIP}"]);
-    let mut seen = std::collections::BTreeSet::new();
-    eventually("the Service to answer from pods on both nodes", Duration::from_secs(60), || {
-        if let Some(name) = http_hostname(NS, "a", &format!("{ip}:80")) {
-            seen.insert(name);
-        }
-        (seen.contains("c") && (seen.contains("a") || seen.contains("b"))).then_some(())
-    });
+    weft_e2e::cluster::workloads::pods_and_a_service_connect(NS);
 }
 
 fn host_ports(cluster: &Cluster) {
@@ -187,9 +163,9 @@ fn nothing_leaks(cluster: &Cluster) {
 }
 
 /// The pid of weft-agent running on a node (in the node's cgroup).
-fn agent_pid(node_name: &str) -> Option<i32> {
-    let (_, out) = node_exec(node_name, &["pgrep", "-x", "weft-agent"]);
-    out.lines().next().and_then(|l| l.trim().parse().ok())
+fn agent_pid(cluster: &Cluster, node_name: &str) -> Option<i32> {
+    let state = cluster.state();
+    node::find_processes(state.node(node_name).ok()?, "weft-agent").first().copied()
 }
 
 fn node_ready(name: &str) -> Option<bool> {
@@ -197,8 +173,8 @@ fn node_ready(name: &str) -> Option<bool> {
     ok.then(|| out.trim() == "True")
 }
 
-fn status_follows_the_agent(_: &Cluster) {
-    let pid = eventually("weft-agent running on node-2", Duration::from_secs(30), || agent_pid("node-2"));
+fn status_follows_the_agent(cluster: &Cluster) {
+    let pid = eventually("weft-agent running on node-2", Duration::from_secs(30), || agent_pid(cluster, "node-2"));
     // A hung agent: it keeps its socket but answers nothing.
     // SAFETY: plain kill(2) of the agent process found in node-2.
     assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);

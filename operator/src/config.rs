@@ -86,6 +86,11 @@ pub struct Config {
     /// Maximum reconciles running at once per controller.
     #[arg(long, env = "WEFT_CONCURRENCY", default_value_t = 64)]
     pub concurrency: u16,
+
+    /// Delete every Subnet and HostPortAllocation, then exit (the chart's
+    /// post-delete hook, after the agents and the operator are gone).
+    #[arg(long)]
+    pub uninstall: bool,
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -8,3 +8,4 @@ pub mod metrics;
 pub mod policies;
 pub mod run;
 pub mod subnets;
+pub mod uninstall;

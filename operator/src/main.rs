@@ -7,11 +7,20 @@ use weft_operator::config::Config;
 async fn main() -> ExitCode {
     weft_telemetry::logging::init("RUST_LOG");
     let config = Config::parse();
-    match weft_operator::run::run(config).await {
+    let result = if config.uninstall { uninstall().await } else { weft_operator::run::run(config).await };
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e:#}");
             ExitCode::FAILURE
         }
     }
+}
+
+async fn uninstall() -> anyhow::Result<()> {
+    use anyhow::Context;
+    let client = kube::Client::try_default().await.context("connecting to the Kubernetes API")?;
+    let (subnets, allocations) = weft_operator::uninstall::remove_weft_objects(client).await?;
+    tracing::info!(subnets, allocations, "removed Weft's objects");
+    Ok(())
 }

@@ -163,7 +163,10 @@ fn print_usage(state: &State) {
     println!("  export KUBECONFIG={}", state.kubeconfig.display());
     println!("  export PATH={}:$PATH", tools.display());
     println!("  kubectl get nodes -o wide; kubectl get subnets -o wide");
-    println!("  kubectl run web --image=registry.k8s.io/e2e-test-images/agnhost:2.56 -- netexec --http-port=8080");
+    println!(
+        "  kubectl run web --image={} --image-pull-policy=Never -- netexec --http-port=8080",
+        cluster::workloads::AGNHOST_IMAGE
+    );
     println!("  e2e/cluster.sh node-exec node-1 ip route     # inside a node");
     println!("  e2e/cluster.sh down");
 }

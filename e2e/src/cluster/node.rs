@@ -121,6 +121,15 @@ fn processes(node: &NodeInfo) -> Vec<i32> {
     out
 }
 
+/// Pids of the node's processes named `comm` (containers included); the
+/// pid namespace is the host's, so `pgrep` would find other nodes' too.
+pub fn find_processes(node: &NodeInfo, comm: &str) -> Vec<i32> {
+    processes(node)
+        .into_iter()
+        .filter(|pid| std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == comm))
+        .collect()
+}
+
 /// Removes the node's cgroups, deepest first, under every hierarchy.
 fn remove_cgroups(node: &NodeInfo) {
     fn rmdir_tree(dir: &Path) {
@@ -187,10 +196,13 @@ pub fn create(node: &NodeInfo) -> anyhow::Result<()> {
         std::fs::create_dir_all(&own).with_context(|| format!("creating {}", own.display()))?;
         // The mount point must exist on the host; it stays empty there.
         std::fs::create_dir_all(host).with_context(|| format!("creating mount point {host}"))?;
-        script.push_str(&format!("mount --bind '{}' '{host}'\n", path_str(&own)?));
+        // Shared within the node, as on a systemd host: mounts made later
+        // (containerd's pod network namespaces under /run/netns, kubelet's
+        // volumes) must reach containers that mount these paths, such as
+        // the agent's HostToContainer /run/netns. Slave to the host, so
+        // nothing propagates back.
+        script.push_str(&format!("mount --bind '{}' '{host}'\nmount --make-rshared '{host}'\n", path_str(&own)?));
     }
-    // Volumes kubelet mounts under its root must reach the containers.
-    script.push_str("mount --make-rshared /var/lib/kubelet\n");
     let out = Command::new("nsenter")
         .arg(format!("--mount={}", ns_file.display()))
         .args(["--", "sh", "-c", &script])

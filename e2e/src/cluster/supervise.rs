@@ -108,7 +108,9 @@ pub fn cleanup_leftovers() {
         let _ = ip(&["netns", "del", &ns]);
     }
     let ns_dir = state_dir().join("ns");
-    let _ = Command::new("umount").arg(&ns_dir).status();
+    if ns_dir.exists() {
+        let _ = Command::new("umount").arg(&ns_dir).stderr(std::process::Stdio::null()).status();
+    }
     let _ = Command::new("rm").args(["-rf", "--one-file-system"]).arg(state_dir()).status();
 }
 

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use super::testing::{apply, eventually, kubectl, kubectl_ok, pod_exec};
+use super::testing::{apply, eventually, kubectl, kubectl_ok, node_exec};
 
 /// The test image the upstream e2e tests of Kubernetes v1.35 expect.
 pub const AGNHOST_IMAGE: &str = "registry.k8s.io/e2e-test-images/agnhost:2.59";
@@ -93,19 +93,41 @@ pub fn wait_running(namespace: &str, name: &str) -> String {
     })
 }
 
-/// What `GET http://target/hostname` from inside a pod answers (the
-/// answering pod's name), or `None` when nothing answered within 3 s.
-pub fn http_hostname(namespace: &str, from: &str, target: &str) -> Option<String> {
-    let url = format!("http://{target}/hostname");
-    let (ok, out) = pod_exec(namespace, from, &["wget", "-q", "-T", "3", "-O", "-", &url]);
-    ok.then(|| out.trim().to_owned()).filter(|s| !s.is_empty())
+/// The pod's IP and node.
+pub fn placement(namespace: &str, pod: &str) -> Option<(String, String)> {
+    let (ok, out) = kubectl(&["get", "pod", "-n", namespace, pod, "-o", "jsonpath={.status.podIP} {.spec.nodeName}"]);
+    let mut fields = out.split_whitespace();
+    match (ok, fields.next(), fields.next()) {
+        (true, Some(ip), Some(node)) => Some((ip.to_owned(), node.to_owned())),
+        _ => None,
+    }
 }
 
-/// What agnhost's UDP server at `ip` answers to `hostname` from inside a pod.
+/// Asks the agnhost of pod `from` to send `hostname` to `target` (IP:PORT)
+/// over `protocol` (`http` or `udp`), as the upstream e2e tests do through
+/// netexec's `/dial`; returns who answered, or `None` when nobody did. The
+/// request reaches `from` from its own node, which policy never blocks.
+pub fn dial(namespace: &str, from: &str, protocol: &str, target: &str) -> Option<String> {
+    let (ip, node) = placement(namespace, from)?;
+    let (host, port) = target.rsplit_once(':')?;
+    let url =
+        format!("http://{ip}:{HTTP_PORT}/dial?request=hostname&protocol={protocol}&host={host}&port={port}&tries=1");
+    let (ok, out) = node_exec(&node, &["curl", "-s", "--max-time", "6", &url]);
+    if !ok {
+        return None;
+    }
+    let v: serde_json::Value = serde_json::from_str(out.trim()).ok()?;
+    v["responses"].as_array()?.first()?.as_str().map(str::to_owned)
+}
+
+/// Who answers `GET /hostname` at `target` (IP:PORT) from pod `from`.
+pub fn http_hostname(namespace: &str, from: &str, target: &str) -> Option<String> {
+    dial(namespace, from, "http", target)
+}
+
+/// Who answers `hostname` at agnhost's UDP port of `ip` from pod `from`.
 pub fn udp_hostname(namespace: &str, from: &str, ip: &str) -> Option<String> {
-    let script = format!("echo hostname | nc -u -w 2 {ip} {UDP_PORT}");
-    let (ok, out) = pod_exec(namespace, from, &["sh", "-c", &script]);
-    ok.then(|| out.trim().to_owned()).filter(|s| !s.is_empty())
+    dial(namespace, from, "udp", &format!("{ip}:{UDP_PORT}"))
 }
 
 /// Deletes pods at once (grace period 0) and waits until they are gone.
@@ -113,4 +135,42 @@ pub fn delete_pods(namespace: &str, names: &[&str]) {
     let mut args = vec!["delete", "pod", "-n", namespace, "--grace-period=0", "--force", "--wait=true"];
     args.extend_from_slice(names);
     kubectl_ok(&args);
+}
+
+/// Three pods (two on node-1, one on node-2) reach each other over TCP and
+/// UDP, and a ClusterIP Service through kube-proxy answers from both nodes.
+pub fn pods_and_a_service_connect(ns: &str) {
+    let pod = |name: &'static str, node: &'static str| TestPod {
+        namespace: ns,
+        name,
+        node,
+        labels: &[("app", "echo")],
+        annotations: &[],
+        host_port: None,
+    };
+    let a = pod("a", "node-1").run();
+    let b = pod("b", "node-1").run();
+    let c = pod("c", "node-2").run();
+    for (from, target, name) in [("a", &b, "b"), ("a", &c, "c"), ("c", &a, "a"), ("c", &b, "b")] {
+        let answer = eventually(&format!("{from} → {name} over TCP"), Duration::from_secs(30), || {
+            http_hostname(ns, from, &format!("{target}:{HTTP_PORT}"))
+        });
+        assert_eq!(answer, name, "TCP {from} → {target}");
+        let answer = eventually(&format!("{from} → {name} over UDP"), Duration::from_secs(30), || {
+            udp_hostname(ns, from, target)
+        });
+        assert_eq!(answer, name, "UDP {from} → {target}");
+    }
+    apply(&format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: echo, namespace: {ns}}}\n\
+         spec:\n  selector: {{app: echo}}\n  ports: [{{port: 80, targetPort: {HTTP_PORT}}}]\n"
+    ));
+    let ip = kubectl_ok(&["get", "svc", "-n", ns, "echo", "-o", "jsonpath={.spec.clusterIP}"]);
+    let mut seen = std::collections::BTreeSet::new();
+    eventually("the Service to answer from pods on both nodes", Duration::from_secs(60), || {
+        if let Some(name) = http_hostname(ns, "a", &format!("{ip}:80")) {
+            seen.insert(name);
+        }
+        (seen.contains("c") && (seen.contains("a") || seen.contains("b"))).then_some(())
+    });
 }

@@ -89,15 +89,20 @@ pub fn from_pod(pod: &Pod) -> Result<Vec<Wanted>, RequestError> {
     Ok(wanted)
 }
 
-/// One entry of the `portMappings` capability, as the runtime passes it.
+/// One entry of the `portMappings` capability, as the runtime passes it:
+/// the CNI conventions' camelCase, or the Go field names containerd sends
+/// (go-cni's `PortMapping` has no JSON tags; Go plugins read it because
+/// Go's JSON decoding ignores case).
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct PortMapping {
+    #[serde(alias = "HostPort")]
     host_port: i64,
+    #[serde(alias = "ContainerPort")]
     container_port: i64,
-    #[serde(default)]
+    #[serde(default, alias = "Protocol")]
     protocol: Option<String>,
-    #[serde(default, rename = "hostIP")]
+    #[serde(default, rename = "hostIP", alias = "HostIP")]
     host_ip: Option<String>,
 }
 
@@ -178,6 +183,19 @@ mod tests {
     fn no_annotation_asks_for_nothing() {
         let p: Pod = serde_json::from_value(serde_json::json!({"metadata": {"name": "x"}})).unwrap();
         assert_eq!(from_pod(&p).unwrap(), vec![]);
+    }
+
+    #[test]
+    fn port_mappings_as_containerd_sends_them() {
+        // containerd 2.2 through go-cni: Go field names, lower-case protocol.
+        let conf = serde_json::json!({"runtimeConfig": {"portMappings": [
+            {"HostPort": 18088, "ContainerPort": 8080, "Protocol": "tcp", "HostIP": ""},
+        ]}});
+        let wanted = from_runtime_config(conf.to_string().as_bytes()).unwrap();
+        assert_eq!(wanted.len(), 1);
+        assert_eq!((wanted[0].host_port, wanted[0].container_port), (Some(18088), 8080));
+        assert_eq!(wanted[0].protocol, Protocol::Tcp);
+        assert_eq!(wanted[0].host_ip, None);
     }
 
     #[test]
