@@ -15,6 +15,10 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long one verb may take end to end. Kubelet retries failed ADDs, so a
 /// clear failure beats an open-ended wait.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long STATUS may take. The runtime asks for it on every status query
+/// of kubelet's and waits on it, so a hung agent must turn into a quick
+/// "not ready" rather than a runtime that looks down.
+pub const STATUS_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Why the agent could not be reached.
 #[derive(Debug, thiserror::Error)]

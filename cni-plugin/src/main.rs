@@ -174,7 +174,13 @@ async fn status(c: ConfOnly) -> Result<(), CniError> {
     let mut client =
         client::connect(&socket_of(&c.conf)).await.map_err(|e| unreachable(Code::NotAvailable, e.to_string()))?;
     let req = StatusRequest { network_name: c.conf.name.clone(), config_json: c.raw.clone() };
-    let reply = client.status(req).await.map_err(|s| grpc_error(Code::NotAvailable, "STATUS", s))?.into_inner();
+    let reply = tokio::time::timeout(client::STATUS_TIMEOUT, client.status(req))
+        .await
+        .map_err(|_| {
+            unreachable(Code::NotAvailable, format!("weft-agent did not answer STATUS within {:?}", client::STATUS_TIMEOUT))
+        })?
+        .map_err(|s| grpc_error(Code::NotAvailable, "STATUS", s))?
+        .into_inner();
     reply.error.map_or(Ok(()), |e| Err(e.into()))
 }
 

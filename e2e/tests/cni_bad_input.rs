@@ -79,3 +79,22 @@ fn version_is_answered_without_an_agent() {
     let supported: Vec<&str> = v["supportedVersions"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
     assert!(supported.contains(&"1.1.0") && supported.contains(&"0.4.0"), "{v}");
 }
+
+/// A hung agent (its socket accepts, nothing answers) fails STATUS with 50
+/// within the STATUS timeout: containerd waits on STATUS for every status
+/// query of kubelet's, and a slow answer makes the whole runtime look down.
+#[test]
+fn status_of_a_hung_agent_is_code_50_quickly() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let socket = dir.path().join("agent.sock");
+    // Bound and listening, never accepted: connections wait in the backlog.
+    let _listener = std::os::unix::net::UnixListener::bind(&socket).expect("bind socket");
+    let conf = format!(
+        r#"{{"cniVersion":"1.1.0","name":"weft","type":"weft-cni","agentSocket":"{}"}}"#,
+        socket.display()
+    );
+    let started = std::time::Instant::now();
+    expect(&[("CNI_COMMAND", "STATUS")], &conf, 50, "did not");
+    let took = started.elapsed();
+    assert!(took < std::time::Duration::from_secs(12), "STATUS took {took:?}");
+}
