@@ -177,7 +177,10 @@ async fn status(c: ConfOnly) -> Result<(), CniError> {
     let reply = tokio::time::timeout(client::STATUS_TIMEOUT, client.status(req))
         .await
         .map_err(|_| {
-            unreachable(Code::NotAvailable, format!("weft-agent did not answer STATUS within {:?}", client::STATUS_TIMEOUT))
+            unreachable(
+                Code::NotAvailable,
+                format!("weft-agent did not answer STATUS within {:?}", client::STATUS_TIMEOUT),
+            )
         })?
         .map_err(|s| grpc_error(Code::NotAvailable, "STATUS", s))?
         .into_inner();

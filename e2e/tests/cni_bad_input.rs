@@ -89,10 +89,8 @@ fn status_of_a_hung_agent_is_code_50_quickly() {
     let socket = dir.path().join("agent.sock");
     // Bound and listening, never accepted: connections wait in the backlog.
     let _listener = std::os::unix::net::UnixListener::bind(&socket).expect("bind socket");
-    let conf = format!(
-        r#"{{"cniVersion":"1.1.0","name":"weft","type":"weft-cni","agentSocket":"{}"}}"#,
-        socket.display()
-    );
+    let conf =
+        format!(r#"{{"cniVersion":"1.1.0","name":"weft","type":"weft-cni","agentSocket":"{}"}}"#, socket.display());
     let started = std::time::Instant::now();
     expect(&[("CNI_COMMAND", "STATUS")], &conf, 50, "did not");
     let took = started.elapsed();

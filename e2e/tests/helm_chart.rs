@@ -230,21 +230,30 @@ fn template_renders_defaults() {
         [
             "ClusterRole",
             "ClusterRole",
+            "ClusterRole",
+            "ClusterRoleBinding",
             "ClusterRoleBinding",
             "ClusterRoleBinding",
             "ConfigMap",
             "ConfigMap",
             "DaemonSet",
             "Deployment",
+            "Job",
             "Role",
             "RoleBinding",
             "Service",
             "Service",
             "ServiceAccount",
+            "ServiceAccount",
             "ServiceAccount"
         ],
         "rendered: {out}"
     );
+
+    // helm uninstall's clean-up: a post-delete hook with RBAC of its own.
+    let hook = find(&docs, "Job", "-uninstall");
+    assert_eq!(hook["metadata"]["annotations"]["helm.sh/hook"], "post-delete");
+    assert_eq!(hook["spec"]["template"]["spec"]["containers"][0]["args"][0], "--uninstall");
 
     let op = find(&docs, "Deployment", "-operator");
     assert_eq!(op["spec"]["replicas"], 2);
@@ -472,7 +481,19 @@ fn install_upgrade_uninstall_on_a_real_apiserver() {
     let release = Release { helm: &helm, cp, name: name.clone(), ns: control_plane::unique_name("weft-helm") };
     let ns = release.ns.as_str();
 
-    helm.ok(&["install", &name, chart, "-n", ns, "--create-namespace", "--timeout", "2m"]);
+    // No kubelet runs the uninstall hook's Job here (cluster_vxlan.rs runs it).
+    helm.ok(&[
+        "install",
+        &name,
+        chart,
+        "-n",
+        ns,
+        "--create-namespace",
+        "--timeout",
+        "2m",
+        "--set",
+        "uninstall.removeWeftObjects=false",
+    ]);
     let objects = release.assert_all_objects_exist();
     assert_eq!(objects.len(), 14, "{objects:?}");
     // The CRDs came from the chart's crds/ directory and are served.
@@ -542,7 +563,8 @@ fn install_upgrade_uninstall_on_a_real_apiserver() {
         "-n",
         ns,
         "--set",
-        "network.backend=host-gw,operator.replicas=3,network.mtu=1400,metrics.service.enabled=false",
+        "network.backend=host-gw,operator.replicas=3,network.mtu=1400,metrics.service.enabled=false,\
+         uninstall.removeWeftObjects=false",
     ]);
     assert_eq!(jsonpath("deployment", &deploy, "{.spec.replicas}"), "3");
     assert_eq!(jsonpath("deployment", &deploy, backend), "host-gw");
@@ -656,7 +678,8 @@ fn installs_into_the_sandbox_cluster() {
         "weft-system",
         "--create-namespace",
         "--set",
-        "network.clusterCIDR=10.244.0.0/16,network.hostPortRange.min=21000,network.hostPortRange.max=21999",
+        "network.clusterCIDR=10.244.0.0/16,network.hostPortRange.min=21000,network.hostPortRange.max=21999,\
+         uninstall.removeWeftObjects=false",
     ]);
     assert!(out.contains("STATUS: deployed"), "{out}");
     let objects = ok(&[
