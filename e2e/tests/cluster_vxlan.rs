@@ -7,17 +7,18 @@
 use std::time::{Duration, Instant};
 
 use weft_e2e::cluster::testing::{Cluster, apply, eventually, kubectl, kubectl_ok, node_exec, ok, pod_exec};
-use weft_e2e::cluster::workloads::{
-    HTTP_PORT, TestPod, delete_pods, http_hostname, namespace, udp_hostname, wait_running,
-};
-use weft_e2e::cluster::{node, state_dir};
+use weft_e2e::cluster::workloads::{HTTP_PORT, TestPod, delete_pods, http_hostname, namespace, wait_running};
+use weft_e2e::cluster::node;
 
 const NS: &str = "weft-e2e";
+
+/// One step of the scenario: what it shows, and the function that shows it.
+type Step = (&'static str, fn(&Cluster));
 
 #[test]
 fn weft_on_real_nodes_with_vxlan() {
     let Some(cluster) = Cluster::shared(&["--backend", "vxlan"]) else { return };
-    let steps: &[(&str, fn(&Cluster))] = &[
+    let steps: &[Step] = &[
         ("pods reach each other across and within nodes (TCP, UDP), a Service reaches both nodes", connectivity),
         ("spec hostPort and weft.dev/host-ports reachable from the other node", host_ports),
         ("standard and weft.dev NetworkPolicies enforced by the agent image", policies),
@@ -265,7 +266,7 @@ fn replace_node(_: &Cluster) {
     delete_pods(NS, &["after-a", "after-b"]);
 }
 
-fn uninstall(_: &Cluster) {
+fn uninstall(cluster: &Cluster) {
     ok(&["helm", "uninstall", "weft", "-n", "kube-system", "--wait", "--timeout", "2m"]);
     let (_, left) = kubectl(&[
         "get",
@@ -279,5 +280,17 @@ fn uninstall(_: &Cluster) {
     assert!(left.trim().is_empty(), "helm uninstall left objects:\n{left}");
     let (_, subnets) = kubectl(&["get", "subnets,hostportallocations", "-A", "-o", "name"]);
     assert!(subnets.trim().is_empty(), "helm uninstall left Weft objects:\n{subnets}");
-    let _ = state_dir();
+    // What stays on a node (README, "Install with Helm"): the files the init
+    // container installed and the kernel state the agent made.
+    let state = cluster.state();
+    let node1 = state.node("node-1").expect("node-1");
+    for path in ["/opt/cni/bin/weft-cni", "/etc/cni/net.d/00-weft.conflist"] {
+        let left = node::host_view(node1, path).expect("per-node path").exists();
+        eprintln!("after helm uninstall, {path} on node-1: {}", if left { "left" } else { "gone" });
+    }
+    let (_, links) = node_exec("node-1", &["ip", "-o", "link", "show"]);
+    eprintln!(
+        "after helm uninstall, Weft's links on node-1: {:?}",
+        links.lines().filter_map(|l| l.split(": ").nth(1)).filter(|n| n.starts_with("weft")).collect::<Vec<_>>()
+    );
 }

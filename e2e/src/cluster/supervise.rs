@@ -174,6 +174,7 @@ fn client_identities() -> Vec<ClientIdentity> {
 }
 
 async fn build(opts: &UpOptions) -> anyhow::Result<Parts> {
+    let started = Instant::now();
     let dir = state_dir();
     std::fs::create_dir_all(&dir)?;
     ip(&["netns", "add", UNDERLAY_NS])?;
@@ -257,8 +258,16 @@ async fn build(opts: &UpOptions) -> anyhow::Result<Parts> {
         args.push(v.clone());
     }
     let kubeconfig = cp.kubeconfig.clone();
+    let helm_started = Instant::now();
+    eprintln!("timing: nodes registered {:.1} s after start", started.elapsed().as_secs_f64());
     tokio::task::spawn_blocking(move || helm(&kubeconfig, &args)).await??;
+    eprintln!("timing: helm install --wait (Weft's pods ready) took {:.1} s", helm_started.elapsed().as_secs_f64());
     wait_ready(&client, &nodes, Duration::from_secs(300)).await?;
+    eprintln!(
+        "timing: every node Ready {:.1} s after helm install began, {:.1} s after start",
+        helm_started.elapsed().as_secs_f64(),
+        started.elapsed().as_secs_f64()
+    );
 
     let state = State {
         supervisor_pid: std::process::id(),
