@@ -10,4 +10,5 @@ pub mod control_plane;
 pub mod netns;
 pub mod prereq;
 pub mod sandbox;
+pub mod supervisor;
 pub mod wait;

@@ -58,34 +58,13 @@ pub fn up(opts: &UpOptions) -> anyhow::Result<State> {
         cmd.arg("--image").arg(i);
     }
     let mut child = crate::sandbox::spawn_detached(cmd, &log)?;
-    let deadline = Instant::now() + Duration::from_secs(600);
-    loop {
-        if let Some(status) = child.try_wait()? {
-            bail!("the cluster supervisor exited ({status}); its log:\n{}", process::log_tail(&log, 8000));
-        }
-        if let Ok(state) = State::load() {
-            return Ok(state);
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            bail!("the cluster was not ready within 600 s; log:\n{}", process::log_tail(&log, 8000));
-        }
-        std::thread::sleep(Duration::from_millis(250));
-    }
+    crate::supervisor::wait_for_ready("cluster", &mut child, &log, Duration::from_secs(600), State::load)
 }
 
 /// Stops the supervisor (which tears everything down) and removes leftovers.
 pub fn down() -> anyhow::Result<()> {
     if let Ok(state) = State::load() {
-        let pid = state.supervisor_pid as i32;
-        // SAFETY: plain kill(2).
-        if unsafe { libc::kill(pid, libc::SIGTERM) } == 0 {
-            let deadline = Instant::now() + Duration::from_secs(120);
-            // SAFETY: signal 0 only checks for existence.
-            while unsafe { libc::kill(pid, 0) } == 0 && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(100));
-            }
-        }
+        crate::supervisor::stop(state.supervisor_pid, Duration::from_secs(120));
     }
     cleanup_leftovers();
     Ok(())

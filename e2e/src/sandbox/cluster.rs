@@ -5,7 +5,7 @@
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, bail};
 use k8s_openapi::api::core::v1::Namespace;
@@ -76,41 +76,16 @@ pub fn up(nodes: usize, backend: &str, agent_args: &[String]) -> anyhow::Result<
     let mut cmd = Command::new(std::env::current_exe()?);
     cmd.args(["supervise", "--nodes", &nodes.to_string(), "--backend", backend]);
     let mut child = super::spawn_detached(cmd, &log)?;
-    let deadline = Instant::now() + Duration::from_secs(300);
-    loop {
-        if let Some(status) = child.try_wait()? {
-            bail!("the sandbox supervisor exited ({status}); its log:\n{}", process::log_tail(&log, 6000));
-        }
-        if let Ok(state) = State::load() {
-            return Ok(state);
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            bail!("the sandbox was not ready within 300 s; log:\n{}", process::log_tail(&log, 6000));
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    crate::supervisor::wait_for_ready("sandbox", &mut child, &log, Duration::from_secs(300), State::load)
 }
 
 /// Stops the supervisor (which tears everything down) and removes leftovers.
 pub fn down() -> anyhow::Result<()> {
     if let Ok(state) = State::load() {
-        let pid = state.supervisor_pid as i32;
-        // SAFETY: plain kill(2).
-        if unsafe { libc::kill(pid, libc::SIGTERM) } == 0 {
-            let deadline = Instant::now() + Duration::from_secs(60);
-            while process_alive(state.supervisor_pid) && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(100));
-            }
-        }
+        crate::supervisor::stop(state.supervisor_pid, Duration::from_secs(60));
     }
     cleanup_leftovers();
     Ok(())
-}
-
-fn process_alive(pid: u32) -> bool {
-    // SAFETY: signal 0 only checks for existence.
-    unsafe { libc::kill(pid as i32, 0) == 0 }
 }
 
 /// Removes every sandbox namespace and the state directory.

@@ -72,17 +72,12 @@ impl State {
     }
 
     pub fn load() -> anyhow::Result<State> {
-        let path = Self::path();
-        let text = std::fs::read_to_string(&path)
-            .with_context(|| format!("the sandbox is not up ({} missing): run `e2e/sandbox.sh up`", path.display()))?;
-        serde_json::from_str(&text).with_context(|| format!("corrupt {}", path.display()))
+        crate::supervisor::load_state(&Self::path(), "the sandbox is not up: run `e2e/sandbox.sh up`")
     }
 
     /// Writes the state atomically.
     pub fn save(&self) -> anyhow::Result<()> {
-        let tmp = Self::path().with_extension("tmp");
-        std::fs::write(&tmp, serde_json::to_vec_pretty(self)?)?;
-        std::fs::rename(&tmp, Self::path()).context("saving the sandbox state")
+        crate::supervisor::save_state(&Self::path(), self)
     }
 
     pub fn node(&self, name: &str) -> anyhow::Result<&NodeInfo> {
