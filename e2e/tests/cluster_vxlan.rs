@@ -41,7 +41,15 @@ fn pod<'a>(name: &'a str, node: &'a str, labels: &'a [(&'a str, &'a str)]) -> Te
     TestPod { namespace: NS, name, node, labels, annotations: &[], host_port: None }
 }
 
-fn connectivity(_: &Cluster) {
+fn connectivity(cluster: &Cluster) {
+    // Before Weft was installed no node was Ready: containerd's STATUS had
+    // no network; Ready came with Weft (Cluster::shared waited for it).
+    let before = &cluster.state().ready_before_weft;
+    assert_eq!(before.len(), 2, "{before:?}");
+    for (node, status, message) in before {
+        assert_eq!(status, "False", "{node} was Ready before Weft was installed: {message}");
+        assert!(message.to_lowercase().contains("network"), "{node} NotReady for another reason: {message}");
+    }
     weft_e2e::cluster::workloads::pods_and_a_service_connect(NS);
 }
 

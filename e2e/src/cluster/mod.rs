@@ -77,6 +77,9 @@ pub struct State {
     /// What a node added later needs.
     pub credentials: node::Credentials,
     pub images: Vec<PathBuf>,
+    /// Each node's Ready condition (name, status, message) just before
+    /// `helm install`: nodes wait for a pod network.
+    pub ready_before_weft: Vec<(String, String, String)>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

@@ -227,6 +227,12 @@ async fn build(opts: &UpOptions) -> anyhow::Result<Parts> {
     }
     let client = cp.client().await?;
     wait_registered(&client, &nodes).await?;
+    control_plane::wait_for(Duration::from_secs(60), "every kubelet to report a Ready condition", || async {
+        Ok(ready_conditions(&client).await?.len() == nodes.len())
+    })
+    .await?;
+    let before_weft = ready_conditions(&client).await?;
+    eprintln!("before helm install: {before_weft:?}");
 
     let values = helm_values(&opts.backend, &opts.helm_sets);
     let mut args: Vec<String> = ["install", "weft"].map(String::from).into();
@@ -256,6 +262,7 @@ async fn build(opts: &UpOptions) -> anyhow::Result<Parts> {
         helm_values: values,
         credentials: creds,
         images: opts.images.clone(),
+        ready_before_weft: before_weft,
     };
     state.save()?;
     Ok((cp, children))
@@ -269,6 +276,19 @@ pub fn add_node(index: usize, creds: &node::Credentials, images: &[PathBuf]) -> 
     node::start_containerd(&info, images)?;
     node::start_kubelet_and_proxy(&info, creds)?;
     Ok(info)
+}
+
+/// Each node's Ready condition: status and message.
+pub async fn ready_conditions(client: &kube::Client) -> anyhow::Result<Vec<(String, String, String)>> {
+    let list = Api::<Node>::all(client.clone()).list(&Default::default()).await?;
+    Ok(list
+        .items
+        .iter()
+        .filter_map(|n| {
+            let c = n.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == "Ready")?;
+            Some((n.metadata.name.clone()?, c.status.clone(), c.message.clone().unwrap_or_default()))
+        })
+        .collect())
 }
 
 /// Waits until kubelet has registered each node's Node object.
