@@ -31,11 +31,10 @@ pub const DAEMONS: &[&str] = &["containerd", "kubelet", "kube-proxy"];
 
 /// Where a node-local host path lives on the host, outside the node.
 pub fn host_view(node: &NodeInfo, path: &str) -> anyhow::Result<PathBuf> {
-    let (_, sub) = NODE_PATHS
+    let (prefix, sub) = NODE_PATHS
         .iter()
         .find(|(p, _)| path == *p || path.starts_with(&format!("{p}/")))
         .with_context(|| format!("{path} is not a per-node path"))?;
-    let (prefix, _) = NODE_PATHS.iter().find(|(_, s)| s == sub).expect("found above");
     Ok(node.dir().join(sub).join(path.trim_start_matches(prefix).trim_start_matches('/')))
 }
 

@@ -9,15 +9,31 @@ use std::time::{Duration, Instant};
 use super::State;
 use crate::{bins, control_plane, prereq, wait};
 
+/// Runs a command to completion; returns success and its stdout, with its
+/// stderr appended when `with_stderr` or when it failed.
+fn capture(mut cmd: Command, with_stderr: bool) -> (bool, String) {
+    let program = format!("{:?}", cmd.get_program());
+    let out = cmd.output().unwrap_or_else(|e| panic!("cannot run {program}: {e}"));
+    let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
+    if with_stderr || !out.status.success() {
+        text.push_str(&String::from_utf8_lossy(&out.stderr));
+    }
+    (out.status.success(), text)
+}
+
+/// kubectl with the cluster's kubeconfig.
+fn kubectl_command(args: &[&str]) -> Command {
+    let state = State::load().expect("the cluster is up");
+    let mut cmd = Command::new(control_plane::tools_dir().join("kubectl"));
+    cmd.env("KUBECONFIG", &state.kubeconfig).args(args);
+    cmd
+}
+
 /// Runs `weft-cluster args…`; returns success and stdout+stderr.
 pub fn run(args: &[&str]) -> (bool, String) {
-    let out = Command::new(bins::weft("weft-cluster"))
-        .args(args)
-        .env("RUST_BACKTRACE", "0")
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run weft-cluster: {e}"));
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    (out.status.success(), text)
+    let mut cmd = Command::new(bins::weft("weft-cluster"));
+    cmd.args(args).env("RUST_BACKTRACE", "0");
+    capture(cmd, true)
 }
 
 /// Runs `weft-cluster args…`, failing the test with its output if it fails.
@@ -30,17 +46,7 @@ pub fn ok(args: &[&str]) -> String {
 
 /// kubectl against the cluster; returns success and stdout (stderr appended on failure).
 pub fn kubectl(args: &[&str]) -> (bool, String) {
-    let state = State::load().expect("the cluster is up");
-    let out = Command::new(control_plane::tools_dir().join("kubectl"))
-        .env("KUBECONFIG", &state.kubeconfig)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run kubectl: {e}"));
-    let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
-    if !out.status.success() {
-        text.push_str(&String::from_utf8_lossy(&out.stderr));
-    }
-    (out.status.success(), text)
+    capture(kubectl_command(args), false)
 }
 
 /// kubectl that must succeed.
@@ -139,12 +145,5 @@ pub fn node_exec(node: &str, command: &[&str]) -> (bool, String) {
 pub fn pod_exec(namespace: &str, pod: &str, command: &[&str]) -> (bool, String) {
     let mut args = vec!["exec", "-n", namespace, pod, "--"];
     args.extend_from_slice(command);
-    let state = State::load().expect("the cluster is up");
-    let out = Command::new(control_plane::tools_dir().join("kubectl"))
-        .env("KUBECONFIG", &state.kubeconfig)
-        .args(&args)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run kubectl: {e}"));
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    (out.status.success(), text)
+    capture(kubectl_command(&args), true)
 }
