@@ -443,31 +443,33 @@ agnhost_image() {
   busybox=$(busybox_bin)
   bin=$(agnhost_bin "$version" "$src")
 
-  # Layer 1, what agnhost's alpine base gives the tests: a shell and tools
-  # (busybox applets in /bin), /tmp, users, and the image's own files.
+  # Layer 1: the programs upstream's Dockerfile adds to its alpine base (`apk
+  # add bind-tools curl netcat-openbsd iproute2 iperf bash`), from Debian: the
+  # e2e tests run `curl`, `nc -u`, `dig`, `ss` and `iperf` inside agnhost pods.
+  local release base
+  release=$(dockerfile_arg DEBIAN_RELEASE)
+  base=$(base_layer agnhost "$release" bash bind9-dnsutils curl netcat-openbsd iproute2 iperf)
+
+  # Layer 2: busybox applets for the alpine commands Debian minbase lacks
+  # (wget, nslookup, ping, ...), never shadowing a Debian program; the image's
+  # users and groups; its own files.
   local dir=$out_dir/.layers/agnhost-base
-  rm -rf "$dir" && mkdir -p "$dir"/{bin,etc,tmp,uploads}
-  chmod 1777 "$dir/tmp"
-  install -m 0755 "$busybox" "$dir/bin/busybox"
-  local applet
+  rm -rf "$dir" && mkdir -p "$dir"/{usr/bin,etc,uploads}
+  install -m 0755 "$busybox" "$dir/usr/bin/busybox"
+  local have applet
+  have=$(tar -tf "$base" | sed -n 's#^\./##; s#^usr/##; s#^s\{0,1\}bin/\([^/]\{1,\}\)$#\1#p' | sort -u)
   for applet in $("$busybox" --list); do
-    [[ $applet == busybox ]] || ln -s busybox "$dir/bin/$applet"
+    [[ $applet == busybox ]] || grep -qxF "$applet" <<<"$have" || ln -s busybox "$dir/usr/bin/$applet"
   done
-  cat >"$dir/etc/passwd" <<'EOF'
-root:x:0:0:root:/root:/bin/sh
-nobody:x:65534:65534:nobody:/:/bin/false
-user-defined-in-image:x:1000:1000::/home/user-defined-in-image:/bin/sh
-EOF
-  cat >"$dir/etc/group" <<'EOF'
-root:x:0:
-nogroup:x:65534:
-user-defined-in-image:x:1000:
-group-defined-in-image:x:50000:user-defined-in-image
-EOF
+  tar -xOf "$base" ./etc/passwd >"$dir/etc/passwd"
+  tar -xOf "$base" ./etc/group >"$dir/etc/group"
+  echo 'user-defined-in-image:x:1000:1000::/home/user-defined-in-image:/bin/sh' >>"$dir/etc/passwd"
+  printf '%s\n' 'user-defined-in-image:x:1000:' 'group-defined-in-image:x:50000:user-defined-in-image' \
+    >>"$dir/etc/group"
   install -m 0644 "$src/porter/localhost.crt" "$src/porter/localhost.key" "$dir/"
   dir_layer "$dir" "$out_dir/.layers/agnhost-base.tar"
   rm -rf "$dir"
-  # Layer 2: the binary (and the agnhost-2 link of the upstream image).
+  # Layer 3: the binary (and the agnhost-2 link of the upstream image).
   dir=$out_dir/.layers/agnhost-bin
   rm -rf "$dir" && mkdir -p "$dir"
   install -m 0755 "$bin" "$dir/agnhost"
@@ -477,7 +479,7 @@ EOF
   local ref=registry.k8s.io/e2e-test-images/agnhost:$version
   docker_archive "$out_dir/agnhost.tar" "$ref" \
     "$(runtime_config '["/agnhost"]' "" '["pause"]')" \
-    "$out_dir/.layers/agnhost-base.tar" "$out_dir/.layers/agnhost-bin.tar"
+    "$base" "$out_dir/.layers/agnhost-base.tar" "$out_dir/.layers/agnhost-bin.tar"
   echo "$ref $out_dir/agnhost.tar"
 }
 

@@ -3,7 +3,8 @@
 # modules and caches them by version. A second run with the same versions only
 # checks the cache.
 #
-# Usage: e2e/scripts/build-tools.sh [--print-dir]
+# Usage: e2e/scripts/build-tools.sh [--e2e-test | --print-dir]
+#   --e2e-test  also Kubernetes' e2e.test (for e2e/conformance.sh)
 # Cache: ${WEFT_TOOLS_CACHE:-$HOME/.cache/weft/tools}/<name>-<version>/<binary>,
 # linked from ${WEFT_TOOLS_CACHE}/bin.
 set -euo pipefail
@@ -18,40 +19,53 @@ HELM_VERSION=v3.19.0
 CONTAINERD_VERSION=v2.2.9
 
 cache=${WEFT_TOOLS_CACHE:-$HOME/.cache/weft/tools}
-if [[ ${1:-} == --print-dir ]]; then
-  echo "$cache/bin"
-  exit 0
-fi
+with_e2e_test=0
+case ${1:-} in
+  --print-dir) echo "$cache/bin" && exit 0 ;;
+  --e2e-test) with_e2e_test=1 ;;
+  "") ;;
+  *) echo "usage: $0 [--e2e-test | --print-dir]" >&2 && exit 2 ;;
+esac
 
 log() { echo "build-tools: $*" >&2; }
 
+# wrapper_module DIR NAME MODULE VERSION PACKAGES... [-- REPLACE_LINES...]
+# Writes a throwaway module in DIR that requires MODULE and imports PACKAGES,
+# so `go build` / `go test -c` can build them with this module's replaces.
+wrapper_module() {
+  local dir=$1 name=$2 module=$3 version=$4
+  shift 4
+  local pkgs=() r p
+  while (($#)) && [[ $1 != -- ]]; do pkgs+=("$1"); shift; done
+  (($#)) && shift
+  {
+    echo "module weft.dev/tools/$name"
+    echo "go 1.25"
+    echo "require $module $version"
+    for r in "$@"; do echo "replace $r"; done
+  } >"$dir/go.mod"
+  {
+    echo "package tools"
+    for p in "${pkgs[@]}"; do echo "import _ \"$p\""; done
+  } >"$dir/tools.go"
+  (cd "$dir" && GOFLAGS=-mod=mod go mod tidy >/dev/null 2>&1 || true)
+}
+
 # build NAME VERSION MODULE LDFLAGS PACKAGES... [-- REPLACE_LINES...]
-# Builds every main package inside one throwaway wrapper module that requires
-# MODULE, into $cache/NAME-VERSION/, and links each binary from $cache/bin.
+# Builds every main package inside one wrapper module that requires MODULE,
+# into $cache/NAME-VERSION/, and links each binary from $cache/bin.
 build() {
   local name=$1 version=$2 module=$3 ldflags=$4
   shift 4
-  local pkgs=() replaces=()
+  local pkgs=()
   while (($#)) && [[ $1 != -- ]]; do pkgs+=("$1"); shift; done
-  (($#)) && shift
-  replaces=("$@")
   local out="$cache/$name-$version"
   if [[ ! -f $out/.complete ]]; then
     log "building $name $version: ${pkgs[*]##*/} (cached afterwards in $out)"
     local work
     work=$(mktemp -d)
     trap 'rm -rf "$work"' RETURN
-    {
-      echo "module weft.dev/tools/$name"
-      echo "go 1.25"
-      echo "require $module $version"
-      for r in "${replaces[@]}"; do echo "replace $r"; done
-    } >"$work/go.mod"
-    {
-      echo "package tools"
-      for p in "${pkgs[@]}"; do echo "import _ \"$p\""; done
-    } >"$work/tools.go"
-    (cd "$work" && GOFLAGS=-mod=mod go mod tidy >/dev/null 2>&1 || true)
+    wrapper_module "$work" "$name" "$module" "$version" "${pkgs[@]}" "$@"
     rm -rf "$out.tmp" && mkdir -p "$out.tmp"
     (cd "$work" && GOFLAGS=-mod=mod CGO_ENABLED=0 go build -trimpath -tags no_btrfs \
       -ldflags="-s -w $ldflags" -o "$out.tmp/" "${pkgs[@]}")
@@ -66,6 +80,29 @@ build() {
     [[ -e $out/$bin ]] || { bin=${p%/*}; bin=${bin##*/}; }
     ln -sfn "$out/$bin" "$cache/bin/${link_as:-$bin}"
   done
+}
+
+# build_test NAME VERSION MODULE LDFLAGS PACKAGE [-- REPLACE_LINES...]
+# `go test -c` of PACKAGE (a test binary such as Kubernetes' e2e.test) into
+# $cache/NAME-VERSION/NAME, linked as $cache/bin/NAME.
+build_test() {
+  local name=$1 version=$2 module=$3 ldflags=$4 pkg=$5
+  shift 5
+  local out="$cache/$name-$version"
+  if [[ ! -f $out/.complete ]]; then
+    log "building $name $version: go test -c $pkg (cached afterwards in $out)"
+    local work start=$SECONDS
+    work=$(mktemp -d)
+    trap 'rm -rf "$work"' RETURN
+    wrapper_module "$work" "$name" "$module" "$version" "$pkg" "$@"
+    rm -rf "$out.tmp" && mkdir -p "$out.tmp"
+    (cd "$work" && GOFLAGS=-mod=mod CGO_ENABLED=0 go test -c -trimpath \
+      -ldflags="-s -w $ldflags" -o "$out.tmp/$name" "$pkg")
+    touch "$out.tmp/.complete"
+    rm -rf "$out" && mv "$out.tmp" "$out"
+    log "$name built in $((SECONDS - start)) s"
+  fi
+  ln -sfn "$out/$name" "$cache/bin/$name"
 }
 
 mkdir -p "$cache/bin"
@@ -101,5 +138,12 @@ build containerd "$CONTAINERD_VERSION" github.com/containerd/containerd/v2 \
   "-X github.com/containerd/containerd/v2/version.Version=$CONTAINERD_VERSION" \
   github.com/containerd/containerd/v2/cmd/containerd github.com/containerd/containerd/v2/cmd/ctr \
   github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2
+
+# Kubernetes' own end-to-end tests (e2e/conformance.sh), same version as the
+# cluster so that the tests expect these components and this agnhost tag.
+if ((with_e2e_test)); then
+  build_test e2e.test "$K8S_VERSION" k8s.io/kubernetes "$k8s_ldflags" \
+    k8s.io/kubernetes/test/e2e -- "${replaces[@]}"
+fi
 
 log "tools ready in $cache/bin"

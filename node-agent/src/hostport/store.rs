@@ -74,10 +74,20 @@ pub enum StoreError {
     Conflict { port: u16, protocol: Protocol, owner: String },
 }
 
+/// A host port is one (protocol, port) on one node address or on all of them
+/// (`None`): as the scheduler's host-port check, two uses clash unless both
+/// name an address and the addresses differ.
+type PortKey = (Protocol, u16);
+
+fn addresses_overlap(a: Option<Ipv4Addr>, b: Option<Ipv4Addr>) -> bool {
+    a.is_none() || b.is_none() || a == b
+}
+
 #[derive(Default)]
 struct Inner {
     by_key: HashMap<Key, Allocation>,
-    taken: HashMap<(Protocol, u16), Key>,
+    /// Who uses each port, on which address.
+    taken: HashMap<PortKey, Vec<(Option<Ipv4Addr>, Key)>>,
     /// Per protocol, where the next automatic search starts, so freed ports
     /// are not reused at once.
     cursor: HashMap<Protocol, u16>,
@@ -93,9 +103,7 @@ impl Store {
     pub fn new(range: PortRange, existing: Vec<Allocation>) -> Self {
         let mut inner = Inner::default();
         for a in existing {
-            for m in &a.ports {
-                inner.taken.insert((m.protocol, m.host_port), a.key());
-            }
+            inner.take(&a.key(), &a.ports);
             inner.by_key.insert(a.key(), a);
         }
         Self { range, inner: Mutex::new(inner) }
@@ -121,28 +129,22 @@ impl Store {
         bound: impl Fn(Protocol, u16) -> bool,
     ) -> Result<Allocation, StoreError> {
         let mut inner = self.lock();
-        let mut picked: Vec<(Protocol, u16)> = Vec::new();
-        let owner_of = |inner: &Inner, k: &(Protocol, u16)| {
-            inner
-                .taken
-                .get(k)
-                .and_then(|o| inner.by_key.get(o))
-                .map(|a| format!("pod {}/{}", a.pod_namespace, a.pod_name))
+        let picked_overlaps = |picked: &[Mapping], k: PortKey, ip: Option<Ipv4Addr>| {
+            picked.iter().any(|m| (m.protocol, m.host_port) == k && addresses_overlap(m.host_ip, ip))
         };
         // Fixed ports first, so that automatic ones never take them.
         for w in wanted.iter().filter(|w| w.host_port.is_some()) {
             let port = w.host_port.unwrap_or_default();
             let k = (w.protocol, port);
-            if let Some(owner) = owner_of(&inner, &k) {
+            if let Some(owner) = inner.owner(k, w.host_ip) {
                 return Err(StoreError::Conflict { port, protocol: w.protocol, owner });
             }
-            if picked.contains(&k) {
+            if picked_overlaps(&alloc.ports, k, w.host_ip) {
                 return Err(StoreError::Conflict { port, protocol: w.protocol, owner: "this pod already".into() });
             }
             if bound(w.protocol, port) {
                 return Err(StoreError::Conflict { port, protocol: w.protocol, owner: "a process on the node".into() });
             }
-            picked.push(k);
             alloc.ports.push(mapping(w, port));
         }
         for w in wanted.iter().filter(|w| w.host_port.is_none()) {
@@ -150,7 +152,10 @@ impl Store {
             let mut port = inner.cursor.get(&w.protocol).copied().unwrap_or(self.range.first);
             for _ in 0..self.range.len() {
                 let k = (w.protocol, port);
-                if !inner.taken.contains_key(&k) && !picked.contains(&k) && !bound(w.protocol, port) {
+                if inner.owner(k, w.host_ip).is_none()
+                    && !picked_overlaps(&alloc.ports, k, w.host_ip)
+                    && !bound(w.protocol, port)
+                {
                     found = Some(port);
                     break;
                 }
@@ -161,12 +166,9 @@ impl Store {
                 return Err(StoreError::Exhausted { protocol: w.protocol, range: self.range, used });
             };
             inner.cursor.insert(w.protocol, self.range.next(port));
-            picked.push((w.protocol, port));
             alloc.ports.push(mapping(w, port));
         }
-        for k in picked {
-            inner.taken.insert(k, key.clone());
-        }
+        inner.take(key, &alloc.ports);
         inner.by_key.insert(key.clone(), alloc.clone());
         Ok(alloc)
     }
@@ -192,11 +194,32 @@ impl Store {
         let mut inner = self.lock();
         let alloc = inner.by_key.remove(key)?;
         for m in &alloc.ports {
-            if inner.taken.get(&(m.protocol, m.host_port)) == Some(key) {
-                inner.taken.remove(&(m.protocol, m.host_port));
+            let k = (m.protocol, m.host_port);
+            if let Some(users) = inner.taken.get_mut(&k) {
+                users.retain(|(_, k)| k != key);
+                if users.is_empty() {
+                    inner.taken.remove(&k);
+                }
             }
         }
         Some(alloc)
+    }
+}
+
+impl Inner {
+    fn take(&mut self, key: &Key, ports: &[Mapping]) {
+        for m in ports {
+            self.taken.entry((m.protocol, m.host_port)).or_default().push((m.host_ip, key.clone()));
+        }
+    }
+
+    /// Who already uses port `k` on an address overlapping `ip`.
+    fn owner(&self, k: PortKey, ip: Option<Ipv4Addr>) -> Option<String> {
+        let (_, owner) = self.taken.get(&k)?.iter().find(|(used, _)| addresses_overlap(*used, ip))?;
+        Some(match self.by_key.get(owner) {
+            Some(a) => format!("pod {}/{}", a.pod_namespace, a.pod_name),
+            None => format!("container {}", owner.container_id),
+        })
     }
 }
 
@@ -275,6 +298,37 @@ mod tests {
         assert!(e.to_string().contains("already used by pod default/a"), "{e}");
         let e = s.allocate(&key("b"), alloc("b"), &[fixed(8080)], |_, p| p == 8080).unwrap_err();
         assert!(e.to_string().contains("a process on the node"), "{e}");
+    }
+
+    fn fixed_on(proto: Protocol, port: u16, ip: Option<&str>) -> Wanted {
+        Wanted { host_ip: ip.map(|ip| ip.parse().unwrap()), protocol: proto, ..fixed(port) }
+    }
+
+    #[test]
+    fn the_same_port_on_different_addresses_or_protocols_does_not_clash() {
+        // The upstream HostPort conformance test: 127.0.0.1 and the node
+        // address share TCP port 54323, and UDP on the node address too.
+        let s = Store::new(RANGE, vec![]);
+        let local = Some("127.0.0.1");
+        let node = Some("10.251.0.12");
+        s.allocate(&key("a"), alloc("a"), &[fixed_on(Protocol::Tcp, 54323, local)], |_, _| false).unwrap();
+        s.allocate(&key("b"), alloc("b"), &[fixed_on(Protocol::Tcp, 54323, node)], |_, _| false).unwrap();
+        s.allocate(&key("c"), alloc("c"), &[fixed_on(Protocol::Udp, 54323, node)], |_, _| false).unwrap();
+        // The same address, or all addresses, clash with any of them.
+        let e = s.allocate(&key("d"), alloc("d"), &[fixed_on(Protocol::Tcp, 54323, node)], |_, _| false).unwrap_err();
+        assert!(e.to_string().contains("already used by pod default/b"), "{e}");
+        let e = s.allocate(&key("d"), alloc("d"), &[fixed_on(Protocol::Udp, 54323, None)], |_, _| false).unwrap_err();
+        assert!(e.to_string().contains("already used by pod default/c"), "{e}");
+        // Within one pod too.
+        let both = [fixed_on(Protocol::Tcp, 7000, None), fixed_on(Protocol::Tcp, 7000, local)];
+        let e = s.allocate(&key("d"), alloc("d"), &both, |_, _| false).unwrap_err();
+        assert!(e.to_string().contains("this pod already"), "{e}");
+        // Releasing one user frees only its address; a rebuild keeps all.
+        assert!(s.release(&key("a")).is_some());
+        let s = Store::new(RANGE, s.all());
+        s.allocate(&key("e"), alloc("e"), &[fixed_on(Protocol::Tcp, 54323, local)], |_, _| false).unwrap();
+        let e = s.allocate(&key("f"), alloc("f"), &[fixed_on(Protocol::Tcp, 54323, None)], |_, _| false).unwrap_err();
+        assert!(e.to_string().contains("already used by pod default/"), "{e}");
     }
 
     #[test]
