@@ -6,7 +6,9 @@
 #   ghcr.io/weft/weft-agent:<tag>      the Dockerfile's `agent` stage
 #   ghcr.io/weft/weft-operator:<tag>   the Dockerfile's `operator` stage
 #   registry.k8s.io/pause:<pause tag>  the sandbox image, from the Kubernetes source
+#   registry.k8s.io/coredns/coredns:<version>  cluster DNS (binary from build-tools.sh)
 #   registry.k8s.io/e2e-test-images/agnhost:<version>   for the Kubernetes e2e tests
+#   registry.k8s.io/e2e-test-images/jessie-dnsutils:<version>   for their DNS tests
 #
 # The Dockerfile stays the source of truth for the Weft images: this script
 # reads each stage's runtime packages (its `apt-get install ...
@@ -15,7 +17,8 @@
 # cannot mirror. The Debian base (debian:<release>-slim plus the packages) is
 # made with mmdebstrap and cached; the binaries are a second layer.
 #
-# Usage: e2e/scripts/build-images.sh [agent|operator|pause|agnhost ...]   (default: all)
+# Usage: e2e/scripts/build-images.sh [agent|operator|pause|coredns|jessie-dnsutils|agnhost ...]
+#        (default: all)
 # Prints `<name:tag> <path>` per image on stdout; progress goes to stderr.
 #
 # Environment:
@@ -429,13 +432,59 @@ agnhost_bin() {
   echo "$out"
 }
 
+# Layer 1 of the e2e test images: the programs agnhost's Dockerfile adds to
+# its alpine base (`apk add bind-tools curl netcat-openbsd iproute2 iperf
+# bash`), from Debian: the e2e tests run `curl`, `nc -u`, `dig`, `ss` and
+# `iperf` inside agnhost pods, `dig` and `getent` in jessie-dnsutils pods.
+test_tools_layer() {
+  base_layer agnhost "$(dockerfile_arg DEBIAN_RELEASE)" bash bind9-dnsutils curl netcat-openbsd iproute2 iperf
+}
+
+# e2e_image_version KEY NAME: the tag test/utils/image/manifest.go gives
+# the e2e test image NAME (`configs[KEY] = Config{..., "NAME", "TAG"}`).
+e2e_image_version() {
+  local version
+  version=$(sed -n "s/.*configs\[$1\] *= *Config{[^,]*, *\"$2\", *\"\([^\"]*\)\"}.*/\1/p" \
+    "$(k8s_dir)/test/utils/image/manifest.go")
+  [[ -n $version && $version != *$'\n'* ]] || die "no single configs[$1] entry for $2 in test/utils/image/manifest.go"
+  echo "$version"
+}
+
+# jessie-dnsutils: the DNS tests' second prober, which runs `dig` and `getent`
+# in shell loops. Upstream it is Debian jessie with dnsutils; here the same
+# tools from the test layer (Debian bookworm).
+jessie_dnsutils_image() {
+  local version base ref
+  version=$(e2e_image_version JessieDnsutils jessie-dnsutils)
+  base=$(test_tools_layer)
+  ref=registry.k8s.io/e2e-test-images/jessie-dnsutils:$version
+  docker_archive "$out_dir/jessie-dnsutils.tar" "$ref" "$(runtime_config null "" '["/bin/bash"]')" "$base"
+  echo "$ref $out_dir/jessie-dnsutils.tar"
+}
+
+# CoreDNS (cluster DNS of the real-node cluster), from the binary
+# build-tools.sh builds, under the name kubeadm gives it.
+coredns_image() {
+  local version bin
+  version=$(tools_var COREDNS_VERSION)
+  bin=${WEFT_TOOLS_CACHE:-$HOME/.cache/weft/tools}/coredns-$version/coredns
+  [[ -x $bin ]] || die "$bin is missing: run e2e/scripts/build-tools.sh"
+  local dir=$out_dir/.layers/coredns
+  rm -rf "$dir" && mkdir -p "$dir/etc"
+  install -m 0755 "$bin" "$dir/coredns"
+  echo 'root:x:0:0:root:/:/coredns' >"$dir/etc/passwd"
+  dir_layer "$dir" "$out_dir/.layers/coredns.tar"
+  rm -rf "$dir"
+  local ref=registry.k8s.io/coredns/coredns:$version
+  docker_archive "$out_dir/coredns.tar" "$ref" "$(runtime_config '["/coredns"]' "")" "$out_dir/.layers/coredns.tar"
+  echo "$ref $out_dir/coredns.tar"
+}
+
 agnhost_image() {
   local k8s version src
   k8s=$(k8s_dir)
   src=$k8s/test/images/agnhost
-  version=$(sed -n 's/.*configs\[Agnhost\] *= *Config{[^,]*, *"agnhost", *"\([^"]*\)"}.*/\1/p' \
-    "$k8s/test/utils/image/manifest.go")
-  [[ -n $version ]] || die "no agnhost entry in $k8s/test/utils/image/manifest.go"
+  version=$(e2e_image_version Agnhost agnhost)
   [[ $(cat "$src/VERSION") == "$version" ]] ||
     log "warning: the e2e tests expect agnhost $version, the source is $(cat "$src/VERSION")"
   log "agnhost version the e2e tests of $(tools_var K8S_VERSION) expect: $version"
@@ -443,12 +492,8 @@ agnhost_image() {
   busybox=$(busybox_bin)
   bin=$(agnhost_bin "$version" "$src")
 
-  # Layer 1: the programs upstream's Dockerfile adds to its alpine base (`apk
-  # add bind-tools curl netcat-openbsd iproute2 iperf bash`), from Debian: the
-  # e2e tests run `curl`, `nc -u`, `dig`, `ss` and `iperf` inside agnhost pods.
-  local release base
-  release=$(dockerfile_arg DEBIAN_RELEASE)
-  base=$(base_layer agnhost "$release" bash bind9-dnsutils curl netcat-openbsd iproute2 iperf)
+  local base
+  base=$(test_tools_layer)
 
   # Layer 2: busybox applets for the alpine commands Debian minbase lacks
   # (wget, nslookup, ping, ...), never shadowing a Debian program; the image's
@@ -485,21 +530,21 @@ agnhost_image() {
 
 # ---------------------------------------------------------------------------
 
+all=(agent operator pause coredns jessie-dnsutils agnhost)
 want=("$@")
-((${#want[@]})) || want=(agent operator pause agnhost)
+((${#want[@]})) || want=("${all[@]}")
 for w in "${want[@]}"; do
-  case $w in
-    agent | operator | pause | agnhost) ;;
-    *) die "unknown image '$w' (agent, operator, pause, agnhost)" ;;
-  esac
+  [[ " ${all[*]} " == *" $w "* ]] || die "unknown image '$w' (${all[*]})"
 done
 # agnhost last: its Go build is the slow, heavy one.
-for w in agent operator pause agnhost; do
+for w in "${all[@]}"; do
   [[ " ${want[*]} " == *" $w "* ]] || continue
   case $w in
     agent) weft_image agent weft-agent ;;
     operator) weft_image operator weft-operator ;;
     pause) pause_image ;;
+    coredns) coredns_image ;;
+    jessie-dnsutils) jessie_dnsutils_image ;;
     agnhost) agnhost_image ;;
   esac
 done

@@ -17,6 +17,8 @@ ETCD_VERSION=v3.6.5
 HELM_VERSION=v3.19.0
 # containerd 2.x speaks CNI 1.1 (STATUS, GC); Debian's 1.6 rejects 1.1 results.
 CONTAINERD_VERSION=v2.2.9
+# Cluster DNS for the real-node cluster: the CoreDNS kubeadm 1.35 deploys.
+COREDNS_VERSION=v1.13.1
 
 cache=${WEFT_TOOLS_CACHE:-$HOME/.cache/weft/tools}
 with_e2e_test=0
@@ -138,6 +140,7 @@ build containerd "$CONTAINERD_VERSION" github.com/containerd/containerd/v2 \
   "-X github.com/containerd/containerd/v2/version.Version=$CONTAINERD_VERSION" \
   github.com/containerd/containerd/v2/cmd/containerd github.com/containerd/containerd/v2/cmd/ctr \
   github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2
+build coredns "$COREDNS_VERSION" github.com/coredns/coredns "" github.com/coredns/coredns
 
 # Kubernetes' own end-to-end tests (e2e/conformance.sh), same version as the
 # cluster so that the tests expect these components and this agnhost tag.

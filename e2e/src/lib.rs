@@ -6,6 +6,7 @@ pub mod bench_exec;
 pub mod bins;
 pub mod cluster;
 pub mod cni;
+pub mod conformance;
 pub mod control_plane;
 pub mod netns;
 pub mod prereq;

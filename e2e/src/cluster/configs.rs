@@ -95,6 +95,7 @@ failSwapOn: false
 containerRuntimeEndpoint: unix://{sock}
 podLogsDir: /var/log/pods
 clusterDomain: cluster.local
+clusterDNS: [{dns}]
 resolvConf: /etc/resolv.conf
 registerNode: true
 serializeImagePulls: false
@@ -114,6 +115,7 @@ maxPods: 110
         ca = ca.display(),
         cgroup = node.cgroup(),
         sock = CONTAINERD_SOCKET,
+        dns = super::CLUSTER_DNS_IP,
     )
 }
 

@@ -4,8 +4,10 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 
-/// The images a node needs: Weft's two, the pause image and the test image.
-pub const REQUIRED: &[&str] = &["weft-agent.tar", "weft-operator.tar", "pause.tar", "agnhost.tar"];
+/// The images a node needs: Weft's two, the pause image, cluster DNS and the
+/// images of the upstream e2e tests.
+pub const REQUIRED: &[&str] =
+    &["weft-agent.tar", "weft-operator.tar", "pause.tar", "coredns.tar", "agnhost.tar", "jessie-dnsutils.tar"];
 
 /// Where build-images.sh writes its tarballs (`$WEFT_IMAGES_DIR`, default
 /// the workspace's `target/images`).

@@ -19,6 +19,7 @@
 //! node kills exactly what ran there.
 
 pub mod configs;
+pub mod dns;
 pub mod images;
 pub mod node;
 pub mod supervise;
@@ -45,6 +46,8 @@ pub const CGROUP_PARENT: &str = "weft-k8s";
 /// Tag of the Weft images built on this machine (`e2e/scripts/build-images.sh`).
 pub const IMAGE_TAG: &str = "dev";
 pub const PAUSE_IMAGE: &str = "registry.k8s.io/pause:3.10.1";
+/// The kube-dns Service's address: kubelet's clusterDNS.
+pub const CLUSTER_DNS_IP: &str = "10.96.0.10";
 
 /// Where the cluster keeps its state (`$WEFT_CLUSTER_DIR`, default
 /// /var/lib/weft-cluster: on disk, since containerd's images live there).

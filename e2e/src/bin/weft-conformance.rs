@@ -1,0 +1,144 @@
+//! weft-conformance: runs suites of Kubernetes' own e2e tests (`e2e.test`)
+//! against the running real-node cluster and prints a table. `e2e/conformance.sh`
+//! builds what it needs, brings the cluster up if it is not, and calls this.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use anyhow::Context;
+use clap::Parser;
+use weft_e2e::cluster::State;
+use weft_e2e::conformance::{self, Environment, SuiteResult};
+use weft_e2e::control_plane;
+
+#[derive(Parser)]
+#[command(name = "weft-conformance", about = "Kubernetes' own network tests against the Weft cluster")]
+struct Cli {
+    /// Suites to run (netpol, network-conformance); all when none is given.
+    suites: Vec<String>,
+    /// Where the ginkgo reports, logs and the table go.
+    #[arg(long, default_value = "target/conformance")]
+    report_dir: PathBuf,
+    /// Bound on each suite's run (ginkgo's --timeout).
+    #[arg(long, default_value = "60m")]
+    timeout: String,
+    /// Print each suite's tests (to run, and skipped with the reason) and stop.
+    #[arg(long)]
+    list: bool,
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let suites = if cli.suites.is_empty() {
+        conformance::SUITES.iter().collect::<Vec<_>>()
+    } else {
+        cli.suites
+            .iter()
+            .map(|n| {
+                conformance::suite(n).with_context(|| {
+                    let names: Vec<&str> = conformance::SUITES.iter().map(|s| s.name).collect();
+                    format!("no suite {n:?}: one of {}", names.join(", "))
+                })
+            })
+            .collect::<anyhow::Result<_>>()?
+    };
+    let tools = control_plane::tools_dir();
+    let e2e_test = tools.join("e2e.test");
+    anyhow::ensure!(
+        e2e_test.is_file(),
+        "{} is missing: build it with e2e/scripts/build-tools.sh --e2e-test",
+        e2e_test.display()
+    );
+    let state = State::load().context("the cluster is not up (e2e/cluster.sh up)")?;
+    std::fs::create_dir_all(&cli.report_dir).with_context(|| format!("cannot create {}", cli.report_dir.display()))?;
+    let report_dir = cli.report_dir.canonicalize().context("report directory")?;
+
+    let listing = output(Command::new(&e2e_test).arg("--list-tests")).context("e2e.test --list-tests")?;
+    let all_tests = conformance::parse_test_list(&listing);
+    anyhow::ensure!(!all_tests.is_empty(), "e2e.test --list-tests listed no tests");
+    let env = Environment { cluster_dns: cluster_dns(&tools, &state.kubeconfig) };
+
+    let mut results = Vec::new();
+    for suite in suites {
+        let plan = suite.plan(&all_tests, env)?;
+        if cli.list {
+            println!("{} ({}):", suite.name, suite.about);
+            plan.run.iter().for_each(|n| println!("  run   {n}"));
+            plan.skipped.iter().for_each(|(n, why)| println!("  skip  {n}\n          {why}"));
+            continue;
+        }
+        eprintln!(
+            "== {}: {} ({} tests to run, {} skipped with a reason)",
+            suite.name,
+            suite.about,
+            plan.run.len(),
+            plan.skipped.len()
+        );
+        let report_path = report_dir.join(format!("{}.json", suite.name));
+        let _ = std::fs::remove_file(&report_path);
+        let started = Instant::now();
+        if !plan.run.is_empty() {
+            let mut cmd = Command::new(&e2e_test);
+            cmd.current_dir(&report_dir)
+                .env("PATH", path_with(&tools))
+                .arg("--provider=skeleton")
+                .arg(format!("--kubeconfig={}", state.kubeconfig.display()))
+                .arg(format!("--ginkgo.focus={}", suite.focus_regex()))
+                .arg(format!("--ginkgo.timeout={}", cli.timeout))
+                .arg(format!("--ginkgo.json-report={}", report_path.display()))
+                .args(["--ginkgo.no-color", "--ginkgo.silence-skips"]);
+            if let Some(skip) = suite.skip_regex(env) {
+                cmd.arg(format!("--ginkgo.skip={skip}"));
+            }
+            // Its exit status says "some test failed"; the report says which.
+            let status = cmd.status().context("cannot run e2e.test")?;
+            eprintln!("== {}: e2e.test exited with {status}", suite.name);
+        }
+        let report = match std::fs::read_to_string(&report_path) {
+            Ok(json) => conformance::parse_report(&json)?,
+            Err(_) if plan.run.is_empty() => Default::default(),
+            Err(e) => {
+                eprintln!("== {}: no report at {}: {e}", suite.name, report_path.display());
+                Default::default()
+            }
+        };
+        results.push(SuiteResult::new(suite.name, &plan, &report, started.elapsed()));
+    }
+    if cli.list {
+        return Ok(());
+    }
+    let table = conformance::render(&results);
+    println!("{table}");
+    let summary = report_dir.join("summary.txt");
+    std::fs::write(&summary, &table).with_context(|| format!("cannot write {}", summary.display()))?;
+    if results.iter().all(SuiteResult::ok) {
+        Ok(())
+    } else {
+        anyhow::bail!("upstream tests failed (reports and logs in {})", report_dir.display())
+    }
+}
+
+fn output(cmd: &mut Command) -> anyhow::Result<String> {
+    let out = cmd.output()?;
+    anyhow::ensure!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Whether the cluster runs a DNS service the DNS tests can use.
+fn cluster_dns(tools: &Path, kubeconfig: &Path) -> bool {
+    Command::new(tools.join("kubectl"))
+        .env("KUBECONFIG", kubeconfig)
+        .args(["get", "service", "-n", "kube-system", "kube-dns", "-o", "name"])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// PATH with the tools first: some tests run `kubectl`.
+fn path_with(tools: &Path) -> std::ffi::OsString {
+    let mut paths = vec![tools.to_path_buf()];
+    if let Some(p) = std::env::var_os("PATH") {
+        paths.extend(std::env::split_paths(&p));
+    }
+    std::env::join_paths(paths).unwrap_or_default()
+}
