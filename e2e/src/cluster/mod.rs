@@ -19,6 +19,7 @@
 //! node kills exactly what ran there.
 
 pub mod configs;
+pub mod cp_routes;
 pub mod dns;
 pub mod images;
 pub mod node;

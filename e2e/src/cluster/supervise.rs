@@ -113,6 +113,7 @@ pub async fn supervise(opts: UpOptions) -> anyhow::Result<()> {
         }
     };
     eprintln!("cluster ready after {:.1} s", started.elapsed().as_secs_f64());
+    let routes = tokio::spawn(super::cp_routes::keep(cp.client().await?));
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
     tokio::select! {
@@ -120,6 +121,7 @@ pub async fn supervise(opts: UpOptions) -> anyhow::Result<()> {
         _ = int.recv() => {}
     }
     eprintln!("tearing the cluster down");
+    routes.abort();
     if let Ok(state) = State::load() {
         for n in &state.nodes {
             node::destroy(n);
