@@ -57,6 +57,12 @@ fn main() -> anyhow::Result<()> {
     let listing = output(Command::new(&e2e_test).arg("--list-tests")).context("e2e.test --list-tests")?;
     let all_tests = conformance::parse_test_list(&listing);
     anyhow::ensure!(!all_tests.is_empty(), "e2e.test --list-tests listed no tests");
+    // Upstream Service and DNS tests reach Services by name: deploy cluster
+    // DNS as kubeadm does when the cluster has none.
+    if !cli.list && !cluster_dns(&tools, &state.kubeconfig) {
+        eprintln!("== deploying CoreDNS (kube-dns at {})", weft_e2e::cluster::CLUSTER_DNS_IP);
+        weft_e2e::cluster::dns::deploy(&state.kubeconfig)?;
+    }
     let env = Environment { cluster_dns: cluster_dns(&tools, &state.kubeconfig) };
 
     let mut results = Vec::new();
