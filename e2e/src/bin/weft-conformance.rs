@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use anyhow::Context;
 use clap::Parser;
-use weft_e2e::cluster::State;
+use weft_e2e::cluster::{State, dns};
 use weft_e2e::conformance::{self, Environment, SuiteResult};
 use weft_e2e::control_plane;
 
@@ -17,7 +17,7 @@ use weft_e2e::control_plane;
 struct Cli {
     /// Suites to run (netpol, network-conformance); all when none is given.
     suites: Vec<String>,
-    /// Where the ginkgo reports, logs and the table go.
+    /// Where the ginkgo JSON reports and the table go (e2e.test's output goes to the terminal).
     #[arg(long, default_value = "target/conformance")]
     report_dir: PathBuf,
     /// Bound on each suite's run (ginkgo's --timeout).
@@ -50,30 +50,34 @@ fn main() -> anyhow::Result<()> {
         "{} is missing: build it with e2e/scripts/build-tools.sh --e2e-test",
         e2e_test.display()
     );
-    let state = State::load().context("the cluster is not up (e2e/cluster.sh up)")?;
     std::fs::create_dir_all(&cli.report_dir).with_context(|| format!("cannot create {}", cli.report_dir.display()))?;
     let report_dir = cli.report_dir.canonicalize().context("report directory")?;
 
     let listing = output(Command::new(&e2e_test).arg("--list-tests")).context("e2e.test --list-tests")?;
     let all_tests = conformance::parse_test_list(&listing);
     anyhow::ensure!(!all_tests.is_empty(), "e2e.test --list-tests listed no tests");
+    if cli.list {
+        // What a run does: it deploys cluster DNS when there is none.
+        for suite in suites {
+            let plan = suite.plan(&all_tests, Environment { cluster_dns: true })?;
+            println!("{} ({}):", suite.name, suite.about);
+            plan.run.iter().for_each(|n| println!("  run   {n}"));
+            plan.skipped.iter().for_each(|(n, why)| println!("  skip  {n}\n          {why}"));
+        }
+        return Ok(());
+    }
+    let state = State::load().context("the cluster is not up (e2e/cluster.sh up)")?;
     // Upstream Service and DNS tests reach Services by name: deploy cluster
     // DNS as kubeadm does when the cluster has none.
-    if !cli.list && !cluster_dns(&tools, &state.kubeconfig) {
+    if !dns::deployed(&state.kubeconfig) {
         eprintln!("== deploying CoreDNS (kube-dns at {})", weft_e2e::cluster::CLUSTER_DNS_IP);
-        weft_e2e::cluster::dns::deploy(&state.kubeconfig)?;
+        dns::deploy(&state.kubeconfig)?;
     }
-    let env = Environment { cluster_dns: cluster_dns(&tools, &state.kubeconfig) };
+    let env = Environment { cluster_dns: dns::deployed(&state.kubeconfig) };
 
     let mut results = Vec::new();
     for suite in suites {
         let plan = suite.plan(&all_tests, env)?;
-        if cli.list {
-            println!("{} ({}):", suite.name, suite.about);
-            plan.run.iter().for_each(|n| println!("  run   {n}"));
-            plan.skipped.iter().for_each(|(n, why)| println!("  skip  {n}\n          {why}"));
-            continue;
-        }
         eprintln!(
             "== {}: {} ({} tests to run, {} skipped with a reason)",
             suite.name,
@@ -111,9 +115,6 @@ fn main() -> anyhow::Result<()> {
         };
         results.push(SuiteResult::new(suite.name, &plan, &report, started.elapsed()));
     }
-    if cli.list {
-        return Ok(());
-    }
     let table = conformance::render(&results);
     println!("{table}");
     let summary = report_dir.join("summary.txt");
@@ -121,7 +122,7 @@ fn main() -> anyhow::Result<()> {
     if results.iter().all(SuiteResult::ok) {
         Ok(())
     } else {
-        anyhow::bail!("upstream tests failed (reports and logs in {})", report_dir.display())
+        anyhow::bail!("upstream tests failed (ginkgo reports in {})", report_dir.display())
     }
 }
 
@@ -129,15 +130,6 @@ fn output(cmd: &mut Command) -> anyhow::Result<String> {
     let out = cmd.output()?;
     anyhow::ensure!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
-/// Whether the cluster runs a DNS service the DNS tests can use.
-fn cluster_dns(tools: &Path, kubeconfig: &Path) -> bool {
-    Command::new(tools.join("kubectl"))
-        .env("KUBECONFIG", kubeconfig)
-        .args(["get", "service", "-n", "kube-system", "kube-dns", "-o", "name"])
-        .output()
-        .is_ok_and(|o| o.status.success())
 }
 
 /// PATH with the tools first: some tests run `kubectl`.

@@ -48,6 +48,11 @@ fn kubectl(kubeconfig: &Path, args: &[&str], stdin: Option<&str>) -> anyhow::Res
     Ok(())
 }
 
+/// Whether the cluster has a `kube-dns` Service (ours or another DNS).
+pub fn deployed(kubeconfig: &Path) -> bool {
+    kubectl(kubeconfig, &["get", "service", "-n", "kube-system", "kube-dns", "-o", "name"], None).is_ok()
+}
+
 /// Applies the manifests and waits (bounded by kubectl) until every CoreDNS
 /// replica is ready.
 pub fn deploy(kubeconfig: &Path) -> anyhow::Result<()> {
