@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 
 use serde::Deserialize;
+use weft_proto::validate;
 
 use crate::error::{CniError, Code};
 use crate::version::{self, CniVersion};
@@ -181,10 +182,7 @@ fn parse_conf(stdin: &[u8]) -> Result<(NetConf, CniVersion), CniError> {
     })?;
     let conf: NetConf = serde_json::from_value(value)
         .map_err(|e| CniError::new(Code::InvalidConfig, format!("invalid network configuration: {e}")))?;
-    if !valid_name(&conf.name) {
-        return Err(CniError::new(Code::InvalidConfig, format!("invalid network name {:?}", conf.name))
-            .with_details("a name starts with a letter or digit and contains only letters, digits, '_', '.' and '-'"));
-    }
+    validate::network_name(&conf.name).map_err(|msg| CniError::new(Code::InvalidConfig, msg))?;
     if conf.plugin_type.is_empty() {
         return Err(CniError::new(Code::InvalidConfig, "network configuration has an empty type"));
     }
@@ -208,32 +206,15 @@ fn optional(env: &impl EnvSource, key: &str) -> Option<String> {
     env.var(key).filter(|v| !v.is_empty())
 }
 
-fn valid_name(s: &str) -> bool {
-    let mut chars = s.chars();
-    matches!(chars.next(), Some(c) if c.is_ascii_alphanumeric())
-        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
-}
-
 fn container_id(env: &impl EnvSource) -> Result<String, CniError> {
     let id = required(env, "CNI_CONTAINERID")?;
-    if !valid_name(&id) {
-        return Err(CniError::new(Code::InvalidEnv, format!("invalid CNI_CONTAINERID {id:?}"))
-            .with_details("it must start with a letter or digit and contain only letters, digits, '_', '.' and '-'"));
-    }
+    validate::container_id(&id).map_err(|msg| CniError::new(Code::InvalidEnv, msg))?;
     Ok(id)
 }
 
-/// Linux interface names: at most 15 bytes, no '/', ':' or whitespace, not "." or "..".
 fn ifname(env: &impl EnvSource) -> Result<String, CniError> {
     let name = required(env, "CNI_IFNAME")?;
-    let bad = name.len() > 15
-        || name == "."
-        || name == ".."
-        || name.chars().any(|c| c == '/' || c == ':' || c.is_whitespace());
-    if bad {
-        return Err(CniError::new(Code::InvalidEnv, format!("invalid CNI_IFNAME {name:?}"))
-            .with_details("an interface name has at most 15 characters and no '/', ':' or whitespace"));
-    }
+    validate::ifname(&name).map_err(|msg| CniError::new(Code::InvalidEnv, msg))?;
     Ok(name)
 }
 
@@ -249,6 +230,9 @@ fn cni_args(env: &impl EnvSource) -> Result<BTreeMap<String, String>, CniError> 
             .ok_or_else(|| CniError::new(Code::InvalidEnv, format!("CNI_ARGS entry {pair:?} is not KEY=VALUE")))?;
         out.insert(k.to_owned(), v.to_owned());
     }
+    // The pod's names end up in rule comments and Events: refuse what is not a name.
+    validate::k8s_args(out.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .map_err(|msg| CniError::new(Code::InvalidEnv, msg))?;
     Ok(out)
 }
 
@@ -312,6 +296,15 @@ mod tests {
         let mut e = add_env();
         e.insert("CNI_CONTAINERID".into(), "../etc".into());
         assert_eq!(code_of(parse(&e, CONF.as_bytes())), 4);
+    }
+
+    #[test]
+    fn a_pod_name_with_a_quote_and_a_newline_is_invalid_env() {
+        let mut e = add_env();
+        e.insert("CNI_ARGS".into(), "K8S_POD_NAMESPACE=default;K8S_POD_NAME=web\" -j ACCEPT\n-A X".into());
+        let err = parse(&e, CONF.as_bytes()).unwrap_err();
+        assert_eq!(err.code, 4);
+        assert!(err.msg.contains("K8S_POD_NAME"), "{}", err.msg);
     }
 
     #[test]

@@ -1,19 +1,18 @@
-//! The agent's shared state: configuration, IPAM, the node's netlink handle
-//! and metrics. The CNI verbs are implemented on it in `cni_server/`.
+//! The agent's shared state: configuration, IPAM, host ports, the node's
+//! netlink handle and metrics. What the CNI verbs do with it is in `attach/`.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use rtnetlink::Handle;
-use weft_proto::ErrorCode;
-use weft_proto::cni::v1::CniError;
 
+use crate::attach::{AttachError, KeyLocks, deadline};
 use crate::attachment::{self, Attachment};
 use crate::config::Config;
 use crate::dataplane::link;
 use crate::hostport::HostPorts;
 use crate::hostport::pods::PodCache;
-use crate::ipam::{Ipam, IpamError, Key};
+use crate::ipam::{Ipam, Key};
 use crate::metrics::Metrics;
 
 /// Host ends of pod veths are named `weftv` + 10 hex digits of a stable hash
@@ -36,6 +35,8 @@ pub struct Agent {
     /// Whether new pods are routed rather than bridged: the configured mode
     /// once start-up reconciliation has seen the pods already here.
     routed: AtomicBool,
+    /// One verb at a time per attachment.
+    pub locks: KeyLocks,
 }
 
 /// The agent's view of the Kubernetes API.
@@ -63,6 +64,7 @@ impl Agent {
             metrics: Metrics::default(),
             pod_mtu,
             bridge: tokio::sync::Mutex::new(None),
+            locks: KeyLocks::default(),
         }
     }
 
@@ -87,16 +89,17 @@ impl Agent {
     }
 
     /// The bridge with the gateway address, created when missing. Returns its
-    /// index. ADDs use the cached index; `refresh` (STATUS, start-up, after a
-    /// failed ADD) checks the kernel again.
-    pub async fn ensure_bridge(&self, refresh: bool) -> Result<u32, CniError> {
+    /// index. ADDs use the cached index; `refresh` (start-up, the repair
+    /// loop) checks the kernel again, as does the ADD after a failed one.
+    pub async fn ensure_bridge(&self, refresh: bool) -> Result<u32, AttachError> {
         let mut cached = self.bridge.lock().await;
         if let (Some(index), false) = (*cached, refresh) {
             return Ok(index);
         }
-        let index = link::ensure_bridge(&self.host, &self.config.bridge, self.ipam.pool().gateway_net())
-            .await
-            .map_err(|e| ErrorCode::Internal.error(format!("cannot set up bridge {}: {e}", self.config.bridge)))?;
+        let what = format!("set up bridge {}", self.config.bridge);
+        let index =
+            deadline(&what, link::ensure_bridge(&self.host, &self.config.bridge, self.ipam.pool().gateway_net()))
+                .await?;
         *cached = Some(index);
         Ok(index)
     }
@@ -104,24 +107,6 @@ impl Agent {
     /// Forgets the bridge's index, so the next ADD checks the kernel again.
     pub async fn forget_bridge(&self) {
         *self.bridge.lock().await = None;
-    }
-
-    /// Removes an attachment's host ports, deletes its host veth and
-    /// releases its address. Idempotent: every step succeeds when there is
-    /// nothing left to remove.
-    pub async fn teardown(&self, key: &Key, host_veth: &str) -> Result<(), CniError> {
-        // The rules and the veth are independent: remove both at once.
-        let (ports, veth) = tokio::join!(self.hostports.release(key), link::delete(&self.host, host_veth));
-        self.metrics.set_host_port_usage(self.hostports.usage());
-        ports.map_err(|e| e.to_cni())?;
-        veth.map_err(|e| ErrorCode::Internal.error(format!("cannot delete veth {host_veth}: {e}")))?;
-        let ipam = Arc::clone(&self.ipam);
-        let key = key.clone();
-        tokio::task::spawn_blocking(move || ipam.release(&key))
-            .await
-            .map_err(|e| ErrorCode::Internal.error(format!("IPAM release task failed: {e}")))?
-            .map_err(ipam_error)?;
-        Ok(())
     }
 }
 
@@ -145,15 +130,6 @@ pub fn host_veth_name(key: &Key) -> String {
 pub fn veth_mac(key: &Key, pod: bool) -> [u8; 6] {
     let h = key_hash(key, if pod { 2 } else { 1 }).to_be_bytes();
     [0x02, h[3], h[4], h[5], h[6], h[7]]
-}
-
-pub fn ipam_error(e: IpamError) -> CniError {
-    let code = match &e {
-        IpamError::AlreadyAllocated { .. } => ErrorCode::AlreadyExists,
-        IpamError::Exhausted { .. } => ErrorCode::PoolExhausted,
-        IpamError::Io { .. } | IpamError::Corrupt { .. } => ErrorCode::Internal,
-    };
-    code.error(e.to_string())
 }
 
 #[cfg(test)]

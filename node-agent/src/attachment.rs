@@ -10,11 +10,11 @@
 //!   packet; `weft0` stays, holding the gateway address.
 //!
 //! Each IPAM record keeps the mode its pod was attached with, so CHECK and
-//! start-up adoption judge a pod by how it was made.
+//! start-up adoption judge a pod by how it was made. What each mode does is
+//! its driver's (`attach::bridge`, `attach::routed`).
 
 use std::fmt;
 
-use ipnet::Ipv4Net;
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -28,17 +28,6 @@ pub enum Attachment {
 impl Attachment {
     pub fn is_bridge(&self) -> bool {
         *self == Attachment::Bridge
-    }
-
-    /// The pod's address as its interface carries it: with the pod CIDR's
-    /// prefix on the bridge, alone when routed.
-    pub fn pod_address(self, ip: std::net::Ipv4Addr, cidr: Ipv4Net) -> Ipv4Net {
-        let prefix = match self {
-            Attachment::Bridge => cidr.prefix_len(),
-            Attachment::Routed => 32,
-        };
-        // Both prefixes are at most 32.
-        Ipv4Net::new(ip, prefix).unwrap_or_else(|_| Ipv4Net::from(ip))
     }
 }
 
@@ -73,14 +62,6 @@ mod tests {
         assert_eq!(effective(Routed, [Routed, Bridge]), Bridge);
         assert_eq!(effective(Bridge, [Routed]), Routed);
         assert_eq!(effective(Bridge, [Bridge]), Bridge);
-    }
-
-    #[test]
-    fn routed_pods_carry_their_address_alone() {
-        let cidr: Ipv4Net = "10.1.2.0/24".parse().expect("cidr");
-        let ip = "10.1.2.7".parse().expect("ip");
-        assert_eq!(Attachment::Bridge.pod_address(ip, cidr).to_string(), "10.1.2.7/24");
-        assert_eq!(Attachment::Routed.pod_address(ip, cidr).to_string(), "10.1.2.7/32");
     }
 
     #[test]

@@ -56,6 +56,6 @@ async fn readyz(State(slot): State<AgentSlot>) -> impl IntoResponse {
     };
     match agent.readiness().await {
         Ok(()) => (StatusCode::OK, "ready".to_owned()),
-        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {}", e.msg)),
+        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {e}")),
     }
 }

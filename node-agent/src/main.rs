@@ -2,6 +2,7 @@
 //! node's pod addresses and programs the node's dataplane.
 
 mod agent;
+mod attach;
 mod attachment;
 mod cni_server;
 mod config;
@@ -11,12 +12,9 @@ mod http;
 mod ipam;
 mod lease;
 mod metrics;
-mod netns;
 mod overlay;
 mod peer_sync;
-mod pod_routes;
 mod policy;
-mod reconcile;
 #[cfg(test)]
 mod test_support;
 
@@ -32,7 +30,6 @@ use weft_api::subnet::Subnet;
 use weft_proto::cni::v1::cni_server::CniServer;
 
 use agent::Agent;
-use attachment::Attachment;
 use config::Config;
 use ipam::{Ipam, Pool};
 
@@ -78,7 +75,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
         (None, None) => unreachable_config()?,
     };
     let pool = Pool::new(lease.cidr).with_context(|| format!("unusable pod CIDR {}", lease.cidr))?;
-    let host = netns::Netns::current().context("cannot open netlink")?;
+    let host = dataplane::netns::Netns::current().context("cannot open netlink")?;
 
     // With a lease this node is part of a cluster: set up the overlay first,
     // since it decides the pod MTU and what we announce in our Subnet.
@@ -98,28 +95,21 @@ async fn run(config: Config) -> anyhow::Result<()> {
 
     // The bridge first: it holds the gateway address, which ADD needs and
     // which the routes to routed pods come from.
-    agent.ensure_bridge(true).await.map_err(|e| anyhow::anyhow!(e.msg))?;
+    agent.ensure_bridge(true).await.context("cannot set up the node bridge")?;
     agent.reconcile_on_start().await.context("start-up reconciliation failed")?;
     agent.metrics.set_host_port_usage(agent.hostports.usage());
     tokio::spawn(sync_host_ports(Arc::clone(&agent)));
-    tokio::spawn(pod_routes::run(Arc::clone(&agent)));
+    tokio::spawn(attach::repair::run(Arc::clone(&agent)));
     if let (Some(c), Some(node_ip)) = (&client, config.node_ip) {
         let resync = std::time::Duration::from_secs(config.resync_seconds.max(1));
         let hp = Arc::clone(&agent.hostports);
         tokio::spawn(hostport::publish::run(c.clone(), config.node_name.clone(), node_ip.to_string(), hp, resync));
     }
-    match agent.attachment() {
-        // Bridged pods of this node reach each other over weft0: iptables
-        // sees that traffic only through bridge netfilter.
-        Attachment::Bridge => {
-            if dataplane::bridge_netfilter::ensure()? {
-                tracing::info!(
-                    "turned on bridge netfilter (bridge-nf-call-iptables): policy applies between local pods"
-                );
-            }
-        }
-        // Routed pods reach even each other through the node's forwarding path.
-        Attachment::Routed => enable_forwarding()?,
+    // Bridged pods need bridge netfilter (policy between local pods), routed
+    // ones forwarding; the repair loop keeps it so.
+    let mode = agent.attachment();
+    if attach::driver(mode).ensure_node_settings().with_context(|| format!("node settings for {mode} pods"))? {
+        tracing::info!(%mode, "turned on the node settings {mode} pods need");
     }
     agent.metrics.set_ipam_usage(agent.ipam.usage());
     let _ = slot.set(Arc::clone(&agent));
@@ -200,7 +190,7 @@ async fn setup_overlay(
     let local = reconciler.ensure_local().await.context("cannot set up this node's overlay")?;
 
     // Pods on other nodes are reached through this node's forwarding path.
-    enable_forwarding()?;
+    dataplane::sysctl::ensure_ipv4_forwarding().context("cannot enable IPv4 forwarding")?;
     let pod_cidr = lease.cidr;
     tokio::task::spawn_blocking(move || dataplane::masquerade::ensure(pod_cidr, cluster_cidr))
         .await
@@ -244,10 +234,6 @@ async fn sync_host_ports(agent: Arc<Agent>) {
         first = false;
         tokio::time::sleep(period).await;
     }
-}
-
-fn enable_forwarding() -> anyhow::Result<()> {
-    std::fs::write("/proc/sys/net/ipv4/ip_forward", b"1").context("cannot enable IPv4 forwarding")
 }
 
 fn unreachable_config() -> anyhow::Result<lease::Lease> {

@@ -38,6 +38,7 @@ pub struct Metrics {
     pub duration: HistogramFamily,
     pub ipam_addresses: Family<StateLabels, Gauge>,
     pub released_on_start: Counter,
+    pub unverified_attachments: Gauge,
     pub host_ports: Family<StateLabels, Gauge>,
     pub host_port_repairs: Counter,
     pub pod_route_repairs: Counter,
@@ -76,8 +77,14 @@ impl Default for Metrics {
         let released_on_start = Counter::default();
         registry.register(
             "ipam_released_on_start",
-            "Allocations released by start-up reconciliation (their ADD never finished or their pod is gone)",
+            "Allocations released by start-up reconciliation (their host veth or network namespace is gone)",
             released_on_start.clone(),
+        );
+        let unverified_attachments = Gauge::default();
+        registry.register(
+            "attachments_unverified",
+            "Attachments kept by start-up reconciliation although they could not be verified (unreadable network namespace, changed routes or addresses); each is logged",
+            unverified_attachments.clone(),
         );
         let host_ports = Family::<StateLabels, Gauge>::default();
         registry.register(
@@ -105,6 +112,7 @@ impl Default for Metrics {
             duration,
             ipam_addresses,
             released_on_start,
+            unverified_attachments,
             host_ports,
             host_port_repairs,
             pod_route_repairs,

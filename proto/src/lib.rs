@@ -4,6 +4,8 @@
 //! [`cni::v1::CniRequest`] and turns the reply back into CNI JSON. All decisions
 //! are the agent's.
 
+pub mod validate;
+
 pub mod cni {
     pub mod v1 {
         tonic::include_proto!("weft.cni.v1");

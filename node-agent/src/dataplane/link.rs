@@ -19,8 +19,8 @@ use rtnetlink::{
 };
 
 use super::netlink_blocking::BlockingNetlink;
+use super::netns::BlockingNetns;
 use super::{DataplaneError, errno, kernel_op, op};
-use crate::netns::{BlockingNetns, Netns};
 
 const ENODEV: i32 = libc::ENODEV;
 const EEXIST: i32 = libc::EEXIST;
@@ -349,20 +349,6 @@ fn configure_pod(nl: &mut BlockingNetlink, spec: &AttachSpec) -> Result<(), Data
         2 => kernel_op(format!("add default route via {} in the pod", spec.gateway))(e),
         _ => kernel_op("add the gateway's neighbour entry in the pod")(e),
     })
-}
-
-/// True when the pod's interface carries `address` and the pod routes via
-/// `gateway`: what a finished ADD leaves.
-pub async fn pod_is_attached(
-    pod: &Netns,
-    ifname: &str,
-    address: Ipv4Net,
-    gateway: Ipv4Addr,
-) -> Result<bool, DataplaneError> {
-    let Some(link) = by_name(&pod.handle, ifname).await? else { return Ok(false) };
-    Ok(is_up(&link)
-        && addresses(&pod.handle, link.header.index).await?.contains(&address)
-        && default_gateways(&pod.handle).await?.contains(&gateway))
 }
 
 pub fn format_mac(mac: &[u8]) -> String {

@@ -2,11 +2,14 @@
 //! the kernel; what should exist is decided by its callers.
 
 pub mod bridge_netfilter;
+pub mod exec;
 pub mod iptables;
 pub mod link;
 pub mod masquerade;
 pub mod netlink_blocking;
+pub mod netns;
 pub mod routes;
+pub mod sysctl;
 pub mod underlay;
 pub mod vxlan;
 
@@ -16,7 +19,7 @@ pub enum DataplaneError {
     #[error("{op}: {source}")]
     Netlink { op: String, source: rtnetlink::Error },
     #[error(transparent)]
-    Netns(#[from] crate::netns::NetnsError),
+    Netns(#[from] netns::NetnsError),
     #[error("{op}: {source}")]
     Kernel { op: String, source: std::io::Error },
     #[error("{0}")]

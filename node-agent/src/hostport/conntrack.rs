@@ -2,7 +2,12 @@
 //! A stale entry (from before the DNAT existed, or pointing at a pod that is
 //! gone) would keep steering a UDP flow past the current rules.
 
-use std::process::Command;
+use std::time::Duration;
+
+use crate::dataplane::exec;
+
+/// One flush takes milliseconds; a stuck one must not hold up DEL.
+const TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Deletes UDP conntrack entries whose original destination port is one of
 /// `ports`. Best effort: a failure is logged, never fatal (TCP is unaffected
@@ -13,15 +18,11 @@ pub async fn flush_udp(ports: Vec<u16>) {
     }
     let jobs = ports.into_iter().map(|port| {
         tokio::task::spawn_blocking(move || {
-            let out =
-                Command::new("conntrack").args(["-D", "-p", "udp", "--orig-port-dst", &port.to_string()]).output();
-            match out {
-                // 1 means "nothing matched", which is the usual case.
-                Ok(o) if o.status.success() || o.status.code() == Some(1) => {}
-                Ok(o) => {
-                    tracing::warn!(port, stderr = %String::from_utf8_lossy(&o.stderr).trim(), "conntrack flush failed")
-                }
-                Err(e) => tracing::warn!(port, error = %e, "cannot run conntrack to flush UDP entries"),
+            let port_arg = port.to_string();
+            let args = ["-D", "-p", "udp", "--orig-port-dst", &port_arg];
+            // 1 means "nothing matched", which is the usual case.
+            if let Err(e) = exec::run_ok("conntrack", &args, None, TIMEOUT, &[1]) {
+                tracing::warn!(port, error = %e, "cannot flush the port's UDP conntrack entries");
             }
         })
     });

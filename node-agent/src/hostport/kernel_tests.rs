@@ -100,6 +100,25 @@ fn add_release_and_sync_write_exactly_our_rules() {
     assert_eq!(nat.matches("-j WEFT-HOSTPORTS\n").count(), 2, "one jump each from PREROUTING and OUTPUT:\n{nat}");
 }
 
+#[test]
+fn names_over_the_comment_limit_are_written_and_converge() {
+    if !require_root() {
+        return;
+    }
+    let ns = Ns::new("long");
+    ns.run(async move || {
+        let hp = HostPorts::new("20000-20099".parse().unwrap(), "10.244.1.0/24".parse().unwrap(), vec![]);
+        // The longest names Kubernetes allows: 63 + 253 characters.
+        let long = PodIdentity { namespace: "n".repeat(63), name: "p".repeat(253), uid: String::new() };
+        let a = hp.reserve(&key(1), &long, "10.244.1.5".parse().unwrap(), &[auto(Protocol::Tcp, 80)]).unwrap();
+        hp.program(a.as_ref()).await.unwrap();
+        hp.check(&key(1)).await.unwrap();
+        assert!(!hp.sync().await.unwrap(), "a sync after the ADD rewrote the rules: the comment does not converge");
+    });
+    let nat = ns.nat();
+    assert_eq!(nat.matches("--comment \"weft: nnn").count(), 2, "{nat}");
+}
+
 /// Benchmark: `cargo test -p weft-agent --release thousand_host_port -- --ignored --nocapture`.
 #[test]
 #[ignore = "benchmark; run explicitly"]

@@ -24,8 +24,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use ipnet::Ipv4Net;
 use weft_api::Protocol;
-use weft_proto::ErrorCode;
-use weft_proto::cni::v1::CniError;
 
 use crate::dataplane::iptables::{self, IptablesError};
 use crate::ipam::Key;
@@ -43,18 +41,6 @@ pub enum HostPortError {
     Iptables(#[from] IptablesError),
     #[error("host port task failed: {0}")]
     Task(#[from] tokio::task::JoinError),
-}
-
-impl HostPortError {
-    pub fn to_cni(&self) -> CniError {
-        let code = match self {
-            HostPortError::Request(_) => ErrorCode::InvalidConfig,
-            HostPortError::Store(StoreError::Exhausted { .. }) => ErrorCode::HostPortsExhausted,
-            HostPortError::Store(StoreError::Conflict { .. }) => ErrorCode::HostPortConflict,
-            _ => ErrorCode::Internal,
-        };
-        code.error(self.to_string())
-    }
 }
 
 /// Who the ports are for.

@@ -33,9 +33,24 @@ fn proto(p: Protocol) -> &'static str {
     }
 }
 
+/// iptables keeps at most 255 bytes of a comment and refuses longer ones.
+const MAX_COMMENT: usize = 255;
+
+/// The rule comment naming a mapping's pod, quoted as iptables-save prints
+/// it. Names are validated where they enter (weft-cni, the agent's request
+/// decoding), but a record may come from an older agent: anything but
+/// letters, digits and `.-_/:` becomes `_`, so nothing can end the quote or
+/// the line, and the text is cut to iptables' limit so that what is written
+/// is what iptables-save reads back.
 fn comment(a: &Allocation) -> String {
     let short: String = a.container_id.chars().take(12).collect();
-    format!("\"weft: {}/{} {short}\"", a.pod_namespace, a.pod_name)
+    let text = format!("weft: {}/{} {short}", a.pod_namespace, a.pod_name);
+    let mut safe: String = text
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | '/' | ':' | ' ') { c } else { '_' })
+        .collect();
+    safe.truncate(MAX_COMMENT);
+    format!("\"{safe}\"")
 }
 
 fn dst(m: &Mapping) -> String {
@@ -259,6 +274,26 @@ mod tests {
         let saved = parse_save(&saved_after(&add));
         assert_eq!(dnat_target(&saved, Protocol::Tcp, 20000), Some(("10.244.1.5".parse().unwrap(), 80)));
         assert_eq!(dnat_target(&saved, Protocol::Udp, 20000), None);
+    }
+
+    #[test]
+    fn comments_cannot_break_out_and_fit_iptables() {
+        let mut a = alloc("a", "10.244.1.5", &[(Protocol::Tcp, 80, 8080)]);
+        a.pod_name = "web\" -j ACCEPT\n-A INPUT".into();
+        let c = comment(&a);
+        assert_eq!(c, "\"weft: default/web_ -j ACCEPT_-A INPUT a0123456789a\"");
+        assert_eq!(c.matches('"').count(), 2);
+        assert!(!c.contains('\n'));
+        // The longest valid namespace and pod name exceed the limit together.
+        a.pod_namespace = "n".repeat(63);
+        a.pod_name = "p".repeat(253);
+        let c = comment(&a);
+        assert_eq!(c.len(), MAX_COMMENT + 2, "{c}");
+        let rules = allocation_rules(&a, cidr());
+        let saved =
+            parse_save(&saved_after(&full_sync_text(&Saved::default(), std::slice::from_ref(&a), cidr()).unwrap()));
+        assert!(rules.iter().all(|r| r.contains(&c)));
+        assert_eq!(full_sync_text(&saved, &[a], cidr()), None, "a long comment converges");
     }
 
     #[test]

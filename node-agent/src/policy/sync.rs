@@ -33,10 +33,9 @@ const RETRY: Duration = Duration::from_secs(1);
 
 #[derive(Debug, thiserror::Error)]
 pub enum SyncError {
+    /// `iptables-save`/`-restore` or `ipset`: the error names the program.
     #[error(transparent)]
-    Iptables(#[from] iptables::IptablesError),
-    #[error(transparent)]
-    Ipset(#[from] ipset::IpsetError),
+    Program(#[from] crate::dataplane::exec::ExecError),
 }
 
 /// The outcome of one pass.

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use nix::sched::{CloneFlags, setns};
 use rtnetlink::Handle;
 
-use crate::dataplane::netlink_blocking::BlockingNetlink;
+use super::netlink_blocking::BlockingNetlink;
 
 #[derive(Debug, thiserror::Error)]
 pub enum NetnsError {

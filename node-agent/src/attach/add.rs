@@ -1,45 +1,43 @@
-//! ADD: address from IPAM, veth pair into the pod, bridge (or a route to
-//! the pod), default route.
+//! ADD: reserve (an address, host ports) → program (veth pair into the pod,
+//! host ports) → persist (the record), answered only when all are done. One
+//! [`Rollback`] guard undoes the reservation on any failure, and also when
+//! the ADD is dropped half-way (the CNI server runs each verb to its end
+//! in a task of its own, so that only happens when the agent shuts down).
 
-use std::path::Path;
+use std::path::PathBuf;
 use std::sync::Arc;
 
-use weft_proto::ErrorCode;
-use weft_proto::cni::v1::{CniError, CniRequest, CniResult, Dns, Interface, IpConfig, Route};
+use weft_proto::cni::v1::{CniRequest, CniResult, Dns, Interface, IpConfig, Route};
 
-use super::key_of;
-use crate::agent::{Agent, host_veth_name, ipam_error, veth_mac};
-use crate::attachment::Attachment;
-use crate::dataplane::link::{self, AttachSpec, HostSide};
+use super::{AttachError, driver, off_thread};
+use crate::agent::{Agent, host_veth_name, veth_mac};
+use crate::dataplane::link::{self, AttachSpec};
+use crate::dataplane::netns::{BlockingNetns, NetnsError};
 use crate::hostport::{self, HostPortError, PodIdentity, Wanted, publish, request};
-use crate::ipam::Record;
-use crate::netns::{BlockingNetns, NetnsError};
+use crate::ipam::{Key, Record};
 
 impl Agent {
-    pub async fn add(&self, req: &CniRequest) -> Result<CniResult, CniError> {
-        let key = key_of(req)?;
+    pub async fn add(self: &Arc<Self>, key: &Key, req: &CniRequest) -> Result<CniResult, AttachError> {
         if req.netns.is_empty() {
-            return Err(ErrorCode::InvalidEnv.error("CNI_NETNS is required for ADD"));
+            return Err(AttachError::InvalidRequest("CNI_NETNS is required for ADD".into()));
         }
         let mtu = if req.mtu > 0 { req.mtu } else { self.pod_mtu };
-        // Open the pod namespace first: a bad CNI_NETNS fails before anything
-        // is allocated. ADD's kernel work is called directly, not through
-        // block_in_place or spawn_blocking: each call blocks for the kernel's
-        // own time (about 1 ms for the veth), handing it to another thread
-        // cost ADD 0.4 ms more, and the CNI server has a thread of its own
-        // (main.rs), so only other CNI requests wait meanwhile.
-        let mut pod = BlockingNetns::open(Path::new(&req.netns)).map_err(|e| match e {
+        // Open the pod namespace first, so a bad CNI_NETNS fails before
+        // anything is allocated; off this thread, since a path on a stuck
+        // mount would block it.
+        let path = PathBuf::from(&req.netns);
+        let mut pod = off_thread("open CNI_NETNS", move || BlockingNetns::open(&path)).await?.map_err(|e| match e {
             NetnsError::Missing(_) | NetnsError::Enter { .. } => {
-                ErrorCode::InvalidEnv.error(format!("CNI_NETNS {} is not a usable network namespace: {e}", req.netns))
+                AttachError::InvalidRequest(format!("CNI_NETNS {} is not a usable network namespace: {e}", req.netns))
             }
-            other => ErrorCode::Internal.error(other.to_string()),
+            other => AttachError::Kernel { what: "open the pod's network namespace".into(), source: other.into() },
         })?;
         // Routed pods need the bridge too: it holds the gateway address.
         let bridge_index = self.ensure_bridge(false).await?;
-        let attachment = self.attachment();
+        let driver = driver(self.attachment());
         let (pod_id, wanted) = self.host_ports_wanted(req).await?;
 
-        let host_veth = host_veth_name(&key);
+        let host_veth = host_veth_name(key);
         let record = Record {
             container_id: key.container_id.clone(),
             ifname: key.ifname.clone(),
@@ -48,16 +46,15 @@ impl Agent {
             pod: pod_name(req),
             pod_uid: pod_id.uid.clone(),
             host_ports: Vec::new(),
-            attachment,
+            attachment: driver.mode(),
         };
-        let ip = self.ipam.reserve(record).map_err(ipam_error)?;
+        let ip = self.ipam.reserve(record)?;
+        let rollback = Rollback::new(self, key, &host_veth);
         // Host ports go into the same record, so the ADD writes one file.
-        let ports = match self.hostports.reserve(&key, &pod_id, ip, &wanted) {
+        let ports = match self.hostports.reserve(key, &pod_id, ip, &wanted) {
             Ok(ports) => ports,
             Err(e) => {
-                if let Err(cleanup) = self.teardown(&key, &host_veth).await {
-                    tracing::error!(%ip, error = %cleanup.msg, "could not undo a failed ADD");
-                }
+                rollback.undo().await;
                 return Err(self.host_port_failure(&pod_id, e));
             }
         };
@@ -65,15 +62,12 @@ impl Agent {
             self.ipam.set_host_ports(ip, &pod_id.uid, p.ports.clone());
         }
         let pool = *self.ipam.pool();
-        let address = attachment.pod_address(ip, pool.cidr());
-        let (host_mac, pod_mac) = (veth_mac(&key, false), veth_mac(&key, true));
+        let address = driver.pod_address(ip, pool.cidr());
+        let (host_mac, pod_mac) = (veth_mac(key, false), veth_mac(key, true));
         let spec = AttachSpec {
             host_veth: host_veth.clone(),
             ifname: key.ifname.clone(),
-            host: match attachment {
-                Attachment::Bridge => HostSide::Bridge(bridge_index),
-                Attachment::Routed => HostSide::Routed,
-            },
+            host: driver.host_side(bridge_index),
             address,
             gateway: pool.gateway(),
             mtu,
@@ -81,41 +75,38 @@ impl Agent {
             pod_mac,
         };
 
-        // The record's write overlaps with the kernel work. Both must finish
-        // before we answer; a crash in between leaves either a record without
-        // a complete attachment or a veth without a record, and start-up
-        // reconciliation removes both.
+        // The record's write, the host port rules and the veth overlap. All
+        // must finish before we answer. A crash in between leaves a record
+        // with its veth (kept by start-up reconciliation, removed by the DEL
+        // the runtime sends for the failed ADD), a record without a veth, or
+        // a veth without a record (both removed at start-up).
         let ipam = Arc::clone(&self.ipam);
         let persist = tokio::task::spawn_blocking(move || ipam.persist(ip));
         let programmed = self.hostports.program(ports.as_ref());
-        // Polled after `programmed`, which has then started iptables-restore,
-        // so the rules are written while the veth is built.
-        let attach = async { link::attach(&mut pod, &spec) };
+        let attach = off_thread("attach the pod", move || link::attach(&mut pod, &spec));
         let (ports, attached, persisted) = tokio::join!(programmed, attach, persist);
         if let Err(e) = ports {
-            if let Err(cleanup) = self.teardown(&key, &host_veth).await {
-                tracing::error!(%ip, error = %cleanup.msg, "could not undo a failed ADD");
-            }
+            rollback.undo().await;
             return Err(self.host_port_failure(&pod_id, e));
         }
         self.metrics.set_host_port_usage(self.hostports.usage());
         let failure = match (attached, persisted) {
-            (Err(e), _) => {
+            (Err(e), _) => Some(e.to_string()),
+            (Ok(Err(e)), _) => {
                 // Perhaps the bridge went away: look again on the next ADD.
                 self.forget_bridge().await;
                 Some(e.to_string())
             }
-            (Ok(()), Ok(Err(e))) => Some(e.to_string()),
-            (Ok(()), Err(join)) => Some(format!("IPAM write task failed: {join}")),
-            (Ok(()), Ok(Ok(()))) => None,
+            (Ok(Ok(())), Ok(Err(e))) => Some(e.to_string()),
+            (Ok(Ok(())), Err(join)) => Some(format!("IPAM write task failed: {join}")),
+            (Ok(Ok(())), Ok(Ok(()))) => None,
         };
         if let Some(e) = failure {
-            if let Err(cleanup) = self.teardown(&key, &host_veth).await {
-                tracing::error!(%ip, error = %cleanup.msg, "could not undo a failed ADD");
-            }
-            return Err(ErrorCode::Internal.error(format!("cannot attach {} to the pod network: {e}", key.ifname)));
+            rollback.undo().await;
+            return Err(AttachError::Internal(format!("cannot attach {} to the pod network: {e}", key.ifname)));
         }
         self.ipam.commit(ip);
+        rollback.disarm();
 
         Ok(CniResult {
             interfaces: vec![
@@ -134,11 +125,59 @@ impl Agent {
     }
 }
 
+/// Undoes a reserved attachment (host ports, veth, address) unless the ADD
+/// disarms it: awaited on a failure, so the error answers after the clean-up;
+/// spawned when the ADD is dropped before either.
+struct Rollback {
+    agent: Arc<Agent>,
+    key: Key,
+    host_veth: String,
+    armed: bool,
+}
+
+impl Rollback {
+    fn new(agent: &Arc<Agent>, key: &Key, host_veth: &str) -> Self {
+        Self { agent: Arc::clone(agent), key: key.clone(), host_veth: host_veth.to_owned(), armed: true }
+    }
+
+    fn disarm(mut self) {
+        self.armed = false;
+    }
+
+    async fn undo(mut self) {
+        self.armed = false;
+        undo(&self.agent, &self.key, &self.host_veth).await;
+    }
+}
+
+impl Drop for Rollback {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let (agent, key, host_veth) = (Arc::clone(&self.agent), self.key.clone(), self.host_veth.clone());
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => {
+                rt.spawn(async move { undo(&agent, &key, &host_veth).await });
+            }
+            // No runtime left (the agent is exiting): start-up reconciliation
+            // and the runtime's DEL clean up after the restart.
+            Err(_) => tracing::warn!(container = %key.container_id, "an interrupted ADD is left to the next start-up"),
+        }
+    }
+}
+
+async fn undo(agent: &Agent, key: &Key, host_veth: &str) {
+    if let Err(e) = agent.teardown(key, host_veth).await {
+        tracing::error!(container = %key.container_id, ifname = %key.ifname, error = %e, "could not undo a failed ADD");
+    }
+}
+
 impl Agent {
     /// The pod's identity and the host ports it asks for: fixed ones from
     /// the runtime's `portMappings`, automatic ones from its annotation (read
     /// from the API when the agent has one).
-    async fn host_ports_wanted(&self, req: &CniRequest) -> Result<(PodIdentity, Vec<Wanted>), CniError> {
+    async fn host_ports_wanted(&self, req: &CniRequest) -> Result<(PodIdentity, Vec<Wanted>), AttachError> {
         let arg = |k: &str| req.args.get(k).cloned().unwrap_or_default();
         let mut pod_id =
             PodIdentity { namespace: arg("K8S_POD_NAMESPACE"), name: arg("K8S_POD_NAME"), uid: arg("K8S_POD_UID") };
@@ -153,7 +192,7 @@ impl Agent {
             .pods
             .get(&pod_id.namespace, &pod_id.name, uid)
             .await
-            .map_err(|e| ErrorCode::TryAgainLater.error(e.to_string()))?;
+            .map_err(|e| AttachError::TryAgain(e.to_string()))?;
         // No Pod object: a runtime used outside Kubernetes; nothing to read.
         if let Some(pod) = pod {
             if pod_id.uid.is_empty() {
@@ -166,8 +205,7 @@ impl Agent {
     }
 
     /// The CNI error for a host port failure, also recorded as an Event on the pod.
-    fn host_port_failure(&self, pod_id: &PodIdentity, e: HostPortError) -> CniError {
-        let err = e.to_cni();
+    fn host_port_failure(&self, pod_id: &PodIdentity, e: HostPortError) -> AttachError {
         let reason = match &e {
             HostPortError::Request(_) => "InvalidHostPorts",
             HostPortError::Store(hostport::StoreError::Exhausted { .. }) => "HostPortsExhausted",
@@ -175,9 +213,9 @@ impl Agent {
             _ => "HostPortsFailed",
         };
         if let Some(kube) = &self.kube {
-            publish::warn_pod(&kube.client, &self.config.node_name, pod_id, reason, err.msg.clone());
+            publish::warn_pod(&kube.client, &self.config.node_name, pod_id, reason, e.to_string());
         }
-        err
+        AttachError::HostPorts(e)
     }
 }
 

@@ -3,24 +3,19 @@
 
 use std::collections::HashSet;
 
-use weft_proto::ErrorCode;
-use weft_proto::cni::v1::{CniError, GcRequest};
-
+use super::{AttachError, deadline};
 use crate::agent::{Agent, HOST_VETH_PREFIX};
 use crate::dataplane::link;
 use crate::ipam::Key;
 
 impl Agent {
-    /// Returns how many attachments were released.
-    pub async fn gc(&self, req: &GcRequest) -> Result<u32, CniError> {
-        let valid: HashSet<Key> = req
-            .valid_attachments
-            .iter()
-            .map(|a| Key { container_id: a.container_id.clone(), ifname: a.ifname.clone() })
-            .collect();
+    /// Releases what `valid` does not list; returns how many attachments.
+    pub async fn gc(&self, valid: &HashSet<Key>) -> Result<u32, AttachError> {
         let mut released = 0;
         for (ip, record) in self.ipam.all() {
-            // A pending record is an ADD in flight; it is not the runtime's to list yet.
+            // A pending record is an ADD in flight, which either finishes or
+            // undoes itself (it runs to its end even if weft-cni goes away);
+            // it is not the runtime's to list yet.
             if self.ipam.is_pending(ip) || valid.contains(&record.key()) {
                 continue;
             }
@@ -32,16 +27,15 @@ impl Agent {
         Ok(released)
     }
 
-    /// Deletes veths named like ours that no record accounts for.
-    pub async fn remove_orphan_veths(&self) -> Result<usize, CniError> {
+    /// Deletes veths named like ours that no record accounts for (pending
+    /// ones included: an ADD in flight holds its record from before its veth).
+    pub async fn remove_orphan_veths(&self) -> Result<usize, AttachError> {
         let known: HashSet<String> = self.ipam.all().into_iter().map(|(_, r)| r.host_veth).collect();
-        let veths = link::veths_with_prefix(&self.host, HOST_VETH_PREFIX)
-            .await
-            .map_err(|e| ErrorCode::Internal.error(e.to_string()))?;
+        let veths = deadline("list veths", link::veths_with_prefix(&self.host, HOST_VETH_PREFIX)).await?;
         let mut removed = 0;
         for name in veths.into_iter().filter(|n| !known.contains(n)) {
             tracing::info!(veth = %name, "removing a veth that no allocation accounts for");
-            link::delete(&self.host, &name).await.map_err(|e| ErrorCode::Internal.error(e.to_string()))?;
+            deadline(&format!("delete veth {name}"), link::delete(&self.host, &name)).await?;
             removed += 1;
         }
         Ok(removed)

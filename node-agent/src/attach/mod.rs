@@ -1,0 +1,142 @@
+//! The pod attachment path: what the CNI verbs, start-up reconciliation
+//! and the repair loop do to this node's pods.
+//!
+//! - [`add`]: reserve → program → persist; one [`add::Rollback`] guard undoes
+//!   a reservation on every failure and when the ADD is dropped half-way.
+//! - [`check`]: observe ([`observe`]) → compare ([`observed`], pure).
+//! - [`del`] and [`gc`]: tear down, idempotently.
+//! - [`startup`]: keeps every attachment it cannot prove gone, reports the
+//!   ones it cannot verify.
+//! - [`repair`]: the level-triggered loop for the bridge, the routes to
+//!   routed pods and the node settings the mode needs.
+//! - [`status`]: readiness, observed only.
+//! - [`ordering`]: one verb at a time per attachment.
+//! - The modes, one file each behind [`Driver`]: [`bridge`], [`routed`].
+//!
+//! Verbs return [`AttachError`]; `cni_server` turns it into CNI error codes.
+
+mod add;
+mod bridge;
+mod check;
+mod del;
+mod error;
+mod gc;
+mod observe;
+mod observed;
+mod ordering;
+pub mod repair;
+mod routed;
+mod startup;
+mod status;
+
+use std::future::Future;
+use std::net::Ipv4Addr;
+use std::time::Duration;
+
+use ipnet::Ipv4Net;
+
+pub use error::AttachError;
+pub use ordering::KeyLocks;
+
+use crate::attachment::Attachment;
+use crate::dataplane::DataplaneError;
+use crate::dataplane::link::HostSide;
+use observed::ObservedHost;
+
+/// The longest a kernel call on a request path may take. Netlink answers in
+/// microseconds; a call this slow means a wedged kernel or a stuck path
+/// (an unresponsive mount under CNI_NETNS), and the verb fails instead of
+/// holding the attachment (and the runtime) for ever.
+pub const KERNEL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What differs between the ways a pod's veth joins the node. A new mode (a
+/// VM runtime's tap, say) is a new implementation in a file of its own.
+pub trait Driver: Send + Sync {
+    fn mode(&self) -> Attachment;
+
+    /// The prefix length of the pod's address on its interface.
+    fn pod_prefix(&self, pod_cidr: Ipv4Net) -> u8;
+
+    /// Where ADD puts the host end of the veth, given the bridge's index.
+    fn host_side(&self, bridge_index: u32) -> HostSide;
+
+    /// Whether the node reaches the pod by a /32 route on the host veth,
+    /// which the repair loop puts back when it goes.
+    fn routes_to_pod(&self) -> bool;
+
+    /// What the host end must look like besides existing and being up;
+    /// `Err` says what differs.
+    fn check_host(&self, host: &ObservedHost) -> Result<(), String>;
+
+    /// Turns on the node settings pods of this mode need; checked at start-up
+    /// and every resync. Returns whether something had to change.
+    fn ensure_node_settings(&self) -> Result<bool, DataplaneError>;
+
+    /// The pod's address as its interface carries it.
+    fn pod_address(&self, ip: Ipv4Addr, pod_cidr: Ipv4Net) -> Ipv4Net {
+        // A prefix from `pod_prefix` is at most 32.
+        Ipv4Net::new(ip, self.pod_prefix(pod_cidr)).unwrap_or_else(|_| Ipv4Net::from(ip))
+    }
+}
+
+/// The driver of a mode.
+pub fn driver(mode: Attachment) -> &'static dyn Driver {
+    match mode {
+        Attachment::Bridge => &bridge::Bridge,
+        Attachment::Routed => &routed::Routed,
+    }
+}
+
+/// Awaits a kernel call of a request path, at most [`KERNEL_TIMEOUT`].
+pub async fn deadline<T>(what: &str, call: impl Future<Output = Result<T, DataplaneError>>) -> Result<T, AttachError> {
+    deadline_within(KERNEL_TIMEOUT, what, call).await
+}
+
+async fn deadline_within<T>(
+    limit: Duration,
+    what: &str,
+    call: impl Future<Output = Result<T, DataplaneError>>,
+) -> Result<T, AttachError> {
+    match tokio::time::timeout(limit, call).await {
+        Ok(r) => r.map_err(|source| AttachError::Kernel { what: what.to_owned(), source }),
+        Err(_) => Err(AttachError::TimedOut { what: what.to_owned(), after: limit }),
+    }
+}
+
+/// Runs blocking kernel work (entering a pod's namespace, ADD's batched
+/// netlink) on the blocking pool, so the CNI server's thread never waits on
+/// it, and waits at most [`KERNEL_TIMEOUT`]. A call that times out goes on
+/// in the background; whatever it creates afterwards has no record, and GC
+/// removes it.
+pub async fn off_thread<T: Send + 'static, E: Send + 'static>(
+    what: &str,
+    work: impl FnOnce() -> Result<T, E> + Send + 'static,
+) -> Result<Result<T, E>, AttachError> {
+    match tokio::time::timeout(KERNEL_TIMEOUT, tokio::task::spawn_blocking(work)).await {
+        Ok(Ok(r)) => Ok(r),
+        Ok(Err(join)) => Err(AttachError::Internal(format!("{what}: the task failed: {join}"))),
+        Err(_) => Err(AttachError::TimedOut { what: what.to_owned(), after: KERNEL_TIMEOUT }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routed_pods_carry_their_address_alone() {
+        let cidr: Ipv4Net = "10.1.2.0/24".parse().expect("cidr");
+        let ip = "10.1.2.7".parse().expect("ip");
+        assert_eq!(driver(Attachment::Bridge).pod_address(ip, cidr).to_string(), "10.1.2.7/24");
+        assert_eq!(driver(Attachment::Routed).pod_address(ip, cidr).to_string(), "10.1.2.7/32");
+        assert_eq!(driver(Attachment::Routed).mode(), Attachment::Routed);
+    }
+
+    #[tokio::test]
+    async fn a_stuck_kernel_call_times_out() {
+        let stuck = std::future::pending::<Result<(), DataplaneError>>();
+        let e = deadline_within(Duration::from_millis(20), "look up eth0", stuck).await.expect_err("times out");
+        assert!(matches!(e, AttachError::TimedOut { .. }), "{e}");
+        assert!(e.to_string().contains("look up eth0"), "{e}");
+    }
+}

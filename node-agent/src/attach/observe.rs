@@ -1,0 +1,65 @@
+//! Reading an attachment from the kernel, for CHECK and start-up
+//! reconciliation. Every call has a deadline; what cannot be read inside the
+//! pod is recorded as such ([`ObservedPod::Unreadable`]), never guessed.
+
+use std::net::Ipv4Addr;
+use std::path::Path;
+
+use super::observed::{ObservedHost, ObservedPod, PodIface};
+use super::{AttachError, KERNEL_TIMEOUT, deadline, driver};
+use crate::agent::Agent;
+use crate::dataplane::netns::{Netns, NetnsError};
+use crate::dataplane::{DataplaneError, link};
+use crate::ipam::Record;
+
+impl Agent {
+    /// The node's end of `record`'s attachment; `None` when its host veth
+    /// does not exist.
+    pub(super) async fn observe_host(
+        &self,
+        ip: Ipv4Addr,
+        record: &Record,
+    ) -> Result<Option<ObservedHost>, AttachError> {
+        let Some(veth) = deadline("look up the host veth", link::by_name(&self.host, &record.host_veth)).await? else {
+            return Ok(None);
+        };
+        let bridge = deadline("look up the bridge", link::by_name(&self.host, &self.config.bridge)).await?;
+        let node_route = driver(record.attachment).routes_to_pod()
+            && deadline("list the node's routes", link::pod_routes(&self.host))
+                .await?
+                .contains(&(ip, veth.header.index));
+        Ok(Some(ObservedHost {
+            name: record.host_veth.clone(),
+            ip,
+            up: link::is_up(&veth),
+            controller: link::controller_of(&veth),
+            bridge_name: self.config.bridge.clone(),
+            bridge: bridge.map(|b| b.header.index),
+            node_route,
+        }))
+    }
+}
+
+/// The pod's end: interface `ifname` and the default routes in the network
+/// namespace at `netns`.
+pub(super) async fn observe_pod(netns: &Path, ifname: &str) -> ObservedPod {
+    let pod = match tokio::time::timeout(KERNEL_TIMEOUT, Netns::open(netns)).await {
+        Err(_) => return ObservedPod::Unreadable(format!("opening {} took over {KERNEL_TIMEOUT:?}", netns.display())),
+        Ok(Err(NetnsError::Missing(_))) => return ObservedPod::Gone,
+        Ok(Err(e)) => return ObservedPod::Unreadable(e.to_string()),
+        Ok(Ok(pod)) => pod,
+    };
+    let read = async {
+        let iface = match link::by_name(&pod.handle, ifname).await? {
+            Some(l) => {
+                Some(PodIface { up: link::is_up(&l), addresses: link::addresses(&pod.handle, l.header.index).await? })
+            }
+            None => None,
+        };
+        let gateways = link::default_gateways(&pod.handle).await?;
+        Ok::<_, DataplaneError>(ObservedPod::Seen { iface, gateways })
+    };
+    deadline("read the pod's interface and routes", read)
+        .await
+        .unwrap_or_else(|e| ObservedPod::Unreadable(e.to_string()))
+}

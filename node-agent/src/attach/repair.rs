@@ -1,0 +1,92 @@
+//! The node's side of its attachments, kept level-triggered: at start-up and
+//! every resync period the bridge is set up again if it went (with its
+//! gateway address), the node settings the pods' mode needs are turned back
+//! on, and a finished routed pod whose /32 route is missing gets it back
+//! with its neighbour entry (a route someone deleted, or the routes the
+//! kernel flushed along with weft0's gateway address, their source).
+//! Health checks only observe; repairs happen here.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{AttachError, driver, off_thread};
+use crate::agent::{Agent, veth_mac};
+use crate::dataplane::netlink_blocking::BlockingNetlink;
+use crate::dataplane::{DataplaneError, kernel_op, link};
+
+impl Agent {
+    /// Restores the routes to routed pods that are missing; returns how many pods needed it.
+    pub async fn repair_pod_routes(&self) -> Result<u64, AttachError> {
+        let ipam = &self.ipam;
+        let routed: Vec<_> = ipam
+            .all()
+            .into_iter()
+            .filter(|(ip, r)| driver(r.attachment).routes_to_pod() && !ipam.is_pending(*ip))
+            .collect();
+        if routed.is_empty() {
+            return Ok(0);
+        }
+        let kernel = |what: &str| {
+            let what = what.to_owned();
+            move |source| AttachError::Kernel { what, source }
+        };
+        let present = link::pod_routes(&self.host).await.map_err(kernel("list the node's routes"))?;
+        let gateway = ipam.pool().gateway();
+        // Repairs are rare and each takes the kernel microseconds: the
+        // blocking socket ADD uses serves here as well.
+        let mut nl = BlockingNetlink::new().map_err(kernel_op("open a netlink socket")).map_err(kernel("repair"))?;
+        let mut restored = 0;
+        for (ip, record) in routed {
+            // No veth: a DEL or GC is removing this pod, or reconciliation will.
+            let Some(veth) =
+                link::by_name(&self.host, &record.host_veth).await.map_err(kernel("look up a host veth"))?
+            else {
+                continue;
+            };
+            let index = veth.header.index;
+            if present.contains(&(ip, index)) {
+                continue;
+            }
+            let pod_mac = veth_mac(&record.key(), true);
+            match link::route_to_pod(&mut nl, index, ip, gateway, pod_mac) {
+                Ok(()) => {
+                    tracing::warn!(container = %record.container_id, %ip, veth = %record.host_veth, "restored the missing route to a routed pod");
+                    restored += 1;
+                }
+                // One pod's failure (its veth going away meanwhile) must not
+                // keep the others unrepaired.
+                Err(e) => {
+                    tracing::error!(container = %record.container_id, %ip, error = %e, "cannot restore the route to a routed pod")
+                }
+            }
+        }
+        self.metrics.pod_route_repairs.inc_by(restored);
+        Ok(restored)
+    }
+
+    /// One pass of the repair loop: the bridge, the node settings of the
+    /// mode new pods get, the routes to routed pods.
+    pub async fn repair_node_side(&self) -> Result<(), AttachError> {
+        self.ensure_bridge(true).await?;
+        let mode = self.attachment();
+        let changed = off_thread("check node settings", move || driver(mode).ensure_node_settings()).await?.map_err(
+            |source: DataplaneError| AttachError::Kernel { what: format!("node settings for {mode} pods"), source },
+        )?;
+        if changed {
+            tracing::warn!(%mode, "a node setting {mode} pods need had been turned off; turned it back on");
+        }
+        self.repair_pod_routes().await?;
+        Ok(())
+    }
+}
+
+/// Repairs every resync period, for as long as the agent runs.
+pub async fn run(agent: Arc<Agent>) {
+    let period = Duration::from_secs(agent.config.resync_seconds.max(1));
+    loop {
+        tokio::time::sleep(period).await;
+        if let Err(e) = agent.repair_node_side().await {
+            tracing::error!(error = %e, "cannot repair the node's side of its pods");
+        }
+    }
+}

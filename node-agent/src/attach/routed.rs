@@ -1,0 +1,56 @@
+//! Routed pods: the host veth has no master. The pod carries its address as
+//! a /32 with an on-link default route via the gateway; the node reaches it
+//! by a /32 route on the host veth. Both ends know each other's MAC from the
+//! start (permanent neighbour entries), so nothing depends on the node's ARP
+//! settings, and every packet saves the bridge hop at both ends.
+
+use ipnet::Ipv4Net;
+
+use super::Driver;
+use super::observed::ObservedHost;
+use crate::attachment::Attachment;
+use crate::dataplane::link::HostSide;
+use crate::dataplane::{DataplaneError, sysctl};
+
+pub struct Routed;
+
+impl Driver for Routed {
+    fn mode(&self) -> Attachment {
+        Attachment::Routed
+    }
+
+    fn pod_prefix(&self, _pod_cidr: Ipv4Net) -> u8 {
+        32
+    }
+
+    fn host_side(&self, _bridge_index: u32) -> HostSide {
+        HostSide::Routed
+    }
+
+    fn routes_to_pod(&self) -> bool {
+        true
+    }
+
+    fn check_host(&self, host: &ObservedHost) -> Result<(), String> {
+        if host.node_route { Ok(()) } else { Err(format!("the node has no route to {} via {}", host.ip, host.name)) }
+    }
+
+    /// Routed pods reach even each other through the node's forwarding path.
+    fn ensure_node_settings(&self) -> Result<bool, DataplaneError> {
+        sysctl::ensure_ipv4_forwarding()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::attach::observed::tests::host;
+
+    #[test]
+    fn the_node_must_route_to_the_pod() {
+        let mut h = host();
+        assert_eq!(Routed.check_host(&h), Ok(()));
+        h.node_route = false;
+        assert!(Routed.check_host(&h).unwrap_err().contains("no route to 10.1.2.7 via weftv0123456789"));
+    }
+}

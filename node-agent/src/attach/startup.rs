@@ -1,0 +1,76 @@
+//! Start-up reconciliation of IPAM records with the kernel. The runtime
+//! never repeats an ADD, so a pod released here is disconnected for good:
+//! only attachments that are certainly gone (no host veth, no network
+//! namespace) are released. Anything the agent cannot verify (a namespace it
+//! cannot enter, routes someone changed) is kept, logged and counted in
+//! `weft_agent_attachments_unverified`; the runtime's DEL or GC removes it
+//! when its pod goes. Veths of ours with no record are removed: their ADD
+//! never answered.
+
+use std::path::Path;
+
+use super::observe::observe_pod;
+use super::observed::{Expected, Verdict, on_start};
+use super::{AttachError, driver};
+use crate::agent::Agent;
+
+/// What start-up reconciliation did.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct StartupReport {
+    pub kept: usize,
+    pub unverified: usize,
+    pub released: usize,
+    pub orphan_veths: usize,
+}
+
+impl Agent {
+    /// Judges every record, releases what is gone, removes veths no record
+    /// accounts for, restores missing routes to routed pods and settles how
+    /// new pods are attached.
+    pub async fn reconcile_on_start(&self) -> Result<StartupReport, AttachError> {
+        let mut report = StartupReport::default();
+        let pool = *self.ipam.pool();
+        for (ip, record) in self.ipam.all() {
+            let driver = driver(record.attachment);
+            let want = Expected {
+                driver,
+                ifname: &record.ifname,
+                address: driver.pod_address(ip, pool.cidr()),
+                gateway: pool.gateway(),
+            };
+            let host = self.observe_host(ip, &record).await?;
+            // Without a host veth the pod's side needs no reading.
+            let pod = match host {
+                Some(_) => observe_pod(Path::new(&record.netns), &record.ifname).await,
+                None => super::observed::ObservedPod::Gone,
+            };
+            match on_start(&want, host.as_ref(), &pod) {
+                Verdict::Keep => report.kept += 1,
+                Verdict::KeepUnverified(why) => {
+                    tracing::warn!(
+                        container = %record.container_id, ifname = %record.ifname, pod = %record.pod, %ip,
+                        reason = %why, "keeping an attachment that could not be verified"
+                    );
+                    report.unverified += 1;
+                }
+                Verdict::Release(why) => {
+                    tracing::info!(
+                        container = %record.container_id, ifname = %record.ifname, pod = %record.pod, %ip,
+                        reason = %why, "releasing an attachment whose pod is gone"
+                    );
+                    self.teardown(&record.key(), &record.host_veth).await?;
+                    report.released += 1;
+                }
+            }
+        }
+        report.orphan_veths = self.remove_orphan_veths().await?;
+        // Routed pods kept are reached through their own routes: put back any
+        // that went (with weft0's address, say) while the agent was down.
+        self.repair_pod_routes().await?;
+        self.metrics.released_on_start.inc_by(report.released as u64);
+        self.metrics.unverified_attachments.set(report.unverified as i64);
+        let attachment = self.settle_attachment();
+        tracing::info!(?report, %attachment, "start-up reconciliation done");
+        Ok(report)
+    }
+}

@@ -1,0 +1,34 @@
+//! STATUS (and /readyz): ready when an ADD could succeed now. It only
+//! observes, takes no lock ADD takes and changes nothing: it is served to
+//! anyone who can reach the node, and repairs are the repair loop's.
+
+use super::{AttachError, deadline};
+use crate::agent::Agent;
+use crate::dataplane::link;
+
+impl Agent {
+    pub async fn readiness(&self) -> Result<(), AttachError> {
+        let bridge = &self.config.bridge;
+        let gateway = self.ipam.pool().gateway_net();
+        let not_ready = |why: String| AttachError::NotReady(format!("the pod network is not set up: {why}"));
+        let Some(link) = deadline("look up the bridge", link::by_name(&self.host, bridge)).await? else {
+            return Err(not_ready(format!("bridge {bridge} is missing")));
+        };
+        if !link::is_up(&link) {
+            return Err(not_ready(format!("bridge {bridge} is down")));
+        }
+        let addresses = deadline("list the bridge's addresses", link::addresses(&self.host, link.header.index)).await?;
+        if !addresses.contains(&gateway) {
+            return Err(not_ready(format!("bridge {bridge} lacks the gateway address {gateway}")));
+        }
+        let dir = self.config.state_dir.join("ipam");
+        if !dir.is_dir() {
+            return Err(AttachError::NotReady(format!("IPAM state directory {} is missing", dir.display())));
+        }
+        let (_, free) = self.ipam.usage();
+        if free == 0 {
+            return Err(AttachError::NoAddressLeft(format!("no free pod address left in {}", self.ipam.pool().cidr())));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,39 @@
+//! IPv4 forwarding, which pods on other nodes (and routed pods on this one)
+//! need. Level-triggered: checked at start-up and every resync, since a
+//! `sysctl --system` or a firewall reload may turn it off behind our back.
+
+use std::path::Path;
+
+use super::DataplaneError;
+
+const IP_FORWARD: &str = "/proc/sys/net/ipv4/ip_forward";
+
+/// Turns IPv4 forwarding on in this network namespace; returns whether it was off.
+pub fn ensure_ipv4_forwarding() -> Result<bool, DataplaneError> {
+    ensure_on(Path::new(IP_FORWARD))
+}
+
+fn ensure_on(path: &Path) -> Result<bool, DataplaneError> {
+    let fail = |e: std::io::Error| DataplaneError::Unexpected(format!("{}: {e}", path.display()));
+    if std::fs::read_to_string(path).map_err(fail)?.trim() == "1" {
+        return Ok(false);
+    }
+    std::fs::write(path, b"1").map_err(fail)?;
+    Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn writes_only_when_off() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("ip_forward");
+        std::fs::write(&path, "0\n").expect("write");
+        assert!(ensure_on(&path).expect("first"));
+        assert_eq!(std::fs::read_to_string(&path).expect("read"), "1");
+        assert!(!ensure_on(&path).expect("second"));
+        assert!(ensure_on(&dir.path().join("missing")).is_err());
+    }
+}
