@@ -12,8 +12,9 @@ pub struct Agent {
     pub socket: PathBuf,
     pub state_dir: PathBuf,
     pub pod_cidr: String,
-    /// Extra flags, kept for restarts.
+    /// Extra flags and environment, kept for restarts.
     args: Vec<String>,
+    env: Vec<(String, String)>,
     node: String,
     log: PathBuf,
 }
@@ -28,8 +29,15 @@ impl Agent {
 
     /// Like [`Agent::start`], with extra flags (also on every restart).
     pub fn start_with(node: &Netns, pod_cidr: &str, dir: &Path, args: &[&str]) -> Self {
+        Self::start_with_env(node, pod_cidr, dir, args, &[])
+    }
+
+    /// Like [`Agent::start_with`], with extra environment variables (a `PATH`
+    /// with fault-injecting stand-ins for the programs the agent runs, say).
+    pub fn start_with_env(node: &Netns, pod_cidr: &str, dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Self {
         let mut agent = Self {
             args: args.iter().map(|a| a.to_string()).collect(),
+            env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
             child: None,
             socket: dir.join("agent.sock"),
             state_dir: dir.join("state"),
@@ -51,6 +59,7 @@ impl Agent {
             .arg("--state-dir")
             .arg(&self.state_dir)
             .args(&self.args)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .env("WEFT_LOG", std::env::var("WEFT_LOG").unwrap_or_else(|_| "debug".into()))
             .stdout(Stdio::null())
             .stderr(log)
@@ -114,5 +123,38 @@ impl Agent {
 impl Drop for Agent {
     fn drop(&mut self) {
         self.kill9();
+    }
+}
+
+/// One node for weft-cni tests: its namespace and an agent in it, with the
+/// agent's socket and state in a temporary directory.
+pub struct Node {
+    // Field order matters for drop: the agent stops before its namespace goes.
+    pub agent: Agent,
+    pub ns: Netns,
+    pub dir: tempfile::TempDir,
+}
+
+impl Node {
+    /// A node with an agent for `cidr`; `None` (or a failure under CI=true)
+    /// without root or iproute2.
+    pub fn start(tag: &str, cidr: &str) -> Option<Self> {
+        Self::start_with(tag, cidr, &[], &[])
+    }
+
+    /// Like [`Node::start`], with agent flags and environment.
+    pub fn start_with(tag: &str, cidr: &str, args: &[&str], env: &[(&str, &str)]) -> Option<Self> {
+        if !crate::prereq::require_root() || !crate::prereq::require("ip (iproute2)", crate::prereq::have("ip")) {
+            return None;
+        }
+        let ns = Netns::new(tag);
+        let dir = tempfile::tempdir().expect("tempdir");
+        let agent = Agent::start_with_env(&ns, cidr, dir.path(), args, env);
+        Some(Self { agent, ns, dir })
+    }
+
+    /// The host ends of pod veths (`weftv…`) on the node.
+    pub fn veths(&self) -> Vec<String> {
+        self.ns.links().into_iter().filter(|l| l.starts_with("weftv")).collect()
     }
 }

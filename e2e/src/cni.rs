@@ -61,6 +61,18 @@ impl Container {
 /// runtime runs) with raw environment and stdin.
 pub fn exec_raw(node: &Netns, plugin: &Path, env: &[(&str, &str)], stdin: &[u8]) -> Outcome {
     let started = Instant::now();
+    let child = spawn_raw(node, plugin, env, stdin);
+    let out = child.wait_with_output().expect("plugin output");
+    Outcome {
+        success: out.status.success(),
+        stdout: String::from_utf8_lossy(&out.stdout).trim().to_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        elapsed: started.elapsed(),
+    }
+}
+
+/// Like [`exec_raw`], without waiting: the plugin has its stdin and runs.
+pub fn spawn_raw(node: &Netns, plugin: &Path, env: &[(&str, &str)], stdin: &[u8]) -> std::process::Child {
     let mut cmd = node.command(plugin);
     cmd.env_clear()
         .env("PATH", std::env::var("PATH").unwrap_or_default())
@@ -82,24 +94,34 @@ pub fn exec_raw(node: &Netns, plugin: &Path, env: &[(&str, &str)], stdin: &[u8])
     if let Some(mut stdin_pipe) = child.stdin.take() {
         let _ = stdin_pipe.write_all(stdin);
     }
-    let out = child.wait_with_output().expect("plugin output");
-    Outcome {
-        success: out.status.success(),
-        stdout: String::from_utf8_lossy(&out.stdout).trim().to_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-        elapsed: started.elapsed(),
-    }
+    child
 }
 
 /// Execs a plugin for a container verb.
 pub fn exec(node: &Netns, plugin: &Path, verb: &str, c: &Container, conf: &Value) -> Outcome {
-    let mut env = vec![("CNI_COMMAND", verb), ("CNI_CONTAINERID", c.id.as_str()), ("CNI_IFNAME", c.ifname.as_str())];
-    if let Some(ns) = &c.netns {
-        env.push(("CNI_NETNS", ns.as_str()));
-    }
-    let args = format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME={};K8S_POD_UID=uid-{}", c.id, c.id);
+    let (vars, args) = container_env(verb, c);
+    let mut env: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (*k, v.as_str())).collect();
     env.push(("CNI_ARGS", &args));
     exec_raw(node, plugin, &env, conf.to_string().as_bytes())
+}
+
+/// Like [`exec`], without waiting for the plugin.
+pub fn spawn(node: &Netns, plugin: &Path, verb: &str, c: &Container, conf: &Value) -> std::process::Child {
+    let (vars, args) = container_env(verb, c);
+    let mut env: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    env.push(("CNI_ARGS", &args));
+    spawn_raw(node, plugin, &env, conf.to_string().as_bytes())
+}
+
+/// The CNI environment of a container verb, and its CNI_ARGS.
+fn container_env(verb: &str, c: &Container) -> (Vec<(&'static str, String)>, String) {
+    let mut env =
+        vec![("CNI_COMMAND", verb.to_owned()), ("CNI_CONTAINERID", c.id.clone()), ("CNI_IFNAME", c.ifname.clone())];
+    if let Some(ns) = &c.netns {
+        env.push(("CNI_NETNS", ns.clone()));
+    }
+    let args = format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME={};K8S_POD_UID=uid-{}", c.id, c.id);
+    (env, args)
 }
 
 /// weft-cni's network configuration for an agent socket.

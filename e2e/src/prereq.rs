@@ -24,3 +24,11 @@ pub fn require_root() -> bool {
     // SAFETY: geteuid has no preconditions.
     require("root (euid 0)", unsafe { libc::geteuid() } == 0)
 }
+
+/// Whether `cmd` is on the PATH.
+pub fn have(cmd: &str) -> bool {
+    std::process::Command::new("sh")
+        .args(["-c", &format!("command -v {cmd}")])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}

@@ -24,11 +24,15 @@ pub struct StartupReport {
 }
 
 impl Agent {
-    /// Judges every record, releases what is gone, removes veths no record
-    /// accounts for, restores missing routes to routed pods and settles how
-    /// new pods are attached.
+    /// Restores missing routes to routed pods, judges every record, releases
+    /// what is gone, removes veths no record accounts for and settles how new
+    /// pods are attached.
     pub async fn reconcile_on_start(&self) -> Result<StartupReport, AttachError> {
         let mut report = StartupReport::default();
+        // Routed pods are reached through their own routes: put back any
+        // that went (with weft0's address, say) while the agent was down,
+        // before judging them.
+        self.repair_pod_routes().await?;
         let pool = *self.ipam.pool();
         for (ip, record) in self.ipam.all() {
             let driver = driver(record.attachment);
@@ -64,9 +68,6 @@ impl Agent {
             }
         }
         report.orphan_veths = self.remove_orphan_veths().await?;
-        // Routed pods kept are reached through their own routes: put back any
-        // that went (with weft0's address, say) while the agent was down.
-        self.repair_pod_routes().await?;
         self.metrics.released_on_start.inc_by(report.released as u64);
         self.metrics.unverified_attachments.set(report.unverified as i64);
         let attachment = self.settle_attachment();
