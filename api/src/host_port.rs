@@ -16,8 +16,7 @@ pub const PORTS_ANNOTATION: &str = "weft.dev/host-ports";
 /// Pod annotation the operator keeps in sync: JSON object from
 /// `containerPort/PROTOCOL` to the reachable `nodeIP:hostPort`.
 pub const ADDRESSES_ANNOTATION: &str = "weft.dev/host-port-addresses";
-/// Label on every HostPortAllocation naming its node (the agent lists its own by it).
-pub const NODE_LABEL: &str = "weft.dev/node";
+pub use crate::NODE_LABEL;
 
 /// Host ports of one pod.
 #[derive(CustomResource, JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]

@@ -28,6 +28,10 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::CustomResourceExt;
 
 /// API group of every Weft resource.
+/// Label naming the node of a per-node object (Subnet, HostPortAllocation):
+/// the agent lists its own by it.
+pub const NODE_LABEL: &str = "weft.dev/node";
+
 pub const GROUP: &str = "weft.dev";
 /// The only served and stored version so far.
 pub const VERSION: &str = "v1alpha1";

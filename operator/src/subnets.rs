@@ -32,7 +32,7 @@ use crate::metrics::Metrics;
 
 pub const FIELD_MANAGER: &str = "weft-operator";
 /// Label on every Subnet naming its node, for selectors and humans.
-pub const NODE_LABEL: &str = "weft.dev/node";
+pub use weft_api::NODE_LABEL;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

@@ -2,6 +2,7 @@
 //! the kernel; what should exist is decided by its callers.
 
 pub mod bridge_netfilter;
+pub mod entries;
 pub mod exec;
 pub mod iptables;
 pub mod link;

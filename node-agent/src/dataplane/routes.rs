@@ -15,9 +15,8 @@ use netlink_packet_route::route::{
 };
 use rtnetlink::{Handle, RouteMessageBuilder};
 
+use super::entries::{Dev, Entry, Fdb, Mac, Neigh, Observed, ObservedNeigh, ObservedRoute, Op, RTPROT_WEFT, Route};
 use super::{DataplaneError, errno, op};
-use crate::overlay::diff::{Observed, ObservedNeigh, ObservedRoute, Op};
-use crate::overlay::entries::{Dev, Entry, Fdb, Mac, Neigh, RTPROT_WEFT, Route};
 
 /// Interface indices the overlay's logical devices map to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

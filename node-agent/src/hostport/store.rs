@@ -14,20 +14,7 @@ use super::range::PortRange;
 use super::request::Wanted;
 use crate::ipam::Key;
 
-/// One forwarded port.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Mapping {
-    pub protocol: Protocol,
-    pub container_port: u16,
-    pub host_port: u16,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub host_ip: Option<Ipv4Addr>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub name: Option<String>,
-    /// Picked from the range (annotation) rather than fixed (pod spec hostPort).
-    pub auto: bool,
-}
+pub use crate::ipam::Mapping;
 
 /// The host ports of one attachment.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -8,4 +8,4 @@ pub mod pool;
 pub mod store;
 
 pub use pool::Pool;
-pub use store::{Ipam, IpamError, Key, Record};
+pub use store::{Ipam, IpamError, Key, Mapping, Record};

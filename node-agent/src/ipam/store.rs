@@ -21,6 +21,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use serde::{Deserialize, Serialize};
+use weft_api::Protocol;
 
 use super::pool::Pool;
 use crate::attachment::Attachment;
@@ -30,6 +31,22 @@ use crate::attachment::Attachment;
 pub struct Key {
     pub container_id: String,
     pub ifname: String,
+}
+
+/// One host port forwarded to an attachment: kept in its record, so that an
+/// ADD writes one file and DEL needs nothing else to remove the rules.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Mapping {
+    pub protocol: Protocol,
+    pub container_port: u16,
+    pub host_port: u16,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_ip: Option<Ipv4Addr>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Picked from the range (annotation) rather than fixed (pod spec hostPort).
+    pub auto: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -48,7 +65,7 @@ pub struct Record {
     /// Host ports forwarded to this attachment: recorded here so that an ADD
     /// writes one record, and DEL needs nothing else to remove them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub host_ports: Vec<crate::hostport::store::Mapping>,
+    pub host_ports: Vec<Mapping>,
     /// How the pod was attached; records from before the choice existed are bridged.
     #[serde(default, skip_serializing_if = "Attachment::is_bridge")]
     pub attachment: Attachment,
@@ -157,7 +174,7 @@ impl Ipam {
     }
 
     /// Adds host ports to a reserved (not yet persisted) record.
-    pub fn set_host_ports(&self, ip: Ipv4Addr, pod_uid: &str, ports: Vec<crate::hostport::store::Mapping>) {
+    pub fn set_host_ports(&self, ip: Ipv4Addr, pod_uid: &str, ports: Vec<Mapping>) {
         if let Some(r) = self.lock().by_ip.get_mut(&ip) {
             r.pod_uid = pod_uid.to_owned();
             r.host_ports = ports;
@@ -290,7 +307,7 @@ mod tests {
 
     #[test]
     fn host_ports_are_part_of_the_record() {
-        use crate::hostport::store::{Allocation, Mapping};
+        use crate::hostport::store::Allocation;
         let dir = tempfile::tempdir().unwrap();
         let a = ipam(dir.path(), "10.1.0.0/24");
         let mut r = record("c1");

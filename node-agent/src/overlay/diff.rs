@@ -14,67 +14,16 @@
 //! The work is one pass over each map, and the number of operations equals
 //! the number of entries that differ: one changed peer costs at most 3.
 
-use std::collections::BTreeMap;
-use std::net::IpAddr;
-
 use ipnet::IpNet;
 
 use super::desired::Desired;
-use super::entries::{Dev, Entry, EntryKey, Fdb, Mac, Neigh, RTPROT_WEFT, Route, RouteKey};
-
-/// A route in the main table as the kernel reports it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ObservedRoute {
-    pub route: Route,
-    pub proto: u8,
-}
-
-/// A neighbour entry on the VXLAN device.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ObservedNeigh {
-    pub ip: IpAddr,
-    pub mac: Option<Mac>,
-    /// NUD_PERMANENT: set by someone, not learned by the kernel.
-    pub permanent: bool,
-}
-
-/// The kernel's current state, as far as the overlay cares.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Observed {
-    /// Unicast routes of the main table (any protocol, any device).
-    pub routes: BTreeMap<RouteKey, ObservedRoute>,
-    /// Neighbour entries on the VXLAN device.
-    pub neighs: BTreeMap<IpAddr, ObservedNeigh>,
-    /// FDB entries on the VXLAN device: MAC → remote destinations, in the
-    /// kernel's order (the first is the one NLM_F_REPLACE replaces).
-    pub fdb: BTreeMap<Mac, Vec<IpAddr>>,
-}
-
-/// One kernel operation.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Op {
-    Add(Entry),
-    Replace(Entry),
-    Delete(Entry),
-}
-
-impl Op {
-    pub fn entry(&self) -> &Entry {
-        match self {
-            Op::Add(e) | Op::Replace(e) | Op::Delete(e) => e,
-        }
-    }
-}
-
-impl std::fmt::Display for Op {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Op::Add(e) => write!(f, "add {e}"),
-            Op::Replace(e) => write!(f, "replace {e}"),
-            Op::Delete(e) => write!(f, "delete {e}"),
-        }
-    }
-}
+use super::entries::{Dev, Entry, EntryKey, Fdb, Neigh, RTPROT_WEFT};
+pub use super::entries::{Observed, ObservedRoute, Op};
+#[cfg(test)]
+use {
+    super::entries::{Mac, ObservedNeigh, Route},
+    std::net::IpAddr,
+};
 
 /// A desired entry that cannot be programmed because a foreign one holds its
 /// place.

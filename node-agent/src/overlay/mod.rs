@@ -11,7 +11,7 @@
 
 pub mod desired;
 pub mod diff;
-pub mod entries;
+pub use crate::dataplane::entries;
 
 #[cfg(test)]
 mod kernel_tests;

@@ -1,8 +1,9 @@
 //! The kernel entries the overlay is made of — routes, neighbour (ARP) entries
-//! and VXLAN FDB entries — as plain values, shared by the desired state, the
-//! observed state and the diff. Addresses are `IpAddr`/`IpNet` so that IPv6
-//! can be added without changing these types.
+//! and VXLAN FDB entries — as plain values, shared by the overlay's desired
+//! state, what this layer observes and the operations it applies. Addresses
+//! are `IpAddr`/`IpNet` so that IPv6 can be added without changing these types.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::net::IpAddr;
 
@@ -183,6 +184,60 @@ pub enum EntryKey {
     Route(RouteKey),
     Neigh(IpAddr),
     Fdb(Mac),
+}
+
+/// A route in the main table as the kernel reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObservedRoute {
+    pub route: Route,
+    pub proto: u8,
+}
+
+/// A neighbour entry on the VXLAN device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObservedNeigh {
+    pub ip: IpAddr,
+    pub mac: Option<Mac>,
+    /// NUD_PERMANENT: set by someone, not learned by the kernel.
+    pub permanent: bool,
+}
+
+/// The kernel's current state, as far as the overlay cares.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Observed {
+    /// Unicast routes of the main table (any protocol, any device).
+    pub routes: BTreeMap<RouteKey, ObservedRoute>,
+    /// Neighbour entries on the VXLAN device.
+    pub neighs: BTreeMap<IpAddr, ObservedNeigh>,
+    /// FDB entries on the VXLAN device: MAC → remote destinations, in the
+    /// kernel's order (the first is the one NLM_F_REPLACE replaces).
+    pub fdb: BTreeMap<Mac, Vec<IpAddr>>,
+}
+
+/// One kernel operation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Op {
+    Add(Entry),
+    Replace(Entry),
+    Delete(Entry),
+}
+
+impl Op {
+    pub fn entry(&self) -> &Entry {
+        match self {
+            Op::Add(e) | Op::Replace(e) | Op::Delete(e) => e,
+        }
+    }
+}
+
+impl std::fmt::Display for Op {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Op::Add(e) => write!(f, "add {e}"),
+            Op::Replace(e) => write!(f, "replace {e}"),
+            Op::Delete(e) => write!(f, "delete {e}"),
+        }
+    }
 }
 
 #[cfg(test)]
