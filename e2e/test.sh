@@ -17,6 +17,9 @@ cargo build --workspace --bins
 export WEFT_STATIC_CNI="$(cni-plugin/build-static.sh)"
 # The images the real-node cluster imports (e2e/tests/cluster_*.rs).
 e2e/scripts/build-images.sh >/dev/null
+# The Go-built tools and images are cached now; Go's own build cache (about
+# 6 GB) is not needed again. CI machines may be short of disk: free it there.
+if [[ ${CI:-} == true ]] && command -v go >/dev/null; then go clean -cache; fi
 # e2e/tests/images.rs checks these same tarballs instead of building its own.
 export WEFT_AGENT_IMAGE="$PWD/target/images/weft-agent.tar" WEFT_OPERATOR_IMAGE="$PWD/target/images/weft-operator.tar"
 status=0
