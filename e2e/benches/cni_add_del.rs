@@ -6,8 +6,15 @@
 //! namespace, so the figures contain no `ip netns exec` overhead. Weft runs
 //! twice, with bridged and with routed pods. The chains take turns every
 //! iteration, each going first in turn, so machine noise hits them alike.
+//! A fourth agent has its `/readyz` hammered all along (about 200 requests a
+//! second, as anything that can reach a node could): its ADDs must not wait
+//! for the health checks.
 
+use std::io::{Read, Write};
 use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
 
 use serde_json::json;
 use weft_e2e::agent::Agent;
@@ -62,6 +69,22 @@ fn main() {
         cni_args: String::new(),
     };
 
+    // The same as `weft`, with its /readyz hammered from inside its node.
+    let probed_node = Netns::new("bench-probed");
+    let probed_pod = Netns::new("bench-ppod");
+    let probed_dir = tempfile::tempdir().expect("tempdir");
+    let probed_agent = Agent::start(&probed_node, "10.223.0.0/24", probed_dir.path());
+    let probed = Case {
+        node: &probed_node,
+        plugin: bins::weft("weft-cni"),
+        pod: &probed_pod,
+        conf: json!({"cniVersion": "1.0.0", "name": "weft", "type": "weft-cni", "agentSocket": probed_agent.socket}),
+        cni_args: String::new(),
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    let probes = Arc::new(AtomicU64::new(0));
+    let hammer = hammer_readyz(&probed_node, Arc::clone(&stop), Arc::clone(&probes));
+
     let ref_node = Netns::new("bench-ref");
     let ref_pod = Netns::new("bench-rpod");
     let reference = Case {
@@ -76,8 +99,13 @@ fn main() {
         cni_args: String::new(),
     };
 
-    let cases = [("weft", &weft), ("weft, routed pods", &routed), ("bridge + host-local", &reference)];
-    let mut samples: [Samples; 3] = Default::default();
+    let cases = [
+        ("weft", &weft),
+        ("weft, routed pods", &routed),
+        ("weft, /readyz hammered", &probed),
+        ("bridge + host-local", &reference),
+    ];
+    let mut samples: [Samples; 4] = Default::default();
     for i in 0..ITERATIONS {
         // Each chain goes first in turn: a DEL's deferred kernel work (RCU
         // callbacks of the veth it removed) lands on whichever comes next.
@@ -86,7 +114,35 @@ fn main() {
             samples[c].push(measure(cases[c].1));
         }
     }
-    drop((agent, routed_agent));
+    stop.store(true, Ordering::Relaxed);
+    let answered = hammer.join().expect("readyz hammer");
+    drop((agent, routed_agent, probed_agent));
     let rows: Vec<(&str, &Samples)> = cases.iter().zip(&samples).map(|((name, _), s)| (*name, s)).collect();
     print_table(&format!("CNI ADD/DEL latency, {ITERATIONS} iterations each, rotating order (ms)"), &rows);
+    println!("\n/readyz requests during the run: {} ({answered} answered)", probes.load(Ordering::Relaxed));
+}
+
+/// GETs the agent's /readyz from inside `node`, about 200 times a second,
+/// until `stop`; returns how many got an answer.
+fn hammer_readyz(node: &Netns, stop: Arc<AtomicBool>, sent: Arc<AtomicU64>) -> std::thread::JoinHandle<u64> {
+    let path = node.path();
+    std::thread::spawn(move || {
+        let ns = std::fs::File::open(&path).expect("node namespace");
+        // This thread only; it never returns to the bench's namespace.
+        nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
+        let mut answered = 0;
+        while !stop.load(Ordering::Relaxed) {
+            sent.fetch_add(1, Ordering::Relaxed);
+            if let Ok(mut s) = std::net::TcpStream::connect("127.0.0.1:9646") {
+                let _ = s.write_all(b"GET /readyz HTTP/1.1\r\nHost: agent\r\nConnection: close\r\n\r\n");
+                let mut body = Vec::new();
+                if s.read_to_end(&mut body).is_ok() && !body.is_empty() {
+                    answered += 1;
+                }
+            }
+            // A load generator's pacing, not synchronisation.
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        answered
+    })
 }
