@@ -131,9 +131,9 @@ async fn run(config: Config) -> anyhow::Result<()> {
 
     let listener = bind_socket(&config.socket)?;
     tracing::info!(node = %config.node_name, pod_cidr = %pool.cidr(), socket = %config.socket.display(), "weft-agent ready");
-    // The CNI server runs on a thread of its own: ADD blocks on the kernel
-    // briefly (see cni_server::add), which must not stall the reconcilers,
-    // and one thread answers a request with no hand-offs between threads.
+    // The CNI server runs on a runtime of its own, so that CNI requests and
+    // the reconcilers never queue behind each other; the verbs' blocking
+    // kernel work goes to the blocking pool (attach::off_thread).
     let service = CniServer::new(cni_server::CniService::new(Arc::clone(&agent)));
     let stop = shutdown(stop_rx);
     let grpc = std::thread::Builder::new()
