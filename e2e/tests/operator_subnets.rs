@@ -266,6 +266,85 @@ async fn operator_killed_midway_leaves_no_overlaps_duplicates_or_orphans() {
 }
 
 #[tokio::test]
+async fn a_leader_stopped_past_its_term_writes_nothing_when_it_continues() {
+    let Some(fx) = Fixture::new("op-hung", "10.108.0.0/16", 24).await else { return };
+    // One reconcile at a time, so that the stopped leader has work queued.
+    let slow = ["--concurrency=1"];
+    let mut a = fx.operator_with("replica-a", &slow);
+    let mut b = fx.operator_with("replica-b", &slow);
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(fx.client.clone(), &fx.ns);
+    let holder = || async {
+        let lease = leases.get_opt("weft-operator").await?;
+        Ok::<_, anyhow::Error>(lease.and_then(|l| l.spec?.holder_identity).unwrap_or_default())
+    };
+    wait_for(Duration::from_secs(30), "a leader", || async { Ok(!holder().await?.is_empty()) })
+        .await
+        .expect("a replica leads");
+    let first = holder().await.expect("lease");
+    let (leader, standby, standby_id) =
+        if first == "replica-a" { (&mut a, &mut b, "replica-b") } else { (&mut b, &mut a, "replica-a") };
+
+    // Twenty nodes join; the leader hangs (SIGSTOP) at the third Subnet,
+    // holding the Lease, with the rest of its work queued.
+    let prefix = format!("{}-", fx.ns);
+    let mut subnet_events = std::pin::pin!(kube::runtime::watcher(
+        Api::<Subnet>::all(fx.client.clone()),
+        kube::runtime::watcher::Config::default()
+    ));
+    let nodes: Vec<String> = (0..20).map(|i| fx.node_name(i)).collect();
+    let creating = try_join_all(nodes.iter().map(|n| async { Ok::<_, ()>(fx.create_node(n).await) }));
+    let stop_at_third = async {
+        let mut seen = HashSet::new();
+        while let Some(ev) = subnet_events.try_next().await.expect("subnet watch") {
+            if let kube::runtime::watcher::Event::Apply(s) = ev
+                && s.name_any().starts_with(&prefix)
+            {
+                seen.insert(s.name_any());
+                if seen.len() >= 3 {
+                    leader.signal(libc::SIGSTOP);
+                    return;
+                }
+            }
+        }
+    };
+    let (created, ()) = tokio::join!(creating, stop_at_third);
+    created.expect("nodes created");
+
+    // The standby takes over and finishes the work.
+    wait_for(Duration::from_secs(30), "the standby to take the Lease", || async { Ok(holder().await? == standby_id) })
+        .await
+        .expect("takeover");
+    fx.wait_for_exact_subnets(&nodes, Duration::from_secs(90)).await;
+    let snapshot = || async {
+        fx.subnets()
+            .await
+            .expect("list")
+            .into_iter()
+            .map(|(n, s)| (n, (s.spec.cidr.clone(), s.uid())))
+            .collect::<BTreeMap<String, (String, Option<String>)>>()
+    };
+    let before = snapshot().await;
+
+    // The old leader continues with its queue and stale caches: it finds
+    // its term over (renewal cut off at the deadline, every write checking
+    // the term first) and gives up without writing.
+    let resumed_at = leader.log_text().len();
+    leader.signal(libc::SIGCONT);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while leader.check_running().is_ok() {
+        assert!(std::time::Instant::now() < deadline, "the old leader still runs 20 s after it continued");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let after = leader.log_text().get(resumed_at..).unwrap_or_default().to_owned();
+    assert!(after.contains("lost leadership"), "{after}");
+    // (Its log may still report a create it sent before it was stopped:
+    // that one is in the snapshot. What it must not do is change anything.)
+    standby.check_running().expect("the new leader runs");
+    assert_eq!(snapshot().await, before, "Subnets changed after the old leader continued:\n{after}");
+    assert_disjoint(&fx.subnets().await.expect("list"), &fx.cidr);
+}
+
+#[tokio::test]
 async fn deleted_node_releases_its_subnet_for_reuse() {
     let Some(fx) = Fixture::new("op-release", "10.104.0.0/16", 24).await else { return };
     let mut op = fx.operator("release");

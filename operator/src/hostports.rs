@@ -20,12 +20,13 @@ use kube::{Client, ResourceExt};
 use serde_json::json;
 use weft_api::host_port::{ADDRESSES_ANNOTATION, HostPortAllocation, HostPortAllocationStatus, NodePoolStatus};
 
+use crate::leader::{NotLeader, Term};
 use crate::metrics::Metrics;
 
 pub const CONDITION_ANNOTATED: &str = "PodAnnotated";
 
 /// Runs until the process ends.
-pub async fn run(client: Client, metrics: Arc<Metrics>, resync: Duration) {
+pub async fn run(client: Client, metrics: Arc<Metrics>, resync: Duration, term: Term) {
     let changed = Arc::new(tokio::sync::Notify::new());
     let allocations = cache::<HostPortAllocation>(Api::all(client.clone()), changed.clone());
     let pods = cache::<Pod>(Api::all(client.clone()), changed.clone());
@@ -35,7 +36,7 @@ pub async fn run(client: Client, metrics: Arc<Metrics>, resync: Duration) {
     }
     loop {
         let started = std::time::Instant::now();
-        let result = pass(&client, &allocations, &pods, &metrics).await;
+        let result = pass(&client, &allocations, &pods, &metrics, &term).await;
         metrics.observe("hostports", started.elapsed(), result.is_err());
         let wait = match result {
             Ok(()) => resync,
@@ -105,12 +106,23 @@ pub fn node_pools(allocs: &[Arc<HostPortAllocation>]) -> HashMap<String, (i32, i
     pools
 }
 
+#[derive(Debug, thiserror::Error)]
+enum PassError {
+    #[error(transparent)]
+    Kube(#[from] kube::Error),
+    #[error(transparent)]
+    NotLeader(#[from] NotLeader),
+}
+
+/// One pass over every allocation. Each write first checks that this
+/// replica is still the leader.
 async fn pass(
     client: &Client,
     allocations: &Store<HostPortAllocation>,
     pods: &Store<Pod>,
     metrics: &Metrics,
-) -> Result<(), kube::Error> {
+    term: &Term,
+) -> Result<(), PassError> {
     let all = allocations.state();
     let mut live: Vec<Arc<HostPortAllocation>> = Vec::new();
     for a in all {
@@ -126,6 +138,7 @@ async fn pass(
             live.push(a);
             continue;
         }
+        term.check()?;
         tracing::info!(allocation = %format!("{ns}/{}", a.name_any()), pod = %a.spec.pod_ref.name, "pod is gone; deleting its HostPortAllocation");
         match Api::<HostPortAllocation>::namespaced(client.clone(), &ns)
             .delete(&a.name_any(), &DeleteParams::default())
@@ -135,7 +148,7 @@ async fn pass(
                 metrics.host_port_collected.inc();
             }
             Err(kube::Error::Api(s)) if s.code == 404 => {}
-            Err(e) => return Err(e),
+            Err(e) => return Err(e.into()),
         }
     }
 
@@ -155,6 +168,7 @@ async fn pass(
         let outcome = if have.as_deref() == Some(want.as_str()) {
             Ok(())
         } else {
+            term.check()?;
             let patch = json!({"metadata": {"annotations": {ADDRESSES_ANNOTATION: want}}});
             // A merge patch of metadata only: the pod is neither restarted nor rescheduled.
             Api::<Pod>::namespaced(client.clone(), ns)
@@ -169,6 +183,7 @@ async fn pass(
     for pod in pods.state() {
         let key = (pod.namespace().unwrap_or_default(), pod.name_any());
         if pod.annotations().contains_key(ADDRESSES_ANNOTATION) && !by_pod.contains_key(&key) {
+            term.check()?;
             let patch = json!({"metadata": {"annotations": {ADDRESSES_ANNOTATION: null}}});
             match Api::<Pod>::namespaced(client.clone(), &key.0)
                 .patch_metadata(&key.1, &PatchParams::default(), &Patch::Merge(&patch))
@@ -176,7 +191,7 @@ async fn pass(
             {
                 Ok(_) => {}
                 Err(kube::Error::Api(s)) if s.code == 404 => {}
-                Err(e) => return Err(e),
+                Err(e) => return Err(e.into()),
             }
         }
     }
@@ -190,6 +205,7 @@ async fn pass(
         if same_status(a.status.as_ref(), &want) {
             continue;
         }
+        term.check()?;
         let patch = json!({"status": want});
         match Api::<HostPortAllocation>::namespaced(client.clone(), &ns)
             .patch_status(&a.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
@@ -197,7 +213,7 @@ async fn pass(
         {
             Ok(_) => {}
             Err(kube::Error::Api(s)) if s.code == 404 => {}
-            Err(e) => return Err(e),
+            Err(e) => return Err(e.into()),
         }
     }
     Ok(())

@@ -4,7 +4,15 @@
 //! Expiry is judged the way client-go does it: by how long *we* have seen
 //! the Lease unchanged, not by comparing its renewTime with our clock, so
 //! clock skew between replicas does not matter.
+//!
+//! The leader stops acting before anyone can take its place, whatever its
+//! API calls do: every renewal attempt is cut off at the renew deadline
+//! (shorter than the lease duration a standby waits out), and every writer
+//! checks the [`Term`] first, which ends at that same deadline even when
+//! the renewal loop itself is not running (a process stopped with SIGSTOP
+//! and continued finds its term over before it writes anything).
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
@@ -26,6 +34,50 @@ pub enum LeaderError {
     Lost { name: String, deadline: Duration },
 }
 
+/// Until when this replica may act as the leader. Shared with every writer.
+#[derive(Clone, Debug)]
+pub struct Term {
+    /// `None`: no leader election, this replica always acts.
+    until: Option<Arc<Mutex<Option<Instant>>>>,
+}
+
+/// A write refused because this replica's term as leader is over.
+#[derive(Debug, thiserror::Error)]
+#[error("not the leader: this replica's term ended, refusing to write")]
+pub struct NotLeader;
+
+impl Term {
+    /// For a replica that runs without leader election.
+    pub fn always() -> Self {
+        Term { until: None }
+    }
+
+    fn elected() -> Self {
+        Term { until: Some(Arc::new(Mutex::new(None))) }
+    }
+
+    /// `Ok` while this replica may write as the leader.
+    pub fn check(&self) -> Result<(), NotLeader> {
+        let Some(until) = &self.until else { return Ok(()) };
+        match *until.lock().unwrap_or_else(|p| p.into_inner()) {
+            Some(t) if Instant::now() < t => Ok(()),
+            _ => Err(NotLeader),
+        }
+    }
+
+    fn extend_to(&self, t: Instant) {
+        if let Some(until) = &self.until {
+            *until.lock().unwrap_or_else(|p| p.into_inner()) = Some(t);
+        }
+    }
+
+    fn end(&self) {
+        if let Some(until) = &self.until {
+            *until.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        }
+    }
+}
+
 pub struct LeaderElector {
     api: Api<Lease>,
     name: String,
@@ -35,6 +87,7 @@ pub struct LeaderElector {
     retry_period: Duration,
     /// resourceVersion of the Lease as last seen, and when we first saw it.
     observed: Option<(String, Instant)>,
+    term: Term,
 }
 
 impl LeaderElector {
@@ -46,7 +99,21 @@ impl LeaderElector {
         renew_deadline: Duration,
         retry_period: Duration,
     ) -> Self {
-        LeaderElector { api, name, identity, lease_duration, renew_deadline, retry_period, observed: None }
+        LeaderElector {
+            api,
+            name,
+            identity,
+            lease_duration,
+            renew_deadline,
+            retry_period,
+            observed: None,
+            term: Term::elected(),
+        }
+    }
+
+    /// The term every writer checks.
+    pub fn term(&self) -> Term {
+        self.term.clone()
     }
 
     pub fn identity(&self) -> &str {
@@ -56,8 +123,10 @@ impl LeaderElector {
     /// Blocks until this replica holds the Lease.
     pub async fn acquire(&mut self) -> Result<(), LeaderError> {
         loop {
+            let attempt = Instant::now();
             match self.try_acquire_or_renew().await {
                 Ok(true) => {
+                    self.term.extend_to(attempt + self.renew_deadline);
                     tracing::info!(lease = %self.name, identity = %self.identity, "acquired leadership");
                     return Ok(());
                 }
@@ -69,22 +138,37 @@ impl LeaderElector {
     }
 
     /// Renews the Lease every retry period; returns when a renewal has not
-    /// succeeded within the renew deadline (leadership is then lost).
+    /// succeeded within the renew deadline (leadership is then lost, and the
+    /// term already over). A renewal whose API calls hang is cut off at the
+    /// deadline: it counts from the start of the last successful attempt.
     pub async fn hold(&mut self) -> LeaderError {
-        let mut last_renew = Instant::now();
-        loop {
+        let mut last_ok = Instant::now();
+        let lost = loop {
             tokio::time::sleep(self.retry_period).await;
-            match self.try_acquire_or_renew().await {
-                Ok(true) => last_renew = Instant::now(),
-                Ok(false) => {
-                    return LeaderError::Lost { name: self.name.clone(), deadline: self.renew_deadline };
+            let attempt = Instant::now();
+            let deadline = last_ok + self.renew_deadline;
+            match tokio::time::timeout_at(deadline, self.try_acquire_or_renew()).await {
+                Ok(Ok(true)) => {
+                    last_ok = attempt;
+                    self.term.extend_to(attempt + self.renew_deadline);
                 }
-                Err(e) => tracing::warn!(error = %e, "renewing leader lease failed"),
+                Ok(Ok(false)) => break self.lost(),
+                Ok(Err(e)) => tracing::warn!(error = %e, "renewing leader lease failed"),
+                Err(_) => {
+                    tracing::warn!(lease = %self.name, "renewing leader lease took until the renew deadline");
+                    break self.lost();
+                }
             }
-            if last_renew.elapsed() > self.renew_deadline {
-                return LeaderError::Lost { name: self.name.clone(), deadline: self.renew_deadline };
+            if Instant::now() >= last_ok + self.renew_deadline {
+                break self.lost();
             }
-        }
+        };
+        self.term.end();
+        lost
+    }
+
+    fn lost(&self) -> LeaderError {
+        LeaderError::Lost { name: self.name.clone(), deadline: self.renew_deadline }
     }
 
     /// Gives the Lease up so that a successor does not wait for expiry.
@@ -169,5 +253,25 @@ impl LeaderElector {
 
     fn err(&self, source: kube::Error) -> LeaderError {
         LeaderError::Api { name: self.name.clone(), source }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_term_lasts_until_its_deadline_and_no_longer() {
+        assert!(Term::always().check().is_ok(), "without leader election a replica always acts");
+        let term = Term::elected();
+        assert!(term.check().is_err(), "not yet elected");
+        term.extend_to(Instant::now() + Duration::from_secs(60));
+        assert!(term.check().is_ok());
+        let writer = term.clone();
+        term.extend_to(Instant::now() - Duration::from_millis(1));
+        assert!(writer.check().is_err(), "a deadline in the past ends the term for every writer");
+        term.extend_to(Instant::now() + Duration::from_secs(60));
+        term.end();
+        assert!(writer.check().is_err());
     }
 }

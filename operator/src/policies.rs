@@ -20,6 +20,7 @@ use serde_json::json;
 use weft_api::NetworkPolicy;
 use weft_api::network_policy::{CONDITION_ACCEPTED, validate};
 
+use crate::leader::{NotLeader, Term};
 use crate::metrics::{ControllerLabel, Metrics};
 
 const FIELD_MANAGER: &str = "weft-operator-policies";
@@ -29,6 +30,8 @@ const CONTROLLER: &str = "networkpolicy";
 pub enum Error {
     #[error("updating the status of NetworkPolicy {namespace}/{name}: {source}")]
     Status { namespace: String, name: String, source: kube::Error },
+    #[error(transparent)]
+    NotLeader(#[from] NotLeader),
 }
 
 struct Ctx {
@@ -36,6 +39,7 @@ struct Ctx {
     pods: Store<Pod>,
     policies: Store<NetworkPolicy>,
     metrics: Arc<Metrics>,
+    term: Term,
 }
 
 /// Pods a policy can select: addressed by the pod network and not finished.
@@ -111,6 +115,7 @@ async fn reconcile_inner(policy: &NetworkPolicy, ctx: &Ctx) -> Result<Action, Er
     });
     let (namespace, name) = (policy.namespace().unwrap_or_default(), policy.name_any());
     let api: Api<NetworkPolicy> = Api::namespaced(ctx.client.clone(), &namespace);
+    ctx.term.check()?;
     match api.patch_status(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(patch)).await {
         Ok(_) => {
             if !accepted {
@@ -129,7 +134,7 @@ fn error_policy(_p: Arc<NetworkPolicy>, error: &Error, _ctx: Arc<Ctx>) -> Action
 }
 
 /// Runs the controller until its watches end.
-pub async fn run(client: Client, metrics: Arc<Metrics>) {
+pub async fn run(client: Client, metrics: Arc<Metrics>, term: Term) {
     let policies_api: Api<NetworkPolicy> = Api::all(client.clone());
     let pods_api: Api<Pod> = Api::all(client.clone());
     let ctrl = Controller::new(policies_api, watcher::Config::default());
@@ -158,7 +163,7 @@ pub async fn run(client: Client, metrics: Arc<Metrics>) {
                 .collect();
             futures::stream::iter(refs)
         });
-    let ctx = Arc::new(Ctx { client, pods, policies, metrics });
+    let ctx = Arc::new(Ctx { client, pods, policies, metrics, term });
     ctrl.reconcile_on(triggers)
         .run(reconcile, error_policy, ctx)
         .for_each(|res| async move {

@@ -17,7 +17,7 @@ use tokio::sync::Mutex;
 use weft_api::Subnet;
 
 use crate::config::Config;
-use crate::leader::LeaderElector;
+use crate::leader::{LeaderElector, Term};
 use crate::metrics::{self, Metrics};
 use crate::subnets::{self, Context};
 
@@ -58,7 +58,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     metrics.leader.set(1);
 
     let ctx_config = config.clone();
-    let controllers = run_controllers(client, ctx_config, pool, metrics.clone(), identity);
+    let term = elector.as_ref().map_or_else(Term::always, LeaderElector::term);
+    let controllers = run_controllers(client, ctx_config, pool, metrics.clone(), identity, term);
     tokio::pin!(controllers);
 
     let outcome = match elector.as_mut() {
@@ -100,6 +101,7 @@ async fn run_controllers(
     pool: crate::ipam::Pool,
     metrics: Arc<Metrics>,
     identity: String,
+    term: Term,
 ) -> anyhow::Result<()> {
     let nodes_api: Api<Node> = Api::all(client.clone());
     let subnets_api: Api<Subnet> = Api::all(client.clone());
@@ -130,6 +132,7 @@ async fn run_controllers(
         config,
         metrics: metrics.clone(),
         recorder,
+        term: term.clone(),
         alloc_lock: Mutex::new(()),
         pending: std::sync::Mutex::new(Vec::new()),
         last_write_rv: std::sync::Mutex::new(None),
@@ -178,8 +181,9 @@ async fn run_controllers(
                 tracing::debug!(error = %e, "subnet controller event");
             }
         });
-    let hostports = crate::hostports::run(client.clone(), metrics.clone(), std::time::Duration::from_secs(30));
-    let policies = crate::policies::run(client.clone(), metrics.clone());
+    let hostports =
+        crate::hostports::run(client.clone(), metrics.clone(), std::time::Duration::from_secs(30), term.clone());
+    let policies = crate::policies::run(client.clone(), metrics.clone(), term);
     tokio::join!(nodes, subnets, wake, ready, hostports, policies);
     anyhow::bail!("controllers stopped")
 }

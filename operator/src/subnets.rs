@@ -28,6 +28,7 @@ use weft_api::subnet::{CONDITION_ALLOCATED, SubnetSpec};
 
 use crate::config::Config;
 use crate::ipam::{Pool, overlaps};
+use crate::leader::{NotLeader, Term};
 use crate::metrics::Metrics;
 
 pub const FIELD_MANAGER: &str = "weft-operator";
@@ -47,6 +48,8 @@ pub enum Error {
     Alloc(String, String),
     #[error("{0} has no {1}")]
     Missing(String, &'static str),
+    #[error(transparent)]
+    NotLeader(#[from] NotLeader),
 }
 
 fn kube_err(action: &'static str, name: &str) -> impl FnOnce(kube::Error) -> Error + use<> {
@@ -64,6 +67,9 @@ pub struct Context {
     pub config: Config,
     pub metrics: Arc<Metrics>,
     pub recorder: Recorder,
+    /// Checked before every write: a replica whose term as leader is over
+    /// allocates and releases nothing.
+    pub term: Term,
     /// Serialises list-then-create so this replica never double-allocates.
     pub alloc_lock: Mutex<()>,
     /// Nodes waiting for the allocation lock; served in batches.
@@ -82,6 +88,8 @@ pub struct Context {
 
 /// Reconciles one Node: make sure it has exactly one valid Subnet.
 pub async fn reconcile_node(node: Arc<Node>, ctx: Arc<Context>) -> Result<Action, Error> {
+    // A replica whose term is over does not even plan: its caches may be stale.
+    ctx.term.check()?;
     let started = Instant::now();
     let result = reconcile_node_inner(&node, &ctx).await;
     ctx.metrics.observe("node", started.elapsed(), result.is_err());
@@ -235,6 +243,12 @@ async fn serve_batch(ctx: &Context, batch: Vec<AllocRequest>) {
             }
         }
     }
+    if let Err(e) = ctx.term.check() {
+        for (req, _) in to_create {
+            let _ = req.reply.send(Outcome::Failed(e.to_string()));
+        }
+        return;
+    }
     let pp = PostParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() };
     let results = futures::future::join_all(to_create.iter().map(|(_, s)| ctx.subnets_api.create(&pp, s))).await;
     for ((req, _), result) in to_create.into_iter().zip(results) {
@@ -366,6 +380,9 @@ async fn set_node_condition(ctx: &Context, node: &str, status: &str, reason: &st
             "lastTransitionTime": now,
         }]},
     });
+    if ctx.term.check().is_err() {
+        return;
+    }
     if let Err(e) =
         ctx.nodes_api.patch_status(node, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(patch)).await
     {
@@ -425,6 +442,7 @@ async fn ensure_allocated_condition(ctx: &Context, subnet: &Subnet) -> Result<()
         "kind": "Subnet",
         "status": {"conditions": [condition]},
     });
+    ctx.term.check()?;
     match ctx.subnets_api.patch_status(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(patch)).await {
         Ok(_) => Ok(()),
         // Deleted meanwhile: the next reconcile reallocates.
@@ -440,6 +458,7 @@ async fn delete_subnet(ctx: &Context, subnet: &Subnet) -> Result<(), Error> {
         preconditions: subnet.uid().map(|uid| Preconditions { uid: Some(uid), resource_version: None }),
         ..Default::default()
     };
+    ctx.term.check()?;
     match ctx.subnets_api.delete(&name, &dp).await {
         Ok(_) => {
             tracing::info!(subnet = %name, cidr = %subnet.spec.cidr, "released subnet");
@@ -453,6 +472,7 @@ async fn delete_subnet(ctx: &Context, subnet: &Subnet) -> Result<(), Error> {
 /// Reconciles one Subnet: release it when its Node is gone (or replaced),
 /// and delete the newer of two overlapping Subnets.
 pub async fn reconcile_subnet(subnet: Arc<Subnet>, ctx: Arc<Context>) -> Result<Action, Error> {
+    ctx.term.check()?;
     let started = Instant::now();
     let result = reconcile_subnet_inner(&subnet, &ctx).await;
     ctx.metrics.observe("subnet", started.elapsed(), result.is_err());

@@ -71,6 +71,18 @@ impl OperatorProcess {
         Ok(())
     }
 
+    /// The operator's whole log so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Sends `signal` (SIGSTOP, SIGCONT) to the operator's process.
+    pub fn signal(&self, signal: i32) {
+        // SAFETY: kill(2) on our own child's pid.
+        let rc = unsafe { libc::kill(self.child.id() as i32, signal) };
+        assert_eq!(rc, 0, "kill({}, {signal}) failed", self.child.id());
+    }
+
     /// The end of the operator's log, for assertion messages.
     pub fn log_tail(&self) -> String {
         process::log_tail(&self.log, 6000)
