@@ -208,3 +208,39 @@ spec:
         expected.then_some(())
     });
 }
+
+/// Runs `sh -c script` inside node-1's namespace (its own sysctls and nat table).
+fn in_node_sh(script: &str) -> String {
+    let out = Command::new("ip")
+        .args(["netns", "exec", "weft-sbx-node-1", "sh", "-c", script])
+        .output()
+        .expect("ip netns exec");
+    assert!(out.status.success(), "{script}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+#[test]
+fn node_settings_undone_behind_the_agents_back_are_put_back() {
+    let Some(_up) = Up::start(&["--nodes", "1", "--agent-arg=--resync-seconds=1"], &[]) else { return };
+    ok(&["add-pod", "a", "--node", "node-1"]);
+    let masquerade = || in_node_sh("iptables-save -t nat | grep -c -- '-A WEFT-POSTROUTING' || true");
+    assert_ne!(masquerade(), "0", "no masquerade rules to begin with");
+
+    // A `sysctl --system` and a firewall reload, as far as this node goes.
+    in_node_sh(
+        "echo 0 > /proc/sys/net/ipv4/ip_forward; echo 0 > /proc/sys/net/bridge/bridge-nf-call-iptables; \
+         iptables -t nat -F WEFT-POSTROUTING",
+    );
+    assert_eq!(masquerade(), "0");
+    wait::until("the agent to put the node settings back", Duration::from_secs(20), || {
+        let back = in_node_sh("cat /proc/sys/net/ipv4/ip_forward") == "1"
+            && in_node_sh("cat /proc/sys/net/bridge/bridge-nf-call-iptables") == "1"
+            && masquerade() != "0";
+        back.then_some(())
+    });
+    let metrics = in_node_sh("curl -s http://127.0.0.1:9646/metrics");
+    for setting in ["ip_forward", "masquerade", "bridge_netfilter"] {
+        let line = format!("weft_agent_node_setting_repairs_total{{setting=\"{setting}\"}} 1");
+        assert!(metrics.contains(&line), "{line} missing:\n{metrics}");
+    }
+}

@@ -12,6 +12,7 @@ mod http;
 mod ipam;
 mod lease;
 mod metrics;
+mod node_settings;
 mod overlay;
 mod peer_sync;
 mod policy;
@@ -108,8 +109,14 @@ async fn run(config: Config) -> anyhow::Result<()> {
     // Bridged pods need bridge netfilter (policy between local pods), routed
     // ones forwarding; the repair loop keeps it so.
     let mode = agent.attachment();
-    if attach::driver(mode).ensure_node_settings().with_context(|| format!("node settings for {mode} pods"))? {
-        tracing::info!(%mode, "turned on the node settings {mode} pods need");
+    if let Some(setting) =
+        attach::driver(mode).ensure_node_settings().with_context(|| format!("node settings for {mode} pods"))?
+    {
+        tracing::info!(%mode, setting, "turned on a node setting {mode} pods need");
+    }
+    if let (Some(_), Some(cluster_cidr)) = (&subnets, config.cluster_cidr) {
+        let period = std::time::Duration::from_secs(config.resync_seconds.max(1));
+        tokio::spawn(node_settings::run(Arc::clone(&agent), lease.cidr, cluster_cidr, period));
     }
     agent.metrics.set_ipam_usage(agent.ipam.usage());
     let _ = slot.set(Arc::clone(&agent));
@@ -189,13 +196,14 @@ async fn setup_overlay(
     let reconciler = Arc::new(overlay::Reconciler::new(host, cfg).context("overlay configuration")?);
     let local = reconciler.ensure_local().await.context("cannot set up this node's overlay")?;
 
-    // Pods on other nodes are reached through this node's forwarding path.
-    dataplane::sysctl::ensure_ipv4_forwarding().context("cannot enable IPv4 forwarding")?;
+    // Pods on other nodes are reached through this node's forwarding path,
+    // and their traffic leaving the cluster is masqueraded (kept so by
+    // node_settings::run).
     let pod_cidr = lease.cidr;
-    tokio::task::spawn_blocking(move || dataplane::masquerade::ensure(pod_cidr, cluster_cidr))
+    tokio::task::spawn_blocking(move || node_settings::ensure(pod_cidr, cluster_cidr))
         .await
-        .context("masquerade task")?
-        .context("cannot program masquerading")?;
+        .context("node settings task")?
+        .context("cannot set up forwarding and masquerading")?;
 
     let facts = lease::NodeFacts {
         node_ip: node_ip.to_string(),

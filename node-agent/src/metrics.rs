@@ -25,6 +25,11 @@ pub struct VerbLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SettingLabels {
+    pub setting: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StateLabels {
     pub state: &'static str,
 }
@@ -42,6 +47,7 @@ pub struct Metrics {
     pub host_ports: Family<StateLabels, Gauge>,
     pub host_port_repairs: Counter,
     pub pod_route_repairs: Counter,
+    pub node_setting_repairs: Family<SettingLabels, Counter>,
     pub policy: std::sync::Arc<crate::policy::metrics::PolicyMetrics>,
 }
 
@@ -104,6 +110,12 @@ impl Default for Metrics {
             "Routed pods whose route the agent found missing and restored (at start-up and each resync)",
             pod_route_repairs.clone(),
         );
+        let node_setting_repairs = Family::<SettingLabels, Counter>::default();
+        registry.register(
+            "node_setting_repairs",
+            "Node settings (ip_forward, masquerade, bridge_netfilter) found undone and put back, by setting",
+            node_setting_repairs.clone(),
+        );
         let policy = std::sync::Arc::new(crate::policy::metrics::PolicyMetrics::register(&mut registry));
         Self {
             registry,
@@ -116,6 +128,7 @@ impl Default for Metrics {
             host_ports,
             host_port_repairs,
             pod_route_repairs,
+            node_setting_repairs,
             policy,
         }
     }
@@ -130,6 +143,10 @@ impl Metrics {
     pub fn set_host_port_usage(&self, (used, size): (usize, usize)) {
         self.host_ports.get_or_create(&StateLabels { state: "allocated" }).set(used as i64);
         self.host_ports.get_or_create(&StateLabels { state: "free" }).set(size.saturating_sub(used) as i64);
+    }
+
+    pub fn node_setting_repaired(&self, setting: &'static str) {
+        self.node_setting_repairs.get_or_create(&SettingLabels { setting }).inc();
     }
 
     pub fn observe(&self, verb: &'static str, seconds: f64, error_code: Option<u32>) {

@@ -40,8 +40,8 @@ impl Driver for Bridge {
 
     /// Pods of this node reach each other over the bridge: iptables (policy,
     /// host ports) sees that traffic only through bridge netfilter.
-    fn ensure_node_settings(&self) -> Result<bool, DataplaneError> {
-        bridge_netfilter::ensure()
+    fn ensure_node_settings(&self) -> Result<Option<&'static str>, DataplaneError> {
+        Ok(bridge_netfilter::ensure()?.then_some("bridge_netfilter"))
     }
 }
 

@@ -68,9 +68,9 @@ pub trait Driver: Send + Sync {
     /// `Err` says what differs.
     fn check_host(&self, host: &ObservedHost) -> Result<(), String>;
 
-    /// Turns on the node settings pods of this mode need; checked at start-up
-    /// and every resync. Returns whether something had to change.
-    fn ensure_node_settings(&self) -> Result<bool, DataplaneError>;
+    /// Turns on the node setting pods of this mode need; checked at start-up
+    /// and every resync. Returns its name when it had to be turned on.
+    fn ensure_node_settings(&self) -> Result<Option<&'static str>, DataplaneError>;
 
     /// The pod's address as its interface carries it.
     fn pod_address(&self, ip: Ipv4Addr, pod_cidr: Ipv4Net) -> Ipv4Net {

@@ -69,11 +69,12 @@ impl Agent {
     pub async fn repair_node_side(&self) -> Result<(), AttachError> {
         self.ensure_bridge(true).await?;
         let mode = self.attachment();
-        let changed = off_thread("check node settings", move || driver(mode).ensure_node_settings()).await?.map_err(
+        let repaired = off_thread("check node settings", move || driver(mode).ensure_node_settings()).await?.map_err(
             |source: DataplaneError| AttachError::Kernel { what: format!("node settings for {mode} pods"), source },
         )?;
-        if changed {
-            tracing::warn!(%mode, "a node setting {mode} pods need had been turned off; turned it back on");
+        if let Some(setting) = repaired {
+            tracing::warn!(%mode, setting, "a node setting {mode} pods need had been turned off; turned it back on");
+            self.metrics.node_setting_repaired(setting);
         }
         self.repair_pod_routes().await?;
         Ok(())

@@ -36,8 +36,8 @@ impl Driver for Routed {
     }
 
     /// Routed pods reach even each other through the node's forwarding path.
-    fn ensure_node_settings(&self) -> Result<bool, DataplaneError> {
-        sysctl::ensure_ipv4_forwarding()
+    fn ensure_node_settings(&self) -> Result<Option<&'static str>, DataplaneError> {
+        Ok(sysctl::ensure_ipv4_forwarding()?.then_some("ip_forward"))
     }
 }
 
