@@ -245,10 +245,16 @@ fn template_renders_defaults() {
             "Service",
             "ServiceAccount",
             "ServiceAccount",
-            "ServiceAccount"
+            "ServiceAccount",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding"
         ],
         "rendered: {out}"
     );
+    // The admission policy applies to this release's agent and nobody else.
+    let vap = find(&docs, "ValidatingAdmissionPolicy", "-agent-own-node");
+    let who = vap["spec"]["matchConditions"][0]["expression"].as_str().expect("expression");
+    assert!(who.contains("system:serviceaccount:weft-system:rel-weft-agent"), "{who}");
 
     // helm uninstall's clean-up: a post-delete hook with RBAC of its own.
     let hook = find(&docs, "Job", "-uninstall");
@@ -323,6 +329,63 @@ fn template_renders_defaults() {
     let dash: serde_json::Value =
         serde_json::from_str(dash["data"]["weft.json"].as_str().expect("dashboard")).expect("dashboard JSON");
     assert!(dash["panels"].as_array().is_some_and(|p| p.len() >= 8));
+}
+
+/// With a token bound to an agent pod on node A (what kubelet hands the
+/// agent there), the admission policy lets it write A's Subnet status and
+/// HostPortAllocations, and nobody else's. Server-side dry runs: admission
+/// runs, nothing is stored.
+fn agent_writes_only_its_own_nodes_objects(cp: &ControlPlane, ns: &str, agent_sa: &str) {
+    let (a, b) = (control_plane::unique_name("vap-a"), control_plane::unique_name("vap-b"));
+    let pod = control_plane::unique_name("agent");
+    let objects = format!(
+        "apiVersion: v1\nkind: Node\nmetadata: {{name: {a}}}\n---\n\
+         apiVersion: v1\nkind: Node\nmetadata: {{name: {b}}}\n---\n\
+         apiVersion: weft.dev/v1alpha1\nkind: Subnet\nmetadata: {{name: {a}}}\nspec: {{nodeName: {a}, cidr: 10.99.1.0/24}}\n---\n\
+         apiVersion: weft.dev/v1alpha1\nkind: Subnet\nmetadata: {{name: {b}}}\nspec: {{nodeName: {b}, cidr: 10.99.2.0/24}}\n---\n\
+         apiVersion: v1\nkind: Pod\nmetadata: {{name: {pod}, namespace: {ns}}}\nspec:\n  serviceAccountName: {agent_sa}\n  \
+         nodeName: {a}\n  containers: [{{name: agent, image: registry.k8s.io/pause:3.10.1}}]\n"
+    );
+    let applied = kubectl(cp, &["apply", "-f", "-"], Some(&objects));
+    assert!(applied.status.success(), "{}", String::from_utf8_lossy(&applied.stderr));
+    let token = kubectl_ok(
+        cp,
+        &["create", "token", agent_sa, "-n", ns, "--bound-object-kind", "Pod", "--bound-object-name", &pod],
+    );
+    // PATCH as the agent does it (kubectl would GET first, which the agent may not).
+    let as_agent = |path: &str, content_type: &str, body: &str| -> (bool, String) {
+        let url = format!("{}{path}?dryRun=All&fieldManager=weft-agent", cp.server);
+        let out = Command::new("curl")
+            .args(["-sS", "--cacert", &cp.ca_cert.to_string_lossy(), "-X", "PATCH", "-w", "\n%{http_code}"])
+            .args(["-H", &format!("Authorization: Bearer {}", token.trim())])
+            .args(["-H", &format!("Content-Type: {content_type}"), "--data-binary", body, &url])
+            .output()
+            .expect("curl");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        (text.trim_end().ends_with("200") || text.trim_end().ends_with("201"), text)
+    };
+    let subnet_status = |node: &str| {
+        let path = format!("/apis/weft.dev/v1alpha1/subnets/{node}/status");
+        as_agent(&path, "application/merge-patch+json", r#"{"status":{"vtepMAC":"02:00:00:00:00:01"}}"#)
+    };
+    let (ok, text) = subnet_status(&a);
+    assert!(ok, "the agent cannot write its own Subnet's status: {text}");
+    let (ok, text) = subnet_status(&b);
+    assert!(!ok && text.contains(&format!("may not write subnets of node {b}")), "{text}");
+    let hpa = |node: &str| {
+        let path = format!("/apis/weft.dev/v1alpha1/namespaces/{ns}/hostportallocations/vap-{node}");
+        let body = format!(
+            r#"{{"apiVersion":"weft.dev/v1alpha1","kind":"HostPortAllocation","metadata":{{"name":"vap-{node}","namespace":"{ns}"}},"spec":{{"nodeName":"{node}","nodeIP":"10.0.0.1","podRef":{{"name":"web"}},"ports":[{{"containerPort":80,"hostPort":8080}}]}}}}"#
+        );
+        as_agent(&path, "application/apply-patch+yaml", &body)
+    };
+    let (ok, text) = hpa(&a);
+    assert!(ok, "the agent cannot apply its own node's HostPortAllocation: {text}");
+    let (ok, text) = hpa(&b);
+    assert!(!ok && text.contains("may not write hostportallocations"), "{text}");
+    // No kubelet runs here to finish the pod's deletion: force it.
+    let _ = kubectl(cp, &["delete", "pod", &pod, "-n", ns, "--grace-period=0", "--force"], None);
+    let _ = kubectl(cp, &["delete", "-f", "-", "--ignore-not-found"], Some(&objects));
 }
 
 #[test]
@@ -495,7 +558,7 @@ fn install_upgrade_uninstall_on_a_real_apiserver() {
         "uninstall.removeWeftObjects=false",
     ]);
     let objects = release.assert_all_objects_exist();
-    assert_eq!(objects.len(), 14, "{objects:?}");
+    assert_eq!(objects.len(), 16, "{objects:?}");
     // The CRDs came from the chart's crds/ directory and are served.
     for crd in ["subnets.weft.dev", "hostportallocations.weft.dev", "networkpolicies.weft.dev"] {
         kubectl_ok(cp, &["get", "crd", crd]);
@@ -535,8 +598,11 @@ fn install_upgrade_uninstall_on_a_real_apiserver() {
     assert!(can(&agent_sa, "patch", "subnets.weft.dev", &["--subresource=status"]));
     assert!(!can(&agent_sa, "patch", "subnets.weft.dev", &[]));
     assert!(!can(&agent_sa, "create", "subnets.weft.dev", &[]));
-    assert!(can(&agent_sa, "get", "nodes", &[]));
+    // The agent never reads Nodes; it applies its HostPortAllocations
+    // (server-side apply creates them, so it needs create as well as patch).
+    assert!(!can(&agent_sa, "get", "nodes", &[]));
     assert!(can(&agent_sa, "create", "hostportallocations.weft.dev", &["-n", "default"]));
+    assert!(can(&agent_sa, "patch", "hostportallocations.weft.dev", &["-n", "default"]));
     assert!(can(&agent_sa, "create", "events", &["-n", "default"]));
     assert!(!can(&agent_sa, "patch", "pods", &["-n", "default"]));
     assert!(can(&op_sa, "delete", "hostportallocations.weft.dev", &["-n", "default"]));
@@ -555,6 +621,8 @@ fn install_upgrade_uninstall_on_a_real_apiserver() {
     assert!(!can(&agent_sa, "patch", "networkpolicies.weft.dev", &["--subresource=status"]));
     assert!(!can(&agent_sa, "create", "networkpolicies.networking.k8s.io", &[]));
 
+    agent_writes_only_its_own_nodes_objects(cp, ns, &agent_sa);
+
     // Upgrade with changed values changes the objects, and removes disabled ones.
     helm.ok(&[
         "upgrade",
@@ -572,7 +640,7 @@ fn install_upgrade_uninstall_on_a_real_apiserver() {
     let conf: serde_json::Value = serde_json::from_str(&conf).expect("conflist JSON");
     assert_eq!(conf["plugins"][0]["mtu"], 1400);
     let objects = release.assert_all_objects_exist();
-    assert_eq!(objects.len(), 12, "the metrics Services are gone: {objects:?}");
+    assert_eq!(objects.len(), 14, "the metrics Services are gone: {objects:?}");
     let services = kubectl_ok(cp, &["get", "services", "-n", ns, "-o", "name"]);
     assert!(services.trim().is_empty(), "stray services after upgrade: {services}");
 
