@@ -187,7 +187,7 @@ async fn setup_overlay(
     let cluster_cidr = config
         .cluster_cidr
         .context("--cluster-cidr (WEFT_CLUSTER_CIDR) is required when the pod CIDR comes from a Subnet lease")?;
-    let backend = peer_sync::backend_of(lease.backend);
+    let backend = lease.backend;
     let mut cfg = overlay::OverlayConfig::new(&config.node_name, node_ip, lease.cidr, cluster_cidr, backend);
     cfg.vni = config.vni;
     cfg.direct_routing = config.direct_routing;

@@ -11,21 +11,14 @@ use futures::StreamExt;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use serde_json::json;
-use weft_api::subnet::{Backend as ApiBackend, Subnet};
+use weft_api::subnet::Subnet;
 
-use crate::overlay::{Backend, Peer, Reconciler};
+use crate::overlay::{Peer, Reconciler};
 
 /// Field manager for the peer condition (separate from the one that writes
 /// node facts, so neither apply removes the other's fields).
 const FIELD_MANAGER: &str = "weft-agent-peers";
 pub const CONDITION_PEERS: &str = "PeersProgrammed";
-
-pub fn backend_of(b: ApiBackend) -> Backend {
-    match b {
-        ApiBackend::Vxlan => Backend::Vxlan,
-        ApiBackend::HostGw => Backend::HostGw,
-    }
-}
 
 /// Runs until the watch ends for good (it retries with backoff on errors).
 pub async fn run(api: Api<Subnet>, reconciler: Arc<Reconciler>, node: String, resync: Duration) {
@@ -56,7 +49,7 @@ pub async fn run(api: Api<Subnet>, reconciler: Arc<Reconciler>, node: String, re
             match Peer::parse(
                 &s.spec.node_name,
                 &s.spec.cidr,
-                backend_of(s.spec.backend),
+                s.spec.backend,
                 status.and_then(|st| st.node_ip.as_deref()),
                 status.and_then(|st| st.vtep_mac.as_deref()),
             ) {

@@ -21,23 +21,8 @@ use ipnet::{IpNet, Ipv4Net};
 
 use super::entries::{Dev, EntryKey, Fdb, Mac, Neigh, Route, RouteKey};
 
-/// How traffic to a peer's pods travels.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Backend {
-    /// Encapsulated in VXLAN between VTEPs.
-    Vxlan,
-    /// Routed to the peer node's IP directly (same L2 segment only).
-    HostGw,
-}
-
-impl std::fmt::Display for Backend {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Backend::Vxlan => "vxlan",
-            Backend::HostGw => "host-gw",
-        })
-    }
-}
+/// How traffic to a peer's pods travels: the Subnet API's own type.
+pub use weft_api::Backend;
 
 /// This node, as far as the desired state depends on it.
 #[derive(Debug, Clone, PartialEq, Eq)]
