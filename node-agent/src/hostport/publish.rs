@@ -14,7 +14,7 @@ use weft_api::host_port::{HostPort, HostPortAllocation, HostPortAllocationSpec, 
 
 use super::{Allocation, HostPorts, PodIdentity};
 
-const FIELD_MANAGER: &str = "weft-agent";
+use crate::lease::FIELD_MANAGER;
 
 /// Name of the object for one allocation: the pod's name and a hash of the
 /// attachment, so a pod recreated under the same name (perhaps on another
