@@ -201,6 +201,9 @@ struct Scanned {
 }
 
 /// Scans `src`, the text of `file` (used for messages and `mod` paths).
+/// Calls whose first argument is the program to run.
+const LAUNCHERS: [&str; 3] = ["Command::new(", "exec::run(", "exec::run_ok("];
+
 fn scan_source(file: &Path, src: &str) -> Scanned {
     let mut code = strip_comments(src);
     let mut masked = mask_strings(&code);
@@ -264,9 +267,17 @@ fn scan_source(file: &Path, src: &str) -> Scanned {
     }
     let mut programs = BTreeSet::new();
     let mut unknown = Vec::new();
-    for (at, _) in masked.match_indices("Command::new(") {
-        let arg_at = at + "Command::new(".len();
+    // `dataplane::exec` runs the program its caller names (with a deadline):
+    // its calls name programs as `Command::new` does, and its own
+    // `Command::new(cmd)` only forwards them.
+    let forwards = code.contains("pub fn run(cmd: &'static str");
+    let calls = LAUNCHERS.iter().flat_map(|l| masked.match_indices(l).map(move |(at, _)| (at, l.len())));
+    for (at, len) in calls.collect::<Vec<_>>() {
+        let arg_at = at + len;
         let arg = &code[arg_at..];
+        if forwards && leading_ident(arg) == "cmd" {
+            continue;
+        }
         if let Some(lit) = leading_literal(arg) {
             programs.insert(lit.to_owned());
             continue;
@@ -360,9 +371,10 @@ fn scanner_finds_literals_and_consts_and_skips_tests() {
             fn t() { let _ = std::process::Command::new("ip").arg("}"); }
         }
         fn after() { let _ = Command::new("conntrack"); }
+        fn helper() { let _ = exec::run_ok("nft", &["list"], None, T, &[]); }
     "#;
     let s = scan_source(Path::new("src/dataplane/iptables.rs"), src);
-    assert_eq!(s.programs, ["conntrack", "iptables-restore", "iptables-save", "ipset"].map(String::from).into());
+    assert_eq!(s.programs, ["conntrack", "iptables-restore", "iptables-save", "ipset", "nft"].map(String::from).into());
     assert!(s.unknown.is_empty(), "{:?}", s.unknown);
     assert!(s.test_modules.contains(&PathBuf::from("src/dataplane/iptables/kernel_tests.rs")));
     assert!(s.test_modules.contains(&PathBuf::from("src/dataplane/x_tests.rs")));
