@@ -60,6 +60,48 @@ impl Fixture {
         OperatorProcess::start(self.cp, &args).expect("operator starts")
     }
 
+    /// Who holds this test's leader Lease ("" while nobody does).
+    async fn lease_holder(&self) -> anyhow::Result<String> {
+        let leases: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(self.client.clone(), &self.ns);
+        let lease = leases.get_opt("weft-operator").await?;
+        Ok(lease.and_then(|l| l.spec?.holder_identity).unwrap_or_default())
+    }
+
+    /// Waits until one of replica-a and replica-b holds the Lease; its identity.
+    async fn wait_for_leader(&self) -> String {
+        wait_for(Duration::from_secs(30), "a leader", || async { Ok(!self.lease_holder().await?.is_empty()) })
+            .await
+            .expect("a replica leads");
+        self.lease_holder().await.expect("lease")
+    }
+
+    /// Creates `nodes` and runs `act` once the `n`th of this test's Subnets
+    /// has appeared, while the creations go on.
+    async fn create_nodes_acting_at_subnet(&self, nodes: &[String], n: usize, act: impl FnOnce()) {
+        let prefix = format!("{}-", self.ns);
+        let mut subnet_events = std::pin::pin!(kube::runtime::watcher(
+            Api::<Subnet>::all(self.client.clone()),
+            kube::runtime::watcher::Config::default()
+        ));
+        let creating = try_join_all(nodes.iter().map(|name| async { Ok::<_, ()>(self.create_node(name).await) }));
+        let act_at_nth = async {
+            let mut seen = HashSet::new();
+            while let Some(ev) = subnet_events.try_next().await.expect("subnet watch") {
+                if let kube::runtime::watcher::Event::Apply(s) = ev
+                    && s.name_any().starts_with(&prefix)
+                {
+                    seen.insert(s.name_any());
+                    if seen.len() >= n {
+                        act();
+                        return;
+                    }
+                }
+            }
+        };
+        let (created, ()) = tokio::join!(creating, act_at_nth);
+        created.expect("nodes created");
+    }
+
     fn node_name(&self, i: usize) -> String {
         format!("{}-n{i}", self.ns)
     }
@@ -204,15 +246,7 @@ async fn operator_killed_midway_leaves_no_overlaps_duplicates_or_orphans() {
     let slow = ["--concurrency=1"];
     let mut a = fx.operator_with("replica-a", &slow);
     let mut b = fx.operator_with("replica-b", &slow);
-    let leases: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(fx.client.clone(), &fx.ns);
-    let holder = || async {
-        let lease = leases.get_opt("weft-operator").await?;
-        Ok::<_, anyhow::Error>(lease.and_then(|l| l.spec?.holder_identity).unwrap_or_default())
-    };
-    wait_for(Duration::from_secs(30), "a leader", || async { Ok(!holder().await?.is_empty()) })
-        .await
-        .expect("a replica leads");
-    let leader = holder().await.expect("lease");
+    let leader = fx.wait_for_leader().await;
     let (leader, standby) = if leader == "replica-a" { (&mut a, &mut b) } else { (&mut b, &mut a) };
     wait_for(Duration::from_secs(10), "leader metrics", || async {
         Ok(metric(leader, "weft_operator_leader ").await == Some(1.0))
@@ -221,30 +255,9 @@ async fn operator_killed_midway_leaves_no_overlaps_duplicates_or_orphans() {
     .expect("the Lease holder leads");
     assert_eq!(metric(standby, "weft_operator_leader ").await, Some(0.0), "only one replica leads");
 
-    // Watch this test's Subnets appear; SIGKILL the leader at the fifth.
-    let prefix = format!("{}-", fx.ns);
-    let mut subnet_events = std::pin::pin!(kube::runtime::watcher(
-        Api::<Subnet>::all(fx.client.clone()),
-        kube::runtime::watcher::Config::default()
-    ));
+    // SIGKILL the leader at the fifth of this test's Subnets.
     let nodes: Vec<String> = (0..50).map(|i| fx.node_name(i)).collect();
-    let creating = try_join_all(nodes.iter().map(|n| async { Ok::<_, ()>(fx.create_node(n).await) }));
-    let kill_at_fifth = async {
-        let mut seen = HashSet::new();
-        while let Some(ev) = subnet_events.try_next().await.expect("subnet watch") {
-            if let kube::runtime::watcher::Event::Apply(s) = ev
-                && s.name_any().starts_with(&prefix)
-            {
-                seen.insert(s.name_any());
-                if seen.len() >= 5 {
-                    leader.kill();
-                    return;
-                }
-            }
-        }
-    };
-    let (created, ()) = tokio::join!(creating, kill_at_fifth);
-    created.expect("nodes created");
+    fx.create_nodes_acting_at_subnet(&nodes, 5, || leader.kill()).await;
     let killed_at = fx.subnets().await.expect("list").len();
     eprintln!("killed the leader with {killed_at}/50 subnets allocated");
     assert!(killed_at < 50, "the kill must land mid-allocation ({killed_at}/50 done)");
@@ -272,48 +285,21 @@ async fn a_leader_stopped_past_its_term_writes_nothing_when_it_continues() {
     let slow = ["--concurrency=1"];
     let mut a = fx.operator_with("replica-a", &slow);
     let mut b = fx.operator_with("replica-b", &slow);
-    let leases: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(fx.client.clone(), &fx.ns);
-    let holder = || async {
-        let lease = leases.get_opt("weft-operator").await?;
-        Ok::<_, anyhow::Error>(lease.and_then(|l| l.spec?.holder_identity).unwrap_or_default())
-    };
-    wait_for(Duration::from_secs(30), "a leader", || async { Ok(!holder().await?.is_empty()) })
-        .await
-        .expect("a replica leads");
-    let first = holder().await.expect("lease");
+    let first = fx.wait_for_leader().await;
     let (leader, standby, standby_id) =
         if first == "replica-a" { (&mut a, &mut b, "replica-b") } else { (&mut b, &mut a, "replica-a") };
 
     // Twenty nodes join; the leader hangs (SIGSTOP) at the third Subnet,
     // holding the Lease, with the rest of its work queued.
-    let prefix = format!("{}-", fx.ns);
-    let mut subnet_events = std::pin::pin!(kube::runtime::watcher(
-        Api::<Subnet>::all(fx.client.clone()),
-        kube::runtime::watcher::Config::default()
-    ));
     let nodes: Vec<String> = (0..20).map(|i| fx.node_name(i)).collect();
-    let creating = try_join_all(nodes.iter().map(|n| async { Ok::<_, ()>(fx.create_node(n).await) }));
-    let stop_at_third = async {
-        let mut seen = HashSet::new();
-        while let Some(ev) = subnet_events.try_next().await.expect("subnet watch") {
-            if let kube::runtime::watcher::Event::Apply(s) = ev
-                && s.name_any().starts_with(&prefix)
-            {
-                seen.insert(s.name_any());
-                if seen.len() >= 3 {
-                    leader.signal(libc::SIGSTOP);
-                    return;
-                }
-            }
-        }
-    };
-    let (created, ()) = tokio::join!(creating, stop_at_third);
-    created.expect("nodes created");
+    fx.create_nodes_acting_at_subnet(&nodes, 3, || leader.signal(libc::SIGSTOP)).await;
 
     // The standby takes over and finishes the work.
-    wait_for(Duration::from_secs(30), "the standby to take the Lease", || async { Ok(holder().await? == standby_id) })
-        .await
-        .expect("takeover");
+    wait_for(Duration::from_secs(30), "the standby to take the Lease", || async {
+        Ok(fx.lease_holder().await? == standby_id)
+    })
+    .await
+    .expect("takeover");
     fx.wait_for_exact_subnets(&nodes, Duration::from_secs(90)).await;
     let snapshot = || async {
         fx.subnets()
