@@ -13,6 +13,7 @@ pub mod host_port;
 pub mod network_policy;
 pub mod selector;
 pub mod subnet;
+pub mod watch;
 
 pub use common::{Protocol, conditions_schema};
 pub use host_port::{

@@ -106,3 +106,8 @@ pub struct SubnetStatus {
 pub const CONDITION_ALLOCATED: &str = "Allocated";
 /// Condition type the agent sets once its datapath uses the lease.
 pub const CONDITION_READY: &str = "Ready";
+
+/// Finalizer on every Subnet the operator creates: the block stays reserved
+/// (no other node can lease it) until the node's agent has no pod left in it,
+/// or, for a node that is gone, until no pod in the API is left in it.
+pub const LEASE_FINALIZER: &str = "weft.dev/lease-in-use";

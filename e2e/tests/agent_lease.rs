@@ -1,14 +1,15 @@
 //! The agent against the real apiserver: it serves no CNI request until its
 //! node's Subnet lease exists, then uses the lease's CIDR for pods and
-//! publishes its node facts in the Subnet's status.
+//! publishes its node facts in the Subnet's status (again when wiped); a
+//! withdrawn lease stops new pods and is let go once its pods are gone.
 
 use std::net::SocketAddr;
 use std::process::{Child, Stdio};
 use std::time::Duration;
 
-use kube::api::{Api, DeleteParams, PostParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
-use weft_api::subnet::Subnet;
+use weft_api::subnet::{LEASE_FINALIZER, Subnet};
 use weft_e2e::cni::{self, Container, Weft};
 use weft_e2e::control_plane::{ControlPlane, install_crds, unique_name};
 use weft_e2e::netns::Netns;
@@ -58,7 +59,7 @@ fn agent_waits_for_its_lease_then_uses_it_and_publishes_its_facts() {
     let name = unique_name("lease-node");
     let socket = dir.path().join("agent.sock");
     let log = std::fs::File::create(dir.path().join("agent.log")).expect("log");
-    let _agent = Killed(
+    let mut agent = Killed(
         node.command(bins::weft("weft-agent"))
             .args(["--node-name", &name, "--node-ip", "10.251.0.2", "--cluster-cidr", "10.252.0.0/16"])
             .arg("--kubeconfig")
@@ -91,7 +92,7 @@ fn agent_waits_for_its_lease_then_uses_it_and_publishes_its_facts() {
     // The lease arrives: the agent serves, pods get addresses from it.
     let subnet: Subnet = serde_json::from_value(json!({
         "apiVersion": "weft.dev/v1alpha1", "kind": "Subnet",
-        "metadata": {"name": name},
+        "metadata": {"name": name, "finalizers": [LEASE_FINALIZER]},
         "spec": {"nodeName": name, "cidr": "10.252.7.0/24", "backend": "vxlan"},
     }))
     .expect("subnet");
@@ -109,6 +110,39 @@ fn agent_waits_for_its_lease_then_uses_it_and_publishes_its_facts() {
     });
     assert_eq!(published, (Some("10.251.0.2".to_owned()), Some("10.252.7.0".to_owned())));
 
+    // Facts wiped by someone else are published again (level-triggered).
+    let wipe = json!({"status": {"nodeIP": null, "vtepIP": null, "vtepMAC": null}});
+    rt.block_on(subnets.patch_status(&name, &PatchParams::default(), &Patch::Merge(&wipe))).expect("wipe status");
+    wait::until("the facts published again", Duration::from_secs(30), || {
+        let st = rt.block_on(subnets.get(&name)).ok()?.status?;
+        (st.node_ip.as_deref() == Some("10.251.0.2") && st.vtep_mac.is_some()).then_some(())
+    });
+
+    // The lease withdrawn while a pod uses it: no new pods, said everywhere,
+    // and the block stays reserved (finalizer) until the pod is gone.
+    rt.block_on(subnets.delete(&name, &DeleteParams::default())).expect("delete Subnet");
+    let status = wait::until("STATUS to report the withdrawn lease", Duration::from_secs(30), || {
+        let out = weft.status();
+        (!out.success).then_some(out)
+    });
+    assert_eq!(status.code(), 50);
+    assert!(status.stdout.contains("lease is withdrawn"), "{}", status.stdout);
+    let second = Container::new("lease2", &pod);
+    let refused = weft.add(&second);
+    assert_eq!(refused.code(), 11, "{}", refused.stdout);
+    assert!(refused.stdout.contains("takes no new pods"), "{}", refused.stdout);
+    let metrics = node.exec("curl", &["-s", "http://127.0.0.1:9646/metrics"]);
+    assert!(String::from_utf8_lossy(&metrics.stdout).contains("weft_agent_lease_withdrawn 1"), "metric not set");
+    let held = rt.block_on(subnets.get(&name)).expect("the withdrawn Subnet is kept while its pod runs");
+    let ready = held.status.and_then(|st| st.conditions.into_iter().find(|c| c.type_ == "Ready"));
+    assert_eq!(ready.map(|c| (c.status, c.reason)), Some(("False".into(), "LeaseWithdrawn".into())));
+
+    // The pod gone: the agent lets the block go and exits for a new lease.
     weft.del(&c, None).assert_ok();
-    let _ = rt.block_on(subnets.delete(&name, &DeleteParams::default()));
+    wait::until("the Subnet to be gone", Duration::from_secs(30), || {
+        rt.block_on(subnets.get_opt(&name)).ok().and_then(|s| s.is_none().then_some(()))
+    });
+    let exit = wait::until("the agent to exit", Duration::from_secs(30), || agent.0.try_wait().ok().flatten());
+    assert!(!exit.success(), "the agent exits with an error so that it is restarted");
+    assert!(agent_log().contains("no pod uses the old block any more"), "{}", agent_log());
 }

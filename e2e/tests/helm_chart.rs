@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 use serde_yaml::Value;
+use weft_api::subnet::LEASE_FINALIZER;
 use weft_e2e::control_plane::{self, ControlPlane};
 use weft_e2e::{prereq, wait};
 
@@ -341,8 +342,8 @@ fn agent_writes_only_its_own_nodes_objects(cp: &ControlPlane, ns: &str, agent_sa
     let objects = format!(
         "apiVersion: v1\nkind: Node\nmetadata: {{name: {a}}}\n---\n\
          apiVersion: v1\nkind: Node\nmetadata: {{name: {b}}}\n---\n\
-         apiVersion: weft.dev/v1alpha1\nkind: Subnet\nmetadata: {{name: {a}}}\nspec: {{nodeName: {a}, cidr: 10.99.1.0/24}}\n---\n\
-         apiVersion: weft.dev/v1alpha1\nkind: Subnet\nmetadata: {{name: {b}}}\nspec: {{nodeName: {b}, cidr: 10.99.2.0/24}}\n---\n\
+         apiVersion: weft.dev/v1alpha1\nkind: Subnet\nmetadata: {{name: {a}, finalizers: [{LEASE_FINALIZER}]}}\nspec: {{nodeName: {a}, cidr: 10.99.1.0/24}}\n---\n\
+         apiVersion: weft.dev/v1alpha1\nkind: Subnet\nmetadata: {{name: {b}, finalizers: [{LEASE_FINALIZER}]}}\nspec: {{nodeName: {b}, cidr: 10.99.2.0/24}}\n---\n\
          apiVersion: v1\nkind: Pod\nmetadata: {{name: {pod}, namespace: {ns}}}\nspec:\n  serviceAccountName: {agent_sa}\n  \
          nodeName: {a}\n  containers: [{{name: agent, image: registry.k8s.io/pause:3.10.1}}]\n"
     );
@@ -383,8 +384,27 @@ fn agent_writes_only_its_own_nodes_objects(cp: &ControlPlane, ns: &str, agent_sa
     assert!(ok, "the agent cannot apply its own node's HostPortAllocation: {text}");
     let (ok, text) = hpa(&b);
     assert!(!ok && text.contains("may not write hostportallocations"), "{text}");
+    // Its own Subnet: it may let go of the lease (remove the finalizer) and
+    // do nothing else; another node's it may not touch at all.
+    let subnet = |node: &str, body: &str| {
+        as_agent(&format!("/apis/weft.dev/v1alpha1/subnets/{node}"), "application/merge-patch+json", body)
+    };
+    let let_go = r#"{"metadata":{"finalizers":null}}"#;
+    let (ok, text) = subnet(&a, let_go);
+    assert!(ok, "the agent cannot let go of its own lease: {text}");
+    let (ok, text) = subnet(&b, let_go);
+    assert!(!ok && text.contains(&format!("may not write subnets of node {b}")), "{text}");
+    for change in
+        [r#"{"spec":{"mtu":1400}}"#, r#"{"metadata":{"finalizers":["weft.dev/lease-in-use","x.example/hold"]}}"#]
+    {
+        let (ok, text) = subnet(&a, change);
+        assert!(!ok && text.contains("may only remove the lease finalizer"), "{change} was allowed: {text}");
+    }
     // No kubelet runs here to finish the pod's deletion: force it.
     let _ = kubectl(cp, &["delete", "pod", &pod, "-n", ns, "--grace-period=0", "--force"], None);
+    for node in [&a, &b] {
+        let _ = kubectl(cp, &["patch", "subnet", node, "--type=merge", "-p", let_go], None);
+    }
     let _ = kubectl(cp, &["delete", "-f", "-", "--ignore-not-found"], Some(&objects));
 }
 
@@ -596,8 +616,12 @@ fn install_upgrade_uninstall_on_a_real_apiserver() {
     assert!(!can(&op_sa, "get", "secrets", &[]));
     assert!(can(&agent_sa, "watch", "subnets.weft.dev", &[]));
     assert!(can(&agent_sa, "patch", "subnets.weft.dev", &["--subresource=status"]));
-    assert!(!can(&agent_sa, "patch", "subnets.weft.dev", &[]));
+    // patch: only to remove its own lease finalizer, which the admission
+    // policy enforces (agent_writes_only_its_own_nodes_objects).
+    assert!(can(&agent_sa, "patch", "subnets.weft.dev", &[]));
+    assert!(!can(&agent_sa, "update", "subnets.weft.dev", &[]));
     assert!(!can(&agent_sa, "create", "subnets.weft.dev", &[]));
+    assert!(!can(&agent_sa, "delete", "subnets.weft.dev", &[]));
     // The agent never reads Nodes; it applies its HostPortAllocations
     // (server-side apply creates them, so it needs create as well as patch).
     assert!(!can(&agent_sa, "get", "nodes", &[]));

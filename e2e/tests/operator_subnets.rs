@@ -11,12 +11,13 @@ use std::time::Duration;
 
 use futures::TryStreamExt;
 use futures::future::try_join_all;
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, Pod, ServiceAccount};
 use k8s_openapi::api::events::v1::Event;
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 use weft_api::Subnet;
+use weft_api::subnet::LEASE_FINALIZER;
 use weft_e2e::control_plane::operator::OperatorProcess;
 use weft_e2e::control_plane::{ControlPlane, install_crds, new_namespace, wait_for};
 
@@ -56,6 +57,10 @@ impl Fixture {
             "--renew-deadline-seconds=2".into(),
             "--retry-period-seconds=1".into(),
         ];
+        // Deleted nodes' leases are withdrawn at once unless a test says.
+        if !extra.iter().any(|a| a.starts_with("--release-grace-seconds")) {
+            args.push("--release-grace-seconds=0".into());
+        }
         args.extend(extra.iter().map(|a| a.to_string()));
         OperatorProcess::start(self.cp, &args).expect("operator starts")
     }
@@ -156,7 +161,8 @@ fn allocated(s: &Subnet) -> bool {
 }
 
 /// Asserts that the Subnets are pairwise disjoint, inside `pool`, one per
-/// node, named after their node and owned by it.
+/// node, named after their node and reserved by the lease finalizer (no
+/// owner reference: the garbage collector must not withdraw a lease).
 fn assert_disjoint(subnets: &BTreeMap<String, Subnet>, pool: &str) {
     let pool: ipnet::IpNet = pool.parse().expect("pool");
     let nets: Vec<(String, ipnet::IpNet)> =
@@ -169,8 +175,9 @@ fn assert_disjoint(subnets: &BTreeMap<String, Subnet>, pool: &str) {
     }
     for (node, s) in subnets {
         assert_eq!(&s.name_any(), node, "Subnet is named after its node");
-        let owner = s.owner_references().first().expect("Subnet has an owner");
-        assert_eq!((owner.kind.as_str(), owner.name.as_str()), ("Node", node.as_str()));
+        assert_eq!(s.spec.node_name, *node);
+        assert!(s.finalizers().iter().any(|f| f == LEASE_FINALIZER), "{node}: no lease finalizer");
+        assert!(s.owner_references().is_empty(), "{node}: owned by {:?}", s.owner_references());
     }
 }
 
@@ -187,7 +194,7 @@ async fn joining_node_gets_a_subnet_and_metrics_are_served() {
     let Some(fx) = Fixture::new("op-join", "10.101.0.0/16", 24).await else { return };
     let mut op = fx.operator("solo");
     let node = fx.node_name(0);
-    let created = fx.create_node(&node).await;
+    fx.create_node(&node).await;
     fx.wait_for_exact_subnets(std::slice::from_ref(&node), Duration::from_secs(30)).await;
     op.check_running().expect("operator running");
 
@@ -196,7 +203,6 @@ async fn joining_node_gets_a_subnet_and_metrics_are_served() {
     assert_eq!(s.spec.cidr, "10.101.0.0/24", "first lease is the lowest block");
     assert_eq!(s.spec.backend, weft_api::Backend::Vxlan);
     assert_eq!(s.spec.vni, Some(1));
-    assert_eq!(s.owner_references()[0].uid, created.uid().expect("uid"));
     assert_disjoint(&subnets, &fx.cidr);
 
     assert_eq!(op.http_get("/healthz").await.expect("healthz").0, 200);
@@ -444,22 +450,84 @@ async fn newer_of_two_overlapping_subnets_is_reallocated() {
 }
 
 #[tokio::test]
-async fn recreated_node_gets_a_lease_owned_by_the_new_node() {
+async fn a_node_that_registers_again_keeps_its_lease() {
     let Some(fx) = Fixture::new("op-recreate", "10.107.0.0/16", 24).await else { return };
-    let mut op = fx.operator("recreate");
-    let n0 = fx.node_name(0);
+    let mut op = fx.operator_with("recreate", &["--release-grace-seconds=60"]);
+    let (n0, n1) = (fx.node_name(0), fx.node_name(1));
     fx.create_node(&n0).await;
     fx.wait_for_exact_subnets(std::slice::from_ref(&n0), Duration::from_secs(30)).await;
-    // Delete and recreate at once: the old lease (owned by the old UID) must
-    // not be inherited by the new Node object.
+    let before = fx.subnets().await.expect("list")[&n0].clone();
+    // The Node object deleted and created again (a node re-registering)
+    // while its pods run: the lease must not move under them.
     fx.delete_node(&n0).await;
-    let new_uid = fx.create_node(&n0).await.uid().expect("uid");
-    wait_for(Duration::from_secs(30), "lease owned by the new node", || async {
-        let s = fx.subnets().await?;
-        Ok(s.get(&n0).is_some_and(|s| allocated(s) && s.owner_references()[0].uid == new_uid))
+    wait_for(Duration::from_secs(20), "the operator to see the node absent", || async {
+        Ok(op.log_text().contains("node is absent; its lease is kept"))
     })
     .await
-    .expect("new node gets its own lease");
-    assert_disjoint(&fx.subnets().await.expect("list"), &fx.cidr);
+    .expect("absence noticed");
+    fx.create_node(&n0).await;
+    // A later node's lease shows the operator has processed the recreation.
+    fx.create_node(&n1).await;
+    fx.wait_for_exact_subnets(&[n0.clone(), n1.clone()], Duration::from_secs(30)).await;
+    let after = fx.subnets().await.expect("list");
+    assert_eq!(after[&n0].uid(), before.uid(), "the same Subnet object");
+    assert_eq!(after[&n0].spec.cidr, before.spec.cidr);
+    assert!(after[&n0].metadata.deletion_timestamp.is_none(), "the lease was withdrawn");
+    assert_disjoint(&after, &fx.cidr);
+    op.check_running().expect("operator running");
+}
+
+#[tokio::test]
+async fn a_withdrawn_block_stays_reserved_while_a_pod_holds_an_address_in_it() {
+    let Some(fx) = Fixture::new("op-reserve", "10.109.0.0/16", 24).await else { return };
+    let mut op = fx.operator("reserve");
+    let (n0, n1, n2) = (fx.node_name(0), fx.node_name(1), fx.node_name(2));
+    fx.create_node(&n0).await;
+    fx.wait_for_exact_subnets(std::slice::from_ref(&n0), Duration::from_secs(30)).await;
+    let block = fx.subnets().await.expect("list")[&n0].spec.cidr.clone();
+    assert_eq!(block, "10.109.0.0/24");
+    // A pod of that node with an address in the block, as the API shows it
+    // (no kubelet here: the status is written by hand).
+    let pods: Api<Pod> = Api::namespaced(fx.client.clone(), &fx.ns);
+    // No controller-manager here makes the namespace's default account.
+    let accounts: Api<ServiceAccount> = Api::namespaced(fx.client.clone(), &fx.ns);
+    let account = serde_json::from_value(json!({"metadata": {"name": "default"}})).expect("account");
+    accounts.create(&PostParams::default(), &account).await.expect("create service account");
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "holder"},
+        "spec": {"nodeName": n0, "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10.1"}]},
+    }))
+    .expect("pod");
+    pods.create(&PostParams::default(), &pod).await.expect("create pod");
+    let status = json!({"status": {"podIP": "10.109.0.7", "podIPs": [{"ip": "10.109.0.7"}]}});
+    pods.patch_status("holder", &PatchParams::default(), &Patch::Merge(&status)).await.expect("pod status");
+
+    fx.delete_node(&n0).await;
+    wait_for(Duration::from_secs(20), "the lease to be withdrawn", || async {
+        Ok(fx.subnets().await?.get(&n0).is_some_and(|s| s.metadata.deletion_timestamp.is_some()))
+    })
+    .await
+    .expect("the gone node's lease is withdrawn");
+    // The block is not handed out while the pod holds an address in it.
+    fx.create_node(&n1).await;
+    wait_for(Duration::from_secs(30), "a lease for the next node", || async {
+        Ok(fx.subnets().await?.get(&n1).is_some_and(allocated))
+    })
+    .await
+    .expect("next node leased");
+    let subnets = fx.subnets().await.expect("list");
+    assert_eq!(subnets[&n1].spec.cidr, "10.109.1.0/24", "the reserved block was handed out again");
+    assert!(subnets.contains_key(&n0), "the withdrawn lease was let go while a pod used its block");
+    assert!(op.log_text().contains("1 pods on its node still have addresses in it"), "{}", op.log_text());
+
+    // The pod gone, the block is let go and reused.
+    pods.delete("holder", &DeleteParams { grace_period_seconds: Some(0), ..Default::default() })
+        .await
+        .expect("delete pod");
+    fx.wait_for_exact_subnets(std::slice::from_ref(&n1), Duration::from_secs(30)).await;
+    fx.create_node(&n2).await;
+    fx.wait_for_exact_subnets(&[n1.clone(), n2.clone()], Duration::from_secs(30)).await;
+    assert_eq!(fx.subnets().await.expect("list")[&n2].spec.cidr, block, "the let-go block is leased again");
     op.check_running().expect("operator running");
 }

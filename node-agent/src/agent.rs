@@ -13,6 +13,7 @@ use crate::dataplane::link;
 use crate::hostport::HostPorts;
 use crate::hostport::pods::PodCache;
 use crate::ipam::{Ipam, Key};
+use crate::lease::Withdrawal;
 use crate::metrics::Metrics;
 
 /// Host ends of pod veths are named `weftv` + 10 hex digits of a stable hash
@@ -37,6 +38,8 @@ pub struct Agent {
     routed: AtomicBool,
     /// One verb at a time per attachment.
     pub locks: KeyLocks,
+    /// Set while this node's Subnet lease is withdrawn: no new pods.
+    pub lease: Arc<Withdrawal>,
 }
 
 /// The agent's view of the Kubernetes API.
@@ -65,6 +68,7 @@ impl Agent {
             pod_mtu,
             bridge: tokio::sync::Mutex::new(None),
             locks: KeyLocks::default(),
+            lease: Arc::default(),
         }
     }
 

@@ -1,12 +1,24 @@
-//! The node's Subnet lease from the API: wait for it, then publish this
-//! node's datapath facts (node IP, VTEP IP and MAC, Ready) in its status.
+//! The node's Subnet lease from the API: wait for it, publish this node's
+//! datapath facts (node IP, VTEP IP and MAC, Ready) in its status, and keep
+//! watching it. When the lease is withdrawn (the Subnet deleted, or leasing
+//! another block) the agent takes no new pods, says so (STATUS, /readyz,
+//! the Subnet's Ready condition, a metric), and lets the block go, by
+//! removing the lease finalizer, only once no pod of this node holds an
+//! address from it; then the agent exits so that its restart takes the new
+//! lease.
+
+use std::sync::{Arc, PoisonError, RwLock};
+use std::time::Duration;
 
 use futures::TryStreamExt;
 use ipnet::Ipv4Net;
+use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
+use prometheus_client::metrics::gauge::Gauge;
 use serde_json::json;
-use weft_api::subnet::{Backend, CONDITION_READY, Subnet};
+use weft_api::subnet::{Backend, CONDITION_READY, LEASE_FINALIZER, Subnet};
 
 /// Field manager of everything the agent writes.
 pub const FIELD_MANAGER: &str = "weft-agent";
@@ -19,6 +31,8 @@ pub enum LeaseError {
     Ended(String),
     #[error("publishing the status of Subnet {node}: {source}")]
     Publish { node: String, source: kube::Error },
+    #[error("letting go of Subnet {node} (removing finalizer {LEASE_FINALIZER}): {source}")]
+    Release { node: String, source: kube::Error },
 }
 
 /// What the agent takes from its Subnet.
@@ -60,6 +74,7 @@ pub async fn wait_for(api: &Api<Subnet>, node: &str) -> Result<Lease, LeaseError
 }
 
 /// What the agent publishes about its node.
+#[derive(Debug, Clone)]
 pub struct NodeFacts {
     pub node_ip: String,
     pub vtep_ip: Option<String>,
@@ -69,16 +84,25 @@ pub struct NodeFacts {
 /// Writes the agent's part of the Subnet status (facts and Ready=True) with server-side apply, so
 /// the operator's fields (its own conditions) are left alone.
 pub async fn publish(api: &Api<Subnet>, node: &str, facts: &NodeFacts) -> Result<(), LeaseError> {
+    // Published once the datapath uses the lease; problems with peers go to
+    // the PeersProgrammed condition (peer_sync.rs).
+    publish_status(api, node, facts, ("True", "DatapathProgrammed", "the node's agent uses this lease")).await
+}
+
+async fn publish_status(
+    api: &Api<Subnet>,
+    node: &str,
+    facts: &NodeFacts,
+    (status, reason, message): (&str, &str, &str),
+) -> Result<(), LeaseError> {
     let now = k8s_openapi::jiff::Timestamp::now().to_string();
     let mut st = json!({
         "nodeIP": facts.node_ip,
         "conditions": [{
             "type": CONDITION_READY,
-            // Published once the datapath uses the lease; problems with peers
-            // go to the PeersProgrammed condition (peer_sync.rs).
-            "status": "True",
-            "reason": "DatapathProgrammed",
-            "message": "the node's agent uses this lease",
+            "status": status,
+            "reason": reason,
+            "message": message,
             "lastTransitionTime": now,
         }],
     });
@@ -93,4 +117,228 @@ pub async fn publish(api: &Api<Subnet>, node: &str, facts: &NodeFacts) -> Result
         .await
         .map_err(|source| LeaseError::Publish { node: node.to_owned(), source })?;
     Ok(())
+}
+
+/// Whether the lease is withdrawn, and why; read by ADD and STATUS.
+#[derive(Debug, Default)]
+pub struct Withdrawal(RwLock<Option<String>>);
+
+impl Withdrawal {
+    pub fn reason(&self) -> Option<String> {
+        self.0.read().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// Records the new state; true when it changed.
+    fn set(&self, reason: Option<String>) -> bool {
+        let mut current = self.0.write().unwrap_or_else(PoisonError::into_inner);
+        let changed = *current != reason;
+        *current = reason;
+        changed
+    }
+}
+
+/// What the agent makes of its Subnet as it is now.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Standing {
+    /// The lease in use; `publish` when the status lacks this node's facts
+    /// (e.g. someone cleared it).
+    Held { publish: bool },
+    /// The block is being taken back; the reason, for humans.
+    Withdrawn(String),
+}
+
+/// Judges the Subnet (None: it does not exist) against the lease in use.
+pub fn standing(subnet: Option<&Subnet>, lease: &Lease, facts: &NodeFacts) -> Standing {
+    let Some(subnet) = subnet else {
+        return Standing::Withdrawn(format!("this node's Subnet (lease of {}) was deleted", lease.cidr));
+    };
+    let name = subnet.name_any();
+    if subnet.metadata.deletion_timestamp.is_some() {
+        return Standing::Withdrawn(format!("Subnet {name} (lease of {}) is being deleted", lease.cidr));
+    }
+    if subnet.spec.cidr.parse::<Ipv4Net>().ok() != Some(lease.cidr) {
+        return Standing::Withdrawn(format!(
+            "Subnet {name} now leases {} but this node's pods use {}",
+            subnet.spec.cidr, lease.cidr
+        ));
+    }
+    let status = subnet.status.clone().unwrap_or_default();
+    let published = status.node_ip.as_deref() == Some(facts.node_ip.as_str())
+        && status.vtep_ip == facts.vtep_ip
+        && status.vtep_mac == facts.vtep_mac
+        && status.conditions.iter().any(|c| c.type_ == CONDITION_READY && c.status == "True");
+    Standing::Held { publish: !published }
+}
+
+/// What [`hold`] needs besides the API.
+pub struct Holder {
+    pub api: Api<Subnet>,
+    pub node: String,
+    pub lease: Lease,
+    pub facts: NodeFacts,
+    pub withdrawal: Arc<Withdrawal>,
+    /// 1 while the lease is withdrawn.
+    pub gauge: Gauge,
+    pub resync: Duration,
+}
+
+/// Watches this node's Subnet until the lease has been withdrawn and let go
+/// (returns why), keeping the published facts in place meanwhile.
+/// `addresses_in_use` counts the pod addresses this node still hands out.
+pub async fn hold(h: Holder, addresses_in_use: impl Fn() -> usize) -> String {
+    let changed = Arc::new(tokio::sync::Notify::new());
+    let config = watcher::Config::default().fields(&format!("metadata.name={}", h.node));
+    let store = weft_api::watch::reflect(
+        h.api.clone(),
+        config,
+        "own Subnet",
+        weft_api::watch::keep_all,
+        Some(Arc::clone(&changed)),
+    );
+    if store.wait_until_ready().await.is_err() {
+        std::future::pending::<()>().await;
+    }
+    let mut told_in_use = None;
+    loop {
+        let subnet = store.get(&ObjectRef::new(&h.node));
+        match standing(subnet.as_deref(), &h.lease, &h.facts) {
+            Standing::Held { publish: republish } => {
+                if h.withdrawal.set(None) {
+                    tracing::warn!(node = %h.node, cidr = %h.lease.cidr, "this node's Subnet lease is held again");
+                    h.gauge.set(0);
+                }
+                if republish {
+                    match publish(&h.api, &h.node, &h.facts).await {
+                        Ok(()) => tracing::info!(node = %h.node, "published this node's facts in its Subnet again"),
+                        Err(e) => tracing::warn!(error = %e, "cannot publish this node's facts"),
+                    }
+                }
+            }
+            Standing::Withdrawn(why) => {
+                let in_use = addresses_in_use();
+                if h.withdrawal.set(Some(why.clone())) {
+                    h.gauge.set(1);
+                    tracing::error!(
+                        node = %h.node, cidr = %h.lease.cidr, reason = %why, pods = in_use,
+                        "this node's Subnet lease is withdrawn: no new pods are attached; the block is let go once no pod uses it"
+                    );
+                    if subnet.is_some() {
+                        let message = format!("{why}; {in_use} pod addresses still in use, no new pods attached");
+                        if let Err(e) =
+                            publish_status(&h.api, &h.node, &h.facts, ("False", "LeaseWithdrawn", &message)).await
+                        {
+                            tracing::warn!(error = %e, "cannot report the withdrawn lease in the Subnet");
+                        }
+                    }
+                }
+                if in_use == 0 {
+                    match let_go(&h.api, subnet.as_deref()).await {
+                        Ok(()) => return why,
+                        Err(e) => tracing::error!(error = %e, "cannot let go of the withdrawn lease; retrying"),
+                    }
+                } else if told_in_use != Some(in_use) {
+                    tracing::warn!(node = %h.node, pods = in_use, "waiting for this node's pods to leave the withdrawn lease");
+                    told_in_use = Some(in_use);
+                }
+            }
+        }
+        tokio::select! {
+            () = changed.notified() => {}
+            () = tokio::time::sleep(h.resync) => {}
+        }
+    }
+}
+
+/// Removes the lease finalizer (if the Subnet still has it), guarded by the
+/// resourceVersion so that nothing else's change to the list is lost.
+async fn let_go(api: &Api<Subnet>, subnet: Option<&Subnet>) -> Result<(), LeaseError> {
+    let Some(subnet) = subnet.filter(|s| s.finalizers().iter().any(|f| f == LEASE_FINALIZER)) else {
+        return Ok(());
+    };
+    let name = subnet.name_any();
+    let remaining: Vec<&String> = subnet.finalizers().iter().filter(|f| *f != LEASE_FINALIZER).collect();
+    let patch = json!({"metadata": {"resourceVersion": subnet.resource_version(), "finalizers": remaining}});
+    match api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(source) => Err(LeaseError::Release { node: name, source }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+    use weft_api::subnet::{SubnetSpec, SubnetStatus};
+
+    fn facts() -> NodeFacts {
+        NodeFacts { node_ip: "10.0.0.2".into(), vtep_ip: Some("10.244.1.0".into()), vtep_mac: None }
+    }
+
+    fn lease() -> Lease {
+        Lease { cidr: "10.244.1.0/24".parse().expect("cidr"), backend: Backend::Vxlan }
+    }
+
+    fn subnet(cidr: &str, published: bool) -> Subnet {
+        let mut s = Subnet::new(
+            "n1",
+            SubnetSpec { node_name: "n1".into(), cidr: cidr.into(), backend: Backend::Vxlan, vni: None, mtu: None },
+        );
+        if published {
+            s.status = Some(SubnetStatus {
+                node_ip: Some("10.0.0.2".into()),
+                vtep_ip: Some("10.244.1.0".into()),
+                vtep_mac: None,
+                conditions: vec![Condition {
+                    type_: CONDITION_READY.into(),
+                    status: "True".into(),
+                    reason: "DatapathProgrammed".into(),
+                    message: String::new(),
+                    last_transition_time: Time(k8s_openapi::jiff::Timestamp::now()),
+                    observed_generation: None,
+                }],
+            });
+        }
+        s
+    }
+
+    #[test]
+    fn the_lease_in_use_is_held_and_its_facts_are_published_when_missing() {
+        assert_eq!(
+            standing(Some(&subnet("10.244.1.0/24", true)), &lease(), &facts()),
+            Standing::Held { publish: false }
+        );
+        assert_eq!(
+            standing(Some(&subnet("10.244.1.0/24", false)), &lease(), &facts()),
+            Standing::Held { publish: true }
+        );
+        let mut other_ip = subnet("10.244.1.0/24", true);
+        other_ip.status.as_mut().expect("status").node_ip = Some("10.0.0.9".into());
+        assert_eq!(standing(Some(&other_ip), &lease(), &facts()), Standing::Held { publish: true });
+    }
+
+    #[test]
+    fn a_deleted_deleting_or_changed_subnet_withdraws_the_lease() {
+        let gone = standing(None, &lease(), &facts());
+        assert!(matches!(&gone, Standing::Withdrawn(why) if why.contains("was deleted")), "{gone:?}");
+        let mut deleting = subnet("10.244.1.0/24", true);
+        deleting.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::now()));
+        let d = standing(Some(&deleting), &lease(), &facts());
+        assert!(matches!(&d, Standing::Withdrawn(why) if why.contains("being deleted")), "{d:?}");
+        let moved = standing(Some(&subnet("10.244.9.0/24", true)), &lease(), &facts());
+        assert!(
+            matches!(&moved, Standing::Withdrawn(why) if why.contains("now leases 10.244.9.0/24") && why.contains("use 10.244.1.0/24")),
+            "{moved:?}"
+        );
+    }
+
+    #[test]
+    fn withdrawal_reports_changes_only() {
+        let w = Withdrawal::default();
+        assert!(!w.set(None));
+        assert!(w.set(Some("gone".into())));
+        assert!(!w.set(Some("gone".into())));
+        assert_eq!(w.reason().as_deref(), Some("gone"));
+        assert!(w.set(None));
+    }
 }

@@ -84,7 +84,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
         Some(api) => Some(setup_overlay(&config, &lease, host.clone(), api).await?),
         None => None,
     };
-    let pod_mtu = config.mtu.or(overlay.as_ref().map(|(_, mtu)| *mtu)).unwrap_or(1500);
+    let pod_mtu = config.mtu.or(overlay.as_ref().map(|(_, mtu, _)| *mtu)).unwrap_or(1500);
 
     let ipam_dir = config.state_dir.join("ipam");
     let ipam = tokio::task::block_in_place(|| Ipam::open(pool, &ipam_dir)).context("cannot load IPAM state")?;
@@ -121,9 +121,23 @@ async fn run(config: Config) -> anyhow::Result<()> {
     agent.metrics.set_ipam_usage(agent.ipam.usage());
     let _ = slot.set(Arc::clone(&agent));
 
-    if let (Some(api), Some((reconciler, _))) = (&subnets, overlay) {
+    // Resolves when the lease has been withdrawn and let go: the agent then
+    // exits, and its restart waits for the node's new lease.
+    let mut lease_gone: std::pin::Pin<Box<dyn Future<Output = String> + Send>> = Box::pin(std::future::pending());
+    if let (Some(api), Some((reconciler, _, facts))) = (&subnets, overlay) {
         let resync = std::time::Duration::from_secs(config.resync_seconds.max(1));
         tokio::spawn(peer_sync::run(api.clone(), reconciler, config.node_name.clone(), resync));
+        let holder = lease::Holder {
+            api: api.clone(),
+            node: config.node_name.clone(),
+            lease: lease.clone(),
+            facts,
+            withdrawal: Arc::clone(&agent.lease),
+            gauge: agent.metrics.lease_withdrawn.clone(),
+            resync,
+        };
+        let ipam = Arc::clone(&agent.ipam);
+        lease_gone = Box::pin(lease::hold(holder, move || ipam.all().len()));
     }
     // Policy needs the API: with a lease, or a fixed pod CIDR plus --kubeconfig.
     if config.network_policy && (subnets.is_some() || config.kubeconfig.is_some()) {
@@ -161,7 +175,12 @@ async fn run(config: Config) -> anyhow::Result<()> {
         })
         .context("cannot start the CNI server thread")?;
 
-    signal.await?;
+    let outcome = tokio::select! {
+        r = &mut signal => r,
+        why = &mut lease_gone => Err(anyhow::anyhow!(
+            "{why}; no pod uses the old block any more and it was let go: exiting so that the restart takes this node's new lease"
+        )),
+    };
     tracing::info!("shutting down");
     let _ = stop_tx.send(true);
     tokio::task::spawn_blocking(move || grpc.join())
@@ -170,18 +189,19 @@ async fn run(config: Config) -> anyhow::Result<()> {
         .map_err(|_| anyhow::anyhow!("the gRPC server thread panicked"))??;
     http.await.context("HTTP server task")??;
     let _ = std::fs::remove_file(&config.socket);
-    Ok(())
+    outcome
 }
 
 /// Creates or adopts the VXLAN device (or checks the underlay for host-gw),
 /// enables forwarding and masquerading, and announces this node in its
-/// Subnet. Returns the reconciler for the peer sync and the pod MTU.
+/// Subnet. Returns the reconciler for the peer sync, the pod MTU and what
+/// was announced.
 async fn setup_overlay(
     config: &Config,
     lease: &lease::Lease,
     host: rtnetlink::Handle,
     api: &Api<Subnet>,
-) -> anyhow::Result<(Arc<overlay::Reconciler>, u32)> {
+) -> anyhow::Result<(Arc<overlay::Reconciler>, u32, lease::NodeFacts)> {
     let node_ip =
         config.node_ip.context("--node-ip (WEFT_NODE_IP) is required when the pod CIDR comes from a Subnet lease")?;
     let cluster_cidr = config
@@ -211,7 +231,7 @@ async fn setup_overlay(
         vtep_mac: local.vtep_mac.map(|m| m.to_string()),
     };
     lease::publish(api, &config.node_name, &facts).await?;
-    Ok((reconciler, local.pod_mtu))
+    Ok((reconciler, local.pod_mtu, facts))
 }
 
 /// The host ports in the IPAM records; warns when the range collides with

@@ -44,6 +44,7 @@ pub struct Metrics {
     pub ipam_addresses: Family<StateLabels, Gauge>,
     pub released_on_start: Counter,
     pub unverified_attachments: Gauge,
+    pub lease_withdrawn: Gauge,
     pub host_ports: Family<StateLabels, Gauge>,
     pub host_port_repairs: Counter,
     pub pod_route_repairs: Counter,
@@ -92,6 +93,12 @@ impl Default for Metrics {
             "Attachments kept by start-up reconciliation although they could not be verified (unreadable network namespace, changed routes or addresses); each is logged",
             unverified_attachments.clone(),
         );
+        let lease_withdrawn = Gauge::default();
+        registry.register(
+            "lease_withdrawn",
+            "1 while this node's Subnet lease is withdrawn (deleted or changed): no new pods are attached until the pods using it are gone and the agent restarts with a new lease",
+            lease_withdrawn.clone(),
+        );
         let host_ports = Family::<StateLabels, Gauge>::default();
         registry.register(
             "host_ports",
@@ -125,6 +132,7 @@ impl Default for Metrics {
             ipam_addresses,
             released_on_start,
             unverified_attachments,
+            lease_withdrawn,
             host_ports,
             host_port_repairs,
             pod_route_repairs,

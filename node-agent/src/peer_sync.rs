@@ -7,9 +7,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
 use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::{WatchStreamExt, reflector, watcher};
+use kube::runtime::watcher;
 use serde_json::json;
 use weft_api::subnet::Subnet;
 
@@ -22,19 +21,14 @@ pub const CONDITION_PEERS: &str = "PeersProgrammed";
 
 /// Runs until the watch ends for good (it retries with backoff on errors).
 pub async fn run(api: Api<Subnet>, reconciler: Arc<Reconciler>, node: String, resync: Duration) {
-    let (reader, writer) = reflector::store();
     let changed = Arc::new(tokio::sync::Notify::new());
-    let events = watcher(api.clone(), watcher::Config::default()).default_backoff().reflect(writer).touched_objects();
-    let notify = Arc::clone(&changed);
-    tokio::spawn(async move {
-        futures::pin_mut!(events);
-        while let Some(event) = events.next().await {
-            if let Err(e) = event {
-                tracing::warn!(error = %e, "Subnet watch error; retrying");
-            }
-            notify.notify_one();
-        }
-    });
+    let reader = weft_api::watch::reflect(
+        api.clone(),
+        watcher::Config::default(),
+        "Subnet",
+        weft_api::watch::keep_all,
+        Some(Arc::clone(&changed)),
+    );
     if reader.wait_until_ready().await.is_err() {
         tracing::error!("the Subnet store was dropped before it was ready");
         return;

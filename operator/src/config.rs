@@ -83,6 +83,12 @@ pub struct Config {
     #[arg(long, env = "WEFT_RETRY_PERIOD_SECONDS", default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=600))]
     pub retry_period_seconds: u32,
 
+    /// Seconds a Node must stay absent before its Subnet is withdrawn (a
+    /// node that re-registers keeps its lease), and that the agent of a gone
+    /// node is given to let the block go itself.
+    #[arg(long, env = "WEFT_RELEASE_GRACE_SECONDS", default_value_t = 60, value_parser = clap::value_parser!(u32).range(0..=86400))]
+    pub release_grace_seconds: u32,
+
     /// Maximum reconciles running at once per controller.
     #[arg(long, env = "WEFT_CONCURRENCY", default_value_t = 64)]
     pub concurrency: u16,
@@ -125,6 +131,10 @@ impl Config {
 
     pub fn renew_deadline(&self) -> Duration {
         Duration::from_secs(self.renew_deadline_seconds.into())
+    }
+
+    pub fn release_grace(&self) -> Duration {
+        Duration::from_secs(self.release_grace_seconds.into())
     }
 
     pub fn retry_period(&self) -> Duration {

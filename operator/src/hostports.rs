@@ -11,11 +11,10 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
-use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use serde_json::json;
 use weft_api::host_port::{ADDRESSES_ANNOTATION, HostPortAllocation, HostPortAllocationStatus, NodePoolStatus};
@@ -59,18 +58,7 @@ fn cache<K>(api: Api<K>, changed: Arc<tokio::sync::Notify>) -> Store<K>
 where
     K: kube::Resource<DynamicType = ()> + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
 {
-    let (store, writer) = reflector::store();
-    let events = watcher(api, watcher::Config::default()).default_backoff().reflect(writer).touched_objects();
-    tokio::spawn(async move {
-        futures::pin_mut!(events);
-        while let Some(event) = events.next().await {
-            if let Err(e) = event {
-                tracing::debug!(error = %e, "watch error; retrying");
-            }
-            changed.notify_one();
-        }
-    });
-    store
+    weft_api::watch::reflect(api, watcher::Config::default(), "host port", weft_api::watch::keep_all, Some(changed))
 }
 
 /// The annotation value for a pod's allocations: `containerPort/PROTOCOL` →

@@ -114,7 +114,9 @@ async fn run_controllers(
     // Subnet deletions wake nodes that are waiting for space.
     let (retry_tx, retry_rx) = tokio::sync::mpsc::channel::<()>(1);
     let node_ctrl = Controller::new(nodes_api.clone(), node_watch.clone())
-        .owns(subnets_api.clone(), watcher::Config::default())
+        .watches(subnets_api.clone(), watcher::Config::default(), |s: Subnet| {
+            Some(ObjectRef::<Node>::new(&s.spec.node_name))
+        })
         .reconcile_all_on(tokio_stream::wrappers::ReceiverStream::new(retry_rx))
         .with_config(ctrl_config.clone());
     let subnet_ctrl = Controller::new(subnets_api.clone(), watcher::Config::default())
@@ -139,6 +141,7 @@ async fn run_controllers(
         exhausted_nodes: std::sync::Mutex::new(Default::default()),
         waiting_for_space: AtomicBool::new(false),
         deletions: AtomicU64::new(0),
+        absent_since: std::sync::Mutex::new(Default::default()),
     });
 
     let wake = {
@@ -149,6 +152,9 @@ async fn run_controllers(
                 let ctx = ctx.clone();
                 let tx = retry_tx.clone();
                 async move {
+                    if let Ok(watcher::Event::Delete(_)) = ev {
+                        ctx.deletions.fetch_add(1, Ordering::SeqCst);
+                    }
                     if let Ok(watcher::Event::Delete(_)) = ev
                         && ctx.waiting_for_space.swap(false, Ordering::SeqCst)
                     {

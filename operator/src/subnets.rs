@@ -1,6 +1,13 @@
 //! Subnet leases: every managed Node gets exactly one Subnet (named after
-//! the node) carved from the cluster CIDR; the Subnet is released when its
-//! Node goes away.
+//! the node) carved from the cluster CIDR.
+//!
+//! A lease follows the node's name, not the Node object: a node that
+//! re-registers (its Node deleted and created again) keeps it. A Subnet is
+//! withdrawn (deleted) when its Node has been absent for the release grace
+//! period, or when it overlaps an older one. Its finalizer keeps the block
+//! reserved until nobody uses it: the node's agent removes it once its pods
+//! are gone; for a node that is gone, or whose agent never used the lease,
+//! this operator does once no pod in the API holds an address from it.
 //!
 //! The Subnet objects are the only state. Allocation lists them from the API
 //! under a lock (so this replica never hands out one block twice), and the
@@ -14,7 +21,8 @@ use std::time::{Duration, Instant};
 
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::Node;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, OwnerReference, Time};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions, VersionMatch};
 use kube::runtime::controller::Action;
@@ -24,7 +32,7 @@ use kube::{Resource, ResourceExt};
 use serde_json::json;
 use tokio::sync::Mutex;
 use weft_api::Subnet;
-use weft_api::subnet::{CONDITION_ALLOCATED, SubnetSpec};
+use weft_api::subnet::{CONDITION_ALLOCATED, CONDITION_READY, LEASE_FINALIZER, SubnetSpec};
 
 use crate::config::Config;
 use crate::ipam::{Pool, overlaps};
@@ -84,6 +92,9 @@ pub struct Context {
     /// Count of Subnet deletions seen, so an allocation that found no space
     /// can tell whether space was freed while it was looking.
     pub deletions: std::sync::atomic::AtomicU64,
+    /// Since when each Subnet's node has been seen absent (this replica's
+    /// view: a new leader starts counting again, which only delays).
+    pub absent_since: std::sync::Mutex<std::collections::HashMap<String, Instant>>,
 }
 
 /// Reconciles one Node: make sure it has exactly one valid Subnet.
@@ -98,39 +109,43 @@ pub async fn reconcile_node(node: Arc<Node>, ctx: Arc<Context>) -> Result<Action
 
 async fn reconcile_node_inner(node: &Node, ctx: &Context) -> Result<Action, Error> {
     let name = node.name_any();
-    let node_uid = node.uid().ok_or_else(|| Error::Missing(format!("node {name}"), "uid"))?;
     if node.metadata.deletion_timestamp.is_some() {
         return Ok(Action::await_change());
     }
     // Read from the API, not the cache: a just-deleted Subnet may linger in
     // the cache and would leave the node without a lease until the resync.
+    // A Subnet of this name, also one left by an earlier Node object of the
+    // same name, is this node's lease: it keeps it.
     let current = ctx.subnets_api.get_opt(&name).await.map_err(kube_err("reading", &name))?;
     if let Some(subnet) = current {
-        if owner_uid(&subnet).is_some_and(|uid| uid != node_uid) {
-            // A Subnet left over from an earlier Node of the same name.
-            tracing::info!(node = %name, "deleting Subnet of a previous node incarnation");
-            delete_subnet(ctx, &subnet).await?;
-        } else {
-            ensure_allocated_condition(ctx, &subnet).await?;
-            clear_exhausted(ctx, node, &subnet).await;
-            return Ok(Action::requeue(Duration::from_secs(600)));
-        }
+        return keep_lease(ctx, node, &subnet).await;
     }
-    allocate(node, &node_uid, ctx).await
+    allocate(node, ctx).await
+}
+
+/// The node has a Subnet: a withdrawn one is waited out (the node gets a new
+/// lease once the old block is let go), a live one gets the finalizer and
+/// the Allocated condition.
+async fn keep_lease(ctx: &Context, node: &Node, subnet: &Subnet) -> Result<Action, Error> {
+    if subnet.metadata.deletion_timestamp.is_some() {
+        tracing::debug!(node = %node.name_any(), "the node's withdrawn lease is not let go yet");
+        return Ok(Action::requeue(Duration::from_secs(10)));
+    }
+    ensure_lease_metadata(ctx, subnet).await?;
+    ensure_allocated_condition(ctx, subnet).await?;
+    clear_exhausted(ctx, node, subnet).await;
+    Ok(Action::requeue(Duration::from_secs(600)))
 }
 
 /// One node waiting for a lease.
 pub struct AllocRequest {
     node: String,
-    node_uid: String,
     reply: tokio::sync::oneshot::Sender<Outcome>,
 }
 
 enum Outcome {
     Created(Box<Subnet>),
     Exists(Box<Subnet>),
-    /// A Subnet of an earlier Node with this name.
-    Stale(Box<Subnet>),
     Exhausted {
         in_pool: u128,
         space_freed_meanwhile: bool,
@@ -144,10 +159,10 @@ enum Outcome {
 /// allocation lock serves every queued request with one fresh list of all
 /// Subnets. Batching keeps "list before allocating" without one list per
 /// node when hundreds join at once.
-async fn allocate(node: &Node, node_uid: &str, ctx: &Context) -> Result<Action, Error> {
+async fn allocate(node: &Node, ctx: &Context) -> Result<Action, Error> {
     let name = node.name_any();
     let (tx, mut rx) = tokio::sync::oneshot::channel();
-    lock_pending(ctx).push(AllocRequest { node: name.clone(), node_uid: node_uid.to_string(), reply: tx });
+    lock_pending(ctx).push(AllocRequest { node: name.clone(), reply: tx });
     let outcome = match rx.try_recv() {
         Ok(o) => o,
         Err(_) => {
@@ -170,15 +185,7 @@ async fn allocate(node: &Node, node_uid: &str, ctx: &Context) -> Result<Action, 
             clear_exhausted(ctx, node, &subnet).await;
             Ok(Action::requeue(Duration::from_secs(600)))
         }
-        Outcome::Exists(subnet) => {
-            ensure_allocated_condition(ctx, &subnet).await?;
-            clear_exhausted(ctx, node, &subnet).await;
-            Ok(Action::requeue(Duration::from_secs(600)))
-        }
-        Outcome::Stale(subnet) => {
-            delete_subnet(ctx, &subnet).await?;
-            Ok(Action::requeue(Duration::ZERO))
-        }
+        Outcome::Exists(subnet) => keep_lease(ctx, node, &subnet).await,
         Outcome::Conflict => Ok(Action::requeue(Duration::ZERO)),
         Outcome::Failed(e) => Err(Error::Alloc(name, e)),
         Outcome::Exhausted { space_freed_meanwhile: true, .. } => Ok(Action::requeue(Duration::from_millis(100))),
@@ -216,19 +223,14 @@ async fn serve_batch(ctx: &Context, batch: Vec<AllocRequest>) {
     let mut retry = Vec::new();
     for req in batch {
         if let Some(own) = existing.iter().find(|s| s.name_any() == req.node) {
-            let outcome = if owner_uid(own).is_none_or(|uid| uid == req.node_uid) {
-                Outcome::Exists(Box::new(own.clone()))
-            } else {
-                Outcome::Stale(Box::new(own.clone()))
-            };
-            let _ = req.reply.send(outcome);
+            let _ = req.reply.send(Outcome::Exists(Box::new(own.clone())));
             continue;
         }
         match ctx.pool.next_free(&used) {
             Some(cidr) => {
                 used.push(cidr);
                 in_pool += 1;
-                let subnet = new_subnet(&req.node, &req.node_uid, cidr, &ctx.config);
+                let subnet = new_subnet(&req.node, cidr, &ctx.config);
                 to_create.push((req, subnet));
             }
             None if !fully_consistent => {
@@ -390,7 +392,7 @@ async fn set_node_condition(ctx: &Context, node: &str, status: &str, reason: &st
     }
 }
 
-fn new_subnet(node: &str, node_uid: &str, cidr: IpNet, config: &Config) -> Subnet {
+fn new_subnet(node: &str, cidr: IpNet, config: &Config) -> Subnet {
     let backend: weft_api::Backend = config.backend.into();
     let mut subnet = Subnet::new(
         node,
@@ -403,20 +405,46 @@ fn new_subnet(node: &str, node_uid: &str, cidr: IpNet, config: &Config) -> Subne
         },
     );
     subnet.metadata.labels = Some([(NODE_LABEL.to_string(), node.to_string())].into());
-    // Lets the garbage collector (in a full cluster) release the lease too.
-    subnet.metadata.owner_references = Some(vec![OwnerReference {
-        api_version: "v1".into(),
-        kind: "Node".into(),
-        name: node.to_string(),
-        uid: node_uid.to_string(),
-        controller: Some(true),
-        block_owner_deletion: None,
-    }]);
+    // No owner reference to the Node: the garbage collector would withdraw
+    // the lease the moment a Node object is deleted, also when the node
+    // registers again at once with its pods still running.
+    subnet.metadata.finalizers = Some(vec![LEASE_FINALIZER.to_string()]);
     subnet
 }
 
-fn owner_uid(subnet: &Subnet) -> Option<&str> {
-    subnet.owner_references().iter().find(|o| o.kind == "Node" && o.api_version == "v1").map(|o| o.uid.as_str())
+/// Subnets made by earlier operators: adds the lease finalizer and drops the
+/// owner reference to the Node (see [`new_subnet`]). One patch, guarded by
+/// the resourceVersion.
+async fn ensure_lease_metadata(ctx: &Context, subnet: &Subnet) -> Result<(), Error> {
+    let has_finalizer = subnet.finalizers().iter().any(|f| f == LEASE_FINALIZER);
+    let node_owned = subnet.owner_references().iter().any(|o| o.kind == "Node" && o.api_version == "v1");
+    if (has_finalizer && !node_owned) || !managed(ctx, subnet) {
+        return Ok(());
+    }
+    let mut finalizers = subnet.finalizers().to_vec();
+    if !has_finalizer {
+        finalizers.push(LEASE_FINALIZER.to_string());
+    }
+    let owners: Vec<_> =
+        subnet.owner_references().iter().filter(|o| !(o.kind == "Node" && o.api_version == "v1")).collect();
+    let patch = json!({"metadata": {
+        "resourceVersion": subnet.resource_version(),
+        "finalizers": finalizers,
+        "ownerReferences": owners,
+    }});
+    patch_metadata(ctx, subnet, &patch).await
+}
+
+/// Merge-patches a Subnet's metadata; a conflict or a gone Subnet is left to
+/// the next reconcile, which sees the newer object.
+async fn patch_metadata(ctx: &Context, subnet: &Subnet, patch: &serde_json::Value) -> Result<(), Error> {
+    let name = subnet.name_any();
+    ctx.term.check()?;
+    match ctx.subnets_api.patch(&name, &PatchParams::default(), &Patch::Merge(patch)).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(()),
+        Err(e) => Err(kube_err("updating metadata of", &name)(e)),
+    }
 }
 
 /// Sets `Allocated=True` (server-side apply: the agent owns `Ready`).
@@ -481,26 +509,33 @@ pub async fn reconcile_subnet(subnet: Arc<Subnet>, ctx: Arc<Context>) -> Result<
 
 async fn reconcile_subnet_inner(subnet: &Subnet, ctx: &Context) -> Result<Action, Error> {
     update_lease_gauges(ctx);
-    if subnet.metadata.deletion_timestamp.is_some() {
-        return Ok(Action::await_change());
-    }
+    let name = subnet.name_any();
     let node_name = &subnet.spec.node_name;
     // Ask the API, not the node cache: this reconcile is often triggered by
     // the Node's deletion, which the cache (fed by another watch) may not
     // have seen yet.
     let node = ctx.nodes_api.get_opt(node_name).await.map_err(kube_err("looking up node of", node_name))?;
-    let release = match &node {
-        None => true,
-        Some(node) => owner_uid(subnet).is_some_and(|uid| node.uid().as_deref() != Some(uid)),
-    };
-    if release {
+    if subnet.metadata.deletion_timestamp.is_some() {
+        return let_go_when_unused(ctx, subnet, node.is_some()).await;
+    }
+    if node.is_none() {
         if !managed(ctx, subnet) {
             return Ok(Action::await_change());
         }
-        tracing::info!(subnet = %subnet.name_any(), node = %node_name, "node is gone, releasing its subnet");
+        let grace = ctx.config.release_grace();
+        let since = *lock_absent(ctx).entry(name.clone()).or_insert_with(Instant::now);
+        let absent_for = since.elapsed();
+        if absent_for < grace {
+            tracing::info!(subnet = %name, node = %node_name, ?absent_for, "node is absent; its lease is kept while it may register again");
+            return Ok(Action::requeue(grace - absent_for + Duration::from_millis(100)));
+        }
+        tracing::info!(subnet = %name, node = %node_name, cidr = %subnet.spec.cidr, "node has been absent for {grace:?}, withdrawing its lease");
         delete_subnet(ctx, subnet).await?;
+        lock_absent(ctx).remove(&name);
         return Ok(Action::await_change());
     }
+    lock_absent(ctx).remove(&name);
+    ensure_lease_metadata(ctx, subnet).await?;
 
     if let Ok(mine) = subnet.spec.cidr.parse::<IpNet>()
         && let Some(older) = ctx.subnets.state().into_iter().find(|other| {
@@ -511,11 +546,80 @@ async fn reconcile_subnet_inner(subnet: &Subnet, ctx: &Context) -> Result<Action
     {
         tracing::warn!(
             subnet = %subnet.name_any(), cidr = %mine, older = %older.name_any(), older_cidr = %older.spec.cidr,
-            "subnet overlaps an older one, deleting it so its node is reallocated"
+            "subnet overlaps an older one, withdrawing it so its node is reallocated once the block is let go"
         );
         delete_subnet(ctx, subnet).await?;
     }
     Ok(Action::requeue(Duration::from_secs(600)))
+}
+
+fn lock_absent(ctx: &Context) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, Instant>> {
+    ctx.absent_since.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// A withdrawn Subnet: removes the lease finalizer once nobody can still be
+/// using the block (see [`may_let_go`]).
+async fn let_go_when_unused(ctx: &Context, subnet: &Subnet, node_present: bool) -> Result<Action, Error> {
+    if !subnet.finalizers().iter().any(|f| f == LEASE_FINALIZER) || !managed(ctx, subnet) {
+        return Ok(Action::await_change());
+    }
+    let name = subnet.name_any();
+    let pods = pods_in_block(ctx, subnet).await?;
+    let agent_used = subnet.status.as_ref().is_some_and(|s| s.conditions.iter().any(|c| c.type_ == CONDITION_READY));
+    let withdrawn_for = subnet.metadata.deletion_timestamp.as_ref().map_or(Duration::ZERO, |t| {
+        Duration::from_secs(u64::try_from(Timestamp::now().as_second() - t.0.as_second()).unwrap_or(0))
+    });
+    let grace = ctx.config.release_grace();
+    if let Err(waiting) = may_let_go(node_present, agent_used, pods, withdrawn_for, grace) {
+        tracing::info!(subnet = %name, cidr = %subnet.spec.cidr, "withdrawn lease kept: {waiting}");
+        let recheck = grace.saturating_sub(withdrawn_for).max(Duration::from_secs(5));
+        return Ok(Action::requeue(recheck));
+    }
+    let remaining: Vec<&String> = subnet.finalizers().iter().filter(|f| *f != LEASE_FINALIZER).collect();
+    let patch = json!({"metadata": {"resourceVersion": subnet.resource_version(), "finalizers": remaining}});
+    patch_metadata(ctx, subnet, &patch).await?;
+    tracing::info!(subnet = %name, cidr = %subnet.spec.cidr, "let go of a withdrawn lease: no pod uses its block");
+    Ok(Action::await_change())
+}
+
+/// Pods the API has on the Subnet's node with an address in its block.
+async fn pods_in_block(ctx: &Context, subnet: &Subnet) -> Result<usize, Error> {
+    let Ok(block) = subnet.spec.cidr.parse::<IpNet>() else { return Ok(0) };
+    let pods: Api<Pod> = Api::all(ctx.subnets_api.clone().into_client());
+    let lp = ListParams::default().fields(&format!("spec.nodeName={}", subnet.spec.node_name));
+    let list = pods.list(&lp).await.map_err(kube_err("listing the pods on the node of", &subnet.name_any()))?;
+    Ok(list
+        .items
+        .iter()
+        .filter(|p| {
+            let ips = p.status.as_ref().and_then(|s| s.pod_ips.as_ref());
+            ips.into_iter().flatten().any(|ip| ip.ip.parse::<std::net::IpAddr>().is_ok_and(|ip| block.contains(&ip)))
+        })
+        .count())
+}
+
+/// Whether the block of a withdrawn lease may be let go; `Err` says what is
+/// still waited for. A node's agent lets go itself once its pods are gone;
+/// the operator steps in only for a node without a working agent: one that
+/// is gone (after giving its agent `grace` to answer) or whose agent never
+/// used the lease. Either way no pod in the API may hold an address in it.
+fn may_let_go(
+    node_present: bool,
+    agent_used: bool,
+    pods_in_block: usize,
+    withdrawn_for: Duration,
+    grace: Duration,
+) -> Result<(), String> {
+    if pods_in_block > 0 {
+        return Err(format!("{pods_in_block} pods on its node still have addresses in it"));
+    }
+    if node_present && agent_used {
+        return Err("the node's agent lets it go once its pods are gone".into());
+    }
+    if agent_used && withdrawn_for < grace {
+        return Err(format!("the node is gone; its agent has {grace:?} to let go itself"));
+    }
+    Ok(())
 }
 
 /// Only touch Subnets inside our pool, so that operators with other pools
@@ -552,16 +656,37 @@ mod tests {
     use clap::Parser;
 
     #[test]
-    fn new_subnet_is_owned_by_its_node_and_carries_backend_data() {
+    fn new_subnet_is_reserved_by_the_finalizer_and_carries_backend_data() {
         let cfg = Config::try_parse_from(["x", "--vni", "42", "--mtu", "1400"]).expect("config");
-        let s = new_subnet("n1", "uid-1", "10.244.3.0/24".parse().expect("cidr"), &cfg);
+        let s = new_subnet("n1", "10.244.3.0/24".parse().expect("cidr"), &cfg);
         assert_eq!(s.name_any(), "n1");
         assert_eq!(s.spec.cidr, "10.244.3.0/24");
         assert_eq!(s.spec.vni, Some(42));
         assert_eq!(s.spec.mtu, Some(1400));
-        assert_eq!(owner_uid(&s), Some("uid-1"));
+        assert_eq!(s.finalizers(), [LEASE_FINALIZER.to_string()]);
+        assert!(s.owner_references().is_empty(), "no owner: the garbage collector must not withdraw leases");
         let cfg = Config::try_parse_from(["x", "--backend", "host-gw"]).expect("config");
-        let s = new_subnet("n1", "uid-1", "10.244.3.0/24".parse().expect("cidr"), &cfg);
+        let s = new_subnet("n1", "10.244.3.0/24".parse().expect("cidr"), &cfg);
         assert_eq!(s.spec.vni, None, "host-gw has no VNI");
+    }
+
+    #[test]
+    fn a_withdrawn_block_is_let_go_only_when_nobody_can_use_it() {
+        let grace = Duration::from_secs(60);
+        let (short, long) = (Duration::from_secs(5), Duration::from_secs(61));
+        // Pods in the API with addresses in the block: never.
+        for (present, used, after) in
+            [(true, true, long), (false, true, long), (false, false, long), (true, false, short)]
+        {
+            assert!(may_let_go(present, used, 1, after, grace).is_err());
+        }
+        // A live node whose agent used it: only the agent lets go.
+        assert!(may_let_go(true, true, 0, long, grace).is_err());
+        // A gone node's agent gets the grace period first.
+        assert!(may_let_go(false, true, 0, short, grace).is_err());
+        assert!(may_let_go(false, true, 0, long, grace).is_ok());
+        // No agent ever used it: nothing to wait for.
+        assert!(may_let_go(true, false, 0, short, grace).is_ok());
+        assert!(may_let_go(false, false, 0, short, grace).is_ok());
     }
 }

@@ -4,15 +4,27 @@
 
 use anyhow::Context;
 use kube::Client;
-use kube::api::{Api, DeleteParams, ListParams, ResourceExt};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, ResourceExt};
 use weft_api::host_port::HostPortAllocation;
-use weft_api::subnet::Subnet;
+use weft_api::subnet::{LEASE_FINALIZER, Subnet};
 
 /// Deletes every Subnet and HostPortAllocation; returns how many of each.
 pub async fn remove_weft_objects(client: Client) -> anyhow::Result<(usize, usize)> {
     let subnets: Api<Subnet> = Api::all(client.clone());
     let listed = subnets.list(&ListParams::default()).await.context("listing Subnets")?;
     for s in &listed.items {
+        // No agent is left to let the lease go: the network itself goes.
+        if s.finalizers().iter().any(|f| f == LEASE_FINALIZER) {
+            let remaining: Vec<&String> = s.finalizers().iter().filter(|f| *f != LEASE_FINALIZER).collect();
+            let patch = serde_json::json!({"metadata": {"finalizers": remaining}});
+            match subnets.patch(&s.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(e)) if e.code == 404 => continue,
+                Err(e) => {
+                    return Err(e).with_context(|| format!("removing the lease finalizer of Subnet {}", s.name_any()));
+                }
+            }
+        }
         delete_ignoring_gone(&subnets, &s.name_any())
             .await
             .with_context(|| format!("deleting Subnet {}", s.name_any()))?;

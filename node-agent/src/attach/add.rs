@@ -21,6 +21,9 @@ impl Agent {
         if req.netns.is_empty() {
             return Err(AttachError::InvalidRequest("CNI_NETNS is required for ADD".into()));
         }
+        if let Some(why) = self.lease.reason() {
+            return Err(AttachError::TryAgain(format!("this node takes no new pods: {why}")));
+        }
         let mtu = if req.mtu > 0 { req.mtu } else { self.pod_mtu };
         // Open the pod namespace first, so a bad CNI_NETNS fails before
         // anything is allocated; off this thread, since a path on a stuck

@@ -8,6 +8,9 @@ use crate::dataplane::link;
 
 impl Agent {
     pub async fn readiness(&self) -> Result<(), AttachError> {
+        if let Some(why) = self.lease.reason() {
+            return Err(AttachError::NotReady(format!("this node's pod CIDR lease is withdrawn: {why}")));
+        }
         let bridge = &self.config.bridge;
         let gateway = self.ipam.pool().gateway_net();
         let not_ready = |why: String| AttachError::NotReady(format!("the pod network is not set up: {why}"));

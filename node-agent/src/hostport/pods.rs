@@ -5,11 +5,10 @@
 
 use std::time::Duration;
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
-use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
 
 /// How long ADD waits for the API before giving up with "try again later".
 const GET_TIMEOUT: Duration = Duration::from_secs(5);
@@ -30,18 +29,9 @@ pub enum PodLookupError {
 impl PodCache {
     /// Starts watching the pods scheduled to `node`.
     pub fn start(client: kube::Client, node: &str) -> Self {
-        let (store, writer) = reflector::store();
         let config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
-        let events =
-            watcher(Api::<Pod>::all(client.clone()), config).default_backoff().reflect(writer).touched_objects();
-        tokio::spawn(async move {
-            futures::pin_mut!(events);
-            while let Some(event) = events.next().await {
-                if let Err(e) = event {
-                    tracing::debug!(error = %e, "pod watch error; retrying");
-                }
-            }
-        });
+        let store =
+            weft_api::watch::reflect(Api::<Pod>::all(client.clone()), config, "Pod", weft_api::watch::keep_all, None);
         Self { client, store }
     }
 

@@ -11,11 +11,10 @@ use std::hash::Hash;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::api::networking::v1::NetworkPolicy as StandardPolicy;
-use kube::runtime::reflector::{self, Store};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::reflector::Store;
+use kube::runtime::watcher;
 use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
 use weft_api::network_policy::{self as wnp, NetworkPolicy as WeftPolicy};
@@ -81,19 +80,7 @@ where
     K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
 {
-    let (reader, writer) = reflector::store();
-    let events =
-        watcher(api, watcher::Config::default()).default_backoff().modify(trim).reflect(writer).touched_objects();
-    tokio::spawn(async move {
-        futures::pin_mut!(events);
-        while let Some(event) = events.next().await {
-            if let Err(e) = event {
-                tracing::warn!(error = %e, "{what} watch error; retrying");
-            }
-            changed.notify_one();
-        }
-    });
-    reader
+    weft_api::watch::reflect(api, watcher::Config::default(), what, trim, Some(changed))
 }
 
 /// What policy needs of a Pod object; None for pods outside the pod network
