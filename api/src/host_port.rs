@@ -13,6 +13,13 @@ use crate::common::Protocol;
 /// Pod annotation opting in to automatic host ports: the container ports to
 /// expose, by number (`8080`, `53/UDP`) or by name (`http`), comma-separated.
 pub const PORTS_ANNOTATION: &str = "weft.dev/host-ports";
+/// Namespace label (with value [`NAMESPACE_OPT_IN_VALUE`]) that lets the
+/// namespace's pods use [`PORTS_ANNOTATION`]. Pod Security admission and
+/// policy engines look at `hostPort` in the pod spec only, so without this
+/// any pod author could take node ports; labelling namespaces is for cluster
+/// admins.
+pub const NAMESPACE_OPT_IN_LABEL: &str = "weft.dev/host-ports";
+pub const NAMESPACE_OPT_IN_VALUE: &str = "allowed";
 /// Pod annotation the operator keeps in sync: JSON object from
 /// `containerPort/PROTOCOL` to the reachable `nodeIP:hostPort`.
 pub const ADDRESSES_ANNOTATION: &str = "weft.dev/host-port-addresses";

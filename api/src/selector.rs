@@ -103,4 +103,53 @@ mod tests {
         assert!(p[1].contains("operator Exists takes no values"), "{p:?}");
         assert!(p[2].contains("\"Near\" is not one of In, NotIn, Exists, DoesNotExist"), "{p:?}");
     }
+
+    mod properties {
+        use super::*;
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement;
+        use proptest::prelude::*;
+
+        fn requirement() -> impl Strategy<Value = LabelSelectorRequirement> {
+            (
+                "[a-c]",
+                prop_oneof![Just("In"), Just("NotIn"), Just("Exists"), Just("DoesNotExist"), Just("in"), Just("")],
+                prop::option::of(prop::collection::vec("[x-z]", 0..3)),
+            )
+                .prop_map(|(key, op, values)| LabelSelectorRequirement {
+                    key,
+                    operator: op.to_owned(),
+                    values,
+                })
+        }
+
+        proptest! {
+            /// A selector the validator refuses matches no labels at all (so
+            /// a policy that slipped past validation cannot select widely),
+            /// and a valid one agrees with a plain reading of its rules.
+            #[test]
+            fn invalid_selectors_match_nothing_and_valid_ones_follow_their_rules(
+                exprs in prop::collection::vec(requirement(), 0..4),
+                labels in prop::collection::btree_map("[a-c]", "[x-z]", 0..3),
+            ) {
+                let sel = LabelSelector { match_expressions: Some(exprs.clone()), match_labels: None };
+                let mut problems = Vec::new();
+                validate(&sel, "spec.podSelector", &mut problems);
+                if !problems.is_empty() {
+                    prop_assert!(!matches(&sel, &labels), "invalid {:?} matched {:?}", problems, labels);
+                    return Ok(());
+                }
+                let expected = exprs.iter().all(|e| {
+                    let has = labels.get(&e.key);
+                    let in_values = has.is_some_and(|v| e.values.iter().flatten().any(|x| x == v));
+                    match e.operator.as_str() {
+                        "In" => in_values,
+                        "NotIn" => !in_values,
+                        "Exists" => has.is_some(),
+                        _ => has.is_none(),
+                    }
+                });
+                prop_assert_eq!(matches(&sel, &labels), expected);
+            }
+        }
+    }
 }

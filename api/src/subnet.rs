@@ -106,6 +106,9 @@ pub struct SubnetStatus {
 pub const CONDITION_ALLOCATED: &str = "Allocated";
 /// Condition type the agent sets once its datapath uses the lease.
 pub const CONDITION_READY: &str = "Ready";
+/// Reason of `Ready=False` once the agent has seen its lease withdrawn (it
+/// lets the block go when its pods are gone).
+pub const REASON_LEASE_WITHDRAWN: &str = "LeaseWithdrawn";
 
 /// Finalizer on every Subnet the operator creates: the block stays reserved
 /// (no other node can lease it) until the node's agent has no pod left in it,

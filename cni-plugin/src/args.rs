@@ -360,4 +360,57 @@ mod tests {
         let e = env(&[("CNI_COMMAND", "FROB")]);
         assert_eq!(code_of(parse(&e, CONF.as_bytes())), 4);
     }
+
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn conf() -> impl Strategy<Value = Vec<u8>> {
+            prop_oneof![
+                prop::collection::vec(any::<u8>(), 0..200),
+                ("[0-9.]{0,8}", "\\PC{0,20}", "\\PC{0,12}", prop::option::of(any::<i64>())).prop_map(
+                    |(v, name, ty, mtu)| {
+                        serde_json::json!({"cniVersion": v, "name": name, "type": ty, "mtu": mtu})
+                            .to_string()
+                            .into_bytes()
+                    }
+                ),
+            ]
+        }
+
+        proptest! {
+            /// Whatever the runtime's environment and stdin: no panic, an
+            /// error has a spec code, and an accepted invocation's values
+            /// pass the same checks the agent applies.
+            #[test]
+            fn any_invocation_parses_or_fails_with_a_code(
+                verb in prop_oneof![Just("ADD".to_owned()), Just("DEL".to_owned()), Just("CHECK".to_owned()),
+                                    Just("STATUS".to_owned()), Just("GC".to_owned()), Just("VERSION".to_owned()), "\\PC{0,8}"],
+                id in "\\PC{0,20}|[a-z0-9]{1,12}",
+                ifname_v in "\\PC{0,20}|eth[0-9]",
+                args in "\\PC{0,60}|K8S_POD_NAME=[a-z.-]{0,10};K8S_POD_NAMESPACE=[a-z-]{0,8}",
+                netns in "\\PC{0,20}",
+                stdin in conf(),
+            ) {
+                let env: BTreeMap<String, String> = [
+                    ("CNI_COMMAND", verb), ("CNI_CONTAINERID", id), ("CNI_IFNAME", ifname_v),
+                    ("CNI_ARGS", args), ("CNI_NETNS", netns), ("CNI_PATH", "/opt/cni/bin".to_owned()),
+                ]
+                .into_iter()
+                .map(|(k, v)| (k.to_owned(), v))
+                .collect();
+                match parse(&env, &stdin) {
+                    Ok(Command::Add(i) | Command::Del(i) | Command::Check(i)) => {
+                        prop_assert!(validate::container_id(&i.container.id).is_ok());
+                        prop_assert!(validate::ifname(&i.container.ifname).is_ok());
+                        prop_assert!(validate::network_name(&i.conf.name).is_ok());
+                        let pairs: Vec<(&str, &str)> = i.container.args.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+                        prop_assert!(validate::k8s_args(pairs).is_ok());
+                    }
+                    Ok(_) => {}
+                    Err(e) => prop_assert!((1..=7).contains(&e.code) || e.code == 11, "code {} for {}", e.code, e.msg),
+                }
+            }
+        }
+    }
 }

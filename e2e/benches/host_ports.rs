@@ -45,6 +45,7 @@ fn main() {
     };
     // The namespace's default ServiceAccount (no controller-manager runs to make it).
     ok(&["kubectl", "create", "serviceaccount", "default", "-n", "default"]);
+    ok(&["kubectl", "label", "--overwrite", "namespace", "default", "weft.dev/host-ports=allowed"]);
     pod("bench-plain", None);
     pod("bench-ports", Some("80,81"));
 

@@ -6,6 +6,7 @@
 
 use std::time::{Duration, Instant};
 
+use weft_api::host_port::{NAMESPACE_OPT_IN_LABEL, NAMESPACE_OPT_IN_VALUE};
 use weft_e2e::cluster::node;
 use weft_e2e::cluster::testing::{Cluster, apply, eventually, kubectl, kubectl_ok, node_exec, ok, pod_exec};
 use weft_e2e::cluster::workloads::{HTTP_PORT, TestPod, delete_pods, http_hostname, namespace, wait_running};
@@ -25,10 +26,11 @@ fn weft_on_real_nodes_with_vxlan() {
         ("deleted pods leave no address, veth or host-port rule", nothing_leaks),
         ("a hung agent makes its node NotReady through CNI STATUS, and it recovers", status_follows_the_agent),
         ("helm upgrade restarts the agents with traffic flowing, no packet lost", upgrade_without_loss),
+        ("a Node object deleted and registered again keeps its lease and its pods' traffic", node_registers_again),
         ("a node deleted and a new one added: Subnet released and leased, pods reach the others", replace_node),
         ("helm uninstall leaves no Weft objects", uninstall),
     ];
-    namespace(NS, &[]);
+    namespace(NS, &[(NAMESPACE_OPT_IN_LABEL, NAMESPACE_OPT_IN_VALUE)]);
     for (what, step) in steps {
         let started = Instant::now();
         eprintln!("--- step: {what}");
@@ -272,10 +274,38 @@ fn subnet_of(node: &str) -> Option<String> {
     v["items"].as_array()?.iter().find(|s| s["spec"]["nodeName"] == node).map(|s| s["spec"]["cidr"].to_string())
 }
 
+fn subnet_uid(node: &str) -> String {
+    kubectl_ok(&["get", "subnet", node, "-o", "jsonpath={.metadata.uid}"])
+}
+
+fn node_registers_again(_: &Cluster) {
+    let a = pod("again-a", "node-1", &[]).run();
+    let b = pod("again-b", "node-2", &[]).run();
+    let lease = subnet_uid("node-1");
+    // The Node object deleted while its pods run, and created again by its
+    // kubelet (which registers the node when it starts).
+    ok(&["stop-daemon", "node-1", "kubelet"]);
+    kubectl_ok(&["delete", "node", "node-1", "--wait=true"]);
+    ok(&["start-daemon", "node-1", "kubelet"]);
+    eventually("node-1 registered again and Ready", Duration::from_secs(120), || {
+        (node_ready("node-1") == Some(true)).then_some(())
+    });
+    assert_eq!(subnet_uid("node-1"), lease, "the node's lease was replaced");
+    // Traffic both ways, with nothing restarted by hand.
+    for (from, to, want) in [("again-b", &a, "again-a"), ("again-a", &b, "again-b")] {
+        let answer = eventually(&format!("{from} reaching {want}"), Duration::from_secs(30), || {
+            http_hostname(NS, from, &format!("{to}:{HTTP_PORT}"))
+        });
+        assert_eq!(answer, want);
+    }
+    let deletion = kubectl_ok(&["get", "subnet", "node-1", "-o", "jsonpath={.metadata.deletionTimestamp}"]);
+    assert!(deletion.trim().is_empty(), "node-1's lease is being withdrawn: {deletion}");
+    delete_pods(NS, &["again-a", "again-b"]);
+}
+
 fn replace_node(_: &Cluster) {
     assert!(subnet_of("node-2").is_some(), "node-2 has a Subnet");
     ok(&["del-node", "node-2"]);
-    eventually("node-2's Subnet released", Duration::from_secs(60), || subnet_of("node-2").is_none().then_some(()));
     let out = ok(&["add-node"]);
     let new = out.split_whitespace().next().expect("add-node names the node").to_owned();
     assert!(subnet_of(&new).is_some(), "{new} got a Subnet");
@@ -286,6 +316,10 @@ fn replace_node(_: &Cluster) {
     });
     assert_eq!(answer, "after-a");
     delete_pods(NS, &["after-a", "after-b"]);
+    // The lease of a node gone for the operator's grace period (60 s by
+    // default: a node registering again keeps it) is withdrawn, and its block
+    // let go once its silent agent has not answered for 15 s.
+    eventually("node-2's Subnet released", Duration::from_secs(150), || subnet_of("node-2").is_none().then_some(()));
 }
 
 fn uninstall(cluster: &Cluster) {

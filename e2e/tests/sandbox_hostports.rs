@@ -249,6 +249,30 @@ fn host_ports_are_unique_freed_and_never_leaked() {
     assert_eq!(host_port_rules("node-2").len(), 100, "a failed ADD left rules behind");
     assert!(allocation_of("greedy").is_none());
 
+    // The annotation only works in namespaces a cluster admin opened: pod
+    // authors elsewhere cannot take node ports with it.
+    ok(&["kubectl", "create", "namespace", "closed"]);
+    let (success, out) =
+        run(&["add-pod", "sneaky", "-n", "closed", "--node", "node-2", "-a", "weft.dev/host-ports=80"]);
+    assert!(
+        !success
+            && out.contains("\"code\":7")
+            && out.contains("namespace closed does not allow automatic host ports")
+            && out.contains("kubectl label namespace closed weft.dev/host-ports=allowed"),
+        "{out}"
+    );
+    let event = wait::until("an Event on the refused pod", Duration::from_secs(30), || {
+        let events = ok(&["kubectl", "get", "events", "-n", "closed", "-o", "json"]);
+        let events: Value = serde_json::from_str(&events).ok()?;
+        events["items"].as_array().and_then(|e| e.iter().find(|e| e["involvedObject"]["name"] == "sneaky")).cloned()
+    });
+    assert_eq!(event["reason"], "HostPortsNotAllowed", "{event}");
+    assert_eq!(host_port_rules("node-2").len(), 100, "a refused ADD left rules behind");
+    ok(&["kubectl", "label", "namespace", "closed", "weft.dev/host-ports=allowed"]);
+    ok(&["add-pod", "opened", "-n", "closed", "--node", "node-2", "-a", "weft.dev/host-ports=80"]);
+    assert_eq!(host_port_rules("node-2").len(), 102, "the opted-in namespace's pod got its port");
+    ok(&["del-pod", "opened", "-n", "closed"]);
+
     // Deleting pods removes their rules and frees their ports for reuse.
     for name in &names[..10] {
         ok(&["del-pod", name]);

@@ -18,7 +18,7 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use prometheus_client::metrics::gauge::Gauge;
 use serde_json::json;
-use weft_api::subnet::{Backend, CONDITION_READY, LEASE_FINALIZER, Subnet};
+use weft_api::subnet::{Backend, CONDITION_READY, LEASE_FINALIZER, REASON_LEASE_WITHDRAWN, Subnet};
 
 /// Field manager of everything the agent writes.
 pub const FIELD_MANAGER: &str = "weft-agent";
@@ -225,7 +225,7 @@ pub async fn hold(h: Holder, addresses_in_use: impl Fn() -> usize) -> String {
                     if subnet.is_some() {
                         let message = format!("{why}; {in_use} pod addresses still in use, no new pods attached");
                         if let Err(e) =
-                            publish_status(&h.api, &h.node, &h.facts, ("False", "LeaseWithdrawn", &message)).await
+                            publish_status(&h.api, &h.node, &h.facts, ("False", REASON_LEASE_WITHDRAWN, &message)).await
                         {
                             tracing::warn!(error = %e, "cannot report the withdrawn lease in the Subnet");
                         }

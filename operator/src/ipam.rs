@@ -205,4 +205,76 @@ mod tests {
         assert!(!overlaps(&net("10.0.1.0/24"), &net("10.0.2.0/24")));
         assert!(!overlaps(&net("10.0.0.0/8"), &net("::/0")));
     }
+
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        #[derive(Debug, Clone)]
+        enum Op {
+            Lease,
+            Release(usize),
+            /// A Subnet made by someone else: (offset in the pool, extra prefix bits).
+            Foreign(u32, u8),
+        }
+
+        fn ops() -> impl Strategy<Value = Vec<Op>> {
+            let op = prop_oneof![
+                5 => Just(Op::Lease),
+                2 => any::<usize>().prop_map(Op::Release),
+                1 => (any::<u32>(), 0u8..8).prop_map(|(o, p)| Op::Foreign(o, p)),
+            ];
+            prop::collection::vec(op, 1..80)
+        }
+
+        proptest! {
+            /// Under any sequence of leases, releases and foreign Subnets: a
+            /// lease lies in the pool, has the node prefix, overlaps nothing
+            /// in use, and `None` means no aligned block is free (checked by
+            /// trying every block).
+            #[test]
+            fn leases_never_overlap_leave_the_pool_or_miss_free_space(
+                base in any::<u32>(),
+                cluster_prefix in 16u8..=28,
+                bits in 0u8..=4,
+                ops in ops(),
+            ) {
+                let node_prefix = cluster_prefix + bits;
+                let cluster = IpNet::new(IpAddr::V4(base.into()), cluster_prefix).expect("prefix").trunc();
+                let pool = Pool::new(cluster, node_prefix).expect("pool");
+                let size = 1u64 << (32 - cluster_prefix);
+                let start = u64::from(u32::from(match cluster.network() { IpAddr::V4(v4) => v4, IpAddr::V6(_) => unreachable!() }));
+                let (mut leases, mut foreign): (Vec<IpNet>, Vec<IpNet>) = (Vec::new(), Vec::new());
+                for op in ops {
+                    match op {
+                        Op::Lease => {
+                            let used: Vec<IpNet> = leases.iter().chain(&foreign).copied().collect();
+                            match pool.next_free(&used) {
+                                Some(n) => {
+                                    prop_assert!(pool.contains(&n), "{} outside {}", n, cluster);
+                                    prop_assert_eq!(n.prefix_len(), node_prefix);
+                                    prop_assert!(used.iter().all(|u| !overlaps(u, &n)), "{} overlaps {:?}", n, used);
+                                    leases.push(n);
+                                }
+                                None => {
+                                    for block in cluster.subnets(node_prefix).expect("blocks") {
+                                        prop_assert!(used.iter().any(|u| overlaps(u, &block)), "{} was free", block);
+                                    }
+                                }
+                            }
+                        }
+                        Op::Release(i) if !leases.is_empty() => {
+                            leases.remove(i % leases.len());
+                        }
+                        Op::Release(_) => {}
+                        Op::Foreign(offset, extra) => {
+                            let addr = (start + u64::from(offset) % size) as u32;
+                            let prefix = (cluster_prefix + extra).min(32);
+                            foreign.push(IpNet::new(IpAddr::V4(addr.into()), prefix).expect("prefix").trunc());
+                        }
+                    }
+                }
+            }
+        }
+    }
 }

@@ -32,7 +32,7 @@ use kube::{Resource, ResourceExt};
 use serde_json::json;
 use tokio::sync::Mutex;
 use weft_api::Subnet;
-use weft_api::subnet::{CONDITION_ALLOCATED, CONDITION_READY, LEASE_FINALIZER, SubnetSpec};
+use weft_api::subnet::{CONDITION_ALLOCATED, CONDITION_READY, LEASE_FINALIZER, REASON_LEASE_WITHDRAWN, SubnetSpec};
 
 use crate::config::Config;
 use crate::ipam::{Pool, overlaps};
@@ -565,15 +565,19 @@ async fn let_go_when_unused(ctx: &Context, subnet: &Subnet, node_present: bool) 
     }
     let name = subnet.name_any();
     let pods = pods_in_block(ctx, subnet).await?;
-    let agent_used = subnet.status.as_ref().is_some_and(|s| s.conditions.iter().any(|c| c.type_ == CONDITION_READY));
+    let ready = subnet.status.as_ref().and_then(|s| s.conditions.iter().find(|c| c.type_ == CONDITION_READY));
+    let agent = match ready {
+        None => Agent::NeverUsed,
+        Some(c) if c.reason == REASON_LEASE_WITHDRAWN => Agent::Draining,
+        Some(_) => Agent::Silent,
+    };
     let withdrawn_for = subnet.metadata.deletion_timestamp.as_ref().map_or(Duration::ZERO, |t| {
         Duration::from_secs(u64::try_from(Timestamp::now().as_second() - t.0.as_second()).unwrap_or(0))
     });
     let grace = ctx.config.release_grace();
-    if let Err(waiting) = may_let_go(node_present, agent_used, pods, withdrawn_for, grace) {
+    if let Err(waiting) = may_let_go(node_present, agent, pods, withdrawn_for, grace) {
         tracing::info!(subnet = %name, cidr = %subnet.spec.cidr, "withdrawn lease kept: {waiting}");
-        let recheck = grace.saturating_sub(withdrawn_for).max(Duration::from_secs(5));
-        return Ok(Action::requeue(recheck));
+        return Ok(Action::requeue(Duration::from_secs(5)));
     }
     let remaining: Vec<&String> = subnet.finalizers().iter().filter(|f| *f != LEASE_FINALIZER).collect();
     let patch = json!({"metadata": {"resourceVersion": subnet.resource_version(), "finalizers": remaining}});
@@ -598,14 +602,30 @@ async fn pods_in_block(ctx: &Context, subnet: &Subnet) -> Result<usize, Error> {
         .count())
 }
 
+/// What the Subnet's `Ready` condition says about the node's agent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Agent {
+    /// No agent ever published it: no pod got an address from the block.
+    NeverUsed,
+    /// The agent saw the withdrawal and lets go once its pods are gone.
+    Draining,
+    /// The agent used the lease and has not (yet) answered the withdrawal.
+    Silent,
+}
+
+/// How long a gone node's agent has to answer a withdrawal before the
+/// operator takes it for dead; a live agent answers within a second or two.
+const ANSWER_WAIT: Duration = Duration::from_secs(15);
+
 /// Whether the block of a withdrawn lease may be let go; `Err` says what is
 /// still waited for. A node's agent lets go itself once its pods are gone;
 /// the operator steps in only for a node without a working agent: one that
-/// is gone (after giving its agent `grace` to answer) or whose agent never
-/// used the lease. Either way no pod in the API may hold an address in it.
+/// is gone (after giving a draining agent `grace`, a silent one
+/// [`ANSWER_WAIT`]) or whose agent never used the lease. Either way no pod
+/// in the API may hold an address in it.
 fn may_let_go(
     node_present: bool,
-    agent_used: bool,
+    agent: Agent,
     pods_in_block: usize,
     withdrawn_for: Duration,
     grace: Duration,
@@ -613,13 +633,17 @@ fn may_let_go(
     if pods_in_block > 0 {
         return Err(format!("{pods_in_block} pods on its node still have addresses in it"));
     }
-    if node_present && agent_used {
-        return Err("the node's agent lets it go once its pods are gone".into());
+    match agent {
+        Agent::NeverUsed => Ok(()),
+        _ if node_present => Err("the node's agent lets it go once its pods are gone".into()),
+        Agent::Draining if withdrawn_for < grace => {
+            Err(format!("the node is gone and its agent is letting go; it has {grace:?} to finish"))
+        }
+        Agent::Silent if withdrawn_for < ANSWER_WAIT => {
+            Err(format!("the node is gone; its agent has {ANSWER_WAIT:?} to answer"))
+        }
+        Agent::Draining | Agent::Silent => Ok(()),
     }
-    if agent_used && withdrawn_for < grace {
-        return Err(format!("the node is gone; its agent has {grace:?} to let go itself"));
-    }
-    Ok(())
 }
 
 /// Only touch Subnets inside our pool, so that operators with other pools
@@ -672,21 +696,26 @@ mod tests {
 
     #[test]
     fn a_withdrawn_block_is_let_go_only_when_nobody_can_use_it() {
+        use Agent::*;
         let grace = Duration::from_secs(60);
-        let (short, long) = (Duration::from_secs(5), Duration::from_secs(61));
+        let (short, middle, long) = (Duration::from_secs(5), Duration::from_secs(20), Duration::from_secs(61));
         // Pods in the API with addresses in the block: never.
-        for (present, used, after) in
-            [(true, true, long), (false, true, long), (false, false, long), (true, false, short)]
-        {
-            assert!(may_let_go(present, used, 1, after, grace).is_err());
+        for agent in [NeverUsed, Draining, Silent] {
+            for present in [true, false] {
+                assert!(may_let_go(present, agent, 1, long, grace).is_err(), "{agent:?} {present}");
+            }
         }
         // A live node whose agent used it: only the agent lets go.
-        assert!(may_let_go(true, true, 0, long, grace).is_err());
-        // A gone node's agent gets the grace period first.
-        assert!(may_let_go(false, true, 0, short, grace).is_err());
-        assert!(may_let_go(false, true, 0, long, grace).is_ok());
+        assert!(may_let_go(true, Draining, 0, long, grace).is_err());
+        assert!(may_let_go(true, Silent, 0, long, grace).is_err());
+        // A gone node: a draining agent gets the grace period, a silent one
+        // a short while to answer.
+        assert!(may_let_go(false, Draining, 0, middle, grace).is_err());
+        assert!(may_let_go(false, Draining, 0, long, grace).is_ok());
+        assert!(may_let_go(false, Silent, 0, short, grace).is_err());
+        assert!(may_let_go(false, Silent, 0, middle, grace).is_ok());
         // No agent ever used it: nothing to wait for.
-        assert!(may_let_go(true, false, 0, short, grace).is_ok());
-        assert!(may_let_go(false, false, 0, short, grace).is_ok());
+        assert!(may_let_go(true, NeverUsed, 0, short, grace).is_ok());
+        assert!(may_let_go(false, NeverUsed, 0, short, grace).is_ok());
     }
 }

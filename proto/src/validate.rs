@@ -115,4 +115,31 @@ mod tests {
         assert!(err.contains("K8S_POD_NAME") && err.contains("DNS-1123"), "{err}");
         assert!(!ok("K8S_POD_UID", "a;b"));
     }
+
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        proptest! {
+            /// Whatever a runtime passes: no panic, and what is accepted can
+            /// go into a path, a rule or a log line as it is.
+            #[test]
+            fn accepted_values_carry_no_separator_quote_or_control_character(s in "\\PC{0,80}|[a-zA-Z0-9_.:/ '\"-]{0,20}") {
+                let safe = |v: &str| v.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'));
+                if container_id(&s).is_ok() || network_name(&s).is_ok() {
+                    prop_assert!(safe(&s) && !s.is_empty(), "{:?}", s);
+                }
+                if ifname(&s).is_ok() {
+                    prop_assert!(!s.contains('/') && s.len() <= 15 && s != "." && s != "..", "{:?}", s);
+                }
+                for key in ["K8S_POD_NAMESPACE", "K8S_POD_NAME", "K8S_POD_UID"] {
+                    if k8s_args([(key, s.as_str())]).is_ok() {
+                        prop_assert!(safe(&s), "{} {:?}", key, s);
+                    } else {
+                        prop_assert!(k8s_args([(key, s.as_str())]).unwrap_err().contains(key));
+                    }
+                }
+            }
+        }
+    }
 }

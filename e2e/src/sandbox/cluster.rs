@@ -177,6 +177,14 @@ async fn build(nodes: usize, backend: &str) -> anyhow::Result<Parts> {
         Err(kube::Error::Api(s)) if s.code == 409 => {}
         Err(e) => return Err(e).context("creating kube-system"),
     }
+    // The sandbox's admin lets pods of `default` use automatic host ports.
+    let opt_in = json!({"metadata": {"labels": {
+        weft_api::host_port::NAMESPACE_OPT_IN_LABEL: weft_api::host_port::NAMESPACE_OPT_IN_VALUE,
+    }}});
+    namespaces
+        .patch("default", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&opt_in))
+        .await
+        .context("allowing automatic host ports in namespace default")?;
 
     let in_cluster = cp.in_namespace_kubeconfig();
     let mut children = Vec::new();
@@ -185,6 +193,8 @@ async fn build(nodes: usize, backend: &str) -> anyhow::Result<Parts> {
         &format!("--cluster-cidr={CLUSTER_CIDR}"),
         &format!("--backend={backend}"),
         "--metrics-addr=0.0.0.0:9090",
+        // del-node removes a node for good: no need to wait for it to return.
+        "--release-grace-seconds=1",
     ]);
     children.push(process::spawn_tied(op, &dir.join("operator.log"))?);
 

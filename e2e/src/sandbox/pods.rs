@@ -298,11 +298,15 @@ fn least_loaded(state: &State) -> String {
 }
 
 /// The namespace and its `default` ServiceAccount (the sandbox runs no
-/// controller-manager to create it, and Pod admission requires it).
+/// controller-manager to create it, and Pod admission requires it). A
+/// namespace made here allows automatic host ports, as the sandbox's admin;
+/// one that exists already is left as it is.
 async fn ensure_namespace(client: &kube::Client, name: &str) -> anyhow::Result<()> {
     let api = Api::<Namespace>::all(client.clone());
     if api.get_opt(name).await?.is_none() {
-        let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}}))?;
+        let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name, "labels": {
+            weft_api::host_port::NAMESPACE_OPT_IN_LABEL: weft_api::host_port::NAMESPACE_OPT_IN_VALUE,
+        }}}))?;
         api.create(&PostParams::default(), &ns).await.with_context(|| format!("creating namespace {name}"))?;
     }
     let sas = Api::<ServiceAccount>::namespaced(client.clone(), name);

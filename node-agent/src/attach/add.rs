@@ -202,6 +202,17 @@ impl Agent {
                 pod_id.uid = pod.metadata.uid.clone().unwrap_or_default();
             }
             let auto = request::from_pod(&pod).map_err(|e| self.host_port_failure(&pod_id, HostPortError::from(e)))?;
+            if !auto.is_empty() {
+                let labels = kube
+                    .pods
+                    .namespace_labels(&pod_id.namespace)
+                    .await
+                    .map_err(|e| AttachError::TryAgain(e.to_string()))?;
+                if !request::namespace_allows(labels.as_ref()) {
+                    let refused = request::RequestError::NotAllowed { namespace: pod_id.namespace.clone() };
+                    return Err(self.host_port_failure(&pod_id, HostPortError::from(refused)));
+                }
+            }
             wanted.extend(auto);
         }
         Ok((pod_id, wanted))
@@ -210,6 +221,7 @@ impl Agent {
     /// The CNI error for a host port failure, also recorded as an Event on the pod.
     fn host_port_failure(&self, pod_id: &PodIdentity, e: HostPortError) -> AttachError {
         let reason = match &e {
+            HostPortError::Request(request::RequestError::NotAllowed { .. }) => "HostPortsNotAllowed",
             HostPortError::Request(_) => "InvalidHostPorts",
             HostPortError::Store(hostport::StoreError::Exhausted { .. }) => "HostPortsExhausted",
             HostPortError::Store(hostport::StoreError::Conflict { .. }) => "HostPortConflict",

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::Api;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
@@ -33,6 +33,21 @@ impl PodCache {
         let store =
             weft_api::watch::reflect(Api::<Pod>::all(client.clone()), config, "Pod", weft_api::watch::keep_all, None);
         Self { client, store }
+    }
+
+    /// The labels of namespace `name` (read when a pod asks for automatic
+    /// host ports, which its namespace must allow).
+    pub async fn namespace_labels(
+        &self,
+        name: &str,
+    ) -> Result<Option<std::collections::BTreeMap<String, String>>, PodLookupError> {
+        let api = Api::<Namespace>::all(self.client.clone());
+        let what = format!("namespace {name}");
+        match tokio::time::timeout(GET_TIMEOUT, api.get_opt(name)).await {
+            Err(_) => Err(PodLookupError::Timeout(what, GET_TIMEOUT)),
+            Ok(Err(e)) => Err(PodLookupError::Api(what, e)),
+            Ok(Ok(ns)) => Ok(ns.and_then(|n| n.metadata.labels)),
+        }
     }
 
     /// The pod `namespace/name`; with `uid`, only that incarnation of it.

@@ -9,6 +9,12 @@ use serde::Deserialize;
 use weft_api::Protocol;
 
 pub use weft_api::host_port::PORTS_ANNOTATION;
+use weft_api::host_port::{NAMESPACE_OPT_IN_LABEL, NAMESPACE_OPT_IN_VALUE};
+
+/// Whether a namespace with these labels lets its pods use the annotation.
+pub fn namespace_allows(labels: Option<&std::collections::BTreeMap<String, String>>) -> bool {
+    labels.and_then(|l| l.get(NAMESPACE_OPT_IN_LABEL)).is_some_and(|v| v == NAMESPACE_OPT_IN_VALUE)
+}
 
 /// One port the pod wants reachable from outside.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,6 +35,10 @@ pub enum RequestError {
     Annotation { entry: String, reason: String },
     #[error("runtimeConfig.portMappings: {0}")]
     PortMappings(String),
+    #[error(
+        "pod annotation {PORTS_ANNOTATION}: namespace {namespace} does not allow automatic host ports; a cluster admin allows them with `kubectl label namespace {namespace} {NAMESPACE_OPT_IN_LABEL}={NAMESPACE_OPT_IN_VALUE}`"
+    )]
+    NotAllowed { namespace: String },
 }
 
 fn protocol_of(s: &str) -> Option<Protocol> {
@@ -141,6 +151,17 @@ pub fn from_runtime_config(config_json: &[u8]) -> Result<Vec<Wanted>, RequestErr
 mod tests {
     use super::*;
 
+    #[test]
+    fn only_namespaces_labelled_allowed_open_the_annotation() {
+        let labels = |pairs: &[(&str, &str)]| -> std::collections::BTreeMap<String, String> {
+            pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        };
+        assert!(namespace_allows(Some(&labels(&[("weft.dev/host-ports", "allowed")]))));
+        assert!(!namespace_allows(None));
+        assert!(!namespace_allows(Some(&labels(&[("weft.dev/host-ports", "true")]))));
+        assert!(!namespace_allows(Some(&labels(&[("other", "allowed")]))));
+    }
+
     fn pod(annotation: &str) -> Pod {
         serde_json::from_value(serde_json::json!({
             "metadata": {"name": "web", "annotations": {PORTS_ANNOTATION: annotation}},
@@ -209,5 +230,45 @@ mod tests {
         assert_eq!(from_runtime_config(b"{}").unwrap(), vec![]);
         let bad = br#"{"runtimeConfig":{"portMappings":[{"hostPort":0,"containerPort":80}]}}"#;
         assert!(from_runtime_config(bad).unwrap_err().to_string().contains("hostPort 0"));
+    }
+
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        proptest! {
+            /// Any annotation text: no panic; what is accepted names declared
+            /// ports (by name) or a valid port number.
+            #[test]
+            fn any_annotation_resolves_or_is_refused(text in "\\PC{0,60}|[a-z0-9/, -]{0,40}") {
+                if let Ok(wanted) = from_pod(&pod(&text)) {
+                    for w in wanted {
+                        prop_assert!(w.container_port > 0 && w.host_port.is_none());
+                        if let Some(name) = &w.name {
+                            prop_assert!(["http", "dns", "dns-tcp"].contains(&name.as_str()), "{}", name);
+                        }
+                    }
+                }
+            }
+
+            /// Any runtime portMappings: no panic; accepted ports are 1-65535.
+            #[test]
+            fn any_port_mappings_decode_or_are_refused(
+                container in any::<i64>(), host in any::<i64>(),
+                protocol in "\\PC{0,6}|tcp|UDP", host_ip in "\\PC{0,16}|10[.]0[.]0[.][0-9]{1,3}",
+                garbage in prop::collection::vec(any::<u8>(), 0..64),
+            ) {
+                let conf = serde_json::json!({"runtimeConfig": {"portMappings": [
+                    {"containerPort": container, "hostPort": host, "protocol": protocol, "hostIP": host_ip},
+                    {"ContainerPort": container, "HostPort": host},
+                ]}});
+                if let Ok(wanted) = from_runtime_config(conf.to_string().as_bytes()) {
+                    for w in wanted {
+                        prop_assert!(w.container_port > 0 && w.host_port.is_some_and(|p| p > 0));
+                    }
+                }
+                let _ = from_runtime_config(&garbage);
+            }
+        }
     }
 }

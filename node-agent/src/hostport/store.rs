@@ -337,4 +337,106 @@ mod tests {
         ports.dedup();
         assert_eq!(ports.len(), 100);
     }
+
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        const SMALL: PortRange = PortRange { first: 30000, last: 30007 };
+        const IPS: [Option<Ipv4Addr>; 3] = [None, Some(Ipv4Addr::new(10, 0, 0, 1)), Some(Ipv4Addr::new(10, 0, 0, 2))];
+
+        fn wanted() -> impl Strategy<Value = Wanted> {
+            (any::<bool>(), prop::option::of(0u16..10), 0usize..3).prop_map(|(udp, fixed, ip)| Wanted {
+                protocol: if udp { Protocol::Udp } else { Protocol::Tcp },
+                container_port: 80,
+                // Fixed ports partly outside the range, as spec hostPorts may be.
+                host_port: fixed.map(|o| SMALL.first - 1 + o),
+                // Only fixed ports name an address (the annotation has none).
+                host_ip: fixed.and(IPS[ip]),
+                name: None,
+            })
+        }
+
+        #[derive(Debug, Clone)]
+        enum Op {
+            Allocate(Vec<Wanted>),
+            Release(usize),
+        }
+
+        fn ops() -> impl Strategy<Value = Vec<Op>> {
+            let op = prop_oneof![
+                3 => prop::collection::vec(wanted(), 1..4).prop_map(Op::Allocate),
+                1 => any::<usize>().prop_map(Op::Release),
+            ];
+            prop::collection::vec(op, 1..60)
+        }
+
+        fn clash(a: &Mapping, b: &Mapping) -> bool {
+            (a.protocol, a.host_port) == (b.protocol, b.host_port) && addresses_overlap(a.host_ip, b.host_ip)
+        }
+
+        proptest! {
+            /// Under any sequence of ADDs and DELs (with a port bound by a
+            /// host process): no two mappings clash, automatic ports stay in
+            /// the range, a failed allocation changes nothing, and exhaustion
+            /// is reported only when the range has no room for the request.
+            #[test]
+            fn host_ports_are_never_handed_out_twice(ops in ops(), bound_port in 0u16..8) {
+                let store = Store::new(SMALL, Vec::new());
+                let bound = |_: Protocol, p: u16| p == SMALL.first + bound_port;
+                let mut live: Vec<Key> = Vec::new();
+                for (n, op) in ops.into_iter().enumerate() {
+                    match op {
+                        Op::Allocate(wanted) => {
+                            let id = format!("c{n}");
+                            let before = store.all();
+                            match store.allocate(&key(&id), alloc(&id), &wanted, bound) {
+                                Ok(a) => {
+                                    prop_assert_eq!(a.ports.len(), wanted.len());
+                                    for m in a.ports.iter().filter(|m| m.auto) {
+                                        prop_assert!(SMALL.contains(m.host_port), "{:?} outside the range", m);
+                                        prop_assert!(!bound(m.protocol, m.host_port));
+                                    }
+                                    live.push(key(&id));
+                                }
+                                Err(e) => {
+                                    prop_assert_eq!(&store.all(), &before, "a failed allocation changed the index");
+                                    if let StoreError::Exhausted { protocol, .. } = e {
+                                        // Automatic ports are on every address: a port is
+                                        // free for them when nobody uses it at all.
+                                        let in_use: Vec<u16> = before
+                                            .iter()
+                                            .flat_map(|a| a.ports.clone())
+                                            .filter(|m| m.protocol == protocol)
+                                            .map(|m| m.host_port)
+                                            .chain(wanted.iter().filter(|w| w.protocol == protocol).filter_map(|w| w.host_port))
+                                            .collect();
+                                        let free = (SMALL.first..=SMALL.last)
+                                            .filter(|p| !bound(protocol, *p) && !in_use.contains(p))
+                                            .count();
+                                        let asked =
+                                            wanted.iter().filter(|w| w.protocol == protocol && w.host_port.is_none()).count();
+                                        prop_assert!(free < asked, "exhausted with {} free for {} wanted", free, asked);
+                                    }
+                                }
+                            }
+                        }
+                        Op::Release(i) if !live.is_empty() => {
+                            let k = live.remove(i % live.len());
+                            prop_assert!(store.release(&k).is_some());
+                            prop_assert!(store.release(&k).is_none(), "released twice");
+                        }
+                        Op::Release(_) => {}
+                    }
+                    let all: Vec<(Key, Mapping)> =
+                        store.all().into_iter().flat_map(|a| a.ports.iter().map(|m| (a.key(), m.clone())).collect::<Vec<_>>()).collect();
+                    for (i, (ka, a)) in all.iter().enumerate() {
+                        for (kb, b) in &all[i + 1..] {
+                            prop_assert!(!clash(a, b), "{:?} of {:?} clashes with {:?} of {:?}", a, ka, b, kb);
+                        }
+                    }
+                }
+            }
+        }
+    }
 }
