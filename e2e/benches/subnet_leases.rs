@@ -1,5 +1,6 @@
 //! Time from Node creation to an allocated Subnet, for 1 node and for 500
-//! nodes created at once, and the operator's memory at 500 nodes.
+//! nodes created at once, and the operator's memory at 500 nodes, then with
+//! 5,000 pods as well.
 //!
 //! Run with `e2e/bench.sh` (release binaries) or
 //! `cargo bench -p weft-e2e --bench subnet_leases`. Starts its own control
@@ -21,6 +22,7 @@ use weft_e2e::control_plane::{ControlPlane, install_crds, tools_dir, tools_prese
 
 const SINGLE_RUNS: usize = 10;
 const BULK_NODES: usize = 500;
+const PODS: usize = 5000;
 
 fn main() {
     if !weft_e2e::prereq::require(&format!("kube-apiserver and etcd in {}", tools_dir().display()), tools_present()) {
@@ -143,6 +145,8 @@ async fn bench(cp: &ControlPlane) {
     };
     bulk.sort();
     let rss_500 = op.rss_kib().unwrap_or(0);
+    let pods_took = with_pods(&client, &names).await;
+    let rss_pods = op.rss_kib().unwrap_or(0);
 
     println!();
     println!("Subnet leases: node created -> Subnet Allocated (real kube-apiserver + etcd on loopback)");
@@ -168,6 +172,62 @@ async fn bench(cp: &ControlPlane) {
     println!("|-----------------------------|------------|");
     println!("| after 1 node                | {rss_idle:>10} |");
     println!("| at {} nodes               | {rss_500:>10} |", BULK_NODES + SINGLE_RUNS + 1);
+    println!("| and {PODS} pods              | {rss_pods:>10} |");
+    println!("(creating the {PODS} pods and the operator counting them in a policy took {})", ms(pods_took));
 
     drop(op);
+}
+
+/// Creates PODS pods spread over `nodes` (Pending: no kubelet runs here),
+/// each shaped like a Deployment's pod: two containers with env, resources
+/// and probes, labels, and kubectl's last-applied annotation. Returns once a
+/// weft.dev NetworkPolicy selecting them all counts every one (so the
+/// operator's pod caches hold them); returns how long that took.
+async fn with_pods(client: &Client, nodes: &[String]) -> Duration {
+    use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
+    use weft_api::NetworkPolicy;
+    let start = Instant::now();
+    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), "default");
+    let account: ServiceAccount = serde_json::from_value(json!({"metadata": {"name": "default"}})).expect("account");
+    let _ = accounts.create(&PostParams::default(), &account).await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let container = |name: &str| {
+        json!({"name": name, "image": "registry.example.com/shop/web:1.2.3",
+            "env": (0..10).map(|i| json!({"name": format!("SETTING_{i}"), "value": "a-typical-value"})).collect::<Vec<_>>(),
+            "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "256Mi"}},
+            "ports": [{"name": "http", "containerPort": 8080}],
+            "readinessProbe": {"httpGet": {"path": "/healthz", "port": 8080}},
+            "livenessProbe": {"httpGet": {"path": "/healthz", "port": 8080}}})
+    };
+    stream::iter(0..PODS)
+        .map(|i| {
+            let pods = pods.clone();
+            let pod: Pod = serde_json::from_value(json!({
+                "metadata": {"name": format!("bench-pod-{i}"),
+                    "labels": {"app": format!("app-{}", i % 50), "tier": "web", "pod-template-hash": "5d8c7b9f6c"},
+                    "annotations": {"kubectl.kubernetes.io/last-applied-configuration": "x".repeat(1024)}},
+                "spec": {"nodeName": nodes[i % nodes.len()], "containers": [container("web"), container("sidecar")]},
+            }))
+            .expect("pod");
+            async move { pods.create(&PostParams::default(), &pod).await.expect("create pod") }
+        })
+        .buffer_unordered(32)
+        .for_each(|_| async {})
+        .await;
+    let policies: Api<NetworkPolicy> = Api::namespaced(client.clone(), "default");
+    let policy: NetworkPolicy = serde_json::from_value(json!({
+        "apiVersion": "weft.dev/v1alpha1", "kind": "NetworkPolicy", "metadata": {"name": "bench-all"},
+        "spec": {"podSelector": {}, "priority": 100, "ingress": [], "egress": []},
+    }))
+    .expect("policy");
+    policies.create(&PostParams::default(), &policy).await.expect("create policy");
+    let deadline = Instant::now() + Duration::from_secs(600);
+    loop {
+        let counted = policies.get("bench-all").await.ok().and_then(|p| p.status).map_or(0, |s| s.selected_pods);
+        if counted as usize == PODS {
+            return start.elapsed();
+        }
+        assert!(Instant::now() < deadline, "the operator counted {counted} of {PODS} pods");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }

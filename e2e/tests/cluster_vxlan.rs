@@ -306,6 +306,12 @@ fn node_registers_again(_: &Cluster) {
 fn replace_node(_: &Cluster) {
     assert!(subnet_of("node-2").is_some(), "node-2 has a Subnet");
     ok(&["del-node", "node-2"]);
+    // The lease of a node gone for the operator's grace period (60 s by
+    // default: a node registering again keeps it) is withdrawn, and its block
+    // let go once its silent agent has not answered for 15 s. Only then is a
+    // node added (it takes the lowest free name, node-2 again, which would
+    // otherwise keep the lease).
+    eventually("node-2's Subnet released", Duration::from_secs(180), || subnet_of("node-2").is_none().then_some(()));
     let out = ok(&["add-node"]);
     let new = out.split_whitespace().next().expect("add-node names the node").to_owned();
     assert!(subnet_of(&new).is_some(), "{new} got a Subnet");
@@ -316,10 +322,6 @@ fn replace_node(_: &Cluster) {
     });
     assert_eq!(answer, "after-a");
     delete_pods(NS, &["after-a", "after-b"]);
-    // The lease of a node gone for the operator's grace period (60 s by
-    // default: a node registering again keeps it) is withdrawn, and its block
-    // let go once its silent agent has not answered for 15 s.
-    eventually("node-2's Subnet released", Duration::from_secs(150), || subnet_of("node-2").is_none().then_some(()));
 }
 
 fn uninstall(cluster: &Cluster) {

@@ -5,6 +5,7 @@ pub mod hostports;
 pub mod ipam;
 pub mod leader;
 pub mod metrics;
+pub mod pods;
 pub mod policies;
 pub mod run;
 pub mod subnets;

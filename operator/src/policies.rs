@@ -43,7 +43,7 @@ struct Ctx {
 }
 
 /// Pods a policy can select: addressed by the pod network and not finished.
-fn counts(pod: &Pod) -> bool {
+pub fn counts(pod: &Pod) -> bool {
     let host_network = pod.spec.as_ref().and_then(|s| s.host_network).unwrap_or(false);
     let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
     !host_network && !matches!(phase, Some("Succeeded" | "Failed"))
@@ -145,6 +145,7 @@ pub async fn run(client: Client, metrics: Arc<Metrics>, term: Term) {
     let (pods, writer) = reflector::store();
     let triggers = watcher(pods_api, watcher::Config::default())
         .default_backoff()
+        .modify(crate::pods::trim)
         .reflect(writer)
         .touched_objects()
         .filter_map(|r| {

@@ -37,6 +37,13 @@ enum Cmd {
     AddNode,
     /// Remove a node: agent, Node object, namespace.
     DelNode { name: String },
+    /// Restart the operator replica that holds the leader Lease (the other
+    /// one takes over); prints its name.
+    RestartLeader {
+        /// SIGKILL instead of a clean shutdown.
+        #[arg(long)]
+        kill: bool,
+    },
     /// Restart a node's agent.
     RestartAgent {
         node: String,
@@ -156,6 +163,10 @@ fn main() -> anyhow::Result<()> {
             println!("{} {} {}", n.name, n.ip, n.netns);
         }
         Cmd::DelNode { name } => rt.block_on(weft_e2e::sandbox::nodes::remove(&name))?,
+        Cmd::RestartLeader { kill } => {
+            let replica = rt.block_on(weft_e2e::sandbox::operators::restart_leader(&State::load()?, kill))?;
+            println!("{}", replica.as_deref().unwrap_or("none"));
+        }
         Cmd::RestartAgent { node, kill } => {
             let pid = weft_e2e::sandbox::nodes::restart_agent(&State::load()?, &node, kill)?;
             println!("{pid}");

@@ -13,8 +13,7 @@ use kube::api::{Api, PostParams};
 use serde_json::json;
 use weft_api::subnet::Subnet;
 
-use super::{CLUSTER_CIDR, CP_IP, CP_NS, FORWARD_PORT, NodeInfo, State, UNDERLAY_NS, ip, state_dir};
-use crate::bins;
+use super::{CP_IP, CP_NS, FORWARD_PORT, NodeInfo, State, UNDERLAY_NS, ip, state_dir};
 use crate::control_plane::{self, ControlPlane, Options, process};
 
 /// Held by the supervisor for its whole life: one sandbox per machine, and a
@@ -98,6 +97,9 @@ pub fn cleanup_leftovers() {
             super::nodes::stop_agent(&n.name);
         }
     }
+    for replica in super::operators::REPLICAS {
+        super::operators::stop(replica, true);
+    }
     for ns in super::existing_namespaces() {
         let _ = ip(&["netns", "del", &ns]);
     }
@@ -136,6 +138,9 @@ pub async fn supervise(nodes: usize, backend: &str) -> anyhow::Result<()> {
         for n in &state.nodes {
             super::nodes::stop_agent(&n.name);
         }
+    }
+    for replica in super::operators::REPLICAS {
+        super::operators::stop(replica, false);
     }
     cp.shutdown();
     cleanup_leftovers();
@@ -187,16 +192,8 @@ async fn build(nodes: usize, backend: &str) -> anyhow::Result<Parts> {
         .context("allowing automatic host ports in namespace default")?;
 
     let in_cluster = cp.in_namespace_kubeconfig();
-    let mut children = Vec::new();
-    let mut op = in_ns(CP_NS, &bins::weft("weft-operator"));
-    op.env("KUBECONFIG", &in_cluster).env("POD_NAME", "weft-operator-sandbox").args([
-        &format!("--cluster-cidr={CLUSTER_CIDR}"),
-        &format!("--backend={backend}"),
-        "--metrics-addr=0.0.0.0:9090",
-        // del-node removes a node for good: no need to wait for it to return.
-        "--release-grace-seconds=1",
-    ]);
-    children.push(process::spawn_tied(op, &dir.join("operator.log"))?);
+    let children = Vec::new();
+    super::operators::start_all(&client, &in_cluster, backend).await?;
 
     let mut infos = Vec::new();
     for i in 1..=nodes {

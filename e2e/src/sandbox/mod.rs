@@ -15,6 +15,7 @@
 pub mod cluster;
 pub mod forward;
 pub mod nodes;
+pub mod operators;
 pub mod pods;
 pub mod probe;
 pub mod testing;
@@ -143,4 +144,27 @@ pub fn apiserver_pid() -> anyhow::Result<i32> {
     let path = state_dir().join("apiserver.pid");
     let text = std::fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?;
     text.trim().parse().with_context(|| format!("bad pid in {}", path.display()))
+}
+
+/// The pid in a pidfile written when a detached process was started.
+pub fn read_pid(pidfile: &std::path::Path) -> Option<i32> {
+    std::fs::read_to_string(pidfile).ok().and_then(|p| p.trim().parse::<i32>().ok())
+}
+
+/// Stops the process of a pidfile (SIGTERM, up to 10 s, then SIGKILL; with
+/// `kill9` SIGKILL at once) and removes the pidfile.
+pub fn stop_by_pidfile(pidfile: &std::path::Path, kill9: bool) {
+    let Some(pid) = read_pid(pidfile) else { return };
+    if !kill9 {
+        // SAFETY: plain kill(2) of a process this sandbox started.
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        // SAFETY: signal 0 only checks for existence.
+        while unsafe { libc::kill(pid, 0) } == 0 && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+    // SAFETY: as above.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    let _ = std::fs::remove_file(pidfile);
 }

@@ -4,7 +4,6 @@
 
 use std::net::Ipv4Addr;
 use std::path::Path;
-use std::time::Duration;
 
 use anyhow::Context;
 use k8s_openapi::api::core::v1::Node;
@@ -79,32 +78,13 @@ pub fn start_agent(node: &NodeInfo, kubeconfig: &Path) -> anyhow::Result<u32> {
 
 /// Stops the node's agent (SIGTERM, then SIGKILL) if it runs.
 pub fn stop_agent(node: &str) {
-    let pidfile = state_dir().join(node).join("agent.pid");
-    let Some(pid) = std::fs::read_to_string(&pidfile).ok().and_then(|p| p.trim().parse::<i32>().ok()) else { return };
-    // SAFETY: plain kill(2) of the agent we started.
-    unsafe { libc::kill(pid, libc::SIGTERM) };
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    // SAFETY: signal 0 only checks for existence.
-    while unsafe { libc::kill(pid, 0) } == 0 && std::time::Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    // SAFETY: as above.
-    unsafe { libc::kill(pid, libc::SIGKILL) };
-    let _ = std::fs::remove_file(pidfile);
+    super::stop_by_pidfile(&state_dir().join(node).join("agent.pid"), false);
 }
 
 /// Restarts a node's agent (`kill9`: without letting it shut down cleanly).
 pub fn restart_agent(state: &State, node: &str, kill9: bool) -> anyhow::Result<u32> {
     let info = state.node(node)?;
-    if kill9 {
-        let pidfile = state_dir().join(node).join("agent.pid");
-        if let Some(pid) = std::fs::read_to_string(&pidfile).ok().and_then(|p| p.trim().parse::<i32>().ok()) {
-            // SAFETY: plain kill(2) of the agent we started.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
-        }
-    } else {
-        stop_agent(node);
-    }
+    super::stop_by_pidfile(&state_dir().join(node).join("agent.pid"), kill9);
     start_agent(info, &state.in_cluster_kubeconfig)
 }
 
