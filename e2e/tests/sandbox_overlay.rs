@@ -138,6 +138,21 @@ fn vxlan_cluster_connects_pods_across_nodes_and_follows_membership() {
         matches!(condition(&subnet("node-1"), "PeersProgrammed"), Some((s, _)) if s == "True").then_some(())
     });
     assert_all_allowed(&probe_all("tcp", "80"));
+
+    // A Subnet overlapping node-1's lease, injected while node-1 has pods:
+    // the newer one is withdrawn and let go; node-1 keeps its lease.
+    let lease1 = subnet("node-1");
+    let cidr1 = lease1["spec"]["cidr"].as_str().expect("cidr").to_owned();
+    let ghost = format!(
+        "apiVersion: weft.dev/v1alpha1\nkind: Subnet\nmetadata: {{name: ghost}}\nspec: {{nodeName: ghost, cidr: {cidr1}}}\n"
+    );
+    let (applied, out) = weft_e2e::sandbox::testing::try_apply(&ghost);
+    assert!(applied, "{out}");
+    wait::until("the injected overlapping Subnet to be let go", Duration::from_secs(30), || {
+        (!ok(&["kubectl", "get", "subnets", "-o", "name"]).contains("ghost")).then_some(())
+    });
+    assert_eq!(subnet("node-1")["metadata"]["uid"], lease1["metadata"]["uid"], "node-1's lease was replaced");
+    assert_all_allowed(&probe_all("tcp", "80"));
 }
 
 #[test]

@@ -217,28 +217,21 @@ async fn serve_batch(ctx: &Context, batch: Vec<AllocRequest>) {
         }
     };
     let (existing, fully_consistent) = existing;
-    let mut used: Vec<IpNet> = existing.iter().filter_map(|s| s.spec.cidr.parse().ok()).collect();
-    let mut in_pool = used.iter().filter(|n| ctx.pool.contains(n)).count() as u128;
+    let nodes: Vec<&str> = batch.iter().map(|r| r.node.as_str()).collect();
+    let (decisions, mut in_pool) = plan(&existing, &nodes, &ctx.pool, fully_consistent);
     let mut to_create = Vec::new();
     let mut retry = Vec::new();
-    for req in batch {
-        if let Some(own) = existing.iter().find(|s| s.name_any() == req.node) {
-            let _ = req.reply.send(Outcome::Exists(Box::new(own.clone())));
-            continue;
-        }
-        match ctx.pool.next_free(&used) {
-            Some(cidr) => {
-                used.push(cidr);
-                in_pool += 1;
+    for (req, decision) in batch.into_iter().zip(decisions) {
+        match decision {
+            Decision::Has(i) => {
+                let _ = req.reply.send(Outcome::Exists(Box::new(existing[i].clone())));
+            }
+            Decision::Lease(cidr) => {
                 let subnet = new_subnet(&req.node, cidr, &ctx.config);
                 to_create.push((req, subnet));
             }
-            None if !fully_consistent => {
-                // The cheap list may miss deletions by others: look again
-                // with a fully consistent list before reporting exhaustion.
-                retry.push(req);
-            }
-            None => {
+            Decision::LookAgain => retry.push(req),
+            Decision::Exhausted => {
                 ctx.waiting_for_space.store(true, Ordering::SeqCst);
                 let freed = ctx.deletions.load(Ordering::SeqCst) != deletions_before;
                 let _ = req.reply.send(Outcome::Exhausted { in_pool, space_freed_meanwhile: freed });
@@ -276,6 +269,47 @@ async fn serve_batch(ctx: &Context, batch: Vec<AllocRequest>) {
         *lock_rv(ctx) = None;
         Box::pin(serve_batch(ctx, retry)).await;
     }
+}
+
+/// What an allocation pass does for one waiting node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// The node has a Subnet already: `existing[i]` (also a withdrawn one,
+    /// which the node waits out).
+    Has(usize),
+    /// Lease this block.
+    Lease(IpNet),
+    /// No block is free in what was listed, but the list may have missed
+    /// deletions: list again fully consistently before reporting exhaustion.
+    LookAgain,
+    Exhausted,
+}
+
+/// The allocation plan, pure: for each waiting node in order, from every
+/// Subnet listed (withdrawn ones included: their blocks stay reserved until
+/// let go) and the pool. Also returns how many blocks of the pool are then
+/// in use.
+pub fn plan(existing: &[Subnet], nodes: &[&str], pool: &Pool, fully_consistent: bool) -> (Vec<Decision>, u128) {
+    let mut used: Vec<IpNet> = existing.iter().filter_map(|s| s.spec.cidr.parse().ok()).collect();
+    let mut in_pool = used.iter().filter(|n| pool.contains(n)).count() as u128;
+    let decisions = nodes
+        .iter()
+        .map(|node| {
+            if let Some(i) = existing.iter().position(|s| s.name_any() == *node) {
+                return Decision::Has(i);
+            }
+            match pool.next_free(&used) {
+                Some(cidr) => {
+                    used.push(cidr);
+                    in_pool += 1;
+                    Decision::Lease(cidr)
+                }
+                None if !fully_consistent => Decision::LookAgain,
+                None => Decision::Exhausted,
+            }
+        })
+        .collect();
+    (decisions, in_pool)
 }
 
 /// Lists all Subnets, at least as new as this replica's last write (what
@@ -694,6 +728,49 @@ mod tests {
         assert_eq!(s.spec.vni, None, "host-gw has no VNI");
     }
 
+    fn leased(node: &str, cidr: &str, withdrawn: bool) -> Subnet {
+        let cfg = Config::try_parse_from(["x"]).expect("config");
+        let mut s = new_subnet(node, cidr.parse().expect("cidr"), &cfg);
+        if withdrawn {
+            s.metadata.deletion_timestamp = Some(Time(Timestamp::now()));
+        }
+        s
+    }
+
+    #[test]
+    fn the_plan_keeps_leases_fills_holes_and_never_reuses_a_withdrawn_block() {
+        let pool = Pool::new("10.9.0.0/16".parse().expect("cidr"), 24).expect("pool");
+        let existing = [
+            leased("a", "10.9.0.0/24", false),
+            // Withdrawn but not let go: its block is still reserved.
+            leased("gone", "10.9.1.0/24", true),
+            leased("c", "10.9.3.0/24", false),
+        ];
+        let (decisions, in_pool) = plan(&existing, &["new1", "a", "new2", "gone", "new3"], &pool, true);
+        assert_eq!(
+            decisions,
+            [
+                Decision::Lease("10.9.2.0/24".parse().expect("cidr")),
+                Decision::Has(0),
+                Decision::Lease("10.9.4.0/24".parse().expect("cidr")),
+                Decision::Has(1),
+                Decision::Lease("10.9.5.0/24".parse().expect("cidr")),
+            ]
+        );
+        assert_eq!(in_pool, 6);
+    }
+
+    #[test]
+    fn a_full_pool_is_looked_at_again_before_it_is_reported_exhausted() {
+        let pool = Pool::new("10.9.0.0/23".parse().expect("cidr"), 24).expect("pool");
+        let existing = [leased("a", "10.9.0.0/24", false)];
+        let (cheap, _) = plan(&existing, &["b", "c"], &pool, false);
+        assert_eq!(cheap, [Decision::Lease("10.9.1.0/24".parse().expect("cidr")), Decision::LookAgain]);
+        let (consistent, in_pool) = plan(&existing, &["b", "c"], &pool, true);
+        assert_eq!(consistent[1], Decision::Exhausted);
+        assert_eq!(in_pool, 2);
+    }
+
     #[test]
     fn a_withdrawn_block_is_let_go_only_when_nobody_can_use_it() {
         use Agent::*;
@@ -717,5 +794,168 @@ mod tests {
         // No agent ever used it: nothing to wait for.
         assert!(may_let_go(true, NeverUsed, 0, short, grace).is_ok());
         assert!(may_let_go(false, NeverUsed, 0, short, grace).is_ok());
+    }
+
+    /// Reconcilers against a mocked API server: each test scripts the
+    /// requests the reconciler must make, in order, and the answers.
+    mod mock_api {
+        use super::*;
+        use http::{Method, Request, Response, StatusCode};
+        use kube::client::Body;
+        use kube::runtime::events::Reporter;
+        use serde_json::Value;
+
+        type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
+
+        fn context(grace: &str) -> (Arc<Context>, Handle) {
+            let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+            let client = kube::Client::new(service, "default");
+            let config =
+                Config::try_parse_from(["x", "--cluster-cidr", "10.9.0.0/16", "--release-grace-seconds", grace])
+                    .expect("config");
+            let ctx = Context {
+                nodes_api: Api::all(client.clone()),
+                subnets_api: Api::all(client.clone()),
+                nodes: kube::runtime::reflector::store().0,
+                subnets: kube::runtime::reflector::store().0,
+                pool: config.pool().expect("pool"),
+                config,
+                metrics: Arc::new(Metrics::new()),
+                recorder: Recorder::new(client, Reporter { controller: "test".into(), instance: None }),
+                term: Term::always(),
+                alloc_lock: Mutex::new(()),
+                pending: std::sync::Mutex::new(Vec::new()),
+                exhausted_nodes: std::sync::Mutex::new(Default::default()),
+                last_write_rv: std::sync::Mutex::new(None),
+                waiting_for_space: std::sync::atomic::AtomicBool::new(false),
+                deletions: std::sync::atomic::AtomicU64::new(0),
+                absent_since: std::sync::Mutex::new(Default::default()),
+            };
+            (Arc::new(ctx), handle)
+        }
+
+        fn json_response(status: StatusCode, body: Value) -> Response<Body> {
+            Response::builder().status(status).body(Body::from(body.to_string().into_bytes())).expect("response")
+        }
+
+        fn not_found(what: &str) -> Response<Body> {
+            json_response(
+                StatusCode::NOT_FOUND,
+                json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": format!("{what} not found"), "reason": "NotFound", "code": 404}),
+            )
+        }
+
+        /// Answers the next request after checking it; returns its body.
+        async fn expect(handle: &mut Handle, method: Method, path: &str, answer: Response<Body>) -> Value {
+            let (request, send) = handle.next_request().await.expect("the reconciler made no further request");
+            assert_eq!(request.method(), method, "{}", request.uri());
+            assert_eq!(request.uri().path(), path);
+            let query = request.uri().query().unwrap_or_default().to_owned();
+            let bytes = request.into_body().collect_bytes().await.expect("request body");
+            send.send_response(answer);
+            let mut body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+            if !query.is_empty() {
+                body["query"] = Value::String(query);
+            }
+            body
+        }
+
+        /// True when the reconciler made no further request (the mock's
+        /// senders may be gone with the context, or just idle).
+        async fn no_more_requests(handle: &mut Handle) -> bool {
+            matches!(tokio::time::timeout(Duration::from_millis(50), handle.next_request()).await, Err(_) | Ok(None))
+        }
+
+        fn subnet(withdrawn: bool, agent_used: bool) -> Subnet {
+            let mut s = leased("n1", "10.9.4.0/24", withdrawn);
+            s.metadata.uid = Some("uid-1".into());
+            s.metadata.resource_version = Some("7".into());
+            if agent_used {
+                s.status = Some(weft_api::SubnetStatus {
+                    conditions: vec![Condition {
+                        type_: CONDITION_READY.into(),
+                        status: "True".into(),
+                        reason: "DatapathProgrammed".into(),
+                        message: String::new(),
+                        last_transition_time: Time(Timestamp::now()),
+                        observed_generation: None,
+                    }],
+                    ..Default::default()
+                });
+            }
+            s
+        }
+
+        #[tokio::test]
+        async fn a_lease_whose_node_is_gone_past_the_grace_is_withdrawn_with_a_uid_precondition() {
+            let (ctx, mut api) = context("0");
+            let reconcile = tokio::spawn(reconcile_subnet(Arc::new(subnet(false, true)), ctx));
+            expect(&mut api, Method::GET, "/api/v1/nodes/n1", not_found("node n1")).await;
+            let body = expect(
+                &mut api,
+                Method::DELETE,
+                "/apis/weft.dev/v1alpha1/subnets/n1",
+                json_response(StatusCode::OK, serde_json::to_value(subnet(true, true)).expect("json")),
+            )
+            .await;
+            assert_eq!(body["preconditions"]["uid"], "uid-1", "{body}");
+            let action = reconcile.await.expect("task").expect("reconcile");
+            assert_eq!(action, Action::await_change());
+        }
+
+        #[tokio::test]
+        async fn a_lease_whose_node_is_briefly_absent_is_kept() {
+            let (ctx, mut api) = context("60");
+            let reconcile = tokio::spawn(reconcile_subnet(Arc::new(subnet(false, true)), ctx));
+            expect(&mut api, Method::GET, "/api/v1/nodes/n1", not_found("node n1")).await;
+            let action = reconcile.await.expect("task").expect("reconcile");
+            // Nothing written; looked at again once the grace is over.
+            assert!(no_more_requests(&mut api).await, "no write");
+            assert!(action != Action::await_change(), "{action:?}");
+        }
+
+        #[tokio::test]
+        async fn a_withdrawn_block_is_kept_while_a_pod_uses_it_and_let_go_after() {
+            let (ctx, mut api) = context("0");
+            let pod_in_block = json!({"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": [
+                {"metadata": {"name": "web", "namespace": "shop"}, "spec": {"containers": []},
+                 "status": {"podIPs": [{"ip": "10.9.4.7"}]}},
+            ]});
+            let empty = json!({"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": []});
+
+            let reconcile = tokio::spawn(reconcile_subnet(Arc::new(subnet(true, false)), ctx.clone()));
+            expect(&mut api, Method::GET, "/api/v1/nodes/n1", not_found("node n1")).await;
+            let list = expect(&mut api, Method::GET, "/api/v1/pods", json_response(StatusCode::OK, pod_in_block)).await;
+            assert!(list["query"].as_str().is_some_and(|q| q.contains("spec.nodeName%3Dn1")), "{list}");
+            let action = reconcile.await.expect("task").expect("reconcile");
+            assert!(action != Action::await_change(), "kept, and looked at again: {action:?}");
+            assert!(no_more_requests(&mut api).await, "no write");
+
+            let reconcile = tokio::spawn(reconcile_subnet(Arc::new(subnet(true, false)), ctx));
+            expect(&mut api, Method::GET, "/api/v1/nodes/n1", not_found("node n1")).await;
+            expect(&mut api, Method::GET, "/api/v1/pods", json_response(StatusCode::OK, empty)).await;
+            let patch = expect(
+                &mut api,
+                Method::PATCH,
+                "/apis/weft.dev/v1alpha1/subnets/n1",
+                json_response(StatusCode::OK, serde_json::to_value(subnet(true, false)).expect("json")),
+            )
+            .await;
+            assert_eq!(patch["metadata"]["finalizers"], json!([]), "{patch}");
+            assert_eq!(patch["metadata"]["resourceVersion"], "7", "guarded by the resourceVersion: {patch}");
+            assert_eq!(reconcile.await.expect("task").expect("reconcile"), Action::await_change());
+        }
+
+        #[tokio::test]
+        async fn a_live_node_s_withdrawn_block_is_left_to_its_agent() {
+            let (ctx, mut api) = context("0");
+            let node = json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1", "uid": "node-uid"}});
+            let empty = json!({"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": []});
+            let reconcile = tokio::spawn(reconcile_subnet(Arc::new(subnet(true, true)), ctx));
+            expect(&mut api, Method::GET, "/api/v1/nodes/n1", json_response(StatusCode::OK, node)).await;
+            expect(&mut api, Method::GET, "/api/v1/pods", json_response(StatusCode::OK, empty)).await;
+            reconcile.await.expect("task").expect("reconcile");
+            assert!(no_more_requests(&mut api).await, "no write");
+        }
     }
 }
