@@ -95,6 +95,9 @@ enum Cmd {
     },
     /// Freeze the kube-apiserver (SIGSTOP): the API stops answering, as in an outage.
     ApiPause,
+    /// Kill etcd (SIGKILL) and start it again on the same data; returns once
+    /// the apiserver is ready again.
+    EtcdRestart,
     /// Let a paused kube-apiserver go on (SIGCONT).
     ApiResume,
     /// List pods with their node and IP.
@@ -195,6 +198,7 @@ fn main() -> anyhow::Result<()> {
             }
         }
         Cmd::ApiPause => signal_apiserver(libc::SIGSTOP)?,
+        Cmd::EtcdRestart => restart_etcd(&State::load()?)?,
         Cmd::ApiResume => signal_apiserver(libc::SIGCONT)?,
         Cmd::Pods => {
             println!("{:<32} {:<10} {:<16}", "POD", "NODE", "IP");
@@ -252,6 +256,21 @@ fn signal_apiserver(signal: i32) -> anyhow::Result<()> {
     if unsafe { libc::kill(pid, signal) } != 0 {
         anyhow::bail!("cannot signal the apiserver (pid {pid}): {}", std::io::Error::last_os_error());
     }
+    Ok(())
+}
+
+/// Asks the supervisor (which owns etcd) to restart it and waits for its answer.
+fn restart_etcd(state: &State) -> anyhow::Result<()> {
+    let result = weft_e2e::sandbox::state_dir().join("etcd-restart.result");
+    let _ = std::fs::remove_file(&result);
+    // SAFETY: plain kill(2) of the sandbox's supervisor.
+    if unsafe { libc::kill(state.supervisor_pid as i32, libc::SIGUSR1) } != 0 {
+        anyhow::bail!("cannot signal the supervisor: {}", std::io::Error::last_os_error());
+    }
+    let note = weft_e2e::wait::until("the supervisor to restart etcd", std::time::Duration::from_secs(90), || {
+        std::fs::read_to_string(&result).ok().filter(|s| !s.is_empty())
+    });
+    anyhow::ensure!(note == "etcd restarted", "{note}");
     Ok(())
 }
 

@@ -87,6 +87,8 @@ pub struct ControlPlane {
 struct Running {
     apiserver: Option<Child>,
     etcd: Option<Child>,
+    /// How etcd was started (program, arguments, log), to start it again.
+    etcd_command: Option<(std::ffi::OsString, Vec<std::ffi::OsString>, PathBuf)>,
     dir: Option<tempfile::TempDir>,
 }
 
@@ -179,7 +181,7 @@ impl ControlPlane {
         std::fs::write(&token_file, format!("{token},{ADMIN_TOKEN_USER},weft-admin-uid,\"system:masters\"\n"))
             .context("writing token file")?;
 
-        let mut running = Running { apiserver: None, etcd: None, dir: Some(dir) };
+        let mut running = Running { apiserver: None, etcd: None, etcd_command: None, dir: Some(dir) };
 
         let mut etcd = in_ns(tools.join("etcd"));
         etcd.args([
@@ -196,6 +198,8 @@ impl ControlPlane {
             "--log-level=warn",
         ]);
         let etcd_log = root.join("etcd.log");
+        running.etcd_command =
+            Some((etcd.get_program().to_owned(), etcd.get_args().map(ToOwned::to_owned).collect(), etcd_log.clone()));
         running.etcd = Some(process::spawn_tied(etcd, &etcd_log)?);
 
         let mut apiserver = in_ns(tools.join("kube-apiserver"));
@@ -308,6 +312,25 @@ impl ControlPlane {
             }
         }
         Ok(())
+    }
+
+    /// Kills etcd (SIGKILL, as a crash) and starts it again on the same data,
+    /// then waits until the apiserver is ready again.
+    pub fn restart_etcd(&self) -> anyhow::Result<()> {
+        {
+            let mut guard = self.inner.lock().map_err(|_| anyhow::anyhow!("control plane lock poisoned"))?;
+            let running = &mut *guard;
+            if let Some(mut child) = running.etcd.take() {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+            let (program, args, log) = running.etcd_command.clone().context("etcd was not started here")?;
+            let mut etcd = Command::new(program);
+            etcd.args(args);
+            // A log of its own: the first run's stays as it was.
+            running.etcd = Some(process::spawn_tied(etcd, &log.with_extension("restarted.log"))?);
+        }
+        self.wait_ready(Duration::from_secs(60))
     }
 
     /// Process ids of etcd and kube-apiserver while they run.

@@ -126,9 +126,25 @@ pub async fn supervise(nodes: usize, backend: &str) -> anyhow::Result<()> {
     eprintln!("sandbox ready");
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
+    // SIGUSR1: `weft-sandbox etcd-restart` (etcd crashes and comes back).
+    let mut usr1 = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined1())?;
+    loop {
+        tokio::select! {
+            _ = term.recv() => break,
+            _ = int.recv() => break,
+            _ = usr1.recv() => {
+                let outcome = tokio::task::block_in_place(|| cp.restart_etcd());
+                let note = match outcome {
+                    Ok(()) => "etcd restarted".to_owned(),
+                    Err(e) => format!("etcd restart failed: {e:#}"),
+                };
+                eprintln!("{note}");
+                let tmp = state_dir().join(".etcd-restart.result");
+                if std::fs::write(&tmp, note).is_ok() {
+                    let _ = std::fs::rename(&tmp, state_dir().join("etcd-restart.result"));
+                }
+            }
+        }
     }
     eprintln!("tearing the sandbox down");
     for mut c in children {
