@@ -44,12 +44,20 @@ fn kubectl_shows_weft_resources_and_explains_failures() {
         assert!(described.contains(want), "{want:?} missing from describe:\n{described}");
     }
 
-    // A peer publishing bad data: describe on the reporting node says what is wrong.
+    // A peer publishing bad data: describe on the reporting node says what
+    // is wrong. node-2's agent is stopped meanwhile: running, it would put
+    // its real MAC back at once.
+    let paused = weft_e2e::sandbox::testing::PausedAgent::new("node-2");
     let bad = r#"{"status":{"vtepMAC":"01:00:5e:00:00:01"}}"#;
     ok(&["kubectl", "patch", "subnet", "node-2", "--subresource=status", "--type=merge", "-p", bad]);
     wait::until("node-1's Subnet to explain the bad peer", Duration::from_secs(60), || {
         let d = ok(&["kubectl", "describe", "subnet", "node-1"]);
         d.contains("node-2: VTEP MAC address 01:00:5e:00:00:01 is a multicast/broadcast address").then_some(())
+    });
+    drop(paused);
+    wait::until("node-2's real MAC back", Duration::from_secs(60), || {
+        let d = ok(&["kubectl", "describe", "subnet", "node-1"]);
+        (!d.contains("01:00:5e:00:00:01")).then_some(())
     });
 
     // HostPortAllocations: pod, node, addresses; -o wide adds the node's pool.

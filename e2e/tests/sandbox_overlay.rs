@@ -117,10 +117,7 @@ fn vxlan_cluster_connects_pods_across_nodes_and_follows_membership() {
 
     // Bad peer data is reported in a condition, not a crash. node-2's agent
     // is stopped meanwhile: a running one puts its real MAC back at once.
-    let agent2 = weft_e2e::sandbox::read_pid(&weft_e2e::sandbox::state_dir().join("node-2").join("agent.pid"))
-        .expect("node-2's agent pid");
-    // SAFETY: plain kill(2) of the sandbox's agent.
-    assert_eq!(unsafe { libc::kill(agent2, libc::SIGSTOP) }, 0);
+    let paused = weft_e2e::sandbox::testing::PausedAgent::new("node-2");
     let patch = r#"{"status":{"vtepMAC":"01:00:5e:00:00:01"}}"#;
     ok(&["kubectl", "patch", "subnet", "node-2", "--subresource=status", "--type=merge", "-p", patch]);
     let msg = wait::until("node-1 to report node-2's bad MAC", Duration::from_secs(30), || {
@@ -132,8 +129,7 @@ fn vxlan_cluster_connects_pods_across_nodes_and_follows_membership() {
     eprintln!("PeersProgrammed on node-1: {msg}");
     assert!(ok(&["status"]).contains("node-1"));
     // node-2's agent, running again, announces its real MAC by itself.
-    // SAFETY: as above.
-    assert_eq!(unsafe { libc::kill(agent2, libc::SIGCONT) }, 0);
+    drop(paused);
     wait::until("node-1's peers programmed again", Duration::from_secs(30), || {
         matches!(condition(&subnet("node-1"), "PeersProgrammed"), Some((s, _)) if s == "True").then_some(())
     });

@@ -54,8 +54,6 @@ pub enum Error {
     },
     #[error("allocating subnet for node {0}: {1}")]
     Alloc(String, String),
-    #[error("{0} has no {1}")]
-    Missing(String, &'static str),
     #[error(transparent)]
     NotLeader(#[from] NotLeader),
 }

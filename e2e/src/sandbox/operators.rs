@@ -12,7 +12,8 @@ use kube::Api;
 use super::{CLUSTER_CIDR, CP_NS, state_dir};
 use crate::bins;
 
-/// Replica names; the first serves metrics on :9090 and leads after `up`.
+/// Replica names; the first serves metrics on :9090 and leads after `up`,
+/// the second on :9092 (:9091 is the metrics test's Prometheus).
 pub const REPLICAS: [&str; 2] = ["a", "b"];
 const LEASE: &str = "weft-operator";
 const LEASE_NAMESPACE: &str = "kube-system";
@@ -27,7 +28,7 @@ fn identity(replica: &str) -> String {
 
 /// Starts one replica; returns its pid.
 pub fn start(replica: &str, kubeconfig: &Path, backend: &str) -> anyhow::Result<u32> {
-    let port = if replica == REPLICAS[0] { 9090 } else { 9091 };
+    let port = if replica == REPLICAS[0] { 9090 } else { 9092 };
     let mut op = super::cluster::in_ns(CP_NS, &bins::weft("weft-operator"));
     op.env("KUBECONFIG", kubeconfig).args([
         format!("--identity={}", identity(replica)),

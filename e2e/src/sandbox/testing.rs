@@ -91,3 +91,25 @@ impl Drop for Up {
         let _ = run(&["down"]);
     }
 }
+
+/// A node's agent stopped with SIGSTOP (it keeps its socket and answers
+/// nothing, and writes nothing to the API) until this is dropped, also on a
+/// panic. For showing what others do with data the agent would repair.
+pub struct PausedAgent(i32);
+
+impl PausedAgent {
+    pub fn new(node: &str) -> PausedAgent {
+        let pid = super::read_pid(&super::state_dir().join(node).join("agent.pid"))
+            .unwrap_or_else(|| panic!("no pid of {node}'s agent"));
+        // SAFETY: plain kill(2) of the sandbox's agent.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0, "cannot stop {node}'s agent");
+        PausedAgent(pid)
+    }
+}
+
+impl Drop for PausedAgent {
+    fn drop(&mut self) {
+        // SAFETY: as above; the process may be gone already.
+        unsafe { libc::kill(self.0, libc::SIGCONT) };
+    }
+}
