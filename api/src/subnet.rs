@@ -114,3 +114,17 @@ pub const REASON_LEASE_WITHDRAWN: &str = "LeaseWithdrawn";
 /// (no other node can lease it) until the node's agent has no pod left in it,
 /// or, for a node that is gone, until no pod in the API is left in it.
 pub const LEASE_FINALIZER: &str = "weft.dev/lease-in-use";
+
+/// Whether the Subnet still reserves its block ([`LEASE_FINALIZER`]).
+pub fn holds_lease(subnet: &Subnet) -> bool {
+    subnet.metadata.finalizers.iter().flatten().any(|f| f == LEASE_FINALIZER)
+}
+
+/// The merge patch that lets the Subnet's block go: its finalizers without
+/// [`LEASE_FINALIZER`], guarded by the resourceVersion the decision was made
+/// on (a changed Subnet answers 409, and nobody else's finalizer is lost).
+pub fn let_go_patch(subnet: &Subnet) -> serde_json::Value {
+    let remaining: Vec<&String> =
+        subnet.metadata.finalizers.iter().flatten().filter(|f| *f != LEASE_FINALIZER).collect();
+    serde_json::json!({"metadata": {"resourceVersion": subnet.metadata.resource_version, "finalizers": remaining}})
+}

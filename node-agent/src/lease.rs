@@ -18,7 +18,9 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use prometheus_client::metrics::gauge::Gauge;
 use serde_json::json;
-use weft_api::subnet::{Backend, CONDITION_READY, LEASE_FINALIZER, REASON_LEASE_WITHDRAWN, Subnet};
+use weft_api::subnet::{
+    Backend, CONDITION_READY, LEASE_FINALIZER, REASON_LEASE_WITHDRAWN, Subnet, holds_lease, let_go_patch,
+};
 
 /// Field manager of everything the agent writes.
 pub const FIELD_MANAGER: &str = "weft-agent";
@@ -252,13 +254,11 @@ pub async fn hold(h: Holder, addresses_in_use: impl Fn() -> usize) -> String {
 /// Removes the lease finalizer (if the Subnet still has it), guarded by the
 /// resourceVersion so that nothing else's change to the list is lost.
 async fn let_go(api: &Api<Subnet>, subnet: Option<&Subnet>) -> Result<(), LeaseError> {
-    let Some(subnet) = subnet.filter(|s| s.finalizers().iter().any(|f| f == LEASE_FINALIZER)) else {
+    let Some(subnet) = subnet.filter(|s| holds_lease(s)) else {
         return Ok(());
     };
     let name = subnet.name_any();
-    let remaining: Vec<&String> = subnet.finalizers().iter().filter(|f| *f != LEASE_FINALIZER).collect();
-    let patch = json!({"metadata": {"resourceVersion": subnet.resource_version(), "finalizers": remaining}});
-    match api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+    match api.patch(&name, &PatchParams::default(), &Patch::Merge(&let_go_patch(subnet))).await {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
         Err(source) => Err(LeaseError::Release { node: name, source }),

@@ -154,12 +154,10 @@ async fn run_controllers(
                 async move {
                     if let Ok(watcher::Event::Delete(_)) = ev {
                         ctx.deletions.fetch_add(1, Ordering::SeqCst);
-                    }
-                    if let Ok(watcher::Event::Delete(_)) = ev
-                        && ctx.waiting_for_space.swap(false, Ordering::SeqCst)
-                    {
-                        // Full channel means a wake-up is already pending.
-                        let _ = tx.try_send(());
+                        if ctx.waiting_for_space.swap(false, Ordering::SeqCst) {
+                            // Full channel means a wake-up is already pending.
+                            let _ = tx.try_send(());
+                        }
                     }
                 }
             })

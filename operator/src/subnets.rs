@@ -32,7 +32,10 @@ use kube::{Resource, ResourceExt};
 use serde_json::json;
 use tokio::sync::Mutex;
 use weft_api::Subnet;
-use weft_api::subnet::{CONDITION_ALLOCATED, CONDITION_READY, LEASE_FINALIZER, REASON_LEASE_WITHDRAWN, SubnetSpec};
+use weft_api::subnet::{
+    CONDITION_ALLOCATED, CONDITION_READY, LEASE_FINALIZER, REASON_LEASE_WITHDRAWN, SubnetSpec, holds_lease,
+    let_go_patch,
+};
 
 use crate::config::Config;
 use crate::ipam::{Pool, overlaps};
@@ -448,7 +451,7 @@ fn new_subnet(node: &str, cidr: IpNet, config: &Config) -> Subnet {
 /// owner reference to the Node (see [`new_subnet`]). One patch, guarded by
 /// the resourceVersion.
 async fn ensure_lease_metadata(ctx: &Context, subnet: &Subnet) -> Result<(), Error> {
-    let has_finalizer = subnet.finalizers().iter().any(|f| f == LEASE_FINALIZER);
+    let has_finalizer = holds_lease(subnet);
     let node_owned = subnet.owner_references().iter().any(|o| o.kind == "Node" && o.api_version == "v1");
     if (has_finalizer && !node_owned) || !managed(ctx, subnet) {
         return Ok(());
@@ -592,7 +595,7 @@ fn lock_absent(ctx: &Context) -> std::sync::MutexGuard<'_, std::collections::Has
 /// A withdrawn Subnet: removes the lease finalizer once nobody can still be
 /// using the block (see [`may_let_go`]).
 async fn let_go_when_unused(ctx: &Context, subnet: &Subnet, node_present: bool) -> Result<Action, Error> {
-    if !subnet.finalizers().iter().any(|f| f == LEASE_FINALIZER) || !managed(ctx, subnet) {
+    if !holds_lease(subnet) || !managed(ctx, subnet) {
         return Ok(Action::await_change());
     }
     let name = subnet.name_any();
@@ -611,9 +614,7 @@ async fn let_go_when_unused(ctx: &Context, subnet: &Subnet, node_present: bool) 
         tracing::info!(subnet = %name, cidr = %subnet.spec.cidr, "withdrawn lease kept: {waiting}");
         return Ok(Action::requeue(Duration::from_secs(5)));
     }
-    let remaining: Vec<&String> = subnet.finalizers().iter().filter(|f| *f != LEASE_FINALIZER).collect();
-    let patch = json!({"metadata": {"resourceVersion": subnet.resource_version(), "finalizers": remaining}});
-    patch_metadata(ctx, subnet, &patch).await?;
+    patch_metadata(ctx, subnet, &let_go_patch(subnet)).await?;
     tracing::info!(subnet = %name, cidr = %subnet.spec.cidr, "let go of a withdrawn lease: no pod uses its block");
     Ok(Action::await_change())
 }

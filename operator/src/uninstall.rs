@@ -6,7 +6,7 @@ use anyhow::Context;
 use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, ResourceExt};
 use weft_api::host_port::HostPortAllocation;
-use weft_api::subnet::{LEASE_FINALIZER, Subnet};
+use weft_api::subnet::{Subnet, holds_lease, let_go_patch};
 
 /// Deletes every Subnet and HostPortAllocation; returns how many of each.
 pub async fn remove_weft_objects(client: Client) -> anyhow::Result<(usize, usize)> {
@@ -14,10 +14,8 @@ pub async fn remove_weft_objects(client: Client) -> anyhow::Result<(usize, usize
     let listed = subnets.list(&ListParams::default()).await.context("listing Subnets")?;
     for s in &listed.items {
         // No agent is left to let the lease go: the network itself goes.
-        if s.finalizers().iter().any(|f| f == LEASE_FINALIZER) {
-            let remaining: Vec<&String> = s.finalizers().iter().filter(|f| *f != LEASE_FINALIZER).collect();
-            let patch = serde_json::json!({"metadata": {"finalizers": remaining}});
-            match subnets.patch(&s.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await {
+        if holds_lease(s) {
+            match subnets.patch(&s.name_any(), &PatchParams::default(), &Patch::Merge(&let_go_patch(s))).await {
                 Ok(_) => {}
                 Err(kube::Error::Api(e)) if e.code == 404 => continue,
                 Err(e) => {
