@@ -4,17 +4,19 @@
 //! A lease follows the node's name, not the Node object: a node that
 //! re-registers (its Node deleted and created again) keeps it. A Subnet is
 //! withdrawn (deleted) when its Node has been absent for the release grace
-//! period, or when it overlaps an older one. Its finalizer keeps the block
-//! reserved until nobody uses it: the node's agent removes it once its pods
-//! are gone; for a node that is gone, or whose agent never used the lease,
-//! this operator does once no pod in the API holds an address from it.
+//! period, or when it overlaps one that keeps its block (see [`Claim`]). Its
+//! finalizer keeps the block reserved until nobody uses it: the node's agent
+//! removes it once its pods are gone; for a node that is gone, or whose
+//! agent never used the lease, this operator does once no pod in the API
+//! holds an address from it.
 //!
 //! The Subnet objects are the only state. Allocation lists them from the API
 //! under a lock (so this replica never hands out one block twice), and the
 //! deterministic name makes a concurrent creator conflict instead of
-//! duplicating. If overlapping Subnets exist anyway (e.g. written by hand or
-//! by a replica that lost its lease mid-flight), the newer one is deleted and
-//! its node gets a fresh lease.
+//! duplicating. If overlapping Subnets exist anyway (e.g. written by hand,
+//! restored from a backup, or by a replica that lost its lease mid-flight),
+//! the one no live node uses, else the newer, is withdrawn and its node gets
+//! a fresh lease once the block is let go.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -27,7 +29,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions, VersionMatch};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder};
-use kube::runtime::reflector::Store;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 use tokio::sync::Mutex;
@@ -572,20 +574,55 @@ async fn reconcile_subnet_inner(subnet: &Subnet, ctx: &Context) -> Result<Action
     lock_absent(ctx).remove(&name);
     ensure_lease_metadata(ctx, subnet).await?;
 
-    if let Ok(mine) = subnet.spec.cidr.parse::<IpNet>()
-        && let Some(older) = ctx.subnets.state().into_iter().find(|other| {
+    if let Ok(mine) = subnet.spec.cidr.parse::<IpNet>() {
+        let me = Claim::of(subnet, true);
+        let winner = ctx.subnets.state().into_iter().find(|other| {
             other.name_any() != subnet.name_any()
                 && other.spec.cidr.parse::<IpNet>().is_ok_and(|theirs| overlaps(&mine, &theirs))
-                && is_older(other, subnet)
-        })
-    {
-        tracing::warn!(
-            subnet = %subnet.name_any(), cidr = %mine, older = %older.name_any(), older_cidr = %older.spec.cidr,
-            "subnet overlaps an older one, withdrawing it so its node is reallocated once the block is let go"
-        );
-        delete_subnet(ctx, subnet).await?;
+                && Claim::of(other, ctx.nodes.get(&ObjectRef::new(&other.spec.node_name)).is_some()).beats(&me)
+        });
+        if let Some(winner) = winner {
+            tracing::warn!(
+                subnet = %subnet.name_any(), cidr = %mine, kept = %winner.name_any(), kept_cidr = %winner.spec.cidr,
+                "subnet overlaps one that keeps its block, withdrawing it so its node is reallocated once the block is let go"
+            );
+            delete_subnet(ctx, subnet).await?;
+        }
     }
     Ok(Action::requeue(Duration::from_secs(600)))
+}
+
+/// One side of an overlap between two Subnets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Claim {
+    /// A present node's agent has published the lease (its `Ready`
+    /// condition) and not let it go: pods may have addresses in the block.
+    in_use: bool,
+    created: Option<Timestamp>,
+    name: String,
+}
+
+impl Claim {
+    fn of(subnet: &Subnet, node_present: bool) -> Self {
+        let ready = subnet.status.as_ref().and_then(|s| s.conditions.iter().find(|c| c.type_ == CONDITION_READY));
+        Self {
+            in_use: node_present
+                && subnet.metadata.deletion_timestamp.is_none()
+                && ready.is_some_and(|c| c.reason != REASON_LEASE_WITHDRAWN),
+            created: subnet.metadata.creation_timestamp.as_ref().map(|t| t.0),
+            name: subnet.name_any(),
+        }
+    }
+
+    /// Whether this side keeps the block over `other`. A lease a live node
+    /// uses beats one nobody uses, so that a hand-written or restored
+    /// object, however old, never takes a working node's block; between
+    /// equals the older wins, then the name. A total order, so both
+    /// reconciles agree on the loser.
+    fn beats(&self, other: &Claim) -> bool {
+        let key = |c: &Claim| (!c.in_use, c.created, c.name.clone());
+        key(self) < key(other)
+    }
 }
 
 fn lock_absent(ctx: &Context) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, Instant>> {
@@ -683,12 +720,6 @@ fn may_let_go(
 /// (or hand-made leases outside it) are left alone.
 fn managed(ctx: &Context, subnet: &Subnet) -> bool {
     subnet.spec.cidr.parse::<IpNet>().is_ok_and(|n| ctx.pool.contains(&n))
-}
-
-/// Older by creation time, then by name, so both sides agree on the loser.
-fn is_older(a: &Subnet, b: &Subnet) -> bool {
-    let key = |s: &Subnet| (s.metadata.creation_timestamp.as_ref().map(|t| t.0), s.name_any());
-    key(a) < key(b)
 }
 
 fn update_lease_gauges(ctx: &Context) {
@@ -807,6 +838,21 @@ mod tests {
         type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
 
         fn context(grace: &str) -> (Arc<Context>, Handle) {
+            context_with(grace, &[], &[])
+        }
+
+        /// A context whose caches hold `subnets` and Nodes named `nodes`.
+        fn context_with(grace: &str, subnets: &[Subnet], nodes: &[&str]) -> (Arc<Context>, Handle) {
+            use kube::runtime::watcher::Event as Watched;
+            let (subnet_cache, mut subnet_writer) = kube::runtime::reflector::store();
+            for s in subnets {
+                subnet_writer.apply_watcher_event(&Watched::Apply(s.clone()));
+            }
+            let (node_cache, mut node_writer) = kube::runtime::reflector::store();
+            for n in nodes {
+                let node: Node = serde_json::from_value(json!({"metadata": {"name": n}})).expect("node");
+                node_writer.apply_watcher_event(&Watched::Apply(node));
+            }
             let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
             let client = kube::Client::new(service, "default");
             let config =
@@ -815,8 +861,8 @@ mod tests {
             let ctx = Context {
                 nodes_api: Api::all(client.clone()),
                 subnets_api: Api::all(client.clone()),
-                nodes: kube::runtime::reflector::store().0,
-                subnets: kube::runtime::reflector::store().0,
+                nodes: node_cache,
+                subnets: subnet_cache,
                 pool: config.pool().expect("pool"),
                 config,
                 metrics: Arc::new(Metrics::new()),
@@ -943,6 +989,73 @@ mod tests {
             assert_eq!(patch["metadata"]["finalizers"], json!([]), "{patch}");
             assert_eq!(patch["metadata"]["resourceVersion"], "7", "guarded by the resourceVersion: {patch}");
             assert_eq!(reconcile.await.expect("task").expect("reconcile"), Action::await_change());
+        }
+
+        fn node_json(name: &str) -> Response<Body> {
+            json_response(StatusCode::OK, json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}))
+        }
+
+        /// `name` for node `node`, leasing `cidr`, created `age_s` seconds ago.
+        fn claim(name: &str, node: &str, cidr: &str, age_s: i64, agent_used: bool) -> Subnet {
+            let mut s = subnet(false, agent_used);
+            s.metadata.name = Some(name.into());
+            s.metadata.uid = Some(format!("uid-{name}"));
+            s.spec.node_name = node.into();
+            s.spec.cidr = cidr.into();
+            let created = Timestamp::now() - k8s_openapi::jiff::SignedDuration::from_secs(age_s);
+            s.metadata.creation_timestamp = Some(Time(created));
+            s
+        }
+
+        #[tokio::test]
+        async fn an_older_overlapping_subnet_nobody_uses_never_takes_a_live_node_s_block() {
+            // A restored or hand-written object, older than n1's lease, for
+            // a node that does not exist, and one naming n1 itself.
+            let live = claim("n1", "n1", "10.9.4.0/24", 60, true);
+            let ghost = claim("ghost", "n9", "10.9.4.0/23", 3600, false);
+            let twin = claim("twin", "n1", "10.9.4.128/25", 3600, false);
+            let (ctx, mut api) = context_with("60", &[live.clone(), ghost, twin.clone()], &["n1"]);
+
+            let reconcile = tokio::spawn(reconcile_subnet(Arc::new(live), ctx.clone()));
+            expect(&mut api, Method::GET, "/api/v1/nodes/n1", node_json("n1")).await;
+            reconcile.await.expect("task").expect("reconcile");
+            assert!(no_more_requests(&mut api).await, "the live node's lease was touched");
+
+            // The twin names a live node but no agent uses it: it loses.
+            let reconcile = tokio::spawn(reconcile_subnet(Arc::new(twin.clone()), ctx));
+            expect(&mut api, Method::GET, "/api/v1/nodes/n1", node_json("n1")).await;
+            let body = expect(
+                &mut api,
+                Method::DELETE,
+                "/apis/weft.dev/v1alpha1/subnets/twin",
+                json_response(StatusCode::OK, serde_json::to_value(twin).expect("json")),
+            )
+            .await;
+            assert_eq!(body["preconditions"]["uid"], "uid-twin", "{body}");
+            reconcile.await.expect("task").expect("reconcile");
+        }
+
+        #[tokio::test]
+        async fn between_two_leases_in_use_the_newer_is_withdrawn() {
+            let old = claim("n1", "n1", "10.9.4.0/24", 3600, true);
+            let new = claim("n2", "n2", "10.9.4.0/24", 60, true);
+            let (ctx, mut api) = context_with("60", &[old.clone(), new.clone()], &["n1", "n2"]);
+
+            let reconcile = tokio::spawn(reconcile_subnet(Arc::new(old), ctx.clone()));
+            expect(&mut api, Method::GET, "/api/v1/nodes/n1", node_json("n1")).await;
+            reconcile.await.expect("task").expect("reconcile");
+            assert!(no_more_requests(&mut api).await, "the older lease was touched");
+
+            let reconcile = tokio::spawn(reconcile_subnet(Arc::new(new.clone()), ctx));
+            expect(&mut api, Method::GET, "/api/v1/nodes/n2", node_json("n2")).await;
+            expect(
+                &mut api,
+                Method::DELETE,
+                "/apis/weft.dev/v1alpha1/subnets/n2",
+                json_response(StatusCode::OK, serde_json::to_value(new).expect("json")),
+            )
+            .await;
+            reconcile.await.expect("task").expect("reconcile");
         }
 
         #[tokio::test]
