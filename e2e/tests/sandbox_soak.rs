@@ -1,7 +1,7 @@
 //! The soak: 1,000 pod ADDs and DELs through weft-cni on one sandbox node
 //! while the node's agent is SIGKILLed and the operator's leader is SIGKILLed
-//! at random moments, the apiserver is paused for a stretch and etcd is
-//! killed and restarted. Each failed
+//! at random moments, the apiserver is paused for a stretch, and etcd and
+//! then the apiserver are killed and restarted. Each failed
 //! ADD is followed by DEL, as a runtime does; DEL is retried until it
 //! succeeds. At the end nothing may be left: no address, host port, veth,
 //! rule or object, and no two live pods ever shared an address. The figures
@@ -25,8 +25,9 @@ const SLOTS: usize = 8;
 /// Ops during which the apiserver is paused (each ADD then waits for the
 /// API's 5 s timeout before answering "try again later").
 const PAUSED: std::ops::Range<usize> = 400..410;
-/// Before this op etcd is killed and started again.
+/// Before these ops etcd, then the apiserver, is killed and started again.
 const ETCD_RESTART: usize = 700;
+const APISERVER_RESTART: usize = 850;
 
 #[derive(Default)]
 struct Tally {
@@ -112,13 +113,17 @@ fn a_thousand_adds_and_dels_with_agents_and_leaders_killed_leave_nothing() {
             paused = false;
             *hold.lock().unwrap_or_else(|p| p.into_inner()) = false;
         }
-        if op == ETCD_RESTART {
-            // While etcd is down the agent could not start: no agent kills now.
+        if let Some(command) = match op {
+            ETCD_RESTART => Some("etcd-restart"),
+            APISERVER_RESTART => Some("apiserver-restart"),
+            _ => None,
+        } {
+            // While the API is down the agent could not start: no agent kills now.
             let held = hold.lock().unwrap_or_else(|p| p.into_inner());
-            wait::until("the agent up before etcd restarts", Duration::from_secs(60), || {
+            wait::until(&format!("the agent up before {command}"), Duration::from_secs(60), || {
                 weft.status().success.then_some(())
             });
-            ok(&["etcd-restart"]);
+            ok(&[command]);
             drop(held);
         }
         let slot = rng.random_range(0..SLOTS);
@@ -189,6 +194,7 @@ fn a_thousand_adds_and_dels_with_agents_and_leaders_killed_leave_nothing() {
     eprintln!("| operator leader SIGKILLs | {} |", leader_kills.load(Ordering::SeqCst));
     eprintln!("| apiserver paused | ops {}..{} |", PAUSED.start, PAUSED.end);
     eprintln!("| etcd killed and restarted | before op {ETCD_RESTART} |");
+    eprintln!("| apiserver killed and restarted | before op {APISERVER_RESTART} |");
     eprintln!("| left: IPAM records | {} |", records());
     eprintln!("| left: weft veths | {} |", veths());
     eprintln!("| left: host port rules | {} |", rules());

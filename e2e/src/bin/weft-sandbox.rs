@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
+use weft_e2e::control_plane::Component;
 use weft_e2e::sandbox::pods::{self, HostPortSpec, PodRecord, PortSpec};
 use weft_e2e::sandbox::{State, cluster, probe};
 
@@ -98,6 +99,9 @@ enum Cmd {
     /// Kill etcd (SIGKILL) and start it again on the same data; returns once
     /// the apiserver is ready again.
     EtcdRestart,
+    /// Kill the kube-apiserver (SIGKILL) and start it again; returns once it
+    /// is ready.
+    ApiserverRestart,
     /// Let a paused kube-apiserver go on (SIGCONT).
     ApiResume,
     /// List pods with their node and IP.
@@ -198,7 +202,8 @@ fn main() -> anyhow::Result<()> {
             }
         }
         Cmd::ApiPause => signal_apiserver(libc::SIGSTOP)?,
-        Cmd::EtcdRestart => restart_etcd(&State::load()?)?,
+        Cmd::EtcdRestart => restart(&State::load()?, Component::Etcd)?,
+        Cmd::ApiserverRestart => restart(&State::load()?, Component::Apiserver)?,
         Cmd::ApiResume => signal_apiserver(libc::SIGCONT)?,
         Cmd::Pods => {
             println!("{:<32} {:<10} {:<16}", "POD", "NODE", "IP");
@@ -259,18 +264,24 @@ fn signal_apiserver(signal: i32) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Asks the supervisor (which owns etcd) to restart it and waits for its answer.
-fn restart_etcd(state: &State) -> anyhow::Result<()> {
-    let result = weft_e2e::sandbox::state_dir().join("etcd-restart.result");
+/// Asks the supervisor (which owns the control plane) to restart `which`
+/// and waits for its answer.
+fn restart(state: &State, which: Component) -> anyhow::Result<()> {
+    let result = cluster::restart_result(which);
     let _ = std::fs::remove_file(&result);
+    let signal = match which {
+        Component::Etcd => libc::SIGUSR1,
+        Component::Apiserver => libc::SIGUSR2,
+    };
     // SAFETY: plain kill(2) of the sandbox's supervisor.
-    if unsafe { libc::kill(state.supervisor_pid as i32, libc::SIGUSR1) } != 0 {
+    if unsafe { libc::kill(state.supervisor_pid as i32, signal) } != 0 {
         anyhow::bail!("cannot signal the supervisor: {}", std::io::Error::last_os_error());
     }
-    let note = weft_e2e::wait::until("the supervisor to restart etcd", std::time::Duration::from_secs(90), || {
+    let what = format!("the supervisor to restart {}", which.name());
+    let note = weft_e2e::wait::until(&what, std::time::Duration::from_secs(90), || {
         std::fs::read_to_string(&result).ok().filter(|s| !s.is_empty())
     });
-    anyhow::ensure!(note == "etcd restarted", "{note}");
+    anyhow::ensure!(note == format!("{} restarted", which.name()), "{note}");
     Ok(())
 }
 

@@ -183,9 +183,7 @@ async fn build(opts: &UpOptions) -> anyhow::Result<Parts> {
         })
     })
     .await??;
-    if let Some(pid) = cp.pids().last() {
-        std::fs::write(dir.join("apiserver.pid"), pid.to_string())?;
-    }
+    cp.write_apiserver_pid(&dir.join("apiserver.pid"))?;
     let mut children = Vec::new();
     let in_cluster = cp.in_namespace_kubeconfig();
     let kc = in_cluster.display().to_string();

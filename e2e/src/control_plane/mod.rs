@@ -87,9 +87,44 @@ pub struct ControlPlane {
 struct Running {
     apiserver: Option<Child>,
     etcd: Option<Child>,
-    /// How etcd was started (program, arguments, log), to start it again.
-    etcd_command: Option<(std::ffi::OsString, Vec<std::ffi::OsString>, PathBuf)>,
+    /// How each was started, to start it again.
+    etcd_command: Option<Started>,
+    apiserver_command: Option<Started>,
     dir: Option<tempfile::TempDir>,
+}
+
+/// A process's program, arguments and log.
+#[derive(Clone)]
+struct Started(std::ffi::OsString, Vec<std::ffi::OsString>, PathBuf);
+
+impl Started {
+    fn of(command: &Command, log: &Path) -> Self {
+        Self(command.get_program().to_owned(), command.get_args().map(ToOwned::to_owned).collect(), log.to_owned())
+    }
+
+    /// Starts it again, logging to a log of its own (the first run's stays
+    /// as it was).
+    fn spawn_again(&self) -> anyhow::Result<Child> {
+        let mut command = Command::new(&self.0);
+        command.args(&self.1);
+        process::spawn_tied(command, &self.2.with_extension("restarted.log"))
+    }
+}
+
+/// A control plane process a fault test restarts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Component {
+    Etcd,
+    Apiserver,
+}
+
+impl Component {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Etcd => "etcd",
+            Self::Apiserver => "kube-apiserver",
+        }
+    }
 }
 
 impl ControlPlane {
@@ -181,7 +216,8 @@ impl ControlPlane {
         std::fs::write(&token_file, format!("{token},{ADMIN_TOKEN_USER},weft-admin-uid,\"system:masters\"\n"))
             .context("writing token file")?;
 
-        let mut running = Running { apiserver: None, etcd: None, etcd_command: None, dir: Some(dir) };
+        let mut running =
+            Running { apiserver: None, etcd: None, etcd_command: None, apiserver_command: None, dir: Some(dir) };
 
         let mut etcd = in_ns(tools.join("etcd"));
         etcd.args([
@@ -198,8 +234,7 @@ impl ControlPlane {
             "--log-level=warn",
         ]);
         let etcd_log = root.join("etcd.log");
-        running.etcd_command =
-            Some((etcd.get_program().to_owned(), etcd.get_args().map(ToOwned::to_owned).collect(), etcd_log.clone()));
+        running.etcd_command = Some(Started::of(&etcd, &etcd_log));
         running.etcd = Some(process::spawn_tied(etcd, &etcd_log)?);
 
         let mut apiserver = in_ns(tools.join("kube-apiserver"));
@@ -236,6 +271,7 @@ impl ControlPlane {
         }
         apiserver.args(&opts.extra_apiserver_args);
         let api_log = root.join("kube-apiserver.log");
+        running.apiserver_command = Some(Started::of(&apiserver, &api_log));
         running.apiserver = Some(process::spawn_tied(apiserver, &api_log)?);
 
         let in_ns_server = format!("https://{address}:{api_port}");
@@ -314,23 +350,40 @@ impl ControlPlane {
         Ok(())
     }
 
-    /// Kills etcd (SIGKILL, as a crash) and starts it again on the same data,
-    /// then waits until the apiserver is ready again.
-    pub fn restart_etcd(&self) -> anyhow::Result<()> {
+    /// Kills `which` (SIGKILL, as a crash) and starts it again (etcd on the
+    /// same data), then waits until the apiserver is ready again.
+    pub fn restart(&self, which: Component) -> anyhow::Result<()> {
         {
             let mut guard = self.inner.lock().map_err(|_| anyhow::anyhow!("control plane lock poisoned"))?;
             let running = &mut *guard;
-            if let Some(mut child) = running.etcd.take() {
-                let _ = child.kill();
-                let _ = child.wait();
+            let (child, command) = match which {
+                Component::Etcd => (&mut running.etcd, &running.etcd_command),
+                Component::Apiserver => (&mut running.apiserver, &running.apiserver_command),
+            };
+            if let Some(mut old) = child.take() {
+                let _ = old.kill();
+                let _ = old.wait();
             }
-            let (program, args, log) = running.etcd_command.clone().context("etcd was not started here")?;
-            let mut etcd = Command::new(program);
-            etcd.args(args);
-            // A log of its own: the first run's stays as it was.
-            running.etcd = Some(process::spawn_tied(etcd, &log.with_extension("restarted.log"))?);
+            let command = command.clone().with_context(|| format!("{} was not started here", which.name()))?;
+            *child = Some(command.spawn_again()?);
         }
         self.wait_ready(Duration::from_secs(60))
+    }
+
+    /// Process id of one of them while it runs.
+    pub fn pid(&self, which: Component) -> Option<u32> {
+        let running = self.inner.lock().ok()?;
+        match which {
+            Component::Etcd => running.etcd.as_ref(),
+            Component::Apiserver => running.apiserver.as_ref(),
+        }
+        .map(Child::id)
+    }
+
+    /// Writes the apiserver's pid to `path` (for pausing the API in tests).
+    pub fn write_apiserver_pid(&self, path: &Path) -> anyhow::Result<()> {
+        let pid = self.pid(Component::Apiserver).context("the apiserver is not running")?;
+        std::fs::write(path, pid.to_string()).with_context(|| format!("writing {}", path.display()))
     }
 
     /// Process ids of etcd and kube-apiserver while they run.

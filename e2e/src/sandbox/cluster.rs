@@ -14,6 +14,7 @@ use serde_json::json;
 use weft_api::subnet::Subnet;
 
 use super::{CP_IP, CP_NS, FORWARD_PORT, NodeInfo, State, UNDERLAY_NS, ip, state_dir};
+use crate::control_plane::Component;
 use crate::control_plane::{self, ControlPlane, Options, process};
 
 /// Held by the supervisor for its whole life: one sandbox per machine, and a
@@ -126,24 +127,28 @@ pub async fn supervise(nodes: usize, backend: &str) -> anyhow::Result<()> {
     eprintln!("sandbox ready");
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
-    // SIGUSR1: `weft-sandbox etcd-restart` (etcd crashes and comes back).
+    // `weft-sandbox etcd-restart` / `apiserver-restart`: the process crashes
+    // and comes back.
     let mut usr1 = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined1())?;
+    let mut usr2 = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined2())?;
     loop {
-        tokio::select! {
+        let which = tokio::select! {
             _ = term.recv() => break,
             _ = int.recv() => break,
-            _ = usr1.recv() => {
-                let outcome = tokio::task::block_in_place(|| cp.restart_etcd());
-                let note = match outcome {
-                    Ok(()) => "etcd restarted".to_owned(),
-                    Err(e) => format!("etcd restart failed: {e:#}"),
-                };
-                eprintln!("{note}");
-                let tmp = state_dir().join(".etcd-restart.result");
-                if std::fs::write(&tmp, note).is_ok() {
-                    let _ = std::fs::rename(&tmp, state_dir().join("etcd-restart.result"));
-                }
-            }
+            _ = usr1.recv() => Component::Etcd,
+            _ = usr2.recv() => Component::Apiserver,
+        };
+        let restarted = tokio::task::block_in_place(|| cp.restart(which))
+            .and_then(|()| cp.write_apiserver_pid(&state_dir().join("apiserver.pid")));
+        let note = match restarted {
+            Ok(()) => format!("{} restarted", which.name()),
+            Err(e) => format!("{} restart failed: {e:#}", which.name()),
+        };
+        eprintln!("{note}");
+        let result = restart_result(which);
+        let tmp = result.with_extension("tmp");
+        if std::fs::write(&tmp, note).is_ok() {
+            let _ = std::fs::rename(&tmp, result);
         }
     }
     eprintln!("tearing the sandbox down");
@@ -161,6 +166,11 @@ pub async fn supervise(nodes: usize, backend: &str) -> anyhow::Result<()> {
     cp.shutdown();
     cleanup_leftovers();
     Ok(())
+}
+
+/// Where the supervisor writes the outcome of a restart it was asked for.
+pub fn restart_result(which: Component) -> std::path::PathBuf {
+    state_dir().join(format!("{}-restart.result", which.name()))
 }
 
 type Parts = (ControlPlane, Vec<std::process::Child>);
@@ -185,10 +195,7 @@ async fn build(nodes: usize, backend: &str) -> anyhow::Result<Parts> {
         })
     })
     .await??;
-    // The apiserver is the last of the control plane's processes.
-    if let Some(pid) = cp.pids().last() {
-        std::fs::write(dir.join("apiserver.pid"), pid.to_string())?;
-    }
+    cp.write_apiserver_pid(&dir.join("apiserver.pid"))?;
     let client = cp.client().await?;
     control_plane::install_crds(&client).await?;
     let namespaces = Api::<Namespace>::all(client.clone());
