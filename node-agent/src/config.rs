@@ -59,7 +59,8 @@ pub struct Config {
     /// Underlay interface; default: the one that carries --node-ip.
     #[arg(long, env = "WEFT_UNDERLAY_IFACE")]
     pub underlay_iface: Option<String>,
-    /// Full overlay resync period, in seconds (changes apply at once anyway).
+    /// The one resync period of every reconcile loop (overlay, policy, host
+    /// ports, repairs, the lease), in seconds; changes apply at once anyway.
     #[arg(long, env = "WEFT_RESYNC_SECONDS", default_value_t = 30)]
     pub resync_seconds: u64,
     /// Range automatic host ports are picked from (pod annotation
@@ -73,4 +74,11 @@ pub struct Config {
     /// Address for /metrics, /healthz and /readyz.
     #[arg(long, env = "WEFT_METRICS_ADDR", default_value = "0.0.0.0:9646")]
     pub metrics_addr: SocketAddr,
+}
+
+impl Config {
+    /// The resync period every reconcile loop uses.
+    pub fn resync(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(self.resync_seconds.max(1))
+    }
 }

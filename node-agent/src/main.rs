@@ -102,7 +102,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
     tokio::spawn(sync_host_ports(Arc::clone(&agent)));
     tokio::spawn(attach::repair::run(Arc::clone(&agent)));
     if let (Some(c), Some(node_ip)) = (&client, config.node_ip) {
-        let resync = std::time::Duration::from_secs(config.resync_seconds.max(1));
+        let resync = config.resync();
         let hp = Arc::clone(&agent.hostports);
         tokio::spawn(hostport::publish::run(c.clone(), config.node_name.clone(), node_ip.to_string(), hp, resync));
     }
@@ -115,7 +115,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
         tracing::info!(%mode, setting, "turned on a node setting {mode} pods need");
     }
     if let (Some(_), Some(cluster_cidr)) = (&subnets, config.cluster_cidr) {
-        let period = std::time::Duration::from_secs(config.resync_seconds.max(1));
+        let period = config.resync();
         tokio::spawn(node_settings::run(Arc::clone(&agent), lease.cidr, cluster_cidr, period));
     }
     agent.metrics.set_ipam_usage(agent.ipam.usage());
@@ -125,7 +125,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
     // exits, and its restart waits for the node's new lease.
     let mut lease_gone: std::pin::Pin<Box<dyn Future<Output = String> + Send>> = Box::pin(std::future::pending());
     if let (Some(api), Some((reconciler, _, facts))) = (&subnets, overlay) {
-        let resync = std::time::Duration::from_secs(config.resync_seconds.max(1));
+        let resync = config.resync();
         tokio::spawn(peer_sync::run(api.clone(), reconciler, config.node_name.clone(), resync));
         let holder = lease::Holder {
             api: api.clone(),
@@ -140,14 +140,11 @@ async fn run(config: Config) -> anyhow::Result<()> {
         lease_gone = Box::pin(lease::hold(holder, move || ipam.all().len()));
     }
     // Policy needs the API: with a lease, or a fixed pod CIDR plus --kubeconfig.
-    if config.network_policy && (subnets.is_some() || config.kubeconfig.is_some()) {
-        let client = match &subnets {
-            Some(api) => api.clone().into_client(),
-            None => kube_client(&config).await?,
-        };
-        let resync = std::time::Duration::from_secs(config.resync_seconds.max(1));
+    if let Some(client) = &client
+        && config.network_policy
+    {
         let metrics = Arc::clone(&agent.metrics.policy);
-        tokio::spawn(policy::sync::run(client, config.node_name.clone(), resync, metrics));
+        tokio::spawn(policy::sync::run(client.clone(), config.node_name.clone(), config.resync(), metrics));
     }
 
     let listener = bind_socket(&config.socket)?;
@@ -248,7 +245,7 @@ fn host_ports(config: &Config, pool: &Pool, ipam: &Ipam) -> hostport::HostPorts 
 /// Rewrites the host port rules whenever someone else changed them (a
 /// component restoring the nat table, a hand edit), every resync period.
 async fn sync_host_ports(agent: Arc<Agent>) {
-    let period = std::time::Duration::from_secs(agent.config.resync_seconds.max(1));
+    let period = agent.config.resync();
     let mut first = true;
     loop {
         match agent.hostports.sync().await {

@@ -7,7 +7,6 @@
 //! Health checks only observe; repairs happen here.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use super::{AttachError, driver, off_thread};
 use crate::agent::{Agent, veth_mac};
@@ -83,7 +82,7 @@ impl Agent {
 
 /// Repairs every resync period, for as long as the agent runs.
 pub async fn run(agent: Arc<Agent>) {
-    let period = Duration::from_secs(agent.config.resync_seconds.max(1));
+    let period = agent.config.resync();
     loop {
         tokio::time::sleep(period).await;
         if let Err(e) = agent.repair_node_side().await {

@@ -1,9 +1,11 @@
 //! Keeps this node's policy rules in step with the API: reflectors for
-//! pods, namespaces and both kinds of NetworkPolicy feed in-memory stores;
-//! any change (debounced) and a periodic resync run one full pass:
-//! compile, render, diff against the kernel, write only what differs. The
-//! pass is level-triggered, so a missed event or a tampered rule is
-//! repaired by the next one.
+//! pods, namespaces and both kinds of NetworkPolicy feed in-memory stores
+//! (pods trimmed to what policy reads). Any change (debounced) recomputes
+//! this node's rules in memory; only when they differ from the last ones
+//! applied is the kernel read and written, so pod churn elsewhere in the
+//! cluster that cannot change this node's rules costs no program run. The
+//! periodic resync always compares with the kernel and writes what differs,
+//! so a missed event or a tampered rule is repaired by the next one.
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
@@ -54,25 +56,53 @@ fn slim<K: Resource>(obj: &mut K) {
     meta.owner_references = None;
 }
 
+/// Reduces a Pod to what [`pod_info`] reads.
 fn slim_pod(pod: &mut Pod) {
-    slim(pod);
-    if let Some(spec) = pod.spec.as_mut() {
-        spec.volumes = None;
-        spec.tolerations = None;
-        spec.affinity = None;
-        for c in spec.containers.iter_mut().chain(spec.init_containers.iter_mut().flatten()) {
-            *c = k8s_openapi::api::core::v1::Container {
-                name: std::mem::take(&mut c.name),
-                ports: c.ports.take(),
-                ..Default::default()
-            };
-        }
-    }
-    if let Some(status) = pod.status.as_mut() {
-        status.conditions = None;
-        status.container_statuses = None;
-        status.init_container_statuses = None;
-    }
+    use k8s_openapi::api::core::v1::{Container, PodSpec, PodStatus};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    let meta = std::mem::take(&mut pod.metadata);
+    pod.metadata = ObjectMeta {
+        name: meta.name,
+        namespace: meta.namespace,
+        uid: meta.uid,
+        resource_version: meta.resource_version,
+        labels: meta.labels,
+        ..ObjectMeta::default()
+    };
+    let ports_only = |c: &mut Container| Container {
+        name: std::mem::take(&mut c.name),
+        ports: c.ports.take(),
+        ..Default::default()
+    };
+    pod.spec = pod.spec.take().map(|mut spec| PodSpec {
+        host_network: spec.host_network,
+        node_name: spec.node_name.take(),
+        containers: spec.containers.iter_mut().map(ports_only).collect(),
+        init_containers: spec.init_containers.as_mut().map(|cs| cs.iter_mut().map(ports_only).collect()),
+        ..PodSpec::default()
+    });
+    pod.status = pod.status.take().map(|status| PodStatus {
+        phase: status.phase,
+        pod_ip: status.pod_ip,
+        pod_ips: status.pod_ips,
+        ..PodStatus::default()
+    });
+}
+
+/// What woke the sync loop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Wake {
+    /// An object in one of the caches changed.
+    Changed,
+    /// The resync period passed, or the last pass failed.
+    Resync,
+}
+
+/// Whether a pass has to read (and maybe write) the kernel. After a change,
+/// only when this node's rules differ from the last ones applied; on a
+/// resync always, since only the kernel shows tampering.
+fn needs_kernel(wake: Wake, last_applied: Option<&Desired>, want: &Desired) -> bool {
+    wake == Wake::Resync || last_applied != Some(want)
 }
 
 fn reflect<K>(api: Api<K>, what: &'static str, changed: Arc<tokio::sync::Notify>, trim: fn(&mut K)) -> Store<K>
@@ -182,12 +212,18 @@ pub fn apply(want: &Desired, metrics: Option<&PolicyMetrics>) -> Result<bool, Sy
     Ok(wrote)
 }
 
-/// One full pass over `cluster` for `node`. Blocking.
-pub fn sync_once(cluster: &Cluster, node: &str, metrics: Option<&PolicyMetrics>) -> Result<Report, SyncError> {
+impl Report {
+    fn of(rules: &Desired, local_pods: usize, wrote: bool) -> Self {
+        Report { wrote, rules: rules.rule_count(), sets: rules.sets.len(), local_pods }
+    }
+}
+
+/// This node's rules and how many of its pods they cover.
+struct Want(Desired, usize);
+
+fn desired(cluster: &Cluster, node: &str) -> Want {
     let compiled = compile(cluster, node);
-    let want = render::render(&compiled);
-    let wrote = apply(&want, metrics)?;
-    Ok(Report { wrote, rules: want.rule_count(), sets: want.sets.len(), local_pods: compiled.len() })
+    Want(render::render(&compiled), compiled.len())
 }
 
 /// Runs for the agent's lifetime.
@@ -209,6 +245,9 @@ pub async fn run(client: Client, node: String, resync: Duration, metrics: Arc<Po
             return;
         }
     }
+    let mut wake = Wake::Resync;
+    // The rules last written to (or found in) the kernel.
+    let mut last_applied: Option<Arc<Desired>> = None;
     loop {
         let started = Instant::now();
         let cluster = snapshot(&pods, &namespaces, &standard, &weft);
@@ -216,12 +255,29 @@ pub async fn run(client: Client, node: String, resync: Duration, metrics: Arc<Po
         m.policies.get_or_create(&KindLabels { kind: "standard" }).set(cluster.standard.len() as i64);
         m.policies.get_or_create(&KindLabels { kind: "weft" }).set(cluster.weft.len() as i64);
         let node2 = node.clone();
-        let metrics2 = Arc::clone(&metrics);
-        let result = tokio::task::spawn_blocking(move || sync_once(&cluster, &node2, Some(&metrics2))).await;
+        let want = match tokio::task::spawn_blocking(move || desired(&cluster, &node2)).await {
+            Ok(want) => want,
+            Err(e) => {
+                tracing::error!(error = %e, "computing the policy rules failed; retrying");
+                m.syncs.get_or_create(&ResultLabels { result: "error" }).inc();
+                wake = next_wake(&changed, RETRY).await;
+                continue;
+            }
+        };
+        let Want(rules, local_pods) = want;
+        if !needs_kernel(wake, last_applied.as_deref(), &rules) {
+            m.syncs.get_or_create(&ResultLabels { result: "unaffected" }).inc();
+            wake = next_wake(&changed, resync).await;
+            continue;
+        }
+        let rules = Arc::new(rules);
+        let (rules2, metrics2) = (Arc::clone(&rules), Arc::clone(&metrics));
+        let result = tokio::task::spawn_blocking(move || apply(&rules2, Some(&metrics2))).await;
         let elapsed = started.elapsed();
         let mut pause = resync;
         match result {
-            Ok(Ok(report)) => {
+            Ok(Ok(wrote)) => {
+                let report = Report::of(&rules, local_pods, wrote);
                 m.rules.set(report.rules as i64);
                 m.ipsets.set(report.sets as i64);
                 m.local_pods.set(report.local_pods as i64);
@@ -237,22 +293,33 @@ pub async fn run(client: Client, node: String, resync: Duration, metrics: Arc<Po
                         "policy rules applied"
                     );
                 }
+                last_applied = Some(rules);
             }
             Ok(Err(e)) => {
                 m.syncs.get_or_create(&ResultLabels { result: "error" }).inc();
                 tracing::error!(error = %e, "policy sync failed; retrying");
                 pause = RETRY;
+                last_applied = None;
             }
             Err(e) => {
                 m.syncs.get_or_create(&ResultLabels { result: "error" }).inc();
                 tracing::error!(error = %e, "policy sync task failed; retrying");
                 pause = RETRY;
+                last_applied = None;
             }
         }
-        tokio::select! {
-            () = changed.notified() => tokio::time::sleep(DEBOUNCE).await,
-            () = tokio::time::sleep(pause) => {}
+        wake = next_wake(&changed, pause).await;
+    }
+}
+
+/// Waits for a change (then lets a burst settle) or for `pause` to pass.
+async fn next_wake(changed: &tokio::sync::Notify, pause: Duration) -> Wake {
+    tokio::select! {
+        () = changed.notified() => {
+            tokio::time::sleep(DEBOUNCE).await;
+            Wake::Changed
         }
+        () = tokio::time::sleep(pause) => Wake::Resync,
     }
 }
 
@@ -261,6 +328,40 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    #[test]
+    fn only_a_change_of_this_node_s_rules_or_a_resync_reaches_the_kernel() {
+        let mut want = Desired::default();
+        want.chains.insert("WEFT-POL-x".into(), vec!["-A WEFT-POL-x -j DROP".into()]);
+        let same = Desired { chains: want.chains.clone(), sets: want.sets.clone() };
+        assert!(needs_kernel(Wake::Changed, None, &want), "nothing applied yet");
+        assert!(!needs_kernel(Wake::Changed, Some(&same), &want), "a change elsewhere");
+        assert!(needs_kernel(Wake::Changed, Some(&Desired::default()), &want), "this node's rules changed");
+        assert!(needs_kernel(Wake::Resync, Some(&same), &want), "the resync looks for tampering");
+    }
+
+    #[test]
+    fn status_churn_and_other_fields_do_not_survive_slimming() {
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "web", "namespace": "prod", "labels": {"app": "web"},
+                "annotations": {"a": "b"}, "managedFields": [{"manager": "kubelet"}]},
+            "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "nginx", "env": [{"name": "A"}],
+                "ports": [{"name": "http", "containerPort": 8080}]}]},
+            "status": {"podIP": "10.0.0.5", "phase": "Running", "conditions": [{"type": "Ready", "status": "True"}],
+                "containerStatuses": [{"name": "c", "restartCount": 3}]}
+        }))
+        .unwrap();
+        let mut slimmed = pod.clone();
+        slim_pod(&mut slimmed);
+        assert_eq!(pod_info(&slimmed), pod_info(&pod));
+        let json = serde_json::to_value(&slimmed).unwrap();
+        assert_eq!(json["status"], json!({"phase": "Running", "podIP": "10.0.0.5"}));
+        assert_eq!(
+            json["spec"]["containers"],
+            json!([{"name": "c", "ports": [{"name": "http", "containerPort": 8080}]}])
+        );
+        assert!(json["metadata"].get("annotations").is_none() && json["metadata"].get("managedFields").is_none());
+    }
 
     #[test]
     fn pods_become_policy_pods_with_named_ports() {
