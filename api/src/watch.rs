@@ -27,16 +27,37 @@ where
     K: kube::Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
 {
+    reflect_with(api, config, what, trim, move |_| {
+        if let Some(changed) = &changed {
+            changed.notify_one();
+        }
+    })
+}
+
+/// [`reflect`], calling `on_change` after the store took in each change
+/// (with the object, as trimmed) and after a watch error (with `None`).
+pub fn reflect_with<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    what: &'static str,
+    trim: fn(&mut K),
+    mut on_change: impl FnMut(Option<&K>) + Send + 'static,
+) -> Store<K>
+where
+    K: kube::Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
+{
     let (reader, writer) = reflector::store();
     let events = watcher(api, config).default_backoff().modify(trim).reflect(writer).touched_objects();
     tokio::spawn(async move {
         futures::pin_mut!(events);
         while let Some(event) = events.next().await {
-            if let Err(e) = event {
-                tracing::warn!(error = %e, "{what} watch error; retrying");
-            }
-            if let Some(changed) = &changed {
-                changed.notify_one();
+            match event {
+                Ok(object) => on_change(Some(&object)),
+                Err(e) => {
+                    tracing::warn!(error = %e, "{what} watch error; retrying");
+                    on_change(None);
+                }
             }
         }
     });

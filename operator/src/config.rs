@@ -89,6 +89,11 @@ pub struct Config {
     #[arg(long, env = "WEFT_RELEASE_GRACE_SECONDS", default_value_t = 60, value_parser = clap::value_parser!(u32).range(0..=86400))]
     pub release_grace_seconds: u32,
 
+    /// The one resync period of every controller (Subnets, host ports,
+    /// policies), in seconds; changes are acted on at once anyway.
+    #[arg(long, env = "WEFT_RESYNC_SECONDS", default_value_t = 300, value_parser = clap::value_parser!(u32).range(1..=86400))]
+    pub resync_seconds: u32,
+
     /// Maximum reconciles running at once per controller.
     #[arg(long, env = "WEFT_CONCURRENCY", default_value_t = 64)]
     pub concurrency: u16,
@@ -131,6 +136,10 @@ impl Config {
 
     pub fn renew_deadline(&self) -> Duration {
         Duration::from_secs(self.renew_deadline_seconds.into())
+    }
+
+    pub fn resync(&self) -> Duration {
+        Duration::from_secs(self.resync_seconds.into())
     }
 
     pub fn release_grace(&self) -> Duration {

@@ -24,11 +24,24 @@ use crate::metrics::Metrics;
 
 pub const CONDITION_ANNOTATED: &str = "PodAnnotated";
 
-/// Runs until the process ends.
-pub async fn run(client: Client, metrics: Arc<Metrics>, resync: Duration, term: Term) {
-    let changed = Arc::new(tokio::sync::Notify::new());
-    let allocations = cache::<HostPortAllocation>(Api::all(client.clone()), weft_api::watch::keep_all, changed.clone());
-    let pods = cache::<Pod>(Api::all(client.clone()), crate::pods::trim, changed.clone());
+/// Runs until the process ends. `pods` is the operator's shared Pod cache
+/// and `changed` is notified on its changes; allocation changes notify it
+/// too.
+pub async fn run(
+    client: Client,
+    pods: Store<Pod>,
+    changed: Arc<tokio::sync::Notify>,
+    metrics: Arc<Metrics>,
+    resync: Duration,
+    term: Term,
+) {
+    let allocations = weft_api::watch::reflect(
+        Api::<HostPortAllocation>::all(client.clone()),
+        watcher::Config::default(),
+        "HostPortAllocation",
+        weft_api::watch::keep_all,
+        Some(changed.clone()),
+    );
     if allocations.wait_until_ready().await.is_err() || pods.wait_until_ready().await.is_err() {
         tracing::error!("host port caches were dropped before they were ready");
         return;
@@ -52,13 +65,6 @@ pub async fn run(client: Client, metrics: Arc<Metrics>, resync: Duration, term: 
             _ = tokio::time::sleep(wait) => {}
         }
     }
-}
-
-fn cache<K>(api: Api<K>, trim: fn(&mut K), changed: Arc<tokio::sync::Notify>) -> Store<K>
-where
-    K: kube::Resource<DynamicType = ()> + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
-{
-    weft_api::watch::reflect(api, watcher::Config::default(), "host port", trim, Some(changed))
 }
 
 /// The annotation value for a pod's allocations: `containerPort/PROTOCOL` →

@@ -1,11 +1,44 @@
-//! What the operator keeps of each Pod in its caches: only what the host
-//! port and policy controllers read (identity, labels, the host port
-//! addresses annotation, host networking, phase). A cluster's Pod objects
-//! are mostly container specs and statuses; keeping them whole would make
-//! the operator's memory grow with everything pods carry.
+//! The operator's one Pod cache, shared by the host port and policy
+//! controllers, and what it keeps of each Pod: only what they read
+//! (identity, labels, the host port addresses annotation, host networking,
+//! phase). A cluster's Pod objects are mostly container specs and statuses;
+//! keeping them whole would make the operator's memory grow with everything
+//! pods carry.
+
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Pod, PodSpec, PodStatus};
+use kube::runtime::reflector::Store;
+use kube::runtime::watcher;
+use kube::{Api, Client};
+use tokio::sync::Notify;
+use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 use weft_api::host_port::ADDRESSES_ANNOTATION;
+
+/// The shared cache and how its users hear of changes.
+pub struct Cache {
+    pub store: Store<Pod>,
+    /// Notified after each change (the host port pass runs over all pods).
+    pub changed: Arc<Notify>,
+    /// The namespace of each pod taken in (the policies of that namespace
+    /// count their pods again).
+    pub touched: UnboundedReceiver<String>,
+}
+
+/// Starts the one cluster-wide Pod watch.
+pub fn cache(client: Client) -> Cache {
+    let changed = Arc::new(Notify::new());
+    let (tx, touched) = unbounded_channel();
+    let notify = changed.clone();
+    let store = weft_api::watch::reflect_with(Api::all(client), watcher::Config::default(), "Pod", trim, move |pod| {
+        notify.notify_one();
+        if let Some(ns) = pod.and_then(|p| p.metadata.namespace.clone()) {
+            // The receiver lives as long as the policy controller.
+            let _ = tx.send(ns);
+        }
+    });
+    Cache { store, changed, touched }
+}
 
 /// Reduces a Pod to what the operator reads (before it is cached).
 pub fn trim(pod: &mut Pod) {

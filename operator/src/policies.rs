@@ -13,8 +13,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use serde_json::json;
 use weft_api::NetworkPolicy;
@@ -40,6 +40,7 @@ struct Ctx {
     policies: Store<NetworkPolicy>,
     metrics: Arc<Metrics>,
     term: Term,
+    resync: Duration,
 }
 
 /// Pods a policy can select: addressed by the pod network and not finished.
@@ -93,7 +94,7 @@ async fn reconcile_inner(policy: &NetworkPolicy, ctx: &Ctx) -> Result<Action, Er
         && status.selected_pods == selected
         && status.observed_generation == generation;
     if unchanged {
-        return Ok(Action::requeue(Duration::from_secs(600)));
+        return Ok(Action::requeue(ctx.resync));
     }
     // The transition time moves only when the status flips.
     let since = match current {
@@ -121,7 +122,7 @@ async fn reconcile_inner(policy: &NetworkPolicy, ctx: &Ctx) -> Result<Action, Er
             if !accepted {
                 tracing::info!(%namespace, %name, "Weft NetworkPolicy rejected");
             }
-            Ok(Action::requeue(Duration::from_secs(600)))
+            Ok(Action::requeue(ctx.resync))
         }
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(Action::await_change()),
         Err(source) => Err(Error::Status { namespace, name, source }),
@@ -133,38 +134,31 @@ fn error_policy(_p: Arc<NetworkPolicy>, error: &Error, _ctx: Arc<Ctx>) -> Action
     Action::requeue(Duration::from_secs(5))
 }
 
-/// Runs the controller until its watches end.
-pub async fn run(client: Client, metrics: Arc<Metrics>, term: Term) {
+/// Runs the controller until its watches end. `pods` is the operator's
+/// shared Pod cache; `touched` names the namespace of each pod it took in,
+/// which triggers that namespace's policies.
+pub async fn run(
+    client: Client,
+    pods: Store<Pod>,
+    touched: tokio::sync::mpsc::UnboundedReceiver<String>,
+    metrics: Arc<Metrics>,
+    term: Term,
+    resync: Duration,
+) {
     let policies_api: Api<NetworkPolicy> = Api::all(client.clone());
-    let pods_api: Api<Pod> = Api::all(client.clone());
     let ctrl = Controller::new(policies_api, watcher::Config::default());
     let policies = ctrl.store();
     let by_namespace = policies.clone();
-    // One pod watch feeds the store the counts are taken from and, after the
-    // store has the change, triggers the policies of the pod's namespace.
-    let (pods, writer) = reflector::store();
-    let triggers = watcher(pods_api, watcher::Config::default())
-        .default_backoff()
-        .modify(crate::pods::trim)
-        .reflect(writer)
-        .touched_objects()
-        .filter_map(|r| {
-            if let Err(e) = &r {
-                tracing::warn!(error = %e, "Pod watch error; retrying");
-            }
-            futures::future::ready(r.ok())
-        })
-        .flat_map(move |pod: Pod| {
-            let ns = pod.namespace();
-            let refs: Vec<ObjectRef<NetworkPolicy>> = by_namespace
-                .state()
-                .iter()
-                .filter(|p| p.namespace() == ns)
-                .map(|p| ObjectRef::from_obj(&**p))
-                .collect();
-            futures::stream::iter(refs)
-        });
-    let ctx = Arc::new(Ctx { client, pods, policies, metrics, term });
+    let triggers = tokio_stream::wrappers::UnboundedReceiverStream::new(touched).flat_map(move |ns: String| {
+        let refs: Vec<ObjectRef<NetworkPolicy>> = by_namespace
+            .state()
+            .iter()
+            .filter(|p| p.namespace().as_deref() == Some(ns.as_str()))
+            .map(|p| ObjectRef::from_obj(&**p))
+            .collect();
+        futures::stream::iter(refs)
+    });
+    let ctx = Arc::new(Ctx { client, pods, policies, metrics, term, resync });
     ctrl.reconcile_on(triggers)
         .run(reconcile, error_policy, ctx)
         .for_each(|res| async move {

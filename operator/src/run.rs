@@ -185,9 +185,11 @@ async fn run_controllers(
                 tracing::debug!(error = %e, "subnet controller event");
             }
         });
+    let resync = ctx.config.resync();
+    let pods = crate::pods::cache(client.clone());
     let hostports =
-        crate::hostports::run(client.clone(), metrics.clone(), std::time::Duration::from_secs(30), term.clone());
-    let policies = crate::policies::run(client.clone(), metrics.clone(), term);
+        crate::hostports::run(client.clone(), pods.store.clone(), pods.changed, metrics.clone(), resync, term.clone());
+    let policies = crate::policies::run(client.clone(), pods.store, pods.touched, metrics.clone(), term, resync);
     tokio::join!(nodes, subnets, wake, ready, hostports, policies);
     anyhow::bail!("controllers stopped")
 }

@@ -137,7 +137,7 @@ async fn keep_lease(ctx: &Context, node: &Node, subnet: &Subnet) -> Result<Actio
     ensure_lease_metadata(ctx, subnet).await?;
     ensure_allocated_condition(ctx, subnet).await?;
     clear_exhausted(ctx, node, subnet).await;
-    Ok(Action::requeue(Duration::from_secs(600)))
+    Ok(Action::requeue(ctx.config.resync()))
 }
 
 /// One node waiting for a lease.
@@ -186,7 +186,7 @@ async fn allocate(node: &Node, ctx: &Context) -> Result<Action, Error> {
             tracing::info!(node = %name, cidr = %subnet.spec.cidr, "allocated subnet");
             ensure_allocated_condition(ctx, &subnet).await?;
             clear_exhausted(ctx, node, &subnet).await;
-            Ok(Action::requeue(Duration::from_secs(600)))
+            Ok(Action::requeue(ctx.config.resync()))
         }
         Outcome::Exists(subnet) => keep_lease(ctx, node, &subnet).await,
         Outcome::Conflict => Ok(Action::requeue(Duration::ZERO)),
@@ -589,7 +589,7 @@ async fn reconcile_subnet_inner(subnet: &Subnet, ctx: &Context) -> Result<Action
             delete_subnet(ctx, subnet).await?;
         }
     }
-    Ok(Action::requeue(Duration::from_secs(600)))
+    Ok(Action::requeue(ctx.config.resync()))
 }
 
 /// One side of an overlap between two Subnets.
