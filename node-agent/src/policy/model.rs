@@ -548,7 +548,7 @@ pub fn compile(cluster: &Cluster, node: &str) -> Vec<PodPolicy> {
                     }
                 }
             }
-            weft_rules.sort_by(|a, b| b.0.cmp(&a.0).then(b.1.cmp(&a.1)));
+            weft_rules.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
             let mut rules: Vec<Rule> = weft_rules.into_iter().map(|(_, _, r)| r).collect();
             let isolating: Vec<&PolicyView<'_>> = standard.iter().filter(|p| pick(p)).collect();
             for p in &isolating {

@@ -428,6 +428,13 @@ mod naive {
         }
     }
 
+    /// A standard rule's peers (`from` or `to`) and ports.
+    type StandardRule<'a> = (&'a [netv1::NetworkPolicyPeer], &'a [netv1::NetworkPolicyPort]);
+
+    fn or_empty<T>(v: Option<&Vec<T>>) -> &[T] {
+        v.map(Vec::as_slice).unwrap_or_default()
+    }
+
     struct Packet<'c> {
         pod: &'c PodInfo,
         dir: Direction,
@@ -469,17 +476,22 @@ mod naive {
                 continue;
             }
             isolated = true;
-            let rules: Vec<(Option<&Vec<netv1::NetworkPolicyPeer>>, Option<&Vec<netv1::NetworkPolicyPort>>)> = match pkt
-                .dir
-            {
-                Direction::Ingress => {
-                    spec.ingress.iter().flatten().map(|r| (r.from.as_ref(), r.ports.as_ref())).collect()
-                }
-                Direction::Egress => spec.egress.iter().flatten().map(|r| (r.to.as_ref(), r.ports.as_ref())).collect(),
+            // Absent and empty `from`/`to`/`ports` alike: no restriction.
+            let rules: Vec<StandardRule<'_>> = match pkt.dir {
+                Direction::Ingress => spec
+                    .ingress
+                    .iter()
+                    .flatten()
+                    .map(|r| (or_empty(r.from.as_ref()), or_empty(r.ports.as_ref())))
+                    .collect(),
+                Direction::Egress => spec
+                    .egress
+                    .iter()
+                    .flatten()
+                    .map(|r| (or_empty(r.to.as_ref()), or_empty(r.ports.as_ref())))
+                    .collect(),
             };
             for (peers, ports) in rules {
-                let peers: &[netv1::NetworkPolicyPeer] = peers.map(Vec::as_slice).unwrap_or_default();
-                let ports: &[netv1::NetworkPolicyPort] = ports.map(Vec::as_slice).unwrap_or_default();
                 let peer_ok = peers.is_empty()
                     || peers.iter().any(|p| {
                         let block =
