@@ -24,9 +24,24 @@ use crate::metrics::Metrics;
 
 pub const CONDITION_ANNOTATED: &str = "PodAnnotated";
 
+/// What the host port controller works with: the caches it reads and the
+/// client it writes through.
+pub struct Ctx {
+    pub client: Client,
+    pub allocations: Store<HostPortAllocation>,
+    pub pods: Store<Pod>,
+    pub metrics: Arc<Metrics>,
+    pub term: Term,
+}
+
 /// Runs until the process ends. `pods` is the operator's shared Pod cache
 /// and `changed` is notified on its changes; allocation changes notify it
 /// too.
+///
+/// The same shape as the Subnet and policy controllers (a context, a
+/// reconcile, an error policy), but one reconcile covers every
+/// allocation: the node pools and the sweep of stale pod annotations span
+/// all of them, so there is no per-object key to queue.
 pub async fn run(
     client: Client,
     pods: Store<Pod>,
@@ -46,16 +61,14 @@ pub async fn run(
         tracing::error!("host port caches were dropped before they were ready");
         return;
     }
+    let ctx = Ctx { client, allocations, pods, metrics, term };
     loop {
         let started = std::time::Instant::now();
-        let result = pass(&client, &allocations, &pods, &metrics, &term).await;
-        metrics.observe("hostports", started.elapsed(), result.is_err());
+        let result = reconcile(&ctx).await;
+        ctx.metrics.observe("hostports", started.elapsed(), result.is_err());
         let wait = match result {
             Ok(()) => resync,
-            Err(e) => {
-                tracing::warn!(error = %e, "host port pass failed; retrying");
-                Duration::from_secs(1)
-            }
+            Err(e) => error_policy(&e),
         };
         tokio::select! {
             _ = changed.notified() => {
@@ -65,6 +78,12 @@ pub async fn run(
             _ = tokio::time::sleep(wait) => {}
         }
     }
+}
+
+/// Retry policy for a failed reconcile.
+fn error_policy(error: &Error) -> Duration {
+    tracing::warn!(%error, "host port reconcile failed; retrying");
+    Duration::from_secs(1)
 }
 
 /// The annotation value for a pod's allocations: `containerPort/PROTOCOL` →
@@ -101,22 +120,24 @@ pub fn node_pools(allocs: &[Arc<HostPortAllocation>]) -> HashMap<String, (i32, i
 }
 
 #[derive(Debug, thiserror::Error)]
-enum PassError {
-    #[error(transparent)]
-    Kube(#[from] kube::Error),
+pub enum Error {
+    #[error("{action} {kind} {namespace}/{name}: {source}")]
+    Kube { action: &'static str, kind: &'static str, namespace: String, name: String, source: kube::Error },
     #[error(transparent)]
     NotLeader(#[from] NotLeader),
 }
 
-/// One pass over every allocation. Each write first checks that this
-/// replica is still the leader.
-async fn pass(
-    client: &Client,
-    allocations: &Store<HostPortAllocation>,
-    pods: &Store<Pod>,
-    metrics: &Metrics,
-    term: &Term,
-) -> Result<(), PassError> {
+/// Builds the error for a failed call on `kind` `namespace/name`.
+fn failed(action: &'static str, kind: &'static str, namespace: &str, name: &str) -> impl FnOnce(kube::Error) -> Error {
+    let (namespace, name) = (namespace.to_owned(), name.to_owned());
+    move |source| Error::Kube { action, kind, namespace, name, source }
+}
+
+/// One pass over every allocation: delete those whose pod is gone, keep
+/// each pod's addresses annotation and each allocation's status in step.
+/// Each write first checks that this replica is still the leader.
+pub async fn reconcile(ctx: &Ctx) -> Result<(), Error> {
+    let Ctx { client, allocations, pods, metrics, term } = ctx;
     let all = allocations.state();
     let mut live: Vec<Arc<HostPortAllocation>> = Vec::new();
     for a in all {
@@ -127,7 +148,12 @@ async fn pass(
             continue;
         }
         // The cache may lag behind a pod created a moment ago: ask the API.
-        let fresh = Api::<Pod>::namespaced(client.clone(), &ns).get_opt(&a.spec.pod_ref.name).await?;
+        let fresh = Api::<Pod>::namespaced(client.clone(), &ns).get_opt(&a.spec.pod_ref.name).await.map_err(failed(
+            "looking up",
+            "Pod",
+            &ns,
+            &a.spec.pod_ref.name,
+        ))?;
         if pod_alive(fresh.as_ref(), &a) {
             live.push(a);
             continue;
@@ -142,7 +168,7 @@ async fn pass(
                 metrics.host_port_collected.inc();
             }
             Err(kube::Error::Api(s)) if s.code == 404 => {}
-            Err(e) => return Err(e.into()),
+            Err(e) => return Err(failed("deleting", "HostPortAllocation", &ns, &a.name_any())(e)),
         }
     }
 
@@ -185,7 +211,7 @@ async fn pass(
             {
                 Ok(_) => {}
                 Err(kube::Error::Api(s)) if s.code == 404 => {}
-                Err(e) => return Err(e.into()),
+                Err(e) => return Err(failed("removing the addresses annotation of", "Pod", &key.0, &key.1)(e)),
             }
         }
     }
@@ -207,7 +233,7 @@ async fn pass(
         {
             Ok(_) => {}
             Err(kube::Error::Api(s)) if s.code == 404 => {}
-            Err(e) => return Err(e.into()),
+            Err(e) => return Err(failed("updating the status of", "HostPortAllocation", &ns, &a.name_any())(e)),
         }
     }
     Ok(())
@@ -309,5 +335,98 @@ mod tests {
         assert!(pod_alive(Some(&pod("u1")), &a));
         assert!(!pod_alive(Some(&pod("u2")), &a));
         assert!(!pod_alive(None, &a));
+    }
+
+    mod mock_api {
+        use super::*;
+        use crate::mock_api::{Handle, expect, no_more_requests, not_found, ok, store};
+        use http::Method;
+        use serde_json::Value;
+
+        const ALLOCATION: &str = "/apis/weft.dev/v1alpha1/namespaces/default/hostportallocations/web-1";
+        const POD: &str = "/api/v1/namespaces/default/pods/web";
+
+        fn context(allocations: Vec<HostPortAllocation>, pods: Vec<Pod>) -> (Arc<Ctx>, Handle) {
+            let (client, handle) = crate::mock_api::client();
+            let ctx = Ctx {
+                client,
+                allocations: store(allocations),
+                pods: store(pods),
+                metrics: Arc::new(Metrics::new()),
+                term: Term::always(),
+            };
+            (Arc::new(ctx), handle)
+        }
+
+        fn pod(annotation: Option<&str>) -> Pod {
+            let annotations = annotation.map(|a| json!({ADDRESSES_ANNOTATION: a})).unwrap_or(json!({}));
+            serde_json::from_value(json!({"metadata": {"name": "web", "namespace": "default", "uid": "u1",
+                "annotations": annotations}}))
+            .unwrap()
+        }
+
+        fn one_port() -> HostPortAllocation {
+            alloc("n1", json!([{"protocol": "TCP", "containerPort": 80, "hostPort": 20000}]))
+        }
+
+        async fn run(ctx: &Arc<Ctx>) -> tokio::task::JoinHandle<Result<(), Error>> {
+            let ctx = ctx.clone();
+            tokio::spawn(async move { reconcile(&ctx).await })
+        }
+
+        #[tokio::test]
+        async fn an_allocation_whose_pod_is_gone_is_deleted_once_the_api_confirms_it() {
+            let (ctx, mut api) = context(vec![one_port()], vec![]);
+            let pass = run(&ctx).await;
+            // The cache may lag behind a new pod: the API is asked first.
+            expect(&mut api, Method::GET, POD, not_found("pod web")).await;
+            expect(&mut api, Method::DELETE, ALLOCATION, ok(&one_port())).await;
+            pass.await.unwrap().unwrap();
+            assert!(no_more_requests(&mut api).await);
+            assert_eq!(ctx.metrics.host_port_collected.get(), 1);
+        }
+
+        #[tokio::test]
+        async fn a_pod_the_cache_has_not_seen_yet_keeps_its_allocation() {
+            let (ctx, mut api) = context(vec![one_port()], vec![]);
+            let pass = run(&ctx).await;
+            expect(&mut api, Method::GET, POD, ok(&pod(None))).await;
+            // Live: annotated and its status written.
+            expect(&mut api, Method::PATCH, POD, ok(&pod(None))).await;
+            let status = expect(&mut api, Method::PATCH, &format!("{ALLOCATION}/status"), ok(&one_port())).await;
+            assert_eq!(status["status"]["addresses"], json!(["10.250.0.11:20000/TCP"]), "{status}");
+            pass.await.unwrap().unwrap();
+        }
+
+        #[tokio::test]
+        async fn a_live_pod_is_annotated_and_the_status_shows_its_addresses_and_pool() {
+            let (ctx, mut api) = context(vec![one_port()], vec![pod(None)]);
+            let pass = run(&ctx).await;
+            let patch = expect(&mut api, Method::PATCH, POD, ok(&pod(None))).await;
+            assert_eq!(
+                patch["metadata"]["annotations"][ADDRESSES_ANNOTATION], r#"{"80/TCP":"10.250.0.11:20000"}"#,
+                "{patch}"
+            );
+            let status = expect(&mut api, Method::PATCH, &format!("{ALLOCATION}/status"), ok(&one_port())).await;
+            assert_eq!(status["status"]["nodePool"]["summary"], "1/10", "{status}");
+            assert_eq!(status["status"]["conditions"][0]["status"], "True", "{status}");
+            pass.await.unwrap().unwrap();
+            assert!(no_more_requests(&mut api).await);
+        }
+
+        #[tokio::test]
+        async fn a_released_pod_loses_its_annotation_and_what_is_in_step_is_not_written() {
+            let (ctx, mut api) = context(vec![], vec![pod(Some(r#"{"80/TCP":"10.250.0.11:20000"}"#))]);
+            let pass = run(&ctx).await;
+            let patch = expect(&mut api, Method::PATCH, POD, ok(&pod(None))).await;
+            assert_eq!(patch["metadata"]["annotations"][ADDRESSES_ANNOTATION], Value::Null, "{patch}");
+            pass.await.unwrap().unwrap();
+
+            let mut done = one_port();
+            done.status = Some(status_for(&done, 1, 10, &Ok(())));
+            let (ctx, mut api) = context(vec![done], vec![pod(Some(r#"{"80/TCP":"10.250.0.11:20000"}"#))]);
+            run(&ctx).await.await.unwrap().unwrap();
+            assert!(no_more_requests(&mut api).await, "a pass over what is in step wrote something");
+        }
     }
 }

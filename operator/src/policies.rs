@@ -218,4 +218,64 @@ mod tests {
             "rejected, not enforced: spec.ingress[0].peers[0].ipBlock.except[0]: 10.1.0.0/24 is not strictly inside cidr 10.0.0.0/16"
         );
     }
+
+    mod mock_api {
+        use super::*;
+        use crate::mock_api::{expect, no_more_requests, ok, store};
+        use http::Method;
+
+        const STATUS: &str = "/apis/weft.dev/v1alpha1/namespaces/prod/networkpolicies/p/status";
+
+        fn context(policies: Vec<NetworkPolicy>, pods: Vec<Arc<Pod>>) -> (Arc<Ctx>, crate::mock_api::Handle) {
+            let (client, handle) = crate::mock_api::client();
+            let ctx = Ctx {
+                client,
+                pods: store(pods.into_iter().map(|p| (*p).clone())),
+                policies: store(policies),
+                metrics: Arc::new(Metrics::new()),
+                term: Term::always(),
+                resync: Duration::from_secs(300),
+            };
+            (Arc::new(ctx), handle)
+        }
+
+        #[tokio::test]
+        async fn the_status_is_written_once_and_then_left_alone() {
+            let mut p = policy(json!({"podSelector": {"matchLabels": {"app": "web"}}}));
+            p.metadata.generation = Some(3);
+            let pods = vec![pod("prod", "a", "web", "Running"), pod("prod", "b", "db", "Running")];
+            let (ctx, mut api) = context(vec![p.clone()], pods.clone());
+            let pass = tokio::spawn(reconcile(Arc::new(p.clone()), ctx.clone()));
+            let body = expect(&mut api, Method::PATCH, STATUS, ok(&p)).await;
+            let status = &body["status"];
+            assert_eq!(status["selectedPods"], 1, "{body}");
+            assert_eq!(status["observedGeneration"], 3, "{body}");
+            assert_eq!(status["conditions"][0]["status"], "True", "{body}");
+            assert_eq!(pass.await.unwrap().unwrap(), Action::requeue(Duration::from_secs(300)));
+
+            // The policy as written back: nothing more to say.
+            let mut written = p.clone();
+            written.status = serde_json::from_value(body["status"].clone()).ok();
+            let (ctx, mut api) = context(vec![written.clone()], pods);
+            reconcile(Arc::new(written), ctx).await.unwrap();
+            assert!(no_more_requests(&mut api).await, "an unchanged status was written again");
+        }
+
+        #[tokio::test]
+        async fn a_rejected_policy_says_why_in_its_condition() {
+            let p = policy(
+                json!({"ingress": [{"action": "Deny", "peers": [{"ipBlock": {"cidr": "10.0.0.0/16", "except": ["10.1.0.0/24"]}}]}]}),
+            );
+            let (ctx, mut api) = context(vec![p.clone()], vec![]);
+            let pass = tokio::spawn(reconcile(Arc::new(p.clone()), ctx.clone()));
+            let body = expect(&mut api, Method::PATCH, STATUS, ok(&p)).await;
+            let condition = &body["status"]["conditions"][0];
+            assert_eq!((condition["status"].as_str(), condition["reason"].as_str()), (Some("False"), Some("Invalid")));
+            assert!(condition["message"].as_str().is_some_and(|m| m.contains("not strictly inside")), "{body}");
+            pass.await.unwrap().unwrap();
+            let rejected =
+                ctx.metrics.network_policies.get_or_create(&crate::metrics::StateLabel { state: "rejected" }).get();
+            assert_eq!(rejected, 1);
+        }
+    }
 }

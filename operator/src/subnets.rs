@@ -830,12 +830,9 @@ mod tests {
     /// requests the reconciler must make, in order, and the answers.
     mod mock_api {
         use super::*;
-        use http::{Method, Request, Response, StatusCode};
-        use kube::client::Body;
+        use crate::mock_api::{Handle, expect, json_response, no_more_requests, not_found, store};
+        use http::{Method, StatusCode};
         use kube::runtime::events::Reporter;
-        use serde_json::Value;
-
-        type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
 
         fn context(grace: &str) -> (Arc<Context>, Handle) {
             context_with(grace, &[], &[])
@@ -843,26 +840,17 @@ mod tests {
 
         /// A context whose caches hold `subnets` and Nodes named `nodes`.
         fn context_with(grace: &str, subnets: &[Subnet], nodes: &[&str]) -> (Arc<Context>, Handle) {
-            use kube::runtime::watcher::Event as Watched;
-            let (subnet_cache, mut subnet_writer) = kube::runtime::reflector::store();
-            for s in subnets {
-                subnet_writer.apply_watcher_event(&Watched::Apply(s.clone()));
-            }
-            let (node_cache, mut node_writer) = kube::runtime::reflector::store();
-            for n in nodes {
-                let node: Node = serde_json::from_value(json!({"metadata": {"name": n}})).expect("node");
-                node_writer.apply_watcher_event(&Watched::Apply(node));
-            }
-            let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-            let client = kube::Client::new(service, "default");
+            let nodes =
+                nodes.iter().map(|n| serde_json::from_value::<Node>(json!({"metadata": {"name": n}})).expect("node"));
+            let (client, handle) = crate::mock_api::client();
             let config =
                 Config::try_parse_from(["x", "--cluster-cidr", "10.9.0.0/16", "--release-grace-seconds", grace])
                     .expect("config");
             let ctx = Context {
                 nodes_api: Api::all(client.clone()),
                 subnets_api: Api::all(client.clone()),
-                nodes: node_cache,
-                subnets: subnet_cache,
+                nodes: store(nodes),
+                subnets: store(subnets.iter().cloned()),
                 pool: config.pool().expect("pool"),
                 config,
                 metrics: Arc::new(Metrics::new()),
@@ -877,38 +865,6 @@ mod tests {
                 absent_since: std::sync::Mutex::new(Default::default()),
             };
             (Arc::new(ctx), handle)
-        }
-
-        fn json_response(status: StatusCode, body: Value) -> Response<Body> {
-            Response::builder().status(status).body(Body::from(body.to_string().into_bytes())).expect("response")
-        }
-
-        fn not_found(what: &str) -> Response<Body> {
-            json_response(
-                StatusCode::NOT_FOUND,
-                json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": format!("{what} not found"), "reason": "NotFound", "code": 404}),
-            )
-        }
-
-        /// Answers the next request after checking it; returns its body.
-        async fn expect(handle: &mut Handle, method: Method, path: &str, answer: Response<Body>) -> Value {
-            let (request, send) = handle.next_request().await.expect("the reconciler made no further request");
-            assert_eq!(request.method(), method, "{}", request.uri());
-            assert_eq!(request.uri().path(), path);
-            let query = request.uri().query().unwrap_or_default().to_owned();
-            let bytes = request.into_body().collect_bytes().await.expect("request body");
-            send.send_response(answer);
-            let mut body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-            if !query.is_empty() {
-                body["query"] = Value::String(query);
-            }
-            body
-        }
-
-        /// True when the reconciler made no further request (the mock's
-        /// senders may be gone with the context, or just idle).
-        async fn no_more_requests(handle: &mut Handle) -> bool {
-            matches!(tokio::time::timeout(Duration::from_millis(50), handle.next_request()).await, Err(_) | Ok(None))
         }
 
         fn subnet(withdrawn: bool, agent_used: bool) -> Subnet {
@@ -991,7 +947,7 @@ mod tests {
             assert_eq!(reconcile.await.expect("task").expect("reconcile"), Action::await_change());
         }
 
-        fn node_json(name: &str) -> Response<Body> {
+        fn node_json(name: &str) -> http::Response<kube::client::Body> {
             json_response(StatusCode::OK, json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}))
         }
 
