@@ -306,8 +306,8 @@ fn node_registers_again(_: &Cluster) {
 fn replace_node(_: &Cluster) {
     assert!(subnet_of("node-2").is_some(), "node-2 has a Subnet");
     ok(&["del-node", "node-2"]);
-    // The lease of a node gone for the operator's grace period (60 s by
-    // default: a node registering again keeps it) is withdrawn, and its block
+    // The lease of a node gone for the operator's grace period (30 s in the
+    // e2e cluster: a node registering again keeps it) is withdrawn, and its block
     // let go once its silent agent has not answered for 15 s. Only then is a
     // node added (it takes the lowest free name, node-2 again, which would
     // otherwise keep the lease).

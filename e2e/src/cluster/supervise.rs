@@ -402,6 +402,9 @@ pub fn helm_values(backend: &str, extra: &[String]) -> Vec<String> {
         "images.pullPolicy=Never".into(),
         format!("network.clusterCIDR={CLUSTER_CIDR}"),
         format!("network.backend={backend}"),
+        // Half the default: a node that registers again does so within
+        // seconds here, and tests replacing a node wait for the release.
+        "operator.releaseGraceSeconds=30".into(),
     ]
     .into();
     v.extend(extra.iter().cloned());

@@ -89,20 +89,11 @@ fn slim_pod(pod: &mut Pod) {
     });
 }
 
-/// What woke the sync loop.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Wake {
-    /// An object in one of the caches changed.
-    Changed,
-    /// The resync period passed, or the last pass failed.
-    Resync,
-}
-
-/// Whether a pass has to read (and maybe write) the kernel. After a change,
-/// only when this node's rules differ from the last ones applied; on a
-/// resync always, since only the kernel shows tampering.
-fn needs_kernel(wake: Wake, last_applied: Option<&Desired>, want: &Desired) -> bool {
-    wake == Wake::Resync || last_applied != Some(want)
+/// Whether a pass has to read (and maybe write) the kernel: when the
+/// resync (or a retry) is due, since only the kernel shows tampering;
+/// otherwise only when this node's rules differ from the last ones applied.
+fn needs_kernel(resync_due: bool, last_applied: Option<&Desired>, want: &Desired) -> bool {
+    resync_due || last_applied != Some(want)
 }
 
 fn reflect<K>(api: Api<K>, what: &'static str, changed: Arc<tokio::sync::Notify>, trim: fn(&mut K)) -> Store<K>
@@ -245,7 +236,10 @@ pub async fn run(client: Client, node: String, resync: Duration, metrics: Arc<Po
             return;
         }
     }
-    let mut wake = Wake::Resync;
+    // When the kernel is read next whatever changes: the resync, or a
+    // retry. A deadline, not a timer restarted by each change, so that
+    // constant churn elsewhere cannot put the resync off.
+    let mut kernel_due = tokio::time::Instant::now();
     // The rules last written to (or found in) the kernel.
     let mut last_applied: Option<Arc<Desired>> = None;
     loop {
@@ -255,19 +249,18 @@ pub async fn run(client: Client, node: String, resync: Duration, metrics: Arc<Po
         m.policies.get_or_create(&KindLabels { kind: "standard" }).set(cluster.standard.len() as i64);
         m.policies.get_or_create(&KindLabels { kind: "weft" }).set(cluster.weft.len() as i64);
         let node2 = node.clone();
-        let want = match tokio::task::spawn_blocking(move || desired(&cluster, &node2)).await {
+        let Want(rules, local_pods) = match tokio::task::spawn_blocking(move || desired(&cluster, &node2)).await {
             Ok(want) => want,
             Err(e) => {
                 tracing::error!(error = %e, "computing the policy rules failed; retrying");
                 m.syncs.get_or_create(&ResultLabels { result: "error" }).inc();
-                wake = next_wake(&changed, RETRY).await;
+                next_change_or(&changed, tokio::time::Instant::now() + RETRY).await;
                 continue;
             }
         };
-        let Want(rules, local_pods) = want;
-        if !needs_kernel(wake, last_applied.as_deref(), &rules) {
+        if !needs_kernel(tokio::time::Instant::now() >= kernel_due, last_applied.as_deref(), &rules) {
             m.syncs.get_or_create(&ResultLabels { result: "unaffected" }).inc();
-            wake = next_wake(&changed, resync).await;
+            next_change_or(&changed, kernel_due).await;
             continue;
         }
         let rules = Arc::new(rules);
@@ -308,18 +301,16 @@ pub async fn run(client: Client, node: String, resync: Duration, metrics: Arc<Po
                 last_applied = None;
             }
         }
-        wake = next_wake(&changed, pause).await;
+        kernel_due = tokio::time::Instant::now() + pause;
+        next_change_or(&changed, kernel_due).await;
     }
 }
 
-/// Waits for a change (then lets a burst settle) or for `pause` to pass.
-async fn next_wake(changed: &tokio::sync::Notify, pause: Duration) -> Wake {
+/// Waits for a change (then lets a burst settle) or until `deadline`.
+async fn next_change_or(changed: &tokio::sync::Notify, deadline: tokio::time::Instant) {
     tokio::select! {
-        () = changed.notified() => {
-            tokio::time::sleep(DEBOUNCE).await;
-            Wake::Changed
-        }
-        () = tokio::time::sleep(pause) => Wake::Resync,
+        () = changed.notified() => tokio::time::sleep(DEBOUNCE).await,
+        () = tokio::time::sleep_until(deadline) => {}
     }
 }
 
@@ -334,10 +325,10 @@ mod tests {
         let mut want = Desired::default();
         want.chains.insert("WEFT-POL-x".into(), vec!["-A WEFT-POL-x -j DROP".into()]);
         let same = Desired { chains: want.chains.clone(), sets: want.sets.clone() };
-        assert!(needs_kernel(Wake::Changed, None, &want), "nothing applied yet");
-        assert!(!needs_kernel(Wake::Changed, Some(&same), &want), "a change elsewhere");
-        assert!(needs_kernel(Wake::Changed, Some(&Desired::default()), &want), "this node's rules changed");
-        assert!(needs_kernel(Wake::Resync, Some(&same), &want), "the resync looks for tampering");
+        assert!(needs_kernel(false, None, &want), "nothing applied yet");
+        assert!(!needs_kernel(false, Some(&same), &want), "a change elsewhere");
+        assert!(needs_kernel(false, Some(&Desired::default()), &want), "this node's rules changed");
+        assert!(needs_kernel(true, Some(&same), &want), "the resync looks for tampering");
     }
 
     #[test]
