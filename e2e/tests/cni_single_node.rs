@@ -125,6 +125,37 @@ fn the_gateway_mac_stays_as_pods_come_and_go() {
 }
 
 #[test]
+fn a_restarted_agent_hands_out_fresh_addresses_and_a_reused_one_is_reached_at_once() {
+    let Some(mut n) = node("reuse", "10.219.0.0/24") else { return };
+    let (pa, pb) = (Netns::new("pod"), Netns::new("pod"));
+    let (a, b) = (Container::new("reuse-a", &pa), Container::new("reuse-b", &pb));
+    let ip_a = {
+        let weft = Weft::new(&n.ns, &n.agent.socket);
+        let ip = cni::pod_ip(&weft.add(&a).assert_ok().json());
+        // The node learns the pod's MAC, as when it forwards traffic to it.
+        assert!(n.ns.ping(&ip), "the node cannot reach {ip}");
+        weft.del(&a, None).assert_ok();
+        ip
+    };
+    // The address just freed is not handed out again after a restart.
+    n.agent.restart(&n.ns);
+    let weft = Weft::new(&n.ns, &n.agent.socket);
+    wait::until("the restarted agent", Duration::from_secs(30), || weft.status().success.then_some(()));
+    let last: std::net::Ipv4Addr = ip_a.parse().expect("pod address");
+    let next = std::net::Ipv4Addr::from(u32::from(last) + 1).to_string();
+    // Whatever a previous holder of the next address left on the bridge:
+    // an entry the kernel still believes, with another MAC.
+    n.ns.ip(&["neigh", "replace", &next, "lladdr", "02:00:00:00:00:99", "dev", "weft0", "nud", "reachable"]);
+    let ip_b = cni::pod_ip(&weft.add(&b).assert_ok().json());
+    assert_eq!(ip_b, next, "the restarted agent did not go on after {ip_a}");
+    let pod_mac = pb.ip(&["-br", "link", "show", "eth0"]).split_whitespace().nth(2).unwrap_or_default().to_owned();
+    let entry = n.ns.ip(&["neigh", "show", &ip_b, "dev", "weft0"]);
+    assert!(entry.contains(&pod_mac), "the node's entry for {ip_b} is not the new pod's ({pod_mac}): {entry}");
+    assert!(n.ns.ping(&ip_b), "the node cannot reach the new pod at once");
+    weft.del(&b, None).assert_ok();
+}
+
+#[test]
 fn the_veth_pair_has_one_queue_per_end_and_hairpin_on() {
     let Some(n) = node("vshape", "10.211.0.0/24") else { return };
     let weft = Weft::new(&n.ns, &n.agent.socket);
@@ -387,7 +418,9 @@ fn kill9_during_add_burst_leaks_nothing() {
         let handles: Vec<_> = cs.iter().map(|c| s.spawn(|| weft.add(c).success)).collect();
         // Kill the agent once part of the burst has reached IPAM.
         wait::until("ten allocations", Duration::from_secs(60), || {
-            let n = std::fs::read_dir(state_dir.join("ipam")).map(|d| d.count()).unwrap_or(0);
+            let records =
+                |d: std::fs::ReadDir| d.flatten().filter(|e| !e.file_name().to_string_lossy().starts_with('.')).count();
+            let n = std::fs::read_dir(state_dir.join("ipam")).map(records).unwrap_or(0);
             (n >= 10).then_some(())
         });
         n.agent.kill9();

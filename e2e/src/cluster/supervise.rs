@@ -253,6 +253,9 @@ async fn build(opts: &UpOptions) -> anyhow::Result<Parts> {
         helm_started.elapsed().as_secs_f64(),
         started.elapsed().as_secs_f64()
     );
+    let kubeconfig = cp.kubeconfig.clone();
+    tokio::task::spawn_blocking(move || super::dns::deploy(&kubeconfig)).await??;
+    eprintln!("timing: cluster DNS ready {:.1} s after start", started.elapsed().as_secs_f64());
 
     let state = State {
         supervisor_pid: std::process::id(),

@@ -216,20 +216,31 @@ pub fn attach(pod: &mut BlockingNetns, spec: &AttachSpec) -> Result<(), Dataplan
         // The host end's index, for its route.
         HostSide::Routed => RouteNetlinkMessage::GetLink(LinkUnspec::new_with_name(&spec.host_veth).build()),
     };
+    let mut requests = vec![(RouteNetlinkMessage::NewLink(veth), NLM_F_CREATE | NLM_F_EXCL), (second, 0)];
+    if let HostSide::Bridge(index) = spec.host {
+        // The node's ARP entry for the address, as the pod's first packet
+        // would teach it. A previous holder of the address (a deleted pod)
+        // may have left a still-valid entry with its MAC there; traffic
+        // the node routes to the pod (from other nodes) would go to that
+        // MAC for seconds, until the entry aged and was probed again.
+        let neighbour = neighbour(index, spec.address.addr(), spec.pod_mac, NeighbourState::Reachable);
+        requests.push((RouteNetlinkMessage::NewNeighbour(neighbour), NLM_F_CREATE | NLM_F_REPLACE));
+    }
     let mut host = BlockingNetlink::new().map_err(kernel_op("open a netlink socket"))?;
-    let answers = host
-        .batch(vec![(RouteNetlinkMessage::NewLink(veth), NLM_F_CREATE | NLM_F_EXCL), (second, 0)])
-        .map_err(|(at, e)| match at {
-            0 if e.raw_os_error() == Some(EEXIST) => DataplaneError::Unexpected(format!(
-                "create veth {} / {}: an interface of that name already exists (in the pod or on the node)",
-                spec.host_veth, spec.ifname
-            )),
-            0 => kernel_op(format!("create veth {} / {}", spec.host_veth, spec.ifname))(e),
-            _ if matches!(spec.host, HostSide::Bridge(_)) => {
-                kernel_op(format!("set hairpin mode on {}", spec.host_veth))(e)
-            }
-            _ => kernel_op(format!("look up {}", spec.host_veth))(e),
-        })?;
+    let answers = host.batch(requests).map_err(|(at, e)| match at {
+        0 if e.raw_os_error() == Some(EEXIST) => DataplaneError::Unexpected(format!(
+            "create veth {} / {}: an interface of that name already exists (in the pod or on the node)",
+            spec.host_veth, spec.ifname
+        )),
+        0 => kernel_op(format!("create veth {} / {}", spec.host_veth, spec.ifname))(e),
+        1 if matches!(spec.host, HostSide::Bridge(_)) => {
+            kernel_op(format!("set hairpin mode on {}", spec.host_veth))(e)
+        }
+        _ if matches!(spec.host, HostSide::Bridge(_)) => {
+            kernel_op(format!("set the node's neighbour entry of {}", spec.address.addr()))(e)
+        }
+        _ => kernel_op(format!("look up {}", spec.host_veth))(e),
+    })?;
     configure_pod(&mut pod.netlink, spec)?;
     if let HostSide::Routed = spec.host {
         let Some(RouteNetlinkMessage::NewLink(link)) = answers.first() else {
@@ -252,7 +263,10 @@ pub fn route_to_pod(
 ) -> Result<(), DataplaneError> {
     nl.batch(vec![
         (RouteNetlinkMessage::NewRoute(pod_route(ip, host_index, gateway)), NLM_F_CREATE | NLM_F_REPLACE),
-        (RouteNetlinkMessage::NewNeighbour(permanent_neighbour(host_index, ip, pod_mac)), NLM_F_CREATE | NLM_F_REPLACE),
+        (
+            RouteNetlinkMessage::NewNeighbour(neighbour(host_index, ip, pod_mac, NeighbourState::Permanent)),
+            NLM_F_CREATE | NLM_F_REPLACE,
+        ),
     ])
     .map(drop)
     .map_err(|(at, e)| match at {
@@ -273,13 +287,14 @@ fn pod_route(ip: Ipv4Addr, host_index: u32, gateway: Ipv4Addr) -> RouteMessage {
         .build()
 }
 
-/// A permanent IPv4 neighbour entry: routed pods and their node never ARP
-/// for each other, so neither end depends on arp_ignore or proxy ARP.
-fn permanent_neighbour(index: u32, ip: Ipv4Addr, mac: [u8; 6]) -> NeighbourMessage {
+/// An IPv4 neighbour entry. Permanent ones: routed pods and their node
+/// never ARP for each other, so neither end depends on arp_ignore or proxy
+/// ARP.
+fn neighbour(index: u32, ip: Ipv4Addr, mac: [u8; 6], state: NeighbourState) -> NeighbourMessage {
     let mut m = NeighbourMessage::default();
     m.header.family = AddressFamily::Inet;
     m.header.ifindex = index;
-    m.header.state = NeighbourState::Permanent;
+    m.header.state = state;
     m.attributes.push(NeighbourAttribute::Destination(NeighbourAddress::Inet(ip)));
     m.attributes.push(NeighbourAttribute::LinkLayerAddress(mac.to_vec()));
     m
@@ -340,7 +355,7 @@ fn configure_pod(nl: &mut BlockingNetlink, spec: &AttachSpec) -> Result<(), Data
         (RouteNetlinkMessage::NewRoute(route.build()), NLM_F_CREATE | NLM_F_EXCL),
     ];
     if routed {
-        let gateway = permanent_neighbour(index, spec.gateway, spec.host_mac);
+        let gateway = neighbour(index, spec.gateway, spec.host_mac, NeighbourState::Permanent);
         msgs.push((RouteNetlinkMessage::NewNeighbour(gateway), NLM_F_CREATE | NLM_F_REPLACE));
     }
     nl.batch(msgs).map(drop).map_err(|(at, e)| match at {

@@ -89,6 +89,13 @@ pub enum IpamError {
     Corrupt { path: PathBuf, source: serde_json::Error },
 }
 
+/// The last address handed out, so that a restarted agent goes on after it
+/// instead of handing out the addresses freed last (as host-local keeps
+/// `last_reserved_ip`): a freed address may still be in other pods'
+/// conntrack entries, peers' caches and policy sets for a while. A dot
+/// file, so it is never taken for a record.
+const CURSOR: &str = ".last-reserved";
+
 #[derive(Default)]
 struct Inner {
     by_ip: BTreeMap<Ipv4Addr, Record>,
@@ -118,6 +125,10 @@ impl Ipam {
             let entry = entry.map_err(io(dir))?;
             let path = entry.path();
             let name = entry.file_name().to_string_lossy().into_owned();
+            if name == CURSOR {
+                inner.last = fs::read_to_string(&path).ok().and_then(|t| t.trim().parse().ok());
+                continue;
+            }
             if name.starts_with('.') {
                 // A temp file of an interrupted write: the rename never happened.
                 fs::remove_file(&path).map_err(io(&path))?;
@@ -181,10 +192,17 @@ impl Ipam {
         }
     }
 
-    /// Writes the record of a reserved address durably.
+    /// Writes the record of a reserved address durably, and the address as
+    /// the allocation cursor.
     pub fn persist(&self, ip: Ipv4Addr) -> Result<(), IpamError> {
         let Some(record) = self.lock().by_ip.get(&ip).cloned() else { return Ok(()) };
-        self.write(ip, &record)
+        self.write(ip, &record)?;
+        let cursor = self.dir.join(CURSOR);
+        if let Err(e) = fs::write(&cursor, ip.to_string()) {
+            // Only the order of later allocations depends on it.
+            tracing::warn!(path = %cursor.display(), error = %e, "cannot save the IPAM allocation cursor");
+        }
+        Ok(())
     }
 
     /// The ADD of `ip` finished: it is no longer pending.
@@ -290,6 +308,29 @@ mod tests {
         let key = |id: &str| Key { container_id: id.into(), ifname: "eth0".into() };
         assert_eq!(b.get(&key("c1")).unwrap(), (ip, record("c1")));
         assert!(b.get(&key("c2")).is_none(), "a reservation never persisted is not remembered");
+    }
+
+    #[test]
+    fn a_reopened_store_goes_on_after_the_last_address_handed_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = |id: &str| Key { container_id: id.into(), ifname: "eth0".into() };
+        let a = ipam(dir.path(), "10.1.0.0/24");
+        let mut given = Vec::new();
+        for id in ["c1", "c2", "c3"] {
+            let ip = a.reserve(record(id)).unwrap();
+            a.persist(ip).unwrap();
+            a.commit(ip);
+            given.push(ip);
+        }
+        for id in ["c1", "c2", "c3"] {
+            a.release(&key(id)).unwrap();
+        }
+        drop(a);
+        let b = ipam(dir.path(), "10.1.0.0/24");
+        let next = b.reserve(record("c4")).unwrap();
+        assert!(!given.contains(&next), "{next} was freed a moment ago; handed out were {given:?}");
+        assert_eq!(u32::from(next), u32::from(given[2]) + 1);
+        assert!(b.all().iter().all(|(ip, _)| *ip == next), "the cursor is not a record");
     }
 
     #[test]
