@@ -135,8 +135,17 @@ fn grpc_error(down: Code, verb: &str, s: tonic::Status) -> CniError {
         GrpcCode::Unavailable | GrpcCode::DeadlineExceeded | GrpcCode::Cancelled => {
             unreachable(down, format!("weft-agent did not answer {verb}: {}", s.message()))
         }
+        _ if connection_lost(&s) => {
+            unreachable(down, format!("weft-agent went away during {verb} (restarting?): {}", s.message()))
+        }
         _ => CniError::new(Code::Internal, format!("weft-agent failed {verb}: {}", s.message())),
     }
+}
+
+/// The connection broke mid-request (the agent died or restarted): tonic
+/// reports that as `Unknown` with the transport error as its source.
+fn connection_lost(s: &tonic::Status) -> bool {
+    std::error::Error::source(s).is_some_and(|e| e.is::<tonic::transport::Error>())
 }
 
 async fn add(inv: Invocation) -> Result<String, CniError> {

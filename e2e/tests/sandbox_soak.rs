@@ -33,6 +33,8 @@ const APISERVER_RESTART: usize = 850;
 struct Tally {
     adds_ok: usize,
     adds_failed: BTreeMap<u64, usize>,
+    /// Each distinct failure message (cut short), with its code and count.
+    failures: BTreeMap<(u64, String), usize>,
     dels: usize,
     del_retries: usize,
 }
@@ -143,6 +145,8 @@ fn a_thousand_adds_and_dels_with_agents_and_leaders_killed_leave_nothing() {
                 } else {
                     let code = out.json()["code"].as_u64().unwrap_or(0);
                     *tally.adds_failed.entry(code).or_default() += 1;
+                    let msg: String = out.msg().chars().take(160).collect();
+                    *tally.failures.entry((code, msg)).or_default() += 1;
                     del_until_ok(&weft_slot, &c, None, &mut tally);
                 }
             }
@@ -189,6 +193,9 @@ fn a_thousand_adds_and_dels_with_agents_and_leaders_killed_leave_nothing() {
     eprintln!("| elapsed | {:.1} s |", elapsed.as_secs_f64());
     eprintln!("| ADD ok | {} |", tally.adds_ok);
     eprintln!("| ADD failed (then DEL), by CNI code | {adds_failed} {:?} |", tally.adds_failed);
+    for ((code, msg), n) in &tally.failures {
+        eprintln!("| … {n} × code {code} | {} |", msg.replace('|', "/"));
+    }
     eprintln!("| DEL ok | {dels} (after {del_retries} failed tries while the agent was down) |");
     eprintln!("| agent SIGKILLs | {} |", agent_kills.load(Ordering::SeqCst));
     eprintln!("| operator leader SIGKILLs | {} |", leader_kills.load(Ordering::SeqCst));
@@ -202,6 +209,9 @@ fn a_thousand_adds_and_dels_with_agents_and_leaders_killed_leave_nothing() {
     eprintln!("| Subnets | {} |", subnets.lines().count());
     assert!(agent_kills.load(Ordering::SeqCst) >= 5, "too few agent kills for a soak");
     assert!(tally.adds_ok >= OPS / 4, "too few ADDs succeeded: {}", tally.adds_ok);
+    // An agent restarting or an API outage is "try again later", never an
+    // internal error.
+    assert!(tally.adds_failed.keys().all(|code| *code == 11), "ADD failures other than 11: {:?}", tally.failures);
     assert_eq!((records(), veths(), rules()), (0, 0, 0), "addresses, veths or host port rules leaked");
     assert_eq!(subnets.trim(), subnet_uid.trim(), "the node's lease changed or was duplicated");
 }
