@@ -604,7 +604,7 @@ struct Claim {
 
 impl Claim {
     fn of(subnet: &Subnet, node_present: bool) -> Self {
-        let ready = subnet.status.as_ref().and_then(|s| s.conditions.iter().find(|c| c.type_ == CONDITION_READY));
+        let ready = ready_condition(subnet);
         Self {
             in_use: node_present
                 && subnet.metadata.deletion_timestamp.is_none()
@@ -637,8 +637,7 @@ async fn let_go_when_unused(ctx: &Context, subnet: &Subnet, node_present: bool) 
     }
     let name = subnet.name_any();
     let pods = pods_in_block(ctx, subnet).await?;
-    let ready = subnet.status.as_ref().and_then(|s| s.conditions.iter().find(|c| c.type_ == CONDITION_READY));
-    let agent = match ready {
+    let agent = match ready_condition(subnet) {
         None => Agent::NeverUsed,
         Some(c) if c.reason == REASON_LEASE_WITHDRAWN => Agent::Draining,
         Some(_) => Agent::Silent,
@@ -670,6 +669,11 @@ async fn pods_in_block(ctx: &Context, subnet: &Subnet) -> Result<usize, Error> {
             ips.into_iter().flatten().any(|ip| ip.ip.parse::<std::net::IpAddr>().is_ok_and(|ip| block.contains(&ip)))
         })
         .count())
+}
+
+/// The `Ready` condition the node's agent publishes on its Subnet.
+fn ready_condition(subnet: &Subnet) -> Option<&Condition> {
+    subnet.status.as_ref()?.conditions.iter().find(|c| c.type_ == CONDITION_READY)
 }
 
 /// What the Subnet's `Ready` condition says about the node's agent.

@@ -14,8 +14,7 @@ use serde_json::json;
 use weft_api::subnet::Subnet;
 
 use super::{CP_IP, CP_NS, FORWARD_PORT, NodeInfo, State, UNDERLAY_NS, ip, state_dir};
-use crate::control_plane::Component;
-use crate::control_plane::{self, ControlPlane, Options, process};
+use crate::control_plane::{self, Component, ControlPlane, Options, process};
 
 /// Held by the supervisor for its whole life: one sandbox per machine, and a
 /// second `up` can never tear down a sandbox that is still starting.
