@@ -22,15 +22,16 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
  && mkdir -p /out \
  && cp target/release/weft-agent target/release/weft-operator "$cni" /out/
 
-# ---- agent: root, host network, programs links, routes and iptables ----------
+# ---- agent: root, host network, programs links, routes and nftables ----------
 FROM debian:${DEBIAN_RELEASE}-slim AS agent
 # The programs the agent executes (e2e/tests/images.rs checks the image has each):
-# iptables: masquerading, host ports and policy (iptables-save/-restore);
+# nftables: masquerading and host ports (nft -j); iptables: policy
+# (iptables-save/-restore) and removing the chains of iptables-era agents;
 # ipset: policy address sets (ipset save/restore); conntrack: flushing stale
 # UDP entries of host ports. iproute2 is not needed: the agent speaks netlink
 # itself. ca-certificates: TLS to the apiserver.
 RUN apt-get update \
- && apt-get install -y --no-install-recommends iptables ipset conntrack ca-certificates \
+ && apt-get install -y --no-install-recommends nftables iptables ipset conntrack ca-certificates \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=builder /out/weft-agent /out/weft-cni /usr/local/bin/
 # Runs as root: it owns /run/weft, /var/lib/weft and the host's CNI directories

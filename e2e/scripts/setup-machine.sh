@@ -4,7 +4,7 @@
 set -euo pipefail
 
 packages=(
-  iproute2 iptables ipset conntrack ethtool iputils-ping curl   # dataplane and probes
+  iproute2 nftables iptables ipset conntrack ethtool iputils-ping curl   # dataplane and probes
   protobuf-compiler                                            # tonic-prost-build
   containernetworking-plugins                                  # reference plugins (peer)
   iperf3 prometheus                                            # benchmarks and scraping

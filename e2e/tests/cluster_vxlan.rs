@@ -153,7 +153,7 @@ fn node_footprint(cluster: &Cluster, node_name: &str) -> (usize, usize, String) 
         .and_then(|d| std::fs::read_dir(d).ok())
         .map(|d| d.filter_map(Result::ok).filter(|e| !e.file_name().to_string_lossy().starts_with('.')).count())
         .unwrap_or(0);
-    let (_, rules) = node_exec(node_name, &["iptables", "-t", "nat", "-S", "WEFT-HOSTPORTS"]);
+    let (_, rules) = node_exec(node_name, &["nft", "list", "table", "inet", "weft"]);
     (veths, records, rules)
 }
 
@@ -180,10 +180,7 @@ fn nothing_leaks(cluster: &Cluster) {
                 (f.0 == others && f.1 == others).then_some(f)
             });
         assert_eq!((veths, records), (others, others), "{others} pods of other namespaces on {node}");
-        assert!(
-            !rules.contains("18088") && !rules.contains("--to-destination"),
-            "host-port rules left on {node}:\n{rules}"
-        );
+        assert!(!rules.contains("18088") && !rules.contains("dnat ip to"), "host-port rules left on {node}:\n{rules}");
     }
 }
 

@@ -97,25 +97,23 @@ fn a_restart_keeps_pods_it_cannot_verify_and_releases_those_gone() {
     assert!(m.contains("weft_agent_ipam_released_on_start_total 1"), "{m}");
 }
 
-/// A stand-in for `iptables-restore` that waits while the test holds a lock
-/// (as a restore waits for the xtables lock another component holds), then
-/// runs the real one.
-fn held_iptables_restore(dir: &Path) -> (PathBuf, PathBuf) {
+/// A stand-in for `nft` that waits while the test holds a lock (as a
+/// firewall write stuck behind a slow kernel or another writer), then runs
+/// the real one.
+fn held_nft(dir: &Path) -> (PathBuf, PathBuf) {
     let bin = dir.join("bin");
     std::fs::create_dir_all(&bin).expect("bin dir");
     let lock = dir.join("xtables-hold");
     File::create(&lock).expect("lock file");
-    let real = String::from_utf8_lossy(
-        &Command::new("sh").args(["-c", "command -v iptables-restore"]).output().expect("sh").stdout,
-    )
-    .trim()
-    .to_owned();
-    assert!(!real.is_empty(), "iptables-restore is not installed");
+    let real = String::from_utf8_lossy(&Command::new("sh").args(["-c", "command -v nft"]).output().expect("sh").stdout)
+        .trim()
+        .to_owned();
+    assert!(!real.is_empty(), "nft (nftables) is not installed");
     let script = format!(
         "#!/bin/sh\ntouch '{lock}.waiting'\nflock '{lock}' true\nexec '{real}' \"$@\"\n",
         lock = lock.display()
     );
-    let path = bin.join("iptables-restore");
+    let path = bin.join("nft");
     std::fs::write(&path, script).expect("script");
     let out = Command::new("chmod").args(["755", &path.to_string_lossy()]).output().expect("chmod");
     assert!(out.status.success());
@@ -135,7 +133,7 @@ fn an_add_whose_weft_cni_is_killed_finishes_and_gc_leaves_nothing() {
         return;
     }
     let dir = tempfile::tempdir().expect("tempdir");
-    let (bin, lock) = held_iptables_restore(dir.path());
+    let (bin, lock) = held_nft(dir.path());
     let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
     let Some(n) = Node::start_with("abandon", "10.215.0.0/24", &[], &[("PATH", &path)]) else { return };
     let mut weft = Weft::new(&n.ns, &n.agent.socket);
@@ -144,18 +142,18 @@ fn an_add_whose_weft_cni_is_killed_finishes_and_gc_leaves_nothing() {
     let c = Container::new("abandon1", &pod);
 
     // The agent's first host port sync (its chains) is done: from here on
-    // only the ADD runs iptables-restore.
-    let nat = || String::from_utf8_lossy(&n.ns.exec("iptables-save", &["-t", "nat"]).stdout).into_owned();
+    // only the ADD runs nft.
+    let table = || String::from_utf8_lossy(&n.ns.exec("nft", &["list", "table", "inet", "weft"]).stdout).into_owned();
     wait::until("the agent's first host port sync", Duration::from_secs(20), || {
-        nat().contains(":WEFT-HOSTPORTS ").then_some(())
+        table().contains("chain hostport-prerouting").then_some(())
     });
     // Hold the lock, start the ADD, and kill weft-cni once the agent has
-    // reserved its address and its iptables-restore waits.
+    // reserved its address and its nft waits.
     let waiting = PathBuf::from(format!("{}.waiting", lock.display()));
     let _ = std::fs::remove_file(&waiting);
     let held = Flock::lock(File::open(&lock).expect("lock"), FlockArg::LockExclusive).expect("flock");
     let mut add = cni::spawn(&n.ns, &weft.plugin, "ADD", &c, &weft.conf);
-    let ip = wait::until("the ADD to reach iptables-restore", Duration::from_secs(20), || {
+    let ip = wait::until("the ADD to reach nft", Duration::from_secs(20), || {
         if waiting.exists() { n.agent.ipam_records().pop() } else { None }
     });
     add.kill().expect("kill weft-cni");
@@ -172,8 +170,8 @@ fn an_add_whose_weft_cni_is_killed_finishes_and_gc_leaves_nothing() {
     weft.gc(&[]).assert_ok();
     assert!(n.agent.ipam_records().is_empty(), "records left: {:?}", n.agent.ipam_records());
     assert!(n.veths().is_empty(), "veths left: {:?}", n.veths());
-    let nat = nat();
-    assert!(!nat.contains("--dport 18090"), "host port rules left:\n{nat}");
+    let table = table();
+    assert!(!table.contains("hostport-tcp-18090"), "host port rules left:\n{table}");
 }
 
 #[test]
@@ -251,6 +249,6 @@ fn pod_names_that_could_break_a_rule_are_refused_before_anything_is_written() {
     assert_eq!(out.code(), 4, "{}", out.stdout);
     assert!(out.msg().contains("K8S_POD_NAME") && out.msg().contains("DNS-1123"), "{}", out.msg());
     assert!(n.agent.ipam_records().is_empty() && n.veths().is_empty());
-    let nat = String::from_utf8_lossy(&n.ns.exec("iptables-save", &["-t", "nat"]).stdout).into_owned();
-    assert!(!nat.contains("18091") && !nat.contains("-A INPUT"), "{nat}");
+    let table = String::from_utf8_lossy(&n.ns.exec("nft", &["list", "ruleset"]).stdout).into_owned();
+    assert!(!table.contains("18091") && !table.contains("-A INPUT"), "{table}");
 }

@@ -385,7 +385,7 @@ fn scanner_finds_literals_and_consts_and_skips_tests() {
 #[test]
 fn agent_programs_are_collected_from_the_source() {
     let programs = agent_programs().expect("collect");
-    for want in ["iptables-restore", "iptables-save", "ipset", "conntrack"] {
+    for want in ["nft", "iptables-restore", "iptables-save", "ipset", "conntrack"] {
         assert!(programs.contains(want), "{want} not collected from node-agent/src: {programs:?}");
     }
     // Only the kernel tests run `ip`; the agent speaks netlink itself.

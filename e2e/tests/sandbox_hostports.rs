@@ -44,15 +44,16 @@ fn assert_reaches(from: &str, protocol: &str, target: &str, pod: &str) {
     assert_eq!(connect(from, protocol, target).as_deref(), Some(pod), "{from} -> {target}/{protocol}");
 }
 
-/// Weft's host port rules in a node's nat table.
+/// Weft's per-mapping host port rules (mark and DNAT) in a node's nftables table.
 fn host_port_rules(node: &str) -> Vec<String> {
     let out = Command::new("ip")
-        .args(["netns", "exec", &format!("weft-sbx-{node}"), "iptables-save", "-t", "nat"])
+        .args(["netns", "exec", &format!("weft-sbx-{node}"), "nft", "list", "table", "inet", "weft"])
         .output()
-        .expect("iptables-save");
+        .expect("nft");
     String::from_utf8_lossy(&out.stdout)
         .lines()
-        .filter(|l| l.starts_with("-A WEFT-HOSTPORTS "))
+        .map(str::trim)
+        .filter(|l| l.contains("dnat ip to") || l.contains("meta mark set"))
         .map(str::to_owned)
         .collect()
 }
@@ -188,16 +189,28 @@ fn host_ports_reach_pods_from_everywhere_and_survive_agent_restarts() {
     }
     assert_reaches("default/client", "udp", &dns, "default/web");
 
-    // Someone else rewriting the nat table: our chain is repaired, their rules stay.
+    // Others' rules in iptables and in a table of their own, and someone
+    // emptying Weft's host port map: the map is repaired, their rules stay.
     assert!(in_node("node-1", &["iptables", "-t", "nat", "-N", "OTHER-COMPONENT"]));
     assert!(in_node("node-1", &["iptables", "-t", "nat", "-A", "PREROUTING", "-j", "OTHER-COMPONENT"]));
-    assert!(in_node("node-1", &["iptables", "-t", "nat", "-F", "WEFT-HOSTPORTS"]));
+    assert!(in_node(
+        "node-1",
+        &[
+            "nft",
+            "add table ip other; add chain ip other pre { type nat hook prerouting priority -100; }; add rule ip other pre tcp dport 1 counter"
+        ]
+    ));
+    assert!(in_node("node-1", &["nft", "flush", "map", "inet", "weft", "hostport-ports"]));
     wait::until("the periodic sync to repair the host port rules", Duration::from_secs(30), || {
         (connect("node-2", "tcp", &http).as_deref() == Some("default/web")).then_some(())
     });
     let save = Command::new("ip").args(["netns", "exec", "weft-sbx-node-1", "iptables-save", "-t", "nat"]).output();
     let save = String::from_utf8_lossy(&save.expect("iptables-save").stdout).into_owned();
     assert!(save.contains("-A PREROUTING -j OTHER-COMPONENT"), "another component's rule was touched:\n{save}");
+    let other =
+        Command::new("ip").args(["netns", "exec", "weft-sbx-node-1", "nft", "list", "table", "ip", "other"]).output();
+    let other = String::from_utf8_lossy(&other.expect("nft").stdout).into_owned();
+    assert!(other.contains("tcp dport 1 counter"), "another component's table was touched:\n{other}");
     let metrics = Command::new("ip")
         .args(["netns", "exec", "weft-sbx-node-1", "curl", "-s", "http://127.0.0.1:9646/metrics"])
         .output()

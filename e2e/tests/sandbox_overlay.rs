@@ -240,13 +240,14 @@ fn in_node_sh(script: &str) -> String {
 fn node_settings_undone_behind_the_agents_back_are_put_back() {
     let Some(_up) = Up::start(&["--nodes", "1", "--agent-arg=--resync-seconds=1"], &[]) else { return };
     ok(&["add-pod", "a", "--node", "node-1"]);
-    let masquerade = || in_node_sh("iptables-save -t nat | grep -c -- '-A WEFT-POSTROUTING' || true");
+    let masquerade =
+        || in_node_sh("nft list chain inet weft masquerade-postrouting | grep -c 'masquerade fully-random' || true");
     assert_ne!(masquerade(), "0", "no masquerade rules to begin with");
 
     // A `sysctl --system` and a firewall reload, as far as this node goes.
     in_node_sh(
         "echo 0 > /proc/sys/net/ipv4/ip_forward; echo 0 > /proc/sys/net/bridge/bridge-nf-call-iptables; \
-         iptables -t nat -F WEFT-POSTROUTING",
+         nft flush chain inet weft masquerade-postrouting",
     );
     assert_eq!(masquerade(), "0");
     wait::until("the agent to put the node settings back", Duration::from_secs(20), || {

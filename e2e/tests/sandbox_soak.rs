@@ -173,8 +173,8 @@ fn a_thousand_adds_and_dels_with_agents_and_leaders_killed_leave_nothing() {
     };
     let veths = || node_ns.ip(&["-o", "link", "show"]).lines().filter(|l| l.contains("weftv")).count();
     let rules = || {
-        let out = node_ns.exec("iptables-save", &["-t", "nat"]);
-        String::from_utf8_lossy(&out.stdout).lines().filter(|l| l.starts_with("-A WEFT-HOSTPORTS ")).count()
+        let out = node_ns.exec("nft", &["list", "table", "inet", "weft"]);
+        String::from_utf8_lossy(&out.stdout).lines().filter(|l| l.contains("dnat ip to")).count()
     };
     let allocations = || {
         let out = ok(&["kubectl", "get", "hostportallocations", "-A", "-o", "json"]);

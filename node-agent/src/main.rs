@@ -7,6 +7,7 @@ mod attachment;
 mod cni_server;
 mod config;
 mod dataplane;
+mod firewall;
 mod hostport;
 mod http;
 mod ipam;
@@ -99,6 +100,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
     agent.ensure_bridge(true).await.context("cannot set up the node bridge")?;
     agent.reconcile_on_start().await.context("start-up reconciliation failed")?;
     agent.metrics.set_host_port_usage(agent.hostports.usage());
+    remove_iptables_era_rules().await;
     tokio::spawn(sync_host_ports(Arc::clone(&agent)));
     tokio::spawn(attach::repair::run(Arc::clone(&agent)));
     if let (Some(c), Some(node_ip)) = (&client, config.node_ip) {
@@ -240,6 +242,18 @@ fn host_ports(config: &Config, pool: &Pool, ipam: &Ipam) -> hostport::HostPorts 
     }
     let existing = ipam.all().iter().filter_map(|(ip, r)| hostport::Allocation::from_record(*ip, r)).collect();
     hostport::HostPorts::new(range, pool.cidr(), existing)
+}
+
+/// An agent from before the nftables engine left iptables chains behind
+/// (an upgrade in place): they go, once the nftables rules are in place.
+/// A failure is logged: the old rules only duplicate the new ones.
+async fn remove_iptables_era_rules() {
+    match tokio::task::spawn_blocking(firewall::legacy::remove_nat).await {
+        Ok(Ok(true)) => tracing::info!("removed the iptables nat chains of an earlier Weft agent"),
+        Ok(Ok(false)) => {}
+        Ok(Err(e)) => tracing::warn!(error = %e, "cannot remove the iptables nat chains of an earlier Weft agent"),
+        Err(e) => tracing::warn!(error = %e, "the iptables clean-up task failed"),
+    }
 }
 
 /// Rewrites the host port rules whenever someone else changed them (a

@@ -1,6 +1,9 @@
-//! Host ports against a real nat table, in a throwaway network namespace:
-//! what ADD/DEL/sync write, and (ignored, a benchmark) programming 1,000
-//! allocations. Needs root; fails under CI=true without it.
+//! Host ports against a real kernel, in a throwaway network namespace:
+//! what ADD/DEL/sync write to Weft's nftables table, that other components'
+//! iptables and nftables rules survive, the upgrade from the iptables-era
+//! chains, and (ignored, a benchmark) 1,000 allocations with the nftables
+//! engine beside the iptables one it replaced. Needs root; fails under
+//! CI=true without it.
 
 use std::fs::File;
 use std::process::Command;
@@ -9,7 +12,7 @@ use std::time::Instant;
 use nix::sched::{CloneFlags, setns};
 use weft_api::Protocol;
 
-use super::{HostPorts, PodIdentity, Wanted, rules};
+use super::{HostPorts, PodIdentity, Wanted, rules, rules_iptables_old};
 use crate::ipam::Key;
 use crate::test_support::require_root;
 
@@ -24,9 +27,19 @@ impl Ns {
         Ns(name)
     }
 
+    /// What `cmd args` prints in the namespace (it must succeed).
+    fn sh(&self, cmd: &str, args: &[&str]) -> String {
+        let out = Command::new("ip").args(["netns", "exec", &self.0, cmd]).args(args).output().expect(cmd);
+        assert!(out.status.success(), "{cmd} {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
     fn nat(&self) -> String {
-        let out = Command::new("ip").args(["netns", "exec", &self.0, "iptables-save", "-t", "nat"]).output();
-        String::from_utf8_lossy(&out.expect("iptables-save").stdout).into_owned()
+        self.sh("iptables-save", &["-t", "nat"])
+    }
+
+    fn weft(&self) -> String {
+        self.sh("nft", &["list", "table", "inet", "weft"])
     }
 
     /// Runs `f` on a multi-threaded runtime whose threads all live in the namespace.
@@ -69,11 +82,13 @@ fn add_release_and_sync_write_exactly_our_rules() {
         return;
     }
     let ns = Ns::new("rules");
-    ns.run(async move || {
+    // Someone else's rules, there before us: iptables (nft backend) and a table of their own.
+    ns.sh("iptables", &["-t", "nat", "-N", "OTHER"]);
+    ns.sh("iptables", &["-t", "nat", "-A", "PREROUTING", "-j", "OTHER"]);
+    ns.sh("iptables", &["-t", "nat", "-A", "OTHER", "-p", "tcp", "--dport", "20000", "-j", "RETURN"]);
+    ns.sh("nft", &["add table ip other; add chain ip other pre { type nat hook prerouting priority -100; }; add rule ip other pre tcp dport 20000 counter"]);
+    let port = ns.run(async move || {
         let hp = HostPorts::new("20000-20099".parse().unwrap(), "10.244.1.0/24".parse().unwrap(), vec![]);
-        // Someone else's rules, there before us.
-        let foreign = "*nat\n:OTHER - [0:0]\n-A PREROUTING -j OTHER\n-A OTHER -p tcp --dport 20000 -j RETURN\nCOMMIT\n";
-        crate::dataplane::iptables::restore(foreign).unwrap();
         hp.sync().await.unwrap();
         let ip = "10.244.1.5".parse().unwrap();
         let a = hp.reserve(&key(1), &pod(1), ip, &[auto(Protocol::Tcp, 80), auto(Protocol::Udp, 53)]).unwrap();
@@ -84,20 +99,32 @@ fn add_release_and_sync_write_exactly_our_rules() {
         // Converged: a sync writes nothing.
         assert!(!hp.sync().await.unwrap());
         // A flushed chain is rewritten; CHECK notices before that.
-        crate::dataplane::iptables::restore("*nat\n:WEFT-HOSTPORTS - [0:0]\nCOMMIT\n").unwrap();
+        let chain = rules::chain_name(rules::port(&a.ports[0]));
+        // (This thread is in the namespace already.)
+        let nft = |args: &[&str]| Command::new("nft").args(args).status().is_ok_and(|s| s.success());
+        assert!(nft(&["flush", "chain", "inet", "weft", &chain]));
         assert!(hp.check(&key(1)).await.unwrap_err().contains("host port rule missing"));
         assert!(hp.sync().await.unwrap());
+        hp.check(&key(1)).await.unwrap();
+        // A deleted table is made again.
+        assert!(nft(&["delete", "table", "inet", "weft"]));
+        assert!(hp.check(&key(1)).await.unwrap_err().contains("not in the nftables map"));
+        assert!(hp.sync().await.unwrap());
+        hp.check(&key(1)).await.unwrap();
         hp.release(&key(1)).await.unwrap();
         hp.release(&key(1)).await.unwrap();
         assert!(hp.all().is_empty());
+        a.ports[0].host_port
     });
     let nat = ns.nat();
     assert!(
         nat.contains("-A PREROUTING -j OTHER") && nat.contains("-A OTHER -p tcp -m tcp --dport 20000 -j RETURN"),
         "{nat}"
     );
-    assert!(!nat.contains("-A WEFT-HOSTPORTS "), "rules left after release:\n{nat}");
-    assert_eq!(nat.matches("-j WEFT-HOSTPORTS\n").count(), 2, "one jump each from PREROUTING and OUTPUT:\n{nat}");
+    assert!(ns.sh("nft", &["list", "table", "ip", "other"]).contains("tcp dport 20000 counter"));
+    let weft = ns.weft();
+    assert!(!weft.contains(&format!("hostport-tcp-{port}")), "rules left after release:\n{weft}");
+    assert_eq!(weft.matches("vmap @hostport-ports").count(), 2, "one lookup each from prerouting and output:\n{weft}");
 }
 
 #[test]
@@ -115,55 +142,114 @@ fn names_over_the_comment_limit_are_written_and_converge() {
         hp.check(&key(1)).await.unwrap();
         assert!(!hp.sync().await.unwrap(), "a sync after the ADD rewrote the rules: the comment does not converge");
     });
+    assert_eq!(ns.weft().matches(" nnn").count(), 2, "{}", ns.weft());
+}
+
+#[test]
+fn the_iptables_chains_of_an_earlier_agent_are_removed_and_only_they() {
+    if !require_root() {
+        return;
+    }
+    let ns = Ns::new("upgrade");
+    let old = rules_iptables_old::tests::alloc("web", "10.244.1.5", &[(Protocol::Tcp, 80, 20000)]);
+    let text =
+        rules_iptables_old::full_sync_text(&Default::default(), &[old], "10.244.1.0/24".parse().unwrap()).unwrap();
+    let masq = "*nat\n:WEFT-POSTROUTING - [0:0]\n-A POSTROUTING -j WEFT-POSTROUTING\n-A WEFT-POSTROUTING -s 10.244.1.0/24 -j MASQUERADE\n\
+                :KEEP - [0:0]\n-A POSTROUTING -j KEEP\n-A KEEP -j RETURN\nCOMMIT\n";
+    let removed = ns.run(async move || {
+        crate::dataplane::iptables::restore(&text).unwrap();
+        crate::dataplane::iptables::restore(masq).unwrap();
+        let first = crate::firewall::legacy::remove_nat().unwrap();
+        let again = crate::firewall::legacy::remove_nat().unwrap();
+        (first, again)
+    });
+    assert_eq!(removed, (true, false), "removed once, then nothing left");
     let nat = ns.nat();
-    assert_eq!(nat.matches("--comment \"weft: nnn").count(), 2, "{nat}");
+    assert!(!nat.contains("WEFT-"), "{nat}");
+    assert!(nat.contains("-A POSTROUTING -j KEEP") && nat.contains("-A KEEP -j RETURN"), "{nat}");
 }
 
 /// Benchmark: `cargo test -p weft-agent --release thousand_host_port -- --ignored --nocapture`.
+/// The nftables engine and the iptables one it replaced, same run, same machine.
 #[test]
 #[ignore = "benchmark; run explicitly"]
 fn thousand_host_port_allocations() {
     if !require_root() {
         return;
     }
-    let ns = Ns::new("bench");
-    let (adds, full, one, releases, rules_count) = ns.run(async move || {
+    let new = Ns::new("bench-nft").run(async move || {
         let hp = HostPorts::new("20000-29999".parse().unwrap(), "10.244.0.0/16".parse().unwrap(), vec![]);
         hp.sync().await.unwrap();
-        let started = Instant::now();
+        let mut each = Vec::new();
         for i in 0..1000 {
             let ip = std::net::Ipv4Addr::from(0x0af4_0000u32 + i as u32 + 2);
             let a = hp.reserve(&key(i), &pod(i), ip, &[auto(Protocol::Tcp, 80)]).unwrap();
+            let started = Instant::now();
             hp.program(a.as_ref()).await.unwrap();
+            each.push(started.elapsed());
         }
-        let adds = started.elapsed();
-        // A restart on an empty table: one full sync programs everything.
-        crate::dataplane::iptables::restore("*nat\n:WEFT-HOSTPORTS - [0:0]\nCOMMIT\n").unwrap();
+        let mut releases = Vec::new();
+        for i in 0..1000 {
+            let started = Instant::now();
+            hp.release(&key(i)).await.unwrap();
+            releases.push(started.elapsed());
+        }
+        // Restart on an empty table: one full sync programs everything.
+        let hp = HostPorts::new("20000-29999".parse().unwrap(), "10.244.0.0/16".parse().unwrap(), vec![]);
+        for i in 0..1000 {
+            let ip = std::net::Ipv4Addr::from(0x0af4_0000u32 + i as u32 + 2);
+            hp.reserve(&key(i), &pod(i), ip, &[auto(Protocol::Tcp, 80)]).unwrap();
+        }
         let started = Instant::now();
         assert!(hp.sync().await.unwrap());
-        let full = started.elapsed();
-        let started = Instant::now();
-        let a =
-            hp.reserve(&key(5000), &pod(5000), "10.244.200.1".parse().unwrap(), &[auto(Protocol::Tcp, 80)]).unwrap();
-        hp.program(a.as_ref()).await.unwrap();
-        let one = started.elapsed();
-        let saved = rules::parse_save(&crate::dataplane::iptables::save("nat").unwrap());
-        let rules_count = saved.chain.map(|c| c.len()).unwrap_or_default();
-        let started = Instant::now();
-        for i in 0..1000 {
-            hp.release(&key(i)).await.unwrap();
-        }
-        (adds, full, one, started.elapsed(), rules_count)
+        (each, releases, started.elapsed())
     });
-    println!("\nHost ports on one node (1,000 allocations of one TCP port each)\n");
-    println!("| operation | total | per allocation |");
-    println!("|---|---:|---:|");
-    let row = |what: &str, d: std::time::Duration, n: u32| {
-        println!("| {what} | {:.1} ms | {:.2} ms |", d.as_secs_f64() * 1e3, d.as_secs_f64() * 1e3 / f64::from(n));
+    let old = Ns::new("bench-ipt").run(async move || old_engine(1000));
+    println!("\nHost ports on one node: 1,000 allocations of one TCP port each, firewall work per operation\n");
+    println!("| operation | iptables (before) | nftables (now) | before / now |");
+    println!("|---|---:|---:|---:|");
+    let row = |what: &str, o: std::time::Duration, n: std::time::Duration| {
+        let (o, n) = (o.as_secs_f64() * 1e3, n.as_secs_f64() * 1e3);
+        println!("| {what} | {o:.2} ms | {n:.2} ms | {:.1} |", o / n);
     };
-    row("1,000 allocations (ports taken + incremental iptables-restore each)", adds, 1000);
-    row("full sync of 1,000 allocations (agent restart on an empty table)", full, 1000);
-    row("one more ADD with 1,000 in place", one, 1);
-    row("1,000 releases (incremental delete each)", releases, 1000);
-    println!("\nrules in WEFT-HOSTPORTS: {rules_count}");
+    let (p50, p95) = (|v: &[std::time::Duration]| pct(v, 50), |v: &[std::time::Duration]| pct(v, 95));
+    row("allocate, median", p50(&old.0), p50(&new.0));
+    row("allocate, p95", p95(&old.0), p95(&new.0));
+    row("release, median", p50(&old.1), p50(&new.1));
+    row("release, p95", p95(&old.1), p95(&new.1));
+    row("full sync of 1,000 (restart, empty table)", old.2, new.2);
+}
+
+fn pct(v: &[std::time::Duration], p: usize) -> std::time::Duration {
+    let mut v = v.to_vec();
+    v.sort();
+    v[(v.len() * p / 100).min(v.len() - 1)]
+}
+
+/// The iptables engine before nftables: per allocation an incremental
+/// `iptables-restore` of its rules, per release the matching deletes, a
+/// full sync rewriting the chain. Returns (allocate, release, full sync).
+fn old_engine(n: usize) -> (Vec<std::time::Duration>, Vec<std::time::Duration>, std::time::Duration) {
+    use crate::dataplane::iptables::{restore, save};
+    let cidr = "10.244.0.0/16".parse().unwrap();
+    let allocs: Vec<_> = (0..n)
+        .map(|i| {
+            let ip = std::net::Ipv4Addr::from(0x0af4_0000u32 + i as u32 + 2).to_string();
+            rules_iptables_old::tests::alloc(&format!("p{i}"), &ip, &[(Protocol::Tcp, 80, 20000 + i as u16)])
+        })
+        .collect();
+    let base = rules_iptables_old::full_sync_text(&Default::default(), &[], cidr).unwrap();
+    restore(&base).unwrap();
+    let timed = |text: String| {
+        let started = Instant::now();
+        restore(&text).unwrap();
+        started.elapsed()
+    };
+    let adds = allocs.iter().map(|a| timed(rules_iptables_old::append_text(a, cidr))).collect();
+    let dels = allocs.iter().map(|a| timed(rules_iptables_old::delete_text(a, cidr))).collect();
+    restore("*nat\n:WEFT-HOSTPORTS - [0:0]\nCOMMIT\n").unwrap();
+    let started = Instant::now();
+    let saved = rules_iptables_old::parse_save(&save("nat").unwrap());
+    restore(&rules_iptables_old::full_sync_text(&saved, &allocs, cidr).unwrap()).unwrap();
+    (adds, dels, started.elapsed())
 }

@@ -17,15 +17,19 @@ pub mod publish;
 pub mod range;
 pub mod request;
 pub mod rules;
+#[cfg(test)]
+mod rules_iptables_old;
 pub mod store;
 
 use std::net::Ipv4Addr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 use ipnet::Ipv4Net;
 use weft_api::Protocol;
 
-use crate::dataplane::iptables::{self, IptablesError};
+use crate::firewall::nft::Nft;
+use crate::firewall::ruleset::Part;
+use crate::firewall::{Engine, FirewallError};
 use crate::ipam::Key;
 pub use range::PortRange;
 pub use request::Wanted;
@@ -38,7 +42,7 @@ pub enum HostPortError {
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error("cannot program host port DNAT: {0}")]
-    Iptables(#[from] IptablesError),
+    Firewall(#[from] FirewallError),
     #[error("host port task failed: {0}")]
     Task(#[from] tokio::task::JoinError),
 }
@@ -54,11 +58,11 @@ pub struct PodIdentity {
 pub struct HostPorts {
     store: store::Store,
     pod_cidr: Ipv4Net,
-    /// Serialises nat table writes: incremental ones assume the full sync
-    /// state they follow.
-    iptables: tokio::sync::Mutex<()>,
-    /// An incremental write failed: the next write is a full sync.
-    dirty: AtomicBool,
+    engine: Arc<Engine<Nft>>,
+    /// The host port part as the records want it, kept up to date one host
+    /// port at a time. Locked by one firewall write at a time (in a
+    /// blocking thread), which also orders the writes.
+    part: Arc<Mutex<Part>>,
     /// Wakes the publisher when records change.
     pub changed: tokio::sync::Notify,
 }
@@ -66,11 +70,12 @@ pub struct HostPorts {
 impl HostPorts {
     /// `existing`: the allocations in the IPAM records.
     pub fn new(range: PortRange, pod_cidr: Ipv4Net, existing: Vec<Allocation>) -> Self {
+        let part = rules::part(&existing, pod_cidr);
         Self {
             store: store::Store::new(range, existing),
             pod_cidr,
-            iptables: tokio::sync::Mutex::new(()),
-            dirty: AtomicBool::new(true),
+            engine: Arc::new(Engine::new(Nft::default())),
+            part: Arc::new(Mutex::new(part)),
             changed: tokio::sync::Notify::new(),
         }
     }
@@ -116,7 +121,7 @@ impl HostPorts {
     /// tears the attachment down (which releases the ports).
     pub async fn program(&self, alloc: Option<&Allocation>) -> Result<(), HostPortError> {
         let Some(alloc) = alloc else { return Ok(()) };
-        self.write(Some(rules::append_text(alloc, self.pod_cidr))).await?;
+        self.write(alloc.ports.iter().map(rules::port).collect(), false).await?;
         // A UDP flow to the port from before the rule existed would keep
         // bypassing the DNAT: forget it.
         conntrack::flush_udp(udp_ports(alloc)).await;
@@ -128,65 +133,52 @@ impl HostPorts {
     /// the record). Succeeds when there is nothing to remove.
     pub async fn release(&self, key: &Key) -> Result<(), HostPortError> {
         let Some(alloc) = self.store.release(key) else {
-            if self.dirty.load(Ordering::Acquire) {
-                self.write(None).await?;
-            }
+            // Nothing to free; a write only happens if an earlier one failed.
+            self.write(Vec::new(), false).await?;
             return Ok(());
         };
-        self.write(Some(rules::delete_text(&alloc, self.pod_cidr))).await?;
+        self.write(alloc.ports.iter().map(rules::port).collect(), false).await?;
         conntrack::flush_udp(udp_ports(&alloc)).await;
         self.changed.notify_one();
         Ok(())
     }
 
-    /// Makes the nat table match the records; `Ok(true)` when something had to be written.
+    /// Makes the kernel match the records; `Ok(true)` when something had to be written.
     pub async fn sync(&self) -> Result<bool, HostPortError> {
-        let _turn = self.iptables.lock().await;
-        self.full_sync().await
+        self.write(Vec::new(), true).await
     }
 
-    /// Applies `incremental` when the table is known to be in sync, else
-    /// (or when it fails) a full sync.
-    async fn write(&self, incremental: Option<String>) -> Result<(), HostPortError> {
-        let _turn = self.iptables.lock().await;
-        if let Some(text) = incremental.filter(|_| !self.dirty.load(Ordering::Acquire)) {
-            match tokio::task::spawn_blocking(move || iptables::restore(&text)).await? {
-                Ok(()) => return Ok(()),
-                Err(e) => tracing::warn!(error = %e, "incremental host port update failed; rewriting our chains"),
-            }
-        }
-        self.full_sync().await.map(|_| ())
-    }
-
-    async fn full_sync(&self) -> Result<bool, HostPortError> {
-        self.dirty.store(true, Ordering::Release);
-        let allocations = self.store.all();
-        let pod_cidr = self.pod_cidr;
-        let wrote = tokio::task::spawn_blocking(move || -> Result<bool, IptablesError> {
-            let saved = rules::parse_save(&iptables::save("nat")?);
-            match rules::full_sync_text(&saved, &allocations, pod_cidr) {
-                None => Ok(false),
-                Some(text) => iptables::restore(&text).map(|()| true),
+    /// Brings the part's host ports `ports` in line with the records and
+    /// writes the difference: only what changed when the kernel is known to
+    /// hold the part as last applied, else (or with `full`) after reading it.
+    async fn write(&self, ports: Vec<rules::Port>, full: bool) -> Result<bool, HostPortError> {
+        let (engine, part, pod_cidr) = (self.engine.clone(), self.part.clone(), self.pod_cidr);
+        let allocations = if full || !ports.is_empty() { self.store.all() } else { Vec::new() };
+        let wrote = tokio::task::spawn_blocking(move || {
+            let mut part = part.lock().unwrap_or_else(|p| p.into_inner());
+            if full {
+                *part = rules::part(&allocations, pod_cidr);
+                engine.sync(&part)
+            } else {
+                rules::refresh(&mut part, &ports, &allocations, pod_cidr);
+                engine.update(&part)
             }
         })
         .await??;
-        self.dirty.store(false, Ordering::Release);
         Ok(wrote)
     }
 
-    /// Whether the nat table forwards every port of `key`'s allocation (CHECK).
+    /// Whether the kernel forwards every port of `key`'s allocation (CHECK).
     pub async fn check(&self, key: &Key) -> Result<(), String> {
         let Some(alloc) = self.store.get(key) else { return Ok(()) };
-        let want = rules::allocation_rules(&alloc, self.pod_cidr);
-        let save = tokio::task::spawn_blocking(|| iptables::save("nat"))
+        let engine = self.engine.clone();
+        let observed = tokio::task::spawn_blocking(move || engine.observe(rules::OWNER))
             .await
             .map_err(|e| e.to_string())?
             .map_err(|e| e.to_string())?;
-        let saved = rules::parse_save(&save);
-        let have = saved.chain.unwrap_or_default();
-        match want.iter().find(|r| !have.contains(r)) {
+        match rules::missing(&observed, &alloc, self.pod_cidr) {
             None => Ok(()),
-            Some(missing) => Err(format!("host port rule missing from the nat table: {missing}")),
+            Some(problem) => Err(problem),
         }
     }
 }

@@ -1,200 +1,138 @@
-//! Host port DNAT in the nat table, in Weft's own chains:
+//! Host port DNAT as the `hostport` part of Weft's nftables table, pure:
 //!
-//! - `WEFT-HOSTPORTS`, jumped to from PREROUTING (traffic from other nodes
-//!   and local pods) and OUTPUT (the node itself) for local destinations:
-//!   per mapping, a MARK rule for traffic coming from this node's pods and a
-//!   DNAT rule to `podIP:containerPort`.
-//! - `WEFT-HOSTPORTS-MASQ`, jumped to from POSTROUTING: masquerades marked
-//!   traffic, so a pod reaching a host port on its own node (another pod, or
-//!   itself: hairpin) gets replies through the node, not straight over the
-//!   bridge from an address it never talked to.
+//! - `hostport-ports`, a verdict map `protocol . port → jump <chain>`, is
+//!   looked up from `hostport-prerouting` (traffic from other nodes and
+//!   local pods) and `hostport-output` (the node itself) for packets to a
+//!   local address: one lookup whatever the number of host ports.
+//! - `hostport-<proto>-<port>`, one chain per host port: for each mapping
+//!   on it, a mark for traffic from this node's pods and the DNAT to
+//!   `podIP:containerPort` (restricted to the mapping's host IP if it has
+//!   one).
+//! - `hostport-postrouting` masquerades marked traffic, so a pod reaching a
+//!   host port on its own node (another pod, or itself: hairpin) gets
+//!   replies through the node, not straight over the bridge from an address
+//!   it never talked to.
 //!
-//! Rules are written in the exact form `iptables-save` prints, so the saved
-//! state can be compared line by line ("already right" writes nothing).
+//! Adding or releasing a host port changes one map element and one chain.
 
-use std::net::Ipv4Addr;
+use std::collections::BTreeMap;
 
 use ipnet::Ipv4Net;
-use weft_api::Protocol;
 
 use super::store::{Allocation, Mapping};
+use crate::firewall::build::{self, Addr};
+use crate::firewall::ruleset::{
+    Chain, ChainKind, DSTNAT, Hook, HookPoint, Key, Part, Proto, Rule, SRCNAT, Set, SetKind,
+};
 
-pub const CHAIN: &str = "WEFT-HOSTPORTS";
-pub const MASQ_CHAIN: &str = "WEFT-HOSTPORTS-MASQ";
-/// The mark for host port traffic from local pods (the bit portmap uses too,
-/// which Weft replaces).
-const MARK: &str = "0x2000/0x2000";
+pub const OWNER: &str = "hostport";
+pub const MAP: &str = "hostport-ports";
+/// The mark for host port traffic from local pods (the bit portmap uses).
+const MARK: u32 = 0x2000;
 
-fn proto(p: Protocol) -> &'static str {
-    match p {
-        Protocol::Tcp => "tcp",
-        Protocol::Udp => "udp",
-        Protocol::Sctp => "sctp",
-    }
+/// A host port: protocol and port.
+pub type Port = (Proto, u16);
+
+pub fn port(m: &Mapping) -> Port {
+    (Proto::from(m.protocol), m.host_port)
 }
 
-/// iptables keeps at most 255 bytes of a comment and refuses longer ones.
-const MAX_COMMENT: usize = 255;
+/// The chain of one host port.
+pub fn chain_name((p, port): Port) -> String {
+    format!("{OWNER}-{}-{port}", p.as_str())
+}
 
-/// The rule comment naming a mapping's pod, quoted as iptables-save prints
-/// it. Names are validated where they enter (weft-cni, the agent's request
-/// decoding), but a record may come from an older agent: anything but
-/// letters, digits and `.-_/:` becomes `_`, so nothing can end the quote or
-/// the line, and the text is cut to iptables' limit so that what is written
-/// is what iptables-save reads back.
-fn comment(a: &Allocation) -> String {
+/// What a rule comment says of a mapping's pod.
+fn text(a: &Allocation) -> String {
     let short: String = a.container_id.chars().take(12).collect();
-    let text = format!("weft: {}/{} {short}", a.pod_namespace, a.pod_name);
-    let mut safe: String = text
-        .chars()
-        .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | '/' | ':' | ' ') { c } else { '_' })
-        .collect();
-    safe.truncate(MAX_COMMENT);
-    format!("\"{safe}\"")
+    format!("{}/{} {short}", a.pod_namespace, a.pod_name)
 }
 
-fn dst(m: &Mapping) -> String {
-    m.host_ip.map(|ip| format!("-d {ip}/32 ")).unwrap_or_default()
+/// The two rules of one mapping.
+fn mapping_rules(a: &Allocation, m: &Mapping, pod_cidr: Ipv4Net) -> [Rule; 2] {
+    let to_host_ip = || m.host_ip.map(|ip| build::addr_in(Addr::Dst, Ipv4Net::from(ip)));
+    let proto = Proto::from(m.protocol);
+    let mut mark = Vec::from_iter(to_host_ip());
+    mark.extend([build::addr_in(Addr::Src, pod_cidr.trunc()), build::set_mark_bits(MARK)]);
+    let mut dnat = Vec::from_iter(to_host_ip());
+    dnat.extend([build::l4proto(proto), build::dnat(a.pod_ip, m.container_port)]);
+    [Rule::new(&text(a), mark), Rule::new(&text(a), dnat)]
 }
 
-/// The two rules of one mapping, as printed by iptables-save.
-fn mapping_rules(a: &Allocation, m: &Mapping, pod_cidr: Ipv4Net) -> [String; 2] {
-    let (p, c, d) = (proto(m.protocol), comment(a), dst(m));
-    let port = m.host_port;
-    [
-        format!(
-            "-A {CHAIN} {d}-s {} -p {p} -m {p} --dport {port} -m comment --comment {c} -j MARK --set-xmark {MARK}",
-            pod_cidr.trunc()
-        ),
-        format!(
-            "-A {CHAIN} {d}-p {p} -m {p} --dport {port} -m comment --comment {c} -j DNAT --to-destination {}:{}",
-            a.pod_ip, m.container_port
-        ),
-    ]
+/// The chain of host port `k` for the mappings on it (in record order).
+fn port_chain<'a>(on_port: impl Iterator<Item = (&'a Allocation, &'a Mapping)>, pod_cidr: Ipv4Net) -> Chain {
+    Chain { hook: None, rules: on_port.flat_map(|(a, m)| mapping_rules(a, m, pod_cidr)).collect() }
 }
 
-/// Every rule of `CHAIN` for one allocation.
-pub fn allocation_rules(a: &Allocation, pod_cidr: Ipv4Net) -> Vec<String> {
-    a.ports.iter().flat_map(|m| mapping_rules(a, m, pod_cidr)).collect()
+/// The part with its base chains and map but no host port.
+fn base() -> Part {
+    let mut p = Part::new(OWNER);
+    let lookup = || Rule::new("host ports", vec![build::to_local_address(), build::port_vmap(MAP)]);
+    let nat = |point, priority| Some(Hook { kind: ChainKind::Nat, point, priority });
+    p.chains.insert(p.name("prerouting"), Chain { hook: nat(HookPoint::Prerouting, DSTNAT), rules: vec![lookup()] });
+    p.chains.insert(p.name("output"), Chain { hook: nat(HookPoint::Output, DSTNAT), rules: vec![lookup()] });
+    let masq = Rule::new("host port traffic from local pods", vec![build::has_mark_bits(MARK), build::masquerade()]);
+    p.chains.insert(p.name("postrouting"), Chain { hook: nat(HookPoint::Postrouting, SRCNAT), rules: vec![masq] });
+    p.sets.insert(MAP.to_owned(), Set { kind: SetKind::PortJumps, elements: BTreeMap::new() });
+    p
 }
 
-fn masq_rules() -> Vec<String> {
-    vec![format!(
-        "-A {MASQ_CHAIN} -m mark --mark {MARK} -m comment --comment \"weft: host port traffic from local pods\" -j MASQUERADE"
-    )]
+/// The whole part for `allocations`.
+pub fn part(allocations: &[Allocation], pod_cidr: Ipv4Net) -> Part {
+    let mut p = base();
+    let ports: Vec<Port> = allocations.iter().flat_map(|a| a.ports.iter().map(port)).collect();
+    refresh(&mut p, &ports, allocations, pod_cidr);
+    p
 }
 
-fn jumps() -> Vec<String> {
-    vec![
-        format!("-A PREROUTING -m addrtype --dst-type LOCAL -m comment --comment \"weft: host ports\" -j {CHAIN}"),
-        format!("-A OUTPUT -m addrtype --dst-type LOCAL -m comment --comment \"weft: host ports\" -j {CHAIN}"),
-        format!("-A POSTROUTING -m comment --comment \"weft: host port masquerade\" -j {MASQ_CHAIN}"),
-    ]
-}
-
-/// What of ours `iptables-save -t nat` shows.
-#[derive(Debug, Default, PartialEq, Eq)]
-pub struct Saved {
-    pub chain: Option<Vec<String>>,
-    pub masq: Option<Vec<String>>,
-    /// Rules in built-in chains that jump to ours.
-    pub jumps: Vec<String>,
-}
-
-pub fn parse_save(save: &str) -> Saved {
-    let mut s = Saved::default();
-    for line in save.lines().map(str::trim_end) {
-        if line.starts_with(&format!(":{CHAIN} ")) {
-            s.chain.get_or_insert_with(Vec::new);
-        } else if line.starts_with(&format!(":{MASQ_CHAIN} ")) {
-            s.masq.get_or_insert_with(Vec::new);
-        } else if line.starts_with(&format!("-A {CHAIN} ")) {
-            s.chain.get_or_insert_with(Vec::new).push(line.to_owned());
-        } else if line.starts_with(&format!("-A {MASQ_CHAIN} ")) {
-            s.masq.get_or_insert_with(Vec::new).push(line.to_owned());
-        } else if line.starts_with("-A ")
-            && (line.ends_with(&format!("-j {CHAIN}")) || line.ends_with(&format!("-j {MASQ_CHAIN}")))
-        {
-            s.jumps.push(line.to_owned());
+/// Brings the chains and map elements of host ports `ports` in `p` in line
+/// with `allocations` (the others are left as they are): what an ADD or a
+/// release changes, without rebuilding every host port's rules.
+pub fn refresh(p: &mut Part, ports: &[Port], allocations: &[Allocation], pod_cidr: Ipv4Net) {
+    let mut by_port: BTreeMap<Port, Vec<(&Allocation, &Mapping)>> = ports.iter().map(|k| (*k, Vec::new())).collect();
+    for a in allocations {
+        for m in &a.ports {
+            if let Some(on_port) = by_port.get_mut(&port(m)) {
+                on_port.push((a, m));
+            }
         }
     }
-    s
-}
-
-/// The restore input making the nat table hold exactly `allocations`' rules
-/// and our jumps, or `None` when it already does. Only our chains are
-/// declared (and so flushed); built-in chains get single -D/-A lines.
-pub fn full_sync_text(saved: &Saved, allocations: &[Allocation], pod_cidr: Ipv4Net) -> Option<String> {
-    let want: Vec<String> = allocations.iter().flat_map(|a| allocation_rules(a, pod_cidr)).collect();
-    let want_masq = masq_rules();
-    let want_jumps = jumps();
-    // Appends leave allocations in arrival order, a rewrite in record order:
-    // the order between mappings does not matter, so compare sorted.
-    let sorted = |v: &[String]| {
-        let mut v = v.to_vec();
-        v.sort();
-        v
-    };
-    let chain_ok = saved.chain.as_deref().map(sorted) == Some(sorted(&want));
-    let masq_ok = saved.masq.as_ref() == Some(&want_masq);
-    let jumps_ok = saved.jumps == want_jumps;
-    if chain_ok && masq_ok && jumps_ok {
-        return None;
-    }
-    let mut t = String::from("*nat\n");
-    if !chain_ok {
-        t.push_str(&format!(":{CHAIN} - [0:0]\n"));
-        want.iter().for_each(|r| t.push_str(&format!("{r}\n")));
-    }
-    if !masq_ok {
-        t.push_str(&format!(":{MASQ_CHAIN} - [0:0]\n"));
-        want_masq.iter().for_each(|r| t.push_str(&format!("{r}\n")));
-    }
-    if !jumps_ok {
-        for j in &saved.jumps {
-            t.push_str(&format!("{}\n", j.replacen("-A ", "-D ", 1)));
+    for (hp, on_port) in by_port {
+        let (name, k) = (chain_name(hp), Key::ProtoPort(hp.0, hp.1));
+        let map = p.sets.entry(MAP.to_owned()).or_insert(Set { kind: SetKind::PortJumps, elements: BTreeMap::new() });
+        if on_port.is_empty() {
+            map.elements.remove(&k);
+            p.chains.remove(&name);
+        } else {
+            map.elements.insert(k, Some(name.clone()));
+            p.chains.insert(name, port_chain(on_port.into_iter(), pod_cidr));
         }
-        want_jumps.iter().for_each(|j| t.push_str(&format!("{j}\n")));
     }
-    t.push_str("COMMIT\n");
-    Some(t)
 }
 
-/// Appends one allocation's rules (the chains exist and hold the others).
-pub fn append_text(a: &Allocation, pod_cidr: Ipv4Net) -> String {
-    let mut t = String::from("*nat\n");
-    allocation_rules(a, pod_cidr).iter().for_each(|r| t.push_str(&format!("{r}\n")));
-    t.push_str("COMMIT\n");
-    t
-}
-
-/// Deletes one allocation's rules; fails (and the caller falls back to a
-/// full sync) when one of them is not there.
-pub fn delete_text(a: &Allocation, pod_cidr: Ipv4Net) -> String {
-    let mut t = String::from("*nat\n");
-    for r in allocation_rules(a, pod_cidr) {
-        t.push_str(&format!("{}\n", r.replacen("-A ", "-D ", 1)));
-    }
-    t.push_str("COMMIT\n");
-    t
-}
-
-/// The DNAT target a host port leads to, if our chain has one (for CHECK and tests).
-#[allow(dead_code)]
-pub fn dnat_target(saved: &Saved, protocol: Protocol, host_port: u16) -> Option<(Ipv4Addr, u16)> {
-    let needle = format!("--dport {host_port} ");
-    saved.chain.iter().flatten().find_map(|r| {
-        if !r.contains(&needle) || !r.contains(&format!("-p {} ", proto(protocol))) {
-            return None;
+/// What CHECK wants to see for one allocation: each of its host ports
+/// mapped to its chain, and that chain holding the mapping's rules.
+pub fn missing(observed: &crate::firewall::ruleset::Observed, a: &Allocation, pod_cidr: Ipv4Net) -> Option<String> {
+    let map = observed.sets.get(MAP);
+    for m in &a.ports {
+        let hp = port(m);
+        let (name, k) = (chain_name(hp), Key::ProtoPort(hp.0, hp.1));
+        if map.and_then(|s| s.elements.get(&k)) != Some(&Some(name.clone())) {
+            return Some(format!("host port {}/{} is not in the nftables map {MAP}", m.host_port, m.protocol.as_str()));
         }
-        let (ip, port) = r.split_once("--to-destination ")?.1.split_once(':')?;
-        Some((ip.parse().ok()?, port.parse().ok()?))
-    })
+        let have = observed.chains.get(&name).map(|c| c.rule_ids.as_slice()).unwrap_or_default();
+        if let Some(r) = mapping_rules(a, m, pod_cidr).iter().find(|r| !have.iter().any(|h| h == r.id())) {
+            return Some(format!("host port rule missing from nftables chain {name}: {}", r.comment));
+        }
+    }
+    None
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::firewall::ruleset::{Op, diff};
+    use weft_api::Protocol;
 
     fn cidr() -> Ipv4Net {
         "10.244.1.0/24".parse().unwrap()
@@ -222,84 +160,105 @@ mod tests {
         }
     }
 
-    fn saved_after(text: &str) -> String {
-        // A converged table as iptables-save would print it.
-        let mut lines =
-            vec!["*nat", ":PREROUTING ACCEPT [0:0]", ":POSTROUTING ACCEPT [0:0]", "-A POSTROUTING -j KUBE-X"];
-        lines.extend(text.lines().filter(|l| l.starts_with(':') || l.starts_with("-A ")));
-        lines.push("COMMIT");
-        lines.join("\n")
+    fn json(r: &Rule) -> String {
+        serde_json::to_string(&r.stmts).unwrap()
     }
 
     #[test]
-    fn fresh_table_gets_chains_rules_and_jumps_and_then_converges() {
+    fn fresh_table_gets_base_chains_map_and_one_chain_per_port_and_then_converges() {
         let a = alloc("web", "10.244.1.5", &[(Protocol::Tcp, 80, 20000), (Protocol::Udp, 53, 20001)]);
-        let text = full_sync_text(&Saved::default(), std::slice::from_ref(&a), cidr()).unwrap();
-        assert!(text.contains(
-            "-A WEFT-HOSTPORTS -p tcp -m tcp --dport 20000 -m comment --comment \"weft: default/web web012345678\" -j DNAT --to-destination 10.244.1.5:80"
-        ), "{text}");
-        assert!(text.contains("-A WEFT-HOSTPORTS -s 10.244.1.0/24 -p udp -m udp --dport 20001"));
-        assert_eq!(text.matches("-A PREROUTING").count() + text.matches("-A OUTPUT").count(), 2);
-        assert!(!text.contains(":PREROUTING") && !text.contains("-F"), "never flushes others' chains");
-        let saved = parse_save(&saved_after(&text));
-        assert_eq!(saved.chain.as_ref().map(Vec::len), Some(4));
-        assert_eq!(full_sync_text(&saved, &[a], cidr()), None);
+        let p = part(std::slice::from_ref(&a), cidr());
+        let map = &p.sets[MAP];
+        assert_eq!(map.elements[&Key::ProtoPort(Proto::Tcp, 20000)].as_deref(), Some("hostport-tcp-20000"));
+        assert_eq!(map.elements[&Key::ProtoPort(Proto::Udp, 20001)].as_deref(), Some("hostport-udp-20001"));
+        let tcp = &p.chains["hostport-tcp-20000"].rules;
+        assert_eq!(tcp.len(), 2);
+        assert!(json(&tcp[0]).contains("10.244.1.0") && json(&tcp[0]).contains("mangle"), "{}", json(&tcp[0]));
+        assert!(json(&tcp[1]).contains(r#""dnat":{"addr":"10.244.1.5","family":"ip","port":80}"#), "{}", json(&tcp[1]));
+        assert!(tcp[1].comment.ends_with(" default/web web012345678"), "{}", tcp[1].comment);
+        for base in ["hostport-prerouting", "hostport-output", "hostport-postrouting"] {
+            assert!(p.chains[base].hook.is_some(), "{base}");
+        }
+        let ops = diff(&Default::default(), &p);
+        assert!(ops.iter().all(|o| !matches!(o, Op::DeleteChain(_) | Op::FlushChain(_))));
+        assert!(diff(&p.as_observed(), &p).is_empty());
     }
 
     #[test]
     fn arrival_order_is_as_good_as_record_order() {
         let a = alloc("a", "10.244.1.5", &[(Protocol::Tcp, 80, 20000)]);
         let b = alloc("b", "10.244.1.6", &[(Protocol::Tcp, 80, 20001)]);
-        let text = full_sync_text(&Saved::default(), &[b.clone(), a.clone()], cidr()).unwrap();
-        assert_eq!(full_sync_text(&parse_save(&saved_after(&text)), &[a, b], cidr()), None);
+        let ab = part(&[a.clone(), b.clone()], cidr());
+        assert!(diff(&ab.as_observed(), &part(&[b, a], cidr())).is_empty());
     }
 
     #[test]
-    fn a_removed_allocation_rewrites_only_our_chain() {
+    fn adding_and_releasing_one_port_touches_one_element_and_one_chain() {
         let a = alloc("a", "10.244.1.5", &[(Protocol::Tcp, 80, 20000)]);
         let b = alloc("b", "10.244.1.6", &[(Protocol::Tcp, 80, 20001)]);
-        let saved = parse_save(&saved_after(&full_sync_text(&Saved::default(), &[a.clone(), b], cidr()).unwrap()));
-        let text = full_sync_text(&saved, &[a], cidr()).unwrap();
-        assert!(text.contains(":WEFT-HOSTPORTS - [0:0]") && !text.contains(":WEFT-HOSTPORTS-MASQ"));
-        assert!(!text.contains("20001") && !text.contains("PREROUTING"), "{text}");
+        let before = part(std::slice::from_ref(&a), cidr());
+        let mut after = before.clone();
+        refresh(&mut after, &[(Proto::Tcp, 20001)], &[a.clone(), b.clone()], cidr());
+        assert_eq!(after, part(&[a.clone(), b.clone()], cidr()), "a refresh is the same as a rebuild");
+        let ops = diff(&before.as_observed(), &after);
+        assert_eq!(ops.len(), 4, "chain, two rules, one element: {ops:?}");
+        assert!(matches!(&ops[0], Op::AddChain(c, None) if c == "hostport-tcp-20001"));
+        let mut released = after.clone();
+        refresh(&mut released, &[(Proto::Tcp, 20001)], std::slice::from_ref(&a), cidr());
+        assert_eq!(released, before);
+        let ops = diff(&after.as_observed(), &released);
+        assert_eq!(
+            ops,
+            vec![
+                Op::DeleteElements(MAP.into(), vec![Key::ProtoPort(Proto::Tcp, 20001)]),
+                Op::FlushChain("hostport-tcp-20001".into()),
+                Op::DeleteChain("hostport-tcp-20001".into()),
+            ]
+        );
     }
 
     #[test]
-    fn incremental_texts_add_and_delete_exactly_the_rules() {
-        let a = alloc("a", "10.244.1.5", &[(Protocol::Tcp, 80, 20000)]);
-        let add = append_text(&a, cidr());
-        let del = delete_text(&a, cidr());
-        assert_eq!(add.matches("-A WEFT-HOSTPORTS").count(), 2);
-        assert_eq!(del.replace("-D ", "-A "), add);
-        let saved = parse_save(&saved_after(&add));
-        assert_eq!(dnat_target(&saved, Protocol::Tcp, 20000), Some(("10.244.1.5".parse().unwrap(), 80)));
-        assert_eq!(dnat_target(&saved, Protocol::Udp, 20000), None);
-    }
-
-    #[test]
-    fn comments_cannot_break_out_and_fit_iptables() {
+    fn comments_hold_only_printable_text_within_the_limit() {
         let mut a = alloc("a", "10.244.1.5", &[(Protocol::Tcp, 80, 8080)]);
         a.pod_name = "web\" -j ACCEPT\n-A INPUT".into();
-        let c = comment(&a);
-        assert_eq!(c, "\"weft: default/web_ -j ACCEPT_-A INPUT a0123456789a\"");
-        assert_eq!(c.matches('"').count(), 2);
-        assert!(!c.contains('\n'));
-        // The longest valid namespace and pod name exceed the limit together.
+        let p = part(std::slice::from_ref(&a), cidr());
+        let r = &p.chains["hostport-tcp-8080"].rules[0];
+        assert!(r.comment.ends_with("default/web\" -j ACCEPT_-A INPUT a0123456789a"), "{}", r.comment);
         a.pod_namespace = "n".repeat(63);
         a.pod_name = "p".repeat(253);
-        let c = comment(&a);
-        assert_eq!(c.len(), MAX_COMMENT + 2, "{c}");
-        let rules = allocation_rules(&a, cidr());
-        let saved =
-            parse_save(&saved_after(&full_sync_text(&Saved::default(), std::slice::from_ref(&a), cidr()).unwrap()));
-        assert!(rules.iter().all(|r| r.contains(&c)));
-        assert_eq!(full_sync_text(&saved, &[a], cidr()), None, "a long comment converges");
+        let p = part(std::slice::from_ref(&a), cidr());
+        assert!(p.chains["hostport-tcp-8080"].rules.iter().all(|r| r.comment.len() == 128));
     }
 
     #[test]
     fn host_ip_limits_the_destination() {
         let mut a = alloc("a", "10.244.1.5", &[(Protocol::Tcp, 80, 8080)]);
         a.ports[0].host_ip = Some("10.250.0.11".parse().unwrap());
-        assert!(allocation_rules(&a, cidr()).iter().all(|r| r.starts_with("-A WEFT-HOSTPORTS -d 10.250.0.11/32 ")));
+        let p = part(std::slice::from_ref(&a), cidr());
+        for r in &p.chains["hostport-tcp-8080"].rules {
+            assert!(
+                json(r).starts_with(
+                    r#"[{"match":{"left":{"payload":{"protocol":"ip","field":"daddr"}},"right":"10.250.0.11""#
+                ),
+                "{}",
+                json(r)
+            );
+        }
+    }
+
+    #[test]
+    fn check_names_what_is_missing() {
+        let a = alloc("a", "10.244.1.5", &[(Protocol::Tcp, 80, 20000)]);
+        let p = part(std::slice::from_ref(&a), cidr());
+        assert_eq!(missing(&p.as_observed(), &a, cidr()), None);
+        let mut obs = p.as_observed();
+        obs.chains.get_mut("hostport-tcp-20000").unwrap().rule_ids.pop();
+        assert!(
+            missing(&obs, &a, cidr())
+                .unwrap()
+                .contains("host port rule missing from nftables chain hostport-tcp-20000")
+        );
+        obs.sets.get_mut(MAP).unwrap().elements.clear();
+        assert!(missing(&obs, &a, cidr()).unwrap().contains("not in the nftables map"));
     }
 }

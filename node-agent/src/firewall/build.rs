@@ -1,0 +1,142 @@
+//! Building blocks of Weft's rules as typed nftables statements, so that
+//! parts read like the rules they make (`ip saddr 10.244.1.0/24`, `dnat
+//! ip to …`) and nothing is ever rendered into nft's text language.
+
+use std::collections::HashSet;
+use std::net::Ipv4Addr;
+
+use ipnet::Ipv4Net;
+use nftables::expr::{
+    BinaryOperation, Expression, Fib, FibFlag, FibResult, Meta, MetaKey, NamedExpression, Payload, PayloadField,
+};
+use nftables::stmt::{self, Counter, Mangle, Match, NAT, NATFamily, NATFlag, Operator, Statement};
+
+use super::nft::net_expr;
+use super::ruleset::Proto;
+
+fn field(protocol: &'static str, name: &'static str) -> Expression<'static> {
+    Expression::Named(NamedExpression::Payload(Payload::PayloadField(PayloadField {
+        protocol: protocol.into(),
+        field: name.into(),
+    })))
+}
+
+fn meta(key: MetaKey) -> Expression<'static> {
+    Expression::Named(NamedExpression::Meta(Meta { key }))
+}
+
+fn is(left: Expression<'static>, op: Operator, right: Expression<'static>) -> Statement<'static> {
+    Statement::Match(Match { left, right, op })
+}
+
+fn set_ref(name: &str) -> Expression<'static> {
+    Expression::String(format!("@{name}").into())
+}
+
+/// Source (`src`) or destination address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Addr {
+    Src,
+    Dst,
+}
+
+impl Addr {
+    fn expr(self) -> Expression<'static> {
+        field("ip", if self == Addr::Src { "saddr" } else { "daddr" })
+    }
+}
+
+/// `ip saddr|daddr <net>`.
+pub fn addr_in(a: Addr, net: Ipv4Net) -> Statement<'static> {
+    is(a.expr(), Operator::EQ, net_expr(net))
+}
+
+#[cfg(test)] // the diff's tests; policy's part once it moves to nftables
+/// `ip saddr|daddr @<set>`.
+pub fn addr_in_set(a: Addr, set: &str) -> Statement<'static> {
+    is(a.expr(), Operator::EQ, set_ref(set))
+}
+
+/// `meta l4proto <p>`.
+pub fn l4proto(p: Proto) -> Statement<'static> {
+    is(meta(MetaKey::L4proto), Operator::EQ, Expression::String(p.as_str().into()))
+}
+
+/// `fib daddr type local`: the destination is one of this node's addresses.
+pub fn to_local_address() -> Statement<'static> {
+    let fib = Fib { result: FibResult::Type, flags: HashSet::from([FibFlag::Daddr]) };
+    is(Expression::Named(NamedExpression::Fib(fib)), Operator::EQ, Expression::String("local".into()))
+}
+
+/// `meta l4proto . th dport vmap @<map>`.
+pub fn port_vmap(map: &str) -> Statement<'static> {
+    Statement::VerdictMap(stmt::VerdictMap {
+        key: Expression::Named(NamedExpression::Concat(vec![meta(MetaKey::L4proto), field("th", "dport")])),
+        data: set_ref(map),
+    })
+}
+
+/// `meta mark set meta mark | <bits>`.
+pub fn set_mark_bits(bits: u32) -> Statement<'static> {
+    Statement::Mangle(Mangle {
+        key: meta(MetaKey::Mark),
+        value: Expression::BinaryOperation(Box::new(BinaryOperation::OR(vec![
+            meta(MetaKey::Mark),
+            Expression::Number(bits),
+        ]))),
+    })
+}
+
+/// `meta mark & <bits> == <bits>`.
+pub fn has_mark_bits(bits: u32) -> Statement<'static> {
+    is(
+        Expression::BinaryOperation(Box::new(BinaryOperation::AND(meta(MetaKey::Mark), Expression::Number(bits)))),
+        Operator::EQ,
+        Expression::Number(bits),
+    )
+}
+
+/// `dnat ip to <ip>:<port>` (needs a protocol match before it).
+pub fn dnat(ip: Ipv4Addr, port: u16) -> Statement<'static> {
+    Statement::DNAT(Some(NAT {
+        addr: Some(Expression::String(ip.to_string().into())),
+        family: Some(NATFamily::IP),
+        port: Some(Expression::Number(u32::from(port))),
+        flags: None,
+    }))
+}
+
+/// `masquerade fully-random`.
+pub fn masquerade() -> Statement<'static> {
+    Statement::Masquerade(Some(NAT {
+        addr: None,
+        family: None,
+        port: None,
+        flags: Some(HashSet::from([NATFlag::FullyRandom])),
+    }))
+}
+
+/// `counter name <name>`.
+pub fn count_into(name: &str) -> Statement<'static> {
+    Statement::Counter(Counter::Named(name.to_owned().into()))
+}
+
+pub fn accept() -> Statement<'static> {
+    Statement::Accept(None)
+}
+
+#[cfg(test)] // the diff's tests; policy's part once it moves to nftables
+pub fn drop() -> Statement<'static> {
+    Statement::Drop(None)
+}
+
+#[cfg(test)] // the diff's tests; policy's part once it moves to nftables
+/// `return`: this chain admits; the caller's chain goes on.
+pub fn ret() -> Statement<'static> {
+    Statement::Return(None)
+}
+
+#[cfg(test)] // the diff's tests; policy's part once it moves to nftables
+pub fn jump(chain: &str) -> Statement<'static> {
+    Statement::Jump(stmt::JumpTarget { target: chain.to_owned().into() })
+}

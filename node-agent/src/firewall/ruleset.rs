@@ -1,0 +1,356 @@
+//! The firewall's desired and observed state, and the diff between them,
+//! pure: no kernel, no program runs.
+//!
+//! Weft owns one nftables table. Each feature (masquerade, host ports,
+//! policy) owns a [`Part`] of it: every chain, set and counter whose name
+//! starts with the part's owner and a dash. A diff only ever names objects
+//! of its own part, so features update independently and nothing outside
+//! the table is ever touched.
+//!
+//! Rules are recognised by their comment, which starts with a hash of the
+//! rule's statements and text: the kernel prints rules back in its own
+//! normal form, so comparing statements would be fragile, while the comment
+//! comes back byte for byte. A rule without our hash (added by hand) makes
+//! its chain differ, and the chain is rewritten.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::Ipv4Addr;
+
+use ipnet::Ipv4Net;
+use nftables::stmt::Statement;
+
+/// L4 protocols Weft matches and maps on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Proto {
+    Tcp,
+    Udp,
+    Sctp,
+}
+
+impl Proto {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Proto::Tcp => "tcp",
+            Proto::Udp => "udp",
+            Proto::Sctp => "sctp",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Proto> {
+        match s {
+            "tcp" => Some(Proto::Tcp),
+            "udp" => Some(Proto::Udp),
+            "sctp" => Some(Proto::Sctp),
+            _ => None,
+        }
+    }
+}
+
+impl From<weft_api::Protocol> for Proto {
+    fn from(p: weft_api::Protocol) -> Self {
+        match p {
+            weft_api::Protocol::Tcp => Proto::Tcp,
+            weft_api::Protocol::Udp => Proto::Udp,
+            weft_api::Protocol::Sctp => Proto::Sctp,
+        }
+    }
+}
+
+/// Where a base chain hooks in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HookPoint {
+    Prerouting,
+    Forward,
+    Output,
+    Postrouting,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChainKind {
+    Filter,
+    Nat,
+}
+
+/// A base chain's hook: its packets come from the kernel, not from a jump.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Hook {
+    pub kind: ChainKind,
+    pub point: HookPoint,
+    pub priority: i32,
+}
+
+/// nftables' named priorities.
+pub const DSTNAT: i32 = -100;
+#[cfg(test)] // the diff's tests; policy's part once it moves to nftables
+pub const FILTER: i32 = 0;
+pub const SRCNAT: i32 = 100;
+
+/// nftables keeps at most 128 bytes of a rule comment.
+const MAX_COMMENT: usize = 128;
+
+/// One rule: statements and the comment that identifies it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rule {
+    pub stmts: Vec<Statement<'static>>,
+    /// `<16 hex digits of hash> <text>`, within nftables' limit.
+    pub comment: String,
+}
+
+impl Rule {
+    /// `text` says what the rule is for; anything but printable ASCII
+    /// becomes `_` (names are validated where they enter, but a comment is
+    /// no place to carry anything else).
+    pub fn new(text: &str, stmts: Vec<Statement<'static>>) -> Rule {
+        let body = serde_json::to_string(&stmts).unwrap_or_default();
+        let safe: String = text.chars().map(|c| if c.is_ascii_graphic() || c == ' ' { c } else { '_' }).collect();
+        let mut comment = format!("{:016x} {safe}", fnv(&format!("{body}\n{safe}")));
+        comment.truncate(MAX_COMMENT);
+        Rule { stmts, comment }
+    }
+
+    pub fn id(&self) -> &str {
+        rule_id(&self.comment)
+    }
+}
+
+fn rule_id(comment: &str) -> &str {
+    comment.get(..16).filter(|h| h.bytes().all(|b| b.is_ascii_hexdigit())).unwrap_or("")
+}
+
+/// FNV-1a, 64 bits: stable across builds, unlike std's hasher.
+pub fn fnv(text: &str) -> u64 {
+    text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3))
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Chain {
+    pub hook: Option<Hook>,
+    pub rules: Vec<Rule>,
+}
+
+/// What a set holds and, for a verdict map, what its values are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SetKind {
+    /// IPv4 addresses and prefixes (an interval set).
+    Nets,
+    /// `protocol . port` → jump to a chain.
+    PortJumps,
+}
+
+/// One element's key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Key {
+    Net(Ipv4Net),
+    ProtoPort(Proto, u16),
+}
+
+impl Key {
+    pub fn addr(ip: Ipv4Addr) -> Key {
+        Key::Net(Ipv4Net::from(ip))
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Set {
+    pub kind: SetKind,
+    /// Key → the chain a verdict map jumps to (`None` in a plain set).
+    pub elements: BTreeMap<Key, Option<String>>,
+}
+
+impl Set {
+    #[cfg(test)] // the diff's tests; policy's part once it moves to nftables
+    pub fn nets(nets: impl IntoIterator<Item = Ipv4Net>) -> Set {
+        Set { kind: SetKind::Nets, elements: nets.into_iter().map(|n| (Key::Net(n.trunc()), None)).collect() }
+    }
+}
+
+/// Everything one feature wants in Weft's table.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Part {
+    /// Prefix of every name in the part (`<owner>-…`).
+    pub owner: &'static str,
+    pub chains: BTreeMap<String, Chain>,
+    pub sets: BTreeMap<String, Set>,
+    /// Named counters (rules count into them by name).
+    pub counters: BTreeSet<String>,
+}
+
+impl Part {
+    pub fn new(owner: &'static str) -> Part {
+        Part { owner, chains: BTreeMap::new(), sets: BTreeMap::new(), counters: BTreeSet::new() }
+    }
+
+    /// `<owner>-<suffix>`: the name of one of this part's objects.
+    pub fn name(&self, suffix: &str) -> String {
+        format!("{}-{suffix}", self.owner)
+    }
+
+    /// The part as the kernel shows it once applied: the base of an
+    /// incremental diff that reads nothing.
+    pub fn as_observed(&self) -> Observed {
+        Observed {
+            chains: self
+                .chains
+                .iter()
+                .map(|(n, c)| {
+                    (
+                        n.clone(),
+                        ObservedChain { hook: c.hook, rule_ids: c.rules.iter().map(|r| r.id().to_owned()).collect() },
+                    )
+                })
+                .collect(),
+            sets: self
+                .sets
+                .iter()
+                .map(|(n, s)| {
+                    (n.clone(), ObservedSet { kind: Some(s.kind), elements: s.elements.clone(), unreadable: 0 })
+                })
+                .collect(),
+            counters: self.counters.iter().map(|c| (c.clone(), Count::default())).collect(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ObservedChain {
+    pub hook: Option<Hook>,
+    /// Each rule's id ("" for a rule that is not ours).
+    pub rule_ids: Vec<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ObservedSet {
+    /// None: a type Weft never makes.
+    pub kind: Option<SetKind>,
+    pub elements: BTreeMap<Key, Option<String>>,
+    /// Elements in a form Weft never writes (so the set is flushed and refilled).
+    pub unreadable: usize,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Count {
+    pub packets: u64,
+    pub bytes: u64,
+}
+
+/// What Weft's table holds (of one part, once [`Observed::of`] filtered it).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Observed {
+    pub chains: BTreeMap<String, ObservedChain>,
+    pub sets: BTreeMap<String, ObservedSet>,
+    pub counters: BTreeMap<String, Count>,
+}
+
+impl Observed {
+    /// Only the objects of `owner`'s part.
+    pub fn of(mut self, owner: &str) -> Observed {
+        let prefix = format!("{owner}-");
+        self.chains.retain(|n, _| n.starts_with(&prefix));
+        self.sets.retain(|n, _| n.starts_with(&prefix));
+        self.counters.retain(|n, _| n.starts_with(&prefix));
+        self
+    }
+}
+
+/// One step of a transaction, in the order it must run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Op {
+    AddChain(String, Option<Hook>),
+    FlushChain(String),
+    DeleteChain(String),
+    AddRule(String, Rule),
+    AddSet(String, SetKind),
+    FlushSet(String),
+    DeleteSet(String),
+    AddElements(String, Vec<(Key, Option<String>)>),
+    DeleteElements(String, Vec<Key>),
+    AddCounter(String),
+    DeleteCounter(String),
+}
+
+/// The ops turning `have` into `want`, empty when they already match.
+/// Order: new sets, counters and chains first (rules and elements may name
+/// them); stale map elements out before the chains they jump to go; changed
+/// chains flushed and refilled; new elements in; then stale chains, sets
+/// and counters, which nothing names any more, are deleted.
+pub fn diff(have: &Observed, want: &Part) -> Vec<Op> {
+    let mut create = Vec::new();
+    let mut unlink = Vec::new();
+    let mut fill = Vec::new();
+    let mut link = Vec::new();
+    let mut remove = Vec::new();
+
+    for (name, set) in &want.sets {
+        let current = have.sets.get(name);
+        let elements = match current {
+            Some(h) if h.kind == Some(set.kind) && h.unreadable == 0 => &h.elements,
+            Some(h) if h.kind == Some(set.kind) => {
+                fill.push(Op::FlushSet(name.clone()));
+                &BTreeMap::new()
+            }
+            Some(_) => {
+                // A set of another type under our name cannot be retyped in
+                // place: it goes and comes back (only tampering gets here).
+                create.push(Op::DeleteSet(name.clone()));
+                create.push(Op::AddSet(name.clone(), set.kind));
+                &BTreeMap::new()
+            }
+            None => {
+                create.push(Op::AddSet(name.clone(), set.kind));
+                &BTreeMap::new()
+            }
+        };
+        let gone: Vec<Key> = elements.iter().filter(|(k, v)| set.elements.get(k) != Some(v)).map(|(k, _)| *k).collect();
+        let new: Vec<(Key, Option<String>)> =
+            set.elements.iter().filter(|(k, v)| elements.get(k) != Some(v)).map(|(k, v)| (*k, v.clone())).collect();
+        if !gone.is_empty() {
+            unlink.push(Op::DeleteElements(name.clone(), gone));
+        }
+        if !new.is_empty() {
+            link.push(Op::AddElements(name.clone(), new));
+        }
+    }
+    for name in have.sets.keys().filter(|n| !want.sets.contains_key(*n)) {
+        remove.push(Op::DeleteSet(name.clone()));
+    }
+
+    for name in want.counters.iter().filter(|c| !have.counters.contains_key(*c)) {
+        create.push(Op::AddCounter(name.clone()));
+    }
+    for name in have.counters.keys().filter(|c| !want.counters.contains(*c)) {
+        remove.push(Op::DeleteCounter(name.clone()));
+    }
+
+    for (name, chain) in &want.chains {
+        let ids = || chain.rules.iter().map(Rule::id);
+        match have.chains.get(name) {
+            Some(h) if h.hook == chain.hook && h.rule_ids.iter().map(String::as_str).eq(ids()) => continue,
+            Some(h) if h.hook == chain.hook => fill.push(Op::FlushChain(name.clone())),
+            Some(_) => {
+                // A hook cannot be changed in place: the chain is made anew
+                // (a base chain: no rule jumps to it).
+                create.push(Op::FlushChain(name.clone()));
+                create.push(Op::DeleteChain(name.clone()));
+                create.push(Op::AddChain(name.clone(), chain.hook));
+            }
+            None => create.push(Op::AddChain(name.clone(), chain.hook)),
+        }
+        fill.extend(chain.rules.iter().map(|r| Op::AddRule(name.clone(), r.clone())));
+    }
+    let stale: Vec<&String> = have.chains.keys().filter(|n| !want.chains.contains_key(*n)).collect();
+    // All stale chains are emptied before any is deleted: one may jump to another.
+    let mut drop_chains: Vec<Op> = stale.iter().map(|n| Op::FlushChain((*n).clone())).collect();
+    drop_chains.extend(stale.iter().map(|n| Op::DeleteChain((*n).clone())));
+    remove.splice(0..0, drop_chains);
+
+    let mut ops = create;
+    ops.extend(unlink);
+    ops.extend(fill);
+    ops.extend(link);
+    ops.extend(remove);
+    ops
+}
+
+#[cfg(test)]
+#[path = "ruleset_tests.rs"]
+mod tests;
