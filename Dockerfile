@@ -25,10 +25,9 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
 # ---- agent: root, host network, programs links, routes and nftables ----------
 FROM debian:${DEBIAN_RELEASE}-slim AS agent
 # The programs the agent executes (e2e/tests/images.rs checks the image has each):
-# nftables: masquerading and host ports (nft -j); iptables: policy
-# (iptables-save/-restore) and removing the chains of iptables-era agents;
-# ipset: policy address sets (ipset save/restore); conntrack: flushing stale
-# UDP entries of host ports. iproute2 is not needed: the agent speaks netlink
+# nftables: masquerading, host ports and policy (nft -j); iptables and ipset:
+# only to remove what iptables-era agents left on a node (an upgrade in place);
+# conntrack: flushing stale UDP entries of host ports. iproute2 is not needed: the agent speaks netlink
 # itself. ca-certificates: TLS to the apiserver.
 RUN apt-get update \
  && apt-get install -y --no-install-recommends nftables iptables ipset conntrack ca-certificates \

@@ -1,8 +1,8 @@
 //! Policy scale: one weft-agent with 5,000 pods and 1,000 NetworkPolicies in
 //! the API (250 of the pods on its node): full sync, one policy change, one
-//! pod label change, rules programmed, agent RSS; and the same rule set
-//! applied rule by rule (`iptables -A` per rule) against one
-//! `iptables-restore`, in the same run.
+//! pod label change, rules programmed, agent RSS. (The engine beside the
+//! iptables one it replaced, on the same compiled rules, is the agent's
+//! `policy::kernel_tests::engines_side_by_side`.)
 //!
 //! Everything runs in network namespaces this bench creates (the control
 //! plane and the agent share one, so the agent reaches the apiserver on
@@ -157,96 +157,12 @@ fn rss_mib(pid: u32) -> f64 {
         / 1024.0
 }
 
-fn sh(cmd: &str, args: &[&str], stdin: Option<&str>) {
-    let mut c = Command::new(cmd);
-    c.args(args).stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() }).stdout(Stdio::null());
-    let mut child = c.spawn().expect("spawn");
-    if let (Some(text), Some(mut w)) = (stdin, child.stdin.take()) {
-        std::io::Write::write_all(&mut w, text.as_bytes()).expect("stdin");
-    }
-    let out = child.wait_with_output().expect("wait");
-    assert!(out.status.success(), "{cmd} {args:?} failed");
-}
-
-fn output(cmd: &str, args: &[&str]) -> String {
-    String::from_utf8_lossy(&Command::new(cmd).args(args).output().expect("spawn").stdout).into_owned()
-}
-
-/// Applies `rules` (the agent's, from iptables-save) to a fresh namespace
-/// rule by rule, and to another in one iptables-restore; returns both times.
-fn compare(sets: &str, rules: &str) -> (Duration, Duration, usize) {
-    let ours: Vec<&str> = rules.lines().filter(|l| l.starts_with("-A ")).collect();
-    let chains: Vec<&str> = rules.lines().filter(|l| l.starts_with(":WEFT")).collect();
-    let run_in = |f: Box<dyn FnOnce() -> Duration + Send>| -> Duration {
-        let ns = Netns::new("pcmp");
-        let path = ns.path();
-        std::thread::spawn(move || {
-            setns(File::open(&path).expect("netns"), CloneFlags::CLONE_NEWNET).expect("setns");
-            f()
-        })
-        .join()
-        .expect("compare thread")
-    };
-    let (sets1, sets2) = (sets.to_owned(), sets.to_owned());
-    let one_by_one: Vec<String> = ours.iter().map(|s| s.to_string()).collect();
-    let decl: Vec<String> =
-        chains.iter().map(|c| c[1..].split_whitespace().next().unwrap_or_default().to_owned()).collect();
-    let by_rule = run_in(Box::new(move || {
-        sh("ipset", &["restore"], Some(&sets1));
-        let t = Instant::now();
-        for c in &decl {
-            sh("iptables", &["-w", "-N", c], None);
-        }
-        for r in &one_by_one {
-            // iptables-save quoting is shell quoting: split it the same way.
-            let args = shell_words(r);
-            let args: Vec<&str> = args.iter().map(String::as_str).collect();
-            sh("iptables", &[&["-w"], args.as_slice()].concat(), None);
-        }
-        t.elapsed()
-    }));
-    let text = format!("*filter\n{}\n{}\nCOMMIT\n", chains.join("\n"), ours.join("\n"));
-    let restore = run_in(Box::new(move || {
-        sh("ipset", &["restore"], Some(&sets2));
-        let t = Instant::now();
-        sh("iptables-restore", &["-w", "--noflush"], Some(&text));
-        t.elapsed()
-    }));
-    (by_rule, restore, ours.len())
-}
-
 struct Defer<F: FnMut()>(F);
 
 impl<F: FnMut()> Drop for Defer<F> {
     fn drop(&mut self) {
         (self.0)();
     }
-}
-
-fn shell_words(line: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut cur = String::new();
-    let mut quoted = false;
-    let mut any = false;
-    for ch in line.chars() {
-        match ch {
-            '"' => {
-                quoted = !quoted;
-                any = true;
-            }
-            ' ' if !quoted => {
-                if any || !cur.is_empty() {
-                    out.push(std::mem::take(&mut cur));
-                }
-                any = false;
-            }
-            c => cur.push(c),
-        }
-    }
-    if any || !cur.is_empty() {
-        out.push(cur);
-    }
-    out
 }
 
 async fn bench(pods: usize, policies: usize, ns_path: &str) {
@@ -284,7 +200,7 @@ async fn bench(pods: usize, policies: usize, ns_path: &str) {
     let (full_wall, full_sync) = next_sync((0.0, 0.0), started);
     let m = metrics();
     let rules = metric(&m, "weft_agent_policy_rules ");
-    let sets = metric(&m, "weft_agent_policy_ipsets ");
+    let sets = metric(&m, "weft_agent_policy_sets ");
     let local = metric(&m, "weft_agent_policy_local_pods ");
     let rss = rss_mib(agent.id());
 
@@ -306,11 +222,8 @@ async fn bench(pods: usize, policies: usize, ns_path: &str) {
     let rss_after = rss_mib(agent.id());
     let rules_after = metric(&metrics(), "weft_agent_policy_rules ");
 
-    let saved = output("iptables-save", &["-t", "filter"]);
-    let ipsets = output("ipset", &["save"]);
     let _ = agent.kill();
     let _ = agent.wait();
-    let (by_rule, restore, n) = compare(&ipsets, &saved);
 
     println!("\npolicy_sync: {pods} pods in the API ({local} local pods under policy), {policies} NetworkPolicies");
     println!("| measure | value |");
@@ -327,13 +240,9 @@ async fn bench(pods: usize, policies: usize, ns_path: &str) {
         label_wall.as_secs_f64(),
         label_sync
     );
-    println!("| iptables rules programmed after full sync / after changes; ipsets | {rules} / {rules_after}; {sets} |");
-    println!("| agent RSS after full sync / after changes | {rss:.1} MiB / {rss_after:.1} MiB |");
-    println!("| same {n} rules: one iptables-restore | {:.3} s |", restore.as_secs_f64());
     println!(
-        "| same {n} rules: iptables -A per rule | {:.2} s ({:.0}× slower) |",
-        by_rule.as_secs_f64(),
-        by_rule.as_secs_f64() / restore.as_secs_f64().max(1e-6)
+        "| nftables rules programmed after full sync / after changes; address sets | {rules} / {rules_after}; {sets} |"
     );
+    println!("| agent RSS after full sync / after changes | {rss:.1} MiB / {rss_after:.1} MiB |");
     cp.shutdown();
 }

@@ -703,7 +703,7 @@ fn dockerfile_builds_what_the_chart_runs() {
     };
     let agent = stage("agent");
     assert!(agent.contains("/usr/local/bin/") && agent.contains("weft-cni"), "the init container copies weft-cni");
-    assert!(agent.contains("iptables"));
+    assert!(agent.contains("nftables") && agent.contains("iptables"));
     assert!(stage("operator").contains("USER 65532"), "the operator image runs as non-root");
     // The chart's init container copies the binary from where the image puts it.
     let ds = std::fs::read_to_string(chart_dir().join("templates/agent-daemonset.yaml")).expect("daemonset");

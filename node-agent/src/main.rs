@@ -100,7 +100,6 @@ async fn run(config: Config) -> anyhow::Result<()> {
     agent.ensure_bridge(true).await.context("cannot set up the node bridge")?;
     agent.reconcile_on_start().await.context("start-up reconciliation failed")?;
     agent.metrics.set_host_port_usage(agent.hostports.usage());
-    remove_iptables_era_rules().await;
     tokio::spawn(sync_host_ports(Arc::clone(&agent)));
     tokio::spawn(attach::repair::run(Arc::clone(&agent)));
     if let (Some(c), Some(node_ip)) = (&client, config.node_ip) {
@@ -244,18 +243,6 @@ fn host_ports(config: &Config, pool: &Pool, ipam: &Ipam) -> hostport::HostPorts 
     hostport::HostPorts::new(range, pool.cidr(), existing)
 }
 
-/// An agent from before the nftables engine left iptables chains behind
-/// (an upgrade in place): they go, once the nftables rules are in place.
-/// A failure is logged: the old rules only duplicate the new ones.
-async fn remove_iptables_era_rules() {
-    match tokio::task::spawn_blocking(firewall::legacy::remove_nat).await {
-        Ok(Ok(true)) => tracing::info!("removed the iptables nat chains of an earlier Weft agent"),
-        Ok(Ok(false)) => {}
-        Ok(Err(e)) => tracing::warn!(error = %e, "cannot remove the iptables nat chains of an earlier Weft agent"),
-        Err(e) => tracing::warn!(error = %e, "the iptables clean-up task failed"),
-    }
-}
-
 /// Rewrites the host port rules whenever someone else changed them (a
 /// component restoring the nat table, a hand edit), every resync period.
 async fn sync_host_ports(agent: Arc<Agent>) {
@@ -266,6 +253,11 @@ async fn sync_host_ports(agent: Arc<Agent>) {
             Ok(true) if !first => {
                 tracing::warn!("host port rules had been changed by someone else; rewritten");
                 agent.metrics.host_port_repairs.inc();
+            }
+            // An upgrade in place: the iptables-era chains go once the
+            // nftables host port (and, at start-up, masquerade) rules are in.
+            Ok(_) if first => {
+                firewall::legacy::remove_once("host ports and masquerade", firewall::legacy::remove_nat).await
             }
             Ok(_) => {}
             Err(e) => tracing::error!(error = %e, "cannot sync host port rules"),

@@ -19,6 +19,7 @@ pub fn save(table: &str) -> Result<String, IptablesError> {
     Ok(exec::run_ok("iptables-save", &["-t", table], None, TIMEOUT, &[])?.stdout)
 }
 
+#[cfg(test)] // the iptables-era policy engine, the benchmark peer
 /// Like [`save`], with each rule's packet and byte counters (`iptables-save -c`).
 pub fn save_counted(table: &str) -> Result<String, IptablesError> {
     Ok(exec::run_ok("iptables-save", &["-c", "-t", table], None, TIMEOUT, &[])?.stdout)

@@ -7,7 +7,7 @@ use std::net::Ipv4Addr;
 
 use ipnet::Ipv4Net;
 use nftables::expr::{
-    BinaryOperation, Expression, Fib, FibFlag, FibResult, Meta, MetaKey, NamedExpression, Payload, PayloadField,
+    BinaryOperation, Expression, Fib, FibFlag, FibResult, Meta, MetaKey, NamedExpression, Payload, PayloadField, Range,
 };
 use nftables::stmt::{self, Counter, Mangle, Match, NAT, NATFamily, NATFlag, Operator, Statement};
 
@@ -51,10 +51,37 @@ pub fn addr_in(a: Addr, net: Ipv4Net) -> Statement<'static> {
     is(a.expr(), Operator::EQ, net_expr(net))
 }
 
-#[cfg(test)] // the diff's tests; policy's part once it moves to nftables
 /// `ip saddr|daddr @<set>`.
 pub fn addr_in_set(a: Addr, set: &str) -> Statement<'static> {
     is(a.expr(), Operator::EQ, set_ref(set))
+}
+
+/// `<p> dport <lo>[-<hi>]` (after a protocol match).
+pub fn dport(p: Proto, lo: u16, hi: u16) -> Statement<'static> {
+    let right = if lo == hi {
+        Expression::Number(u32::from(lo))
+    } else {
+        Expression::Range(Box::new(Range {
+            range: [Expression::Number(u32::from(lo)), Expression::Number(u32::from(hi))],
+        }))
+    };
+    is(field(p.as_str(), "dport"), Operator::EQ, right)
+}
+
+/// `ct state <states…>` (e.g. `established`, `related`, `invalid`).
+pub fn ct_state(states: &[&'static str]) -> Statement<'static> {
+    let ct =
+        Expression::Named(NamedExpression::CT(nftables::expr::CT { key: "state".into(), family: None, dir: None }));
+    let right = match states {
+        [one] => Expression::String((*one).into()),
+        many => Expression::List(many.iter().map(|s| Expression::String((*s).into())).collect()),
+    };
+    is(ct, Operator::IN, right)
+}
+
+/// `ip saddr|daddr vmap @<map>`.
+pub fn addr_vmap(a: Addr, map: &str) -> Statement<'static> {
+    Statement::VerdictMap(stmt::VerdictMap { key: a.expr(), data: set_ref(map) })
 }
 
 /// `meta l4proto <p>`.
@@ -125,18 +152,16 @@ pub fn accept() -> Statement<'static> {
     Statement::Accept(None)
 }
 
-#[cfg(test)] // the diff's tests; policy's part once it moves to nftables
 pub fn drop() -> Statement<'static> {
     Statement::Drop(None)
 }
 
-#[cfg(test)] // the diff's tests; policy's part once it moves to nftables
 /// `return`: this chain admits; the caller's chain goes on.
 pub fn ret() -> Statement<'static> {
     Statement::Return(None)
 }
 
-#[cfg(test)] // the diff's tests; policy's part once it moves to nftables
+#[cfg(test)] // the diff's tests
 pub fn jump(chain: &str) -> Statement<'static> {
     Statement::Jump(stmt::JumpTarget { target: chain.to_owned().into() })
 }

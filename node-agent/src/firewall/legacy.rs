@@ -1,17 +1,26 @@
-//! Removal of the iptables chains that agents before the nftables engine
-//! left on a node (an upgrade in place): their jumps from built-in chains
-//! are deleted, then the chains are flushed and deleted, in one atomic
-//! `iptables-restore --noflush` per table. Nobody else's rules are touched:
-//! only chains named here are declared, and only rules jumping to them are
-//! deleted. Blocking; acts in the calling thread's network namespace.
+//! Removal of the iptables chains and ipsets that agents before the
+//! nftables engine left on a node (an upgrade in place): their jumps from
+//! built-in chains are deleted, then the chains are flushed and deleted, in
+//! one atomic `iptables-restore --noflush` per table; then the policy
+//! ipsets, which nothing references any more, are destroyed. Nobody else's
+//! rules or sets are touched: only chains named here are declared, only
+//! rules jumping to them are deleted, only sets with Weft's prefix go.
+//! Blocking; acts in the calling thread's network namespace.
 
 use std::fmt::Write as _;
+use std::time::Duration;
 
-use crate::dataplane::exec::ExecError;
+use crate::dataplane::exec::{self, ExecError};
 use crate::dataplane::iptables;
 
 /// The nat table chains of the iptables-era masquerade and host ports.
 pub const NAT_CHAINS: &[&str] = &["WEFT-POSTROUTING", "WEFT-HOSTPORTS", "WEFT-HOSTPORTS-MASQ"];
+/// The filter table chains of the iptables-era policy.
+fn policy_chain(c: &str) -> bool {
+    c == "WEFT-FORWARD" || c.starts_with("WEFT-PI-") || c.starts_with("WEFT-PE-")
+}
+/// The iptables-era policy ipsets.
+const SET_PREFIX: &str = "weft-pol-";
 
 /// The `iptables-restore --noflush` input removing `ours` (and every jump
 /// to them) from `table`, given its `iptables-save`, or None when none is there.
@@ -48,23 +57,59 @@ pub fn removal_text(save: &str, table: &str, ours: &dyn Fn(&str) -> bool) -> Opt
     Some(t)
 }
 
+/// None when `program` is not installed (then nothing of it is left to remove).
+fn installed<T>(r: Result<T, ExecError>) -> Result<Option<T>, ExecError> {
+    match r {
+        Ok(v) => Ok(Some(v)),
+        Err(ExecError::Spawn { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
 /// Removes the iptables-era chains `ours` selects from `table`; `Ok(true)`
 /// when there were some. A node without iptables has none.
 pub fn remove(table: &str, ours: &dyn Fn(&str) -> bool) -> Result<bool, ExecError> {
-    let save = match iptables::save(table) {
-        Ok(s) => s,
-        Err(ExecError::Spawn { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => return Ok(false),
-        Err(e) => return Err(e),
-    };
+    let Some(save) = installed(iptables::save(table))? else { return Ok(false) };
     match removal_text(&save, table, ours) {
         None => Ok(false),
         Some(text) => iptables::restore(&text).map(|()| true),
     }
 }
 
-/// Removes the nat chains of the iptables-era masquerade and host ports.
+/// Destroys the iptables-era policy ipsets (after the rules naming them went).
+fn remove_sets() -> Result<bool, ExecError> {
+    const TIMEOUT: Duration = Duration::from_secs(15);
+    let Some(out) = installed(exec::run_ok("ipset", &["list", "-n"], None, TIMEOUT, &[]))? else { return Ok(false) };
+    let ours: Vec<&str> = out.stdout.lines().map(str::trim).filter(|n| n.starts_with(SET_PREFIX)).collect();
+    let script: String = ours.iter().map(|n| format!("destroy {n}\n")).collect();
+    if !ours.is_empty() {
+        exec::run_ok("ipset", &["restore"], Some(script.as_bytes()), TIMEOUT, &[])?;
+    }
+    Ok(!ours.is_empty())
+}
+
+/// Removes what the iptables-era masquerade and host ports left (call once
+/// their nftables rules are in place); `Ok(true)` when there was something.
 pub fn remove_nat() -> Result<bool, ExecError> {
     remove("nat", &|c| NAT_CHAINS.contains(&c))
+}
+
+/// Removes what the iptables-era policy left (call once the nftables policy
+/// rules are in place); `Ok(true)` when there was something.
+pub fn remove_policy() -> Result<bool, ExecError> {
+    let filter = remove("filter", &policy_chain)?;
+    let sets = remove_sets()?;
+    Ok(filter || sets)
+}
+
+/// Runs `remove` once the new rules are in place, logging the outcome.
+pub async fn remove_once(what: &'static str, remove: fn() -> Result<bool, ExecError>) {
+    match tokio::task::spawn_blocking(remove).await {
+        Ok(Ok(true)) => tracing::info!(what, "removed the iptables-era rules of an earlier Weft agent"),
+        Ok(Ok(false)) => {}
+        Ok(Err(e)) => tracing::warn!(what, error = %e, "cannot remove the iptables-era rules of an earlier Weft agent"),
+        Err(e) => tracing::warn!(what, error = %e, "the iptables clean-up task failed"),
+    }
 }
 
 #[cfg(test)]
@@ -97,6 +142,16 @@ mod tests {
             ]
         );
         assert!(!t.contains("KUBE"), "{t}");
+    }
+
+    #[test]
+    fn policy_chains_and_their_jump_go_and_others_stay() {
+        let save = "*filter\n:FORWARD ACCEPT [0:0]\n:KUBE-FORWARD - [0:0]\n:WEFT-FORWARD - [0:0]\n:WEFT-PI-00ff - [0:0]\n\
+            -A FORWARD -m comment --comment \"weft: network policy\" -j WEFT-FORWARD\n-A FORWARD -j KUBE-FORWARD\n\
+            -A WEFT-FORWARD -d 10.244.1.5/32 -j WEFT-PI-00ff\n-A WEFT-PI-00ff -j DROP\nCOMMIT\n";
+        let t = removal_text(save, "filter", &policy_chain).unwrap();
+        assert_eq!(t.matches("-D FORWARD").count(), 1, "{t}");
+        assert!(t.contains("-X WEFT-FORWARD\n") && t.contains("-X WEFT-PI-00ff\n") && !t.contains("KUBE"), "{t}");
     }
 
     #[test]

@@ -38,6 +38,8 @@ pub trait Backend: Send + Sync {
     fn observe(&self) -> Result<Observed, FirewallError>;
     /// Applies `ops` atomically: all of them or none.
     fn commit(&self, ops: &[Op]) -> Result<(), FirewallError>;
+    /// The named counters in Weft's table (cheaper than [`Backend::observe`]).
+    fn counters(&self) -> Result<std::collections::BTreeMap<String, ruleset::Count>, FirewallError>;
 }
 
 /// Keeps one part in the kernel, remembering what it last applied. Writes
@@ -63,8 +65,22 @@ impl<B: Backend> Engine<B> {
     /// Reads the kernel and writes what differs from `want`; `Ok(true)`
     /// when something was written.
     pub fn sync(&self, want: &Part) -> Result<bool, FirewallError> {
+        self.sync_observed(want).map(|(wrote, _)| wrote)
+    }
+
+    /// Like [`Engine::sync`], also returning what the kernel held before.
+    pub fn sync_observed(&self, want: &Part) -> Result<(bool, Observed), FirewallError> {
         let have = self.backend.observe()?.of(want.owner);
-        self.write(&have, want)
+        let wrote = self.write(have.clone(), want)?;
+        Ok((wrote, have))
+    }
+
+    /// The named counters of `owner`'s part.
+    pub fn counters(&self, owner: &str) -> Result<std::collections::BTreeMap<String, ruleset::Count>, FirewallError> {
+        let prefix = format!("{owner}-");
+        let mut all = self.backend.counters()?;
+        all.retain(|n, _| n.starts_with(&prefix));
+        Ok(all)
     }
 
     /// Writes the difference between the part last applied and `want`
@@ -72,7 +88,7 @@ impl<B: Backend> Engine<B> {
     pub fn update(&self, want: &Part) -> Result<bool, FirewallError> {
         let known = self.applied().take().filter(|(owner, _)| *owner == want.owner).map(|(_, o)| o);
         match known {
-            Some(have) => match self.write(&have, want) {
+            Some(have) => match self.write(have, want) {
                 Ok(wrote) => Ok(wrote),
                 Err(e) => {
                     tracing::warn!(part = want.owner, error = %e, "incremental firewall update failed; reading the kernel and syncing");
@@ -83,12 +99,13 @@ impl<B: Backend> Engine<B> {
         }
     }
 
-    fn write(&self, have: &Observed, want: &Part) -> Result<bool, FirewallError> {
-        let ops = ruleset::diff(have, want);
+    fn write(&self, mut have: Observed, want: &Part) -> Result<bool, FirewallError> {
+        let ops = ruleset::diff(&have, want);
         // Unknown until the commit is known to have landed.
         *self.applied() = None;
         self.backend.commit(&ops)?;
-        *self.applied() = Some((want.owner, want.as_observed()));
+        have.apply(&ops);
+        *self.applied() = Some((want.owner, have));
         Ok(!ops.is_empty())
     }
 

@@ -46,21 +46,33 @@ impl Nft {
     }
 }
 
+impl Nft {
+    /// `nft -j list <what…> inet <table>`; None when there is no table yet.
+    fn list(&self, what: &[&str]) -> Result<Option<String>, FirewallError> {
+        let mut args = vec!["-j", "list"];
+        args.extend(what);
+        args.extend(["inet", &self.table]);
+        let out = exec::run("nft", &args, None, TIMEOUT)?;
+        if out.status.success() {
+            return Ok(Some(out.stdout));
+        }
+        if out.stderr.contains("No such file or directory") {
+            return Ok(None);
+        }
+        let stderr = out.stderr.trim().to_owned();
+        Err(FirewallError::Nft(exec::ExecError::Failed { cmd: "nft", status: out.status, stderr }))
+    }
+}
+
 impl Backend for Nft {
     fn observe(&self) -> Result<Observed, FirewallError> {
-        let out = exec::run("nft", &["-j", "list", "table", "inet", &self.table], None, TIMEOUT)?;
-        if !out.status.success() {
-            // No table yet: nothing of ours is there.
-            if out.stderr.contains("No such file or directory") {
-                return Ok(Observed::default());
-            }
-            return Err(FirewallError::Nft(exec::ExecError::Failed {
-                cmd: "nft",
-                status: out.status,
-                stderr: out.stderr.trim().to_owned(),
-            }));
-        }
-        parse_listing(&out.stdout)
+        // No table yet: nothing of ours is there.
+        self.list(&["table"])?.map_or(Ok(Observed::default()), |text| parse_listing(&text))
+    }
+
+    fn counters(&self) -> Result<std::collections::BTreeMap<String, Count>, FirewallError> {
+        let listing = self.list(&["counters", "table"])?;
+        Ok(listing.map(|t| parse_listing(&t)).transpose()?.map(|o| o.counters).unwrap_or_default())
     }
 
     fn commit(&self, ops: &[Op]) -> Result<(), FirewallError> {
@@ -111,8 +123,12 @@ fn net_set<'a>(table: &'a str, name: &'a str) -> schema::Set<'a> {
 }
 
 /// nftables has no typed verdict map in the crate: the object is written as JSON.
-fn port_map(table: &str, name: &str) -> Value {
-    json!({"map": {"family": "inet", "table": table, "name": name, "type": ["inet_proto", "inet_service"], "map": "verdict"}})
+fn verdict_map(table: &str, name: &str, key: Value) -> Value {
+    json!({"map": {"family": "inet", "table": table, "name": name, "type": key, "map": "verdict"}})
+}
+
+fn set_or_map(is_map: bool) -> &'static str {
+    if is_map { "map" } else { "set" }
 }
 
 fn key_expr(k: &Key) -> Value {
@@ -149,9 +165,16 @@ fn batch(table: &str, ops: &[Op]) -> Value {
                 ..Default::default()
             }))),
             Op::AddSet(name, SetKind::Nets) => typed(NfCmd::Add(NfListObject::Set(Box::new(net_set(table, name))))),
-            Op::AddSet(name, SetKind::PortJumps) => json!({"add": port_map(table, name)}),
-            Op::FlushSet(name) => json!({"flush": {"set": {"family": "inet", "table": table, "name": name}}}),
-            Op::DeleteSet(name) => json!({"delete": {"set": {"family": "inet", "table": table, "name": name}}}),
+            Op::AddSet(name, SetKind::PortJumps) => {
+                json!({"add": verdict_map(table, name, json!(["inet_proto", "inet_service"]))})
+            }
+            Op::AddSet(name, SetKind::AddrJumps) => json!({"add": verdict_map(table, name, json!("ipv4_addr"))}),
+            Op::FlushSet(name, is_map) => {
+                json!({"flush": {set_or_map(*is_map): {"family": "inet", "table": table, "name": name}}})
+            }
+            Op::DeleteSet(name, is_map) => {
+                json!({"delete": {set_or_map(*is_map): {"family": "inet", "table": table, "name": name}}})
+            }
             Op::AddElements(name, elems) => json!({"add": {"element": {
                 "family": "inet", "table": table, "name": name,
                 "elem": elems.iter().map(|(k, j)| element(k, j.as_ref())).collect::<Vec<_>>(),
@@ -226,9 +249,10 @@ fn parse_set(s: &Value) -> ObservedSet {
         (Some(Value::Array(t)), Some("verdict")) if t.len() == 2 && t[0] == "inet_proto" && t[1] == "inet_service" => {
             Some(SetKind::PortJumps)
         }
+        (Some(Value::String(t)), Some("verdict")) if t == "ipv4_addr" => Some(SetKind::AddrJumps),
         _ => None,
     };
-    let mut out = ObservedSet { kind, ..Default::default() };
+    let mut out = ObservedSet { kind, is_map, ..Default::default() };
     for e in s.get("elem").and_then(Value::as_array).into_iter().flatten() {
         let parsed = if is_map {
             e.as_array().filter(|kv| kv.len() == 2).and_then(|kv| Some((parse_key(&kv[0])?, Some(parse_jump(&kv[1])?))))
@@ -256,7 +280,7 @@ fn parse_key(v: &Value) -> Option<Key> {
     }
     let parts = v.get("concat")?.as_array()?;
     let proto = match parts.first()? {
-        Value::String(s) => Proto::parse(s)?,
+        Value::String(s) => Proto::from_nft(s)?,
         Value::Number(n) => proto_numbered(n.as_u64()?)?,
         _ => return None,
     };

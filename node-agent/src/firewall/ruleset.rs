@@ -36,13 +36,20 @@ impl Proto {
         }
     }
 
-    pub fn parse(s: &str) -> Option<Proto> {
-        match s {
-            "tcp" => Some(Proto::Tcp),
-            "udp" => Some(Proto::Udp),
-            "sctp" => Some(Proto::Sctp),
+    /// From the Kubernetes API's spelling (`TCP` when absent); `None` for
+    /// anything else (matches nothing).
+    pub fn parse(s: Option<&str>) -> Option<Proto> {
+        match s.unwrap_or("TCP") {
+            "TCP" => Some(Proto::Tcp),
+            "UDP" => Some(Proto::Udp),
+            "SCTP" => Some(Proto::Sctp),
             _ => None,
         }
+    }
+
+    /// From nftables' spelling.
+    pub fn from_nft(s: &str) -> Option<Proto> {
+        [Proto::Tcp, Proto::Udp, Proto::Sctp].into_iter().find(|p| p.as_str() == s)
     }
 }
 
@@ -81,7 +88,6 @@ pub struct Hook {
 
 /// nftables' named priorities.
 pub const DSTNAT: i32 = -100;
-#[cfg(test)] // the diff's tests; policy's part once it moves to nftables
 pub const FILTER: i32 = 0;
 pub const SRCNAT: i32 = 100;
 
@@ -135,6 +141,15 @@ pub enum SetKind {
     Nets,
     /// `protocol . port` → jump to a chain.
     PortJumps,
+    /// IPv4 address → jump to a chain.
+    AddrJumps,
+}
+
+impl SetKind {
+    /// Whether nftables calls it a map (deleted and flushed as one).
+    pub fn is_map(self) -> bool {
+        self != SetKind::Nets
+    }
 }
 
 /// One element's key.
@@ -158,7 +173,6 @@ pub struct Set {
 }
 
 impl Set {
-    #[cfg(test)] // the diff's tests; policy's part once it moves to nftables
     pub fn nets(nets: impl IntoIterator<Item = Ipv4Net>) -> Set {
         Set { kind: SetKind::Nets, elements: nets.into_iter().map(|n| (Key::Net(n.trunc()), None)).collect() }
     }
@@ -203,7 +217,15 @@ impl Part {
                 .sets
                 .iter()
                 .map(|(n, s)| {
-                    (n.clone(), ObservedSet { kind: Some(s.kind), elements: s.elements.clone(), unreadable: 0 })
+                    (
+                        n.clone(),
+                        ObservedSet {
+                            kind: Some(s.kind),
+                            elements: s.elements.clone(),
+                            unreadable: 0,
+                            is_map: s.kind.is_map(),
+                        },
+                    )
                 })
                 .collect(),
             counters: self.counters.iter().map(|c| (c.clone(), Count::default())).collect(),
@@ -225,6 +247,8 @@ pub struct ObservedSet {
     pub elements: BTreeMap<Key, Option<String>>,
     /// Elements in a form Weft never writes (so the set is flushed and refilled).
     pub unreadable: usize,
+    /// A map, not a set (what nftables needs to be told to delete it).
+    pub is_map: bool,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -242,6 +266,59 @@ pub struct Observed {
 }
 
 impl Observed {
+    /// The state after `ops` were committed: what an engine knows the
+    /// kernel holds after a write, at the cost of the write's size, not of
+    /// the part's.
+    pub fn apply(&mut self, ops: &[Op]) {
+        for op in ops {
+            match op {
+                Op::AddChain(name, hook) => {
+                    self.chains.insert(name.clone(), ObservedChain { hook: *hook, rule_ids: Vec::new() });
+                }
+                Op::FlushChain(name) => {
+                    if let Some(c) = self.chains.get_mut(name) {
+                        c.rule_ids.clear();
+                    }
+                }
+                Op::DeleteChain(name) => {
+                    self.chains.remove(name);
+                }
+                Op::AddRule(name, rule) => {
+                    self.chains.entry(name.clone()).or_default().rule_ids.push(rule.id().to_owned());
+                }
+                Op::AddSet(name, kind) => {
+                    let set = ObservedSet { kind: Some(*kind), is_map: kind.is_map(), ..Default::default() };
+                    self.sets.insert(name.clone(), set);
+                }
+                Op::FlushSet(name, _) => {
+                    if let Some(s) = self.sets.get_mut(name) {
+                        s.elements.clear();
+                        s.unreadable = 0;
+                    }
+                }
+                Op::DeleteSet(name, _) => {
+                    self.sets.remove(name);
+                }
+                Op::AddElements(name, elems) => {
+                    self.sets.entry(name.clone()).or_default().elements.extend(elems.iter().cloned());
+                }
+                Op::DeleteElements(name, keys) => {
+                    if let Some(s) = self.sets.get_mut(name) {
+                        keys.iter().for_each(|k| {
+                            s.elements.remove(k);
+                        });
+                    }
+                }
+                Op::AddCounter(name) => {
+                    self.counters.insert(name.clone(), Count::default());
+                }
+                Op::DeleteCounter(name) => {
+                    self.counters.remove(name);
+                }
+            }
+        }
+    }
+
     /// Only the objects of `owner`'s part.
     pub fn of(mut self, owner: &str) -> Observed {
         let prefix = format!("{owner}-");
@@ -260,8 +337,9 @@ pub enum Op {
     DeleteChain(String),
     AddRule(String, Rule),
     AddSet(String, SetKind),
-    FlushSet(String),
-    DeleteSet(String),
+    /// Name, and whether it is a map.
+    FlushSet(String, bool),
+    DeleteSet(String, bool),
     AddElements(String, Vec<(Key, Option<String>)>),
     DeleteElements(String, Vec<Key>),
     AddCounter(String),
@@ -285,13 +363,13 @@ pub fn diff(have: &Observed, want: &Part) -> Vec<Op> {
         let elements = match current {
             Some(h) if h.kind == Some(set.kind) && h.unreadable == 0 => &h.elements,
             Some(h) if h.kind == Some(set.kind) => {
-                fill.push(Op::FlushSet(name.clone()));
+                fill.push(Op::FlushSet(name.clone(), h.is_map));
                 &BTreeMap::new()
             }
-            Some(_) => {
+            Some(h) => {
                 // A set of another type under our name cannot be retyped in
                 // place: it goes and comes back (only tampering gets here).
-                create.push(Op::DeleteSet(name.clone()));
+                create.push(Op::DeleteSet(name.clone(), h.is_map));
                 create.push(Op::AddSet(name.clone(), set.kind));
                 &BTreeMap::new()
             }
@@ -310,8 +388,8 @@ pub fn diff(have: &Observed, want: &Part) -> Vec<Op> {
             link.push(Op::AddElements(name.clone(), new));
         }
     }
-    for name in have.sets.keys().filter(|n| !want.sets.contains_key(*n)) {
-        remove.push(Op::DeleteSet(name.clone()));
+    for (name, h) in have.sets.iter().filter(|(n, _)| !want.sets.contains_key(*n)) {
+        remove.push(Op::DeleteSet(name.clone(), h.is_map));
     }
 
     for name in want.counters.iter().filter(|c| !have.counters.contains_key(*c)) {

@@ -79,7 +79,7 @@ fn stale_objects_go_after_the_rules_naming_them_are_rewritten() {
     let rewrite = pos(Op::FlushChain("policy-forward".into()));
     assert!(rewrite < pos(Op::FlushChain("policy-old".into())));
     assert!(pos(Op::FlushChain("policy-old".into())) < pos(Op::DeleteChain("policy-old".into())));
-    assert!(rewrite < pos(Op::DeleteSet("policy-oldset".into())));
+    assert!(rewrite < pos(Op::DeleteSet("policy-oldset".into(), false)));
     assert!(rewrite < pos(Op::DeleteCounter("policy-oldcounter".into())));
 }
 
@@ -89,11 +89,14 @@ fn unreadable_elements_or_another_type_are_replaced_whole() {
     let mut have = p.as_observed();
     have.sets.get_mut("policy-peers").unwrap().unreadable = 1;
     let ops = diff(&have, &p);
-    assert_eq!(ops[0], Op::FlushSet("policy-peers".into()));
+    assert_eq!(ops[0], Op::FlushSet("policy-peers".into(), false));
     assert!(matches!(&ops[1], Op::AddElements(_, e) if e.len() == 2), "{ops:?}");
     have.sets.get_mut("policy-peers").unwrap().kind = None;
     let ops = diff(&have, &p);
-    assert_eq!(ops[..2], [Op::DeleteSet("policy-peers".into()), Op::AddSet("policy-peers".into(), SetKind::Nets)]);
+    assert_eq!(
+        ops[..2],
+        [Op::DeleteSet("policy-peers".into(), false), Op::AddSet("policy-peers".into(), SetKind::Nets)]
+    );
 }
 
 #[test]
@@ -134,4 +137,21 @@ fn rule_ids_depend_on_statements_and_text_and_comments_are_bounded() {
     assert_eq!(long.comment.len(), 128);
     assert!(long.comment.bytes().all(|b| b.is_ascii_graphic() || b == b' '), "{}", long.comment);
     assert_eq!(long.id().len(), 16);
+}
+
+#[test]
+fn applying_a_diff_to_what_was_there_gives_what_was_wanted() {
+    let want = sample();
+    // From nothing, from a tampered state, and from another part's state.
+    let mut tampered = want.as_observed();
+    tampered.chains.get_mut("policy-pod").unwrap().rule_ids.insert(0, String::new());
+    tampered.sets.get_mut("policy-peers").unwrap().unreadable = 2;
+    tampered.chains.insert("policy-old".into(), ObservedChain { hook: None, rule_ids: vec!["x".into()] });
+    tampered.counters.insert("policy-oldcounter".into(), Count::default());
+    for mut have in [Observed::default(), tampered, Part::new("policy").as_observed()] {
+        let ops = diff(&have, &want);
+        have.apply(&ops);
+        assert_eq!(have, want.as_observed());
+        assert!(diff(&have, &want).is_empty());
+    }
 }

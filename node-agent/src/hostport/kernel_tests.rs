@@ -151,7 +151,7 @@ fn the_iptables_chains_of_an_earlier_agent_are_removed_and_only_they() {
         return;
     }
     let ns = Ns::new("upgrade");
-    let old = rules_iptables_old::tests::alloc("web", "10.244.1.5", &[(Protocol::Tcp, 80, 20000)]);
+    let old = rules::tests::alloc("web", "10.244.1.5", &[(Protocol::Tcp, 80, 20000)]);
     let text =
         rules_iptables_old::full_sync_text(&Default::default(), &[old], "10.244.1.0/24".parse().unwrap()).unwrap();
     let masq = "*nat\n:WEFT-POSTROUTING - [0:0]\n-A POSTROUTING -j WEFT-POSTROUTING\n-A WEFT-POSTROUTING -s 10.244.1.0/24 -j MASQUERADE\n\
@@ -235,7 +235,7 @@ fn old_engine(n: usize) -> (Vec<std::time::Duration>, Vec<std::time::Duration>, 
     let allocs: Vec<_> = (0..n)
         .map(|i| {
             let ip = std::net::Ipv4Addr::from(0x0af4_0000u32 + i as u32 + 2).to_string();
-            rules_iptables_old::tests::alloc(&format!("p{i}"), &ip, &[(Protocol::Tcp, 80, 20000 + i as u16)])
+            rules::tests::alloc(&format!("p{i}"), &ip, &[(Protocol::Tcp, 80, 20000 + i as u16)])
         })
         .collect();
     let base = rules_iptables_old::full_sync_text(&Default::default(), &[], cidr).unwrap();

@@ -153,7 +153,12 @@ impl HostPorts {
     /// hold the part as last applied, else (or with `full`) after reading it.
     async fn write(&self, ports: Vec<rules::Port>, full: bool) -> Result<bool, HostPortError> {
         let (engine, part, pod_cidr) = (self.engine.clone(), self.part.clone(), self.pod_cidr);
-        let allocations = if full || !ports.is_empty() { self.store.all() } else { Vec::new() };
+        // Only the allocations on the host ports concerned: an ADD costs the
+        // same whatever the number of host ports on the node.
+        let allocations = match full {
+            true => self.store.all(),
+            false => self.store.matching(|a| a.ports.iter().any(|m| ports.contains(&rules::port(m)))),
+        };
         let wrote = tokio::task::spawn_blocking(move || {
             let mut part = part.lock().unwrap_or_else(|p| p.into_inner());
             if full {

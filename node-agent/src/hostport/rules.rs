@@ -129,7 +129,7 @@ pub fn missing(observed: &crate::firewall::ruleset::Observed, a: &Allocation, po
 }
 
 #[cfg(test)]
-mod tests {
+pub mod tests {
     use super::*;
     use crate::firewall::ruleset::{Op, diff};
     use weft_api::Protocol;
@@ -138,7 +138,7 @@ mod tests {
         "10.244.1.0/24".parse().unwrap()
     }
 
-    fn alloc(id: &str, ip: &str, ports: &[(Protocol, u16, u16)]) -> Allocation {
+    pub fn alloc(id: &str, ip: &str, ports: &[(Protocol, u16, u16)]) -> Allocation {
         Allocation {
             container_id: format!("{id}0123456789abcdef"),
             ifname: "eth0".into(),

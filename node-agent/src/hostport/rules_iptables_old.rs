@@ -199,31 +199,10 @@ pub fn dnat_target(saved: &Saved, protocol: Protocol, host_port: u16) -> Option<
 #[cfg(test)]
 pub mod tests {
     use super::*;
+    pub use crate::hostport::rules::tests::alloc;
 
     fn cidr() -> Ipv4Net {
         "10.244.1.0/24".parse().unwrap()
-    }
-
-    pub fn alloc(id: &str, ip: &str, ports: &[(Protocol, u16, u16)]) -> Allocation {
-        Allocation {
-            container_id: format!("{id}0123456789abcdef"),
-            ifname: "eth0".into(),
-            pod_namespace: "default".into(),
-            pod_name: id.into(),
-            pod_uid: String::new(),
-            pod_ip: ip.parse().unwrap(),
-            ports: ports
-                .iter()
-                .map(|&(protocol, container_port, host_port)| Mapping {
-                    protocol,
-                    container_port,
-                    host_port,
-                    host_ip: None,
-                    name: None,
-                    auto: true,
-                })
-                .collect(),
-        }
     }
 
     fn saved_after(text: &str) -> String {

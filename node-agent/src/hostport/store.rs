@@ -165,7 +165,12 @@ impl Store {
     }
 
     pub fn all(&self) -> Vec<Allocation> {
-        let mut v: Vec<Allocation> = self.lock().by_key.values().cloned().collect();
+        self.matching(|_| true)
+    }
+
+    /// The allocations `wanted` picks, in record order, cloning only those.
+    pub fn matching(&self, wanted: impl Fn(&Allocation) -> bool) -> Vec<Allocation> {
+        let mut v: Vec<Allocation> = self.lock().by_key.values().filter(|a| wanted(a)).cloned().collect();
         v.sort_by(|a, b| (&a.container_id, &a.ifname).cmp(&(&b.container_id, &b.ifname)));
         v
     }

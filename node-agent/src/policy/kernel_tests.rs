@@ -1,7 +1,9 @@
-//! The policy renderer against the real iptables and ipset, in a network
-//! namespace each test creates (never the root namespace's rules): what we
-//! write is exactly what iptables-save shows back (so a converged table
-//! means no write), others' rules survive, tampering is repaired.
+//! The policy part against the real nftables, in a network namespace each
+//! test creates (never the root namespace's rules): what we write reads
+//! back as written (so a converged table means no write), others' iptables
+//! rules, nftables tables and ipsets survive, tampering is repaired, the
+//! iptables-era engine's chains and sets are removed on upgrade; and
+//! (ignored, a benchmark) the new engine beside the old one.
 //! Needs root: skips loudly without it, fails under CI=true.
 
 use std::fs::File;
@@ -10,10 +12,15 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use nix::sched::{CloneFlags, setns};
 
+use std::time::{Duration, Instant};
+
 use super::model::{Chain, Match, Peers, PodPolicy, Proto, Rule, Verdict};
-use super::render::{self, FORWARD_CHAIN};
+use super::render::{self, EGRESS_MAP};
+use super::render_iptables_old;
 use super::sync::apply;
 use crate::dataplane::iptables;
+use crate::firewall::Engine;
+use crate::firewall::nft::Nft;
 use crate::test_support::require_root;
 
 struct Ns(String);
@@ -109,53 +116,148 @@ fn rules_round_trip_converge_and_leave_others_alone() {
     }
     let ns = Ns::new();
     ns.run(|| {
-        // Someone else's chain and rules, before us.
+        // Someone else's rules, before us: iptables, ipset and an nftables table.
         let foreign =
             "*filter\n:OTHER-FWD - [0:0]\n-A FORWARD -j OTHER-FWD\n-A OTHER-FWD -s 192.0.2.0/24 -j ACCEPT\nCOMMIT\n";
         iptables::restore(foreign).expect("foreign rules");
         sh("ipset", &["create", "other-set", "hash:ip"]);
+        sh("nft", &["add table ip other; add chain ip other forward-other { type filter hook forward priority 0; }; add rule ip other forward-other ip saddr 192.0.2.1 counter"]);
+        let engine = Engine::new(Nft::default());
+        let full = |d: &render::Desired| apply(&engine, d, true, None).expect("apply");
 
         let want = render::render(&pods(8080));
-        assert!(apply(&want, None).expect("first apply"), "first apply writes");
-        assert!(!apply(&want, None).expect("second apply"), "converged: iptables-save shows exactly what we wrote");
-        let save = iptables::save("filter").expect("save");
-        assert!(
-            save.contains(
-                "-A FORWARD -m comment --comment \"weft: network policy\" -j WEFT-FORWARD\n-A FORWARD -j OTHER-FWD"
-            ),
-            "our jump first, theirs kept:\n{save}"
-        );
-        assert!(save.contains("-A OTHER-FWD -s 192.0.2.0/24 -j ACCEPT"));
-        assert!(save.contains("-p sctp -m sctp --dport 9"), "SCTP rules compile: {save}");
+        assert!(full(&want), "first apply writes");
+        assert!(!full(&want), "converged: nft shows back what we wrote");
+        let table = sh("nft", &["list", "table", "inet", "weft"]);
+        assert!(table.contains("sctp dport 9"), "SCTP rules compile: {table}");
+        assert!(table.contains("ip saddr vmap @policy-egress") && table.contains("ip daddr vmap @policy-ingress"));
 
-        // Tampering: a rule of ours deleted, a set member removed, our jump deleted.
-        let chain = want.chains.keys().find(|c| c.starts_with("WEFT-PI-")).unwrap().clone();
-        sh("iptables", &["-D", &chain, "-m", "comment", "--comment", "weft-drop default-deny", "-j", "DROP"]);
-        let set = want.sets.keys().next().unwrap().clone();
-        sh("ipset", &["del", &set, "10.0.2.2"]);
-        sh("iptables", &["-D", "FORWARD", "-m", "comment", "--comment", "weft: network policy", "-j", FORWARD_CHAIN]);
-        assert!(apply(&want, None).expect("repair"), "tampering is repaired");
-        assert!(!apply(&want, None).expect("after repair"));
-        assert!(sh("ipset", &["list", &set]).contains("10.0.2.2"));
+        // Tampering: a chain flushed, a set member removed, a map element deleted.
+        let chain = want.part.chains.keys().find(|c| c.starts_with("policy-in-")).unwrap().clone();
+        sh("nft", &["flush", "chain", "inet", "weft", &chain]);
+        let set = want.part.sets.keys().find(|s| s.starts_with("policy-set-")).unwrap().clone();
+        sh("nft", &["delete", "element", "inet", "weft", &set, "{ 10.0.2.2 }"]);
+        sh("nft", &["delete", "element", "inet", "weft", EGRESS_MAP, "{ 10.0.1.9 }"]);
+        assert!(full(&want), "tampering is repaired");
+        assert!(!full(&want), "after repair");
+        assert!(sh("nft", &["list", "set", "inet", "weft", &set]).contains("10.0.2.2"));
+        assert!(sh("nft", &["list", "map", "inet", "weft", EGRESS_MAP]).contains("10.0.1.9"));
 
-        // A change: only the changed chain is replaced, the old one and its unused set go.
+        // A change, written without reading the kernel: only the changed
+        // chain is replaced, the old one goes.
         let changed = render::render(&pods(8090));
-        assert!(apply(&changed, None).expect("change"));
-        let save = iptables::save("filter").expect("save");
-        assert!(!save.contains(&format!(":{chain} ")), "old chain deleted");
-        assert!(save.contains("--dport 8000:8090"));
-        assert!(!apply(&changed, None).expect("converged after change"));
+        assert!(apply(&engine, &changed, false, None).expect("change"));
+        let table = sh("nft", &["list", "table", "inet", "weft"]);
+        assert!(!table.contains(&format!("chain {chain} ")), "old chain deleted:\n{table}");
+        assert!(table.contains("udp dport 8000-8090"), "{table}");
+        assert!(!full(&changed), "converged after change");
 
-        // Everything gone when no pod is under policy, but the foreign rules and set stay.
+        // Nothing of ours is left but the base chain and empty maps when no
+        // pod is under policy; the foreign rules, set and table stay.
         let empty = render::render(&[]);
-        assert!(apply(&empty, None).expect("empty"));
-        let save = iptables::save("filter").expect("save");
-        assert!(!save.contains("WEFT-PI-") && !save.contains("WEFT-PE-"), "{save}");
-        assert!(save.contains("-A OTHER-FWD -s 192.0.2.0/24 -j ACCEPT"));
-        let sets = sh("ipset", &["list", "-n"]);
-        assert_eq!(sets.trim(), "other-set", "our sets destroyed, theirs kept");
-        let cur = render::parse_save(&iptables::save("filter").expect("save"));
-        iptables::restore(&render::removal_text(&cur).expect("removal")).expect("remove");
-        assert!(!iptables::save("filter").expect("save").contains("WEFT"));
+        assert!(full(&empty));
+        let table = sh("nft", &["list", "table", "inet", "weft"]);
+        assert!(!table.contains("policy-in-") && !table.contains("policy-set-"), "{table}");
+        assert!(iptables::save("filter").expect("save").contains("-A OTHER-FWD -s 192.0.2.0/24 -j ACCEPT"));
+        assert_eq!(sh("ipset", &["list", "-n"]).trim(), "other-set");
+        assert!(sh("nft", &["list", "table", "ip", "other"]).contains("ip saddr 192.0.2.1 counter"));
+        assert!(engine.remove(render::OWNER).expect("remove"));
+        assert!(!sh("nft", &["list", "table", "inet", "weft"]).contains("policy-"));
     });
+}
+
+#[test]
+fn the_iptables_era_policy_is_removed_on_upgrade_and_only_it() {
+    if !require_root() {
+        return;
+    }
+    let ns = Ns::new();
+    ns.run(|| {
+        iptables::restore("*filter\n:OTHER-FWD - [0:0]\n-A FORWARD -j OTHER-FWD\nCOMMIT\n").expect("foreign");
+        sh("ipset", &["create", "other-set", "hash:ip"]);
+        // What an iptables-era agent left: chains, a jump from FORWARD, sets.
+        assert!(render_iptables_old::apply(&render_iptables_old::render(&pods(8080))).expect("old engine"));
+        assert!(sh("ipset", &["list", "-n"]).contains("weft-pol-"));
+        assert!(crate::firewall::legacy::remove_policy().expect("remove"));
+        assert!(!crate::firewall::legacy::remove_policy().expect("again"), "nothing left the second time");
+        let save = iptables::save("filter").expect("save");
+        assert!(!save.contains("WEFT"), "{save}");
+        assert!(save.contains("-A FORWARD -j OTHER-FWD"), "{save}");
+        assert_eq!(sh("ipset", &["list", "-n"]).trim(), "other-set");
+    });
+}
+
+/// Every policy, direction and verdict has its counter in the kernel.
+#[test]
+fn each_policy_direction_and_verdict_has_a_kernel_counter() {
+    if !require_root() {
+        return;
+    }
+    let ns = Ns::new();
+    ns.run(|| {
+        let engine = Engine::new(Nft::default());
+        let want = render::render(&pods(8080));
+        apply(&engine, &want, true, None).expect("apply");
+        let counts = engine.counters(render::OWNER).expect("counters");
+        assert_eq!(counts.keys().collect::<Vec<_>>(), want.counters.keys().collect::<Vec<_>>());
+        assert_eq!(want.counters.len(), 7, "{:?}", want.counters.values());
+    });
+}
+
+/// Benchmark: `cargo test -p weft-agent --release policy::kernel_tests::engines -- --ignored --nocapture`.
+/// The same compiled policy for many local pods applied by the iptables
+/// engine and by the nftables one, same run, same machine.
+#[test]
+#[ignore = "benchmark; run explicitly"]
+fn engines_side_by_side() {
+    if !require_root() {
+        return;
+    }
+    const PODS: usize = 100;
+    let many = |extra: u16| -> Vec<PodPolicy> {
+        (0..PODS)
+            .flat_map(|i| {
+                pods(8080 + (i % 50) as u16 + extra).into_iter().enumerate().map(move |(j, mut p)| {
+                    p.key = format!("prod/p{i}-{j}");
+                    p.ip = std::net::Ipv4Addr::from(0x0a01_0000u32 + (i * 2 + j) as u32 + 2);
+                    p
+                })
+            })
+            .collect()
+    };
+    let (first, second) = (many(0), many(1));
+    let timed = |f: &mut dyn FnMut()| {
+        let t = Instant::now();
+        f();
+        t.elapsed()
+    };
+    let old = Ns::new().run({
+        let (first, second) = (first.clone(), second.clone());
+        move || {
+            let (a, b) = (render_iptables_old::render(&first), render_iptables_old::render(&second));
+            let apply = |d| render_iptables_old::apply(d).expect("old apply");
+            let fresh = timed(&mut || assert!(apply(&a)));
+            let same = timed(&mut || assert!(!apply(&a)));
+            let change = timed(&mut || assert!(apply(&b)));
+            (fresh, same, change)
+        }
+    });
+    let new = Ns::new().run(move || {
+        let (a, b) = (render::render(&first), render::render(&second));
+        let engine = Engine::new(Nft::default());
+        let fresh = timed(&mut || assert!(apply(&engine, &a, true, None).expect("apply")));
+        let same = timed(&mut || assert!(!apply(&engine, &a, true, None).expect("apply")));
+        let change = timed(&mut || assert!(apply(&engine, &b, false, None).expect("apply")));
+        (fresh, same, change)
+    });
+    println!("\nPolicy for {} local pods ({PODS} distinct chains per direction), kernel work\n", PODS * 2);
+    println!("| operation | iptables + ipset (before) | nftables (now) | before / now |");
+    println!("|---|---:|---:|---:|");
+    let row = |what: &str, o: Duration, n: Duration| {
+        let (o, n) = (o.as_secs_f64() * 1e3, n.as_secs_f64() * 1e3);
+        println!("| {what} | {o:.1} ms | {n:.1} ms | {:.1} |", o / n);
+    };
+    row("first apply (empty kernel)", old.0, new.0);
+    row("resync, nothing to write (reads the kernel)", old.1, new.1);
+    row("a change of half the pods' ports", old.2, new.2);
 }

@@ -11,7 +11,10 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Registry, Unit};
 
-use super::render::DropCounter;
+use std::collections::BTreeMap;
+
+use super::render::CounterLabels;
+use crate::firewall::ruleset::Count;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct KindLabels {
@@ -29,17 +32,26 @@ pub struct DropLabels {
     pub direction: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct VerdictLabels {
+    pub policy: String,
+    pub direction: &'static str,
+    pub verdict: &'static str,
+}
+
 pub struct PolicyMetrics {
     pub policies: Family<KindLabels, Gauge>,
     pub local_pods: Gauge,
     pub rules: Gauge,
-    pub ipsets: Gauge,
+    pub sets: Gauge,
     pub syncs: Family<ResultLabels, Counter>,
     pub sync_duration: Histogram,
     pub dropped: Family<DropLabels, Counter>,
-    /// Last packet count seen per DROP rule, to turn kernel counters (reset
-    /// when a chain is rewritten) into a monotonic counter.
-    last_drops: Mutex<HashMap<String, u64>>,
+    pub packets: Family<VerdictLabels, Counter>,
+    pub bytes: Family<VerdictLabels, Counter>,
+    /// Last count seen per kernel counter, to turn kernel counters (which
+    /// start from zero when made anew) into monotonic ones.
+    last: Mutex<HashMap<String, Count>>,
 }
 
 impl PolicyMetrics {
@@ -48,12 +60,14 @@ impl PolicyMetrics {
             policies: Family::default(),
             local_pods: Gauge::default(),
             rules: Gauge::default(),
-            ipsets: Gauge::default(),
+            sets: Gauge::default(),
             syncs: Family::default(),
             // 1 ms .. ~33 s
             sync_duration: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
             dropped: Family::default(),
-            last_drops: Mutex::new(HashMap::new()),
+            packets: Family::default(),
+            bytes: Family::default(),
+            last: Mutex::new(HashMap::new()),
         };
         registry.register(
             "policy_network_policies",
@@ -61,8 +75,8 @@ impl PolicyMetrics {
             m.policies.clone(),
         );
         registry.register("policy_local_pods", "Local pods under at least one policy", m.local_pods.clone());
-        registry.register("policy_rules", "iptables rules programmed in Weft's policy chains", m.rules.clone());
-        registry.register("policy_ipsets", "ipsets Weft's policy rules use", m.ipsets.clone());
+        registry.register("policy_rules", "nftables rules in Weft's policy chains", m.rules.clone());
+        registry.register("policy_sets", "Address sets Weft's policy rules use", m.sets.clone());
         registry.register("policy_syncs", "Policy syncs, by result (unchanged, applied, error)", m.syncs.clone());
         registry.register_with_unit(
             "policy_sync_duration",
@@ -75,24 +89,85 @@ impl PolicyMetrics {
             "Packets dropped by policy, by Weft policy (weft.dev/ns/name), default-deny or invalid, and direction",
             m.dropped.clone(),
         );
+        registry.register(
+            "policy_packets",
+            "Packets counted by policy rules, by policy, direction and verdict (allowed, dropped)",
+            m.packets.clone(),
+        );
+        registry.register_with_unit(
+            "policy",
+            "Bytes counted by policy rules, by policy, direction and verdict (allowed, dropped)",
+            Unit::Bytes,
+            m.bytes.clone(),
+        );
         m
     }
 
-    /// Adds what the kernel's DROP counters gained since the last read.
-    pub fn observe_drops(&self, drops: &[DropCounter]) {
-        let mut last = self.last_drops.lock().unwrap_or_else(|p| p.into_inner());
-        let mut seen = HashMap::with_capacity(drops.len());
-        for d in drops {
-            let before = last.get(&d.rule).copied().unwrap_or(0);
-            // A smaller count means the rule was rewritten: it counted from zero.
-            let delta = if d.packets >= before { d.packets - before } else { d.packets };
-            if delta > 0 {
-                self.dropped
-                    .get_or_create(&DropLabels { policy: d.policy.clone(), direction: d.direction.as_str() })
-                    .inc_by(delta);
+    /// Adds what the kernel's policy counters gained since the last read.
+    /// `labels` says what each counter counts; counters it does not name are
+    /// not Weft's policy counters.
+    pub fn observe_counters(&self, counts: &BTreeMap<String, Count>, labels: &BTreeMap<String, CounterLabels>) {
+        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        let mut seen = HashMap::with_capacity(counts.len());
+        for (name, now) in counts {
+            let Some(l) = labels.get(name) else { continue };
+            let before = last.get(name).copied().unwrap_or_default();
+            // A smaller count means the counter was made anew: it counted from zero.
+            let gained = |now: u64, before: u64| if now >= before { now - before } else { now };
+            let (packets, bytes) = (gained(now.packets, before.packets), gained(now.bytes, before.bytes));
+            let direction = l.direction.as_str();
+            let v = VerdictLabels { policy: l.policy.clone(), direction, verdict: l.verdict_str() };
+            if packets > 0 {
+                self.packets.get_or_create(&v).inc_by(packets);
+                if l.verdict == super::model::Verdict::Drop {
+                    self.dropped.get_or_create(&DropLabels { policy: l.policy.clone(), direction }).inc_by(packets);
+                }
             }
-            seen.insert(d.rule.clone(), d.packets);
+            if bytes > 0 {
+                self.bytes.get_or_create(&v).inc_by(bytes);
+            }
+            seen.insert(name.clone(), *now);
         }
         *last = seen;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::model::{Direction, Verdict};
+
+    #[test]
+    fn kernel_counters_become_monotonic_per_policy_direction_and_verdict() {
+        let m = PolicyMetrics::register(&mut Registry::default());
+        let labels: BTreeMap<String, CounterLabels> = [
+            (
+                "policy-a".to_owned(),
+                CounterLabels {
+                    policy: "weft.dev/p/deny".into(),
+                    direction: Direction::Ingress,
+                    verdict: Verdict::Drop,
+                },
+            ),
+            (
+                "policy-b".to_owned(),
+                CounterLabels { policy: "p/allow".into(), direction: Direction::Egress, verdict: Verdict::Allow },
+            ),
+        ]
+        .into();
+        let read = |a: u64, b: u64| {
+            let c = |p| Count { packets: p, bytes: p * 100 };
+            [("policy-a".to_owned(), c(a)), ("policy-b".to_owned(), c(b)), ("hostport-x".to_owned(), c(9))].into()
+        };
+        m.observe_counters(&read(5, 2), &labels);
+        // policy-a was made anew (its chain's policy went and came back): counts from zero.
+        m.observe_counters(&read(3, 7), &labels);
+        let v = |policy: &str, direction, verdict| VerdictLabels { policy: policy.into(), direction, verdict };
+        assert_eq!(m.packets.get_or_create(&v("weft.dev/p/deny", "ingress", "dropped")).get(), 8);
+        assert_eq!(m.bytes.get_or_create(&v("weft.dev/p/deny", "ingress", "dropped")).get(), 800);
+        assert_eq!(m.packets.get_or_create(&v("p/allow", "egress", "allowed")).get(), 7);
+        let dropped = DropLabels { policy: "weft.dev/p/deny".into(), direction: "ingress" };
+        assert_eq!(m.dropped.get_or_create(&dropped).get(), 8);
+        assert_eq!(m.dropped.get_or_create(&DropLabels { policy: "p/allow".into(), direction: "egress" }).get(), 0);
     }
 }

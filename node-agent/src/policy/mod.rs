@@ -1,15 +1,20 @@
 //! Network policy enforcement: standard `networking.k8s.io/v1` and Weft
-//! (`weft.dev/v1alpha1`) NetworkPolicies compiled into iptables chains and
-//! ipsets for this node's pods (see docs/network-policy.md).
+//! (`weft.dev/v1alpha1`) NetworkPolicies compiled into the `policy` part of
+//! Weft's nftables table for this node's pods (see docs/network-policy.md).
 //!
-//! `model` is the semantics (pure), `render` the kernel representation and
-//! its diff (pure), `ipset` the set runner, `sync` the watch-and-apply loop.
+//! `model` is the semantics (pure), `render` the nftables representation
+//! (pure), `sync` the watch-and-apply loop. `render_iptables_old` and
+//! `ipset` are the engine it replaced, kept for the upgrade test and the
+//! benchmark beside the new one.
 
-pub mod ipset;
 pub mod metrics;
 pub mod model;
 pub mod render;
 pub mod sync;
 
 #[cfg(test)]
+mod ipset;
+#[cfg(test)]
 mod kernel_tests;
+#[cfg(test)]
+mod render_iptables_old;

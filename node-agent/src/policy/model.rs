@@ -20,42 +20,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use weft_api::network_policy as wnp;
 use weft_api::selector;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Proto {
-    Tcp,
-    Udp,
-    Sctp,
-}
-
-impl Proto {
-    /// From the API's spelling; `None` for anything else (matches nothing).
-    pub fn parse(s: Option<&str>) -> Option<Proto> {
-        match s.unwrap_or("TCP") {
-            "TCP" => Some(Proto::Tcp),
-            "UDP" => Some(Proto::Udp),
-            "SCTP" => Some(Proto::Sctp),
-            _ => None,
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Proto::Tcp => "tcp",
-            Proto::Udp => "udp",
-            Proto::Sctp => "sctp",
-        }
-    }
-}
-
-impl From<weft_api::Protocol> for Proto {
-    fn from(p: weft_api::Protocol) -> Self {
-        match p {
-            weft_api::Protocol::Tcp => Proto::Tcp,
-            weft_api::Protocol::Udp => Proto::Udp,
-            weft_api::Protocol::Sctp => Proto::Sctp,
-        }
-    }
-}
+pub use crate::firewall::ruleset::Proto;
 
 /// A container port of a pod, for named-port resolution.
 #[derive(Clone, Debug, PartialEq, Eq)]

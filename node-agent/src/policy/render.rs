@@ -1,348 +1,181 @@
-//! Compiled policy → iptables (filter table) and ipset, pure.
+//! Compiled policy → the `policy` part of Weft's nftables table, pure.
 //!
-//! Layout: FORWARD jumps once (first) to `WEFT-FORWARD`, which returns
-//! replies of admitted connections at once (conntrack), then dispatches a
-//! local pod's traffic by source address to its egress chain `WEFT-PE-<h>`
-//! and by destination address to its ingress chain `WEFT-PI-<h>`. A pod
-//! chain RETURNs what it admits (so egress and then ingress are both
-//! checked, and FORWARD goes on as without Weft) and DROPs the rest. Weft
-//! never ACCEPTs on anybody's behalf. Traffic between a pod and its own
-//! node does not cross FORWARD, so kubelet probes are never policed.
+//! Layout: the base chain `policy-forward` (filter, forward hook) accepts
+//! replies of admitted connections at once (conntrack), then looks a local
+//! pod's address up as source in the verdict map `policy-egress` and as
+//! destination in `policy-ingress`; each jumps to the pod's chain for that
+//! direction. A pod chain returns what it admits (so egress and then
+//! ingress are both checked) and drops the rest. An accept in Weft's chain
+//! only ends Weft's chain: every other table and iptables chain on the hook
+//! still sees the packet, so Weft never admits on anybody's behalf. Traffic
+//! between a pod and its own node does not cross the forward hook, so
+//! kubelet probes are never policed.
 //!
-//! Chain and set names are hashes of their content: pods with the same
-//! policy share a chain, and an update rewrites only the chains whose
-//! content changed (plus the dispatch chain when a name changed).
+//! Pod chains and address sets are named by a hash of their content: pods
+//! with the same policy share a chain, and an update writes only the chains
+//! and sets whose content changed, plus the map elements of pods whose
+//! chain changed. Every rule counts into a named counter per policy,
+//! direction and verdict; counters are objects of their own, so they keep
+//! counting when a chain is rewritten.
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 
 use ipnet::Ipv4Net;
 
 use super::model::{Chain, Direction, Match, Peers, PodPolicy, Verdict};
+use crate::firewall::build::{self, Addr};
+use crate::firewall::ruleset::{self, ChainKind, FILTER, Hook, HookPoint, Key, Part, Rule, Set, SetKind, fnv};
 
-pub const FORWARD_CHAIN: &str = "WEFT-FORWARD";
-const INGRESS_PREFIX: &str = "WEFT-PI-";
-const EGRESS_PREFIX: &str = "WEFT-PE-";
-pub const SET_PREFIX: &str = "weft-pol-";
-const JUMP_COMMENT: &str = "weft: network policy";
-/// Comment prefix of every DROP rule; the word after it labels the drop counter.
-pub const DROP_TAG: &str = "weft-drop";
+pub const OWNER: &str = "policy";
+pub const INGRESS_MAP: &str = "policy-ingress";
+pub const EGRESS_MAP: &str = "policy-egress";
+/// The origin of drops of packets conntrack finds invalid.
+pub const INVALID: &str = "invalid";
+/// The origin of drops no rule admitted.
+pub const DEFAULT_DENY: &str = "default-deny";
 
-/// What the kernel should hold.
-#[derive(Debug, Default, PartialEq, Eq)]
-pub struct Desired {
-    /// Chain → rules as `iptables-save` prints them (`-A …`), WEFT-FORWARD included.
-    pub chains: BTreeMap<String, Vec<String>>,
-    /// Set → members.
-    pub sets: BTreeMap<String, Vec<Ipv4Net>>,
+/// What a named counter counts.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct CounterLabels {
+    /// `ns/name`, `weft.dev/ns/name`, `default-deny` or `invalid`.
+    pub policy: String,
+    pub direction: Direction,
+    pub verdict: Verdict,
 }
 
-impl Desired {
-    /// Rules in our chains plus the jump from FORWARD.
-    pub fn rule_count(&self) -> usize {
-        self.chains.values().map(Vec::len).sum::<usize>() + 1
+impl CounterLabels {
+    pub fn verdict_str(&self) -> &'static str {
+        match self.verdict {
+            Verdict::Allow => "allowed",
+            Verdict::Drop => "dropped",
+        }
     }
 }
 
-/// FNV-1a, 64 bits: stable across builds, unlike std's hasher.
-fn fnv(text: &str) -> u64 {
-    text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3))
+/// What the kernel should hold, and what each counter counts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Desired {
+    pub part: Part,
+    pub counters: BTreeMap<String, CounterLabels>,
+}
+
+impl Desired {
+    pub fn rule_count(&self) -> usize {
+        self.part.chains.values().map(|c| c.rules.len()).sum()
+    }
+}
+
+fn counter_name(l: &CounterLabels) -> String {
+    let dir = if l.direction == Direction::Ingress { "in" } else { "eg" };
+    format!("{OWNER}-count-{dir}-{}-{:016x}", l.verdict_str(), fnv(&l.policy))
 }
 
 pub fn set_name(nets: &[Ipv4Net]) -> String {
     let text: String = nets.iter().map(|n| format!("{n},")).collect();
-    format!("{SET_PREFIX}{:016x}", fnv(&text))
+    format!("{OWNER}-set-{:016x}", fnv(&text))
 }
 
-fn comment(text: &str) -> String {
-    // iptables limits comments to 256 bytes; names are ASCII.
-    let t: String = text.chars().filter(|c| *c != '"').take(240).collect();
-    format!("-m comment --comment \"{t}\"")
+/// Names counters and sets as rules need them.
+struct Names<'a> {
+    sets: &'a mut BTreeMap<String, Set>,
+    counters: &'a mut BTreeMap<String, CounterLabels>,
 }
 
-/// One rule line for `m`, with `chain` standing for the chain's name.
-fn match_line(chain: &str, dir: Direction, m: &Match, sets: &mut BTreeMap<String, Vec<Ipv4Net>>) -> String {
-    let mut line = format!("-A {chain}");
-    let (addr_flag, set_dir) = match dir {
-        Direction::Ingress => ("-s", "src"),
-        Direction::Egress => ("-d", "dst"),
-    };
-    let mut set_match = None;
-    if let Peers::Nets(nets) = &m.peers {
-        if let [one] = nets.as_slice() {
-            let _ = write!(line, " {addr_flag} {one}");
-        } else {
-            let name = set_name(nets);
-            sets.insert(name.clone(), nets.clone());
-            set_match = Some(format!(" -m set --match-set {name} {set_dir}"));
-        }
+impl Names<'_> {
+    fn counter(&mut self, policy: &str, direction: Direction, verdict: Verdict) -> String {
+        let labels = CounterLabels { policy: policy.to_owned(), direction, verdict };
+        let name = counter_name(&labels);
+        self.counters.entry(name.clone()).or_insert(labels);
+        name
+    }
+
+    fn set(&mut self, nets: &[Ipv4Net]) -> String {
+        let name = set_name(nets);
+        self.sets.entry(name.clone()).or_insert_with(|| Set::nets(nets.iter().copied()));
+        name
+    }
+}
+
+/// The statements matching `m` in direction `dir`.
+fn match_stmts(dir: Direction, m: &Match, names: &mut Names<'_>) -> Vec<nftables::stmt::Statement<'static>> {
+    let remote = if dir == Direction::Ingress { Addr::Src } else { Addr::Dst };
+    let mut out = Vec::new();
+    match &m.peers {
+        Peers::Any => {}
+        Peers::Nets(nets) => match nets.as_slice() {
+            [one] => out.push(build::addr_in(remote, *one)),
+            many => out.push(build::addr_in_set(remote, &names.set(many))),
+        },
     }
     if let Some(p) = m.proto {
-        let _ = write!(line, " -p {}", p.as_str());
-    }
-    if let Some(s) = set_match {
-        line.push_str(&s);
-    }
-    if let (Some(p), Some((lo, hi))) = (m.proto, m.ports) {
-        if lo == hi {
-            let _ = write!(line, " -m {} --dport {lo}", p.as_str());
-        } else {
-            let _ = write!(line, " -m {} --dport {lo}:{hi}", p.as_str());
+        out.push(build::l4proto(p));
+        if let Some((lo, hi)) = m.ports {
+            out.push(build::dport(p, lo, hi));
         }
     }
-    line
+    out
 }
 
-/// The rules of a pod chain, with `chain` as its name.
-fn chain_lines(chain: &str, dir: Direction, c: &Chain, sets: &mut BTreeMap<String, Vec<Ipv4Net>>) -> Vec<String> {
-    let mut out =
-        vec![format!("-A {chain} -m conntrack --ctstate INVALID {} -j DROP", comment(&format!("{DROP_TAG} invalid")))];
+/// The rules of one pod chain.
+fn chain_rules(dir: Direction, c: &Chain, names: &mut Names<'_>) -> Vec<Rule> {
+    let counted_drop = |names: &mut Names<'_>, origin: &str, mut stmts: Vec<_>| {
+        stmts.push(build::count_into(&names.counter(origin, dir, Verdict::Drop)));
+        stmts.push(build::drop());
+        Rule::new(&format!("{origin} drop"), stmts)
+    };
+    let mut out = vec![counted_drop(names, INVALID, vec![build::ct_state(&["invalid"])])];
     for r in &c.rules {
-        let (tag, target) = match r.verdict {
-            Verdict::Allow => (r.origin.clone(), "RETURN"),
-            Verdict::Drop => (format!("{DROP_TAG} {}", r.origin), "DROP"),
-        };
         for m in &r.matches {
-            out.push(format!("{} {} -j {target}", match_line(chain, dir, m, sets), comment(&tag)));
+            let stmts = match_stmts(dir, m, names);
+            out.push(match r.verdict {
+                Verdict::Allow => {
+                    let mut s = stmts;
+                    s.push(build::count_into(&names.counter(&r.origin, dir, Verdict::Allow)));
+                    s.push(build::ret());
+                    Rule::new(&r.origin, s)
+                }
+                Verdict::Drop => counted_drop(names, &r.origin, stmts),
+            });
         }
     }
     if c.default_deny {
-        out.push(format!("-A {chain} {} -j DROP", comment(&format!("{DROP_TAG} default-deny"))));
+        out.push(counted_drop(names, DEFAULT_DENY, Vec::new()));
     }
     out
 }
 
 /// The kernel state for `pods` (local pods under policy).
 pub fn render(pods: &[PodPolicy]) -> Desired {
-    let mut d = Desired::default();
-    let mut dispatch_eg = Vec::new();
-    let mut dispatch_in = Vec::new();
+    let mut part = Part::new(OWNER);
+    let mut counters = BTreeMap::new();
+    let mut maps: [BTreeMap<Key, Option<String>>; 2] = Default::default();
     for p in pods {
-        for (dir, chain, prefix, dispatch) in [
-            (Direction::Egress, &p.egress, EGRESS_PREFIX, &mut dispatch_eg),
-            (Direction::Ingress, &p.ingress, INGRESS_PREFIX, &mut dispatch_in),
-        ] {
-            let Some(chain) = chain else { continue };
-            let mut sets = BTreeMap::new();
-            let body = chain_lines("@", dir, chain, &mut sets);
-            let name = format!("{prefix}{:016x}", fnv(&body.join("\n")));
-            d.sets.append(&mut sets);
-            let rules: Vec<String> = body.iter().map(|l| l.replacen("-A @", &format!("-A {name}"), 1)).collect();
-            d.chains.entry(name.clone()).or_insert(rules);
-            let flag = if dir == Direction::Egress { "-s" } else { "-d" };
-            dispatch.push(format!(
-                "-A {FORWARD_CHAIN} {flag} {}/32 {} -j {name}",
-                p.ip,
-                comment(&format!("{} {}", p.key, dir.as_str()))
-            ));
-        }
-    }
-    let mut fwd = vec![format!(
-        "-A {FORWARD_CHAIN} -m conntrack --ctstate RELATED,ESTABLISHED {} -j RETURN",
-        comment("weft: replies of admitted connections")
-    )];
-    fwd.extend(dispatch_eg);
-    fwd.extend(dispatch_in);
-    d.chains.insert(FORWARD_CHAIN.to_owned(), fwd);
-    d
-}
-
-fn ours(chain: &str) -> bool {
-    chain == FORWARD_CHAIN || chain.starts_with(INGRESS_PREFIX) || chain.starts_with(EGRESS_PREFIX)
-}
-
-/// Rules compare without quotes: iptables-save quotes a comment only when it must.
-fn norm(rule: &str) -> String {
-    rule.trim_end().replace('"', "")
-}
-
-/// A DROP rule's packet counter, as read from `iptables-save -c`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DropCounter {
-    /// Chain and rule: identifies the counter across reads.
-    pub rule: String,
-    /// The word after `weft-drop`: a Weft policy, `default-deny` or `invalid`.
-    pub policy: String,
-    pub direction: Direction,
-    pub packets: u64,
-}
-
-/// What of ours the filter table holds.
-#[derive(Debug, Default, PartialEq, Eq)]
-pub struct Current {
-    /// Our chains → rules (normalised).
-    pub chains: BTreeMap<String, Vec<String>>,
-    /// Jumps from FORWARD to WEFT-FORWARD, as printed.
-    pub jumps: Vec<String>,
-    /// Whether our jump is FORWARD's first rule.
-    pub jump_first: bool,
-    pub drops: Vec<DropCounter>,
-}
-
-/// Parses `iptables-save [-c] -t filter`.
-pub fn parse_save(save: &str) -> Current {
-    let mut cur = Current::default();
-    let jump_suffix = format!("-j {FORWARD_CHAIN}");
-    let mut forward_rules = 0;
-    for raw in save.lines() {
-        let (packets, line) = match raw.strip_prefix('[').and_then(|r| r.split_once("] ")) {
-            Some((counts, rest)) => (counts.split(':').next().and_then(|p| p.parse().ok()).unwrap_or(0), rest),
-            None => (0, raw),
-        };
-        if let Some(decl) = line.strip_prefix(':') {
-            let name = decl.split_whitespace().next().unwrap_or_default();
-            if ours(name) {
-                cur.chains.entry(name.to_owned()).or_default();
-            }
-            continue;
-        }
-        let Some(rest) = line.strip_prefix("-A ") else { continue };
-        let chain = rest.split_whitespace().next().unwrap_or_default();
-        if chain == "FORWARD" {
-            forward_rules += 1;
-            if line.trim_end().ends_with(&jump_suffix) {
-                cur.jump_first |= forward_rules == 1;
-                cur.jumps.push(line.trim_end().to_owned());
-            }
-            continue;
-        }
-        if !ours(chain) {
-            continue;
-        }
-        let rule = norm(line);
-        if rule.ends_with("-j DROP")
-            && let Some(tagged) = rule.split(&format!("--comment {DROP_TAG} ")).nth(1)
+        for (i, dir, chain, tag) in [(0, Direction::Egress, &p.egress, "eg"), (1, Direction::Ingress, &p.ingress, "in")]
         {
-            let direction = if chain.starts_with(EGRESS_PREFIX) { Direction::Egress } else { Direction::Ingress };
-            let policy = tagged.split_whitespace().next().unwrap_or_default().to_owned();
-            cur.drops.push(DropCounter { rule: rule.clone(), policy, direction, packets });
-        }
-        cur.chains.entry(chain.to_owned()).or_default().push(rule);
-    }
-    cur
-}
-
-fn jump_rule() -> String {
-    format!("-A FORWARD {} -j {FORWARD_CHAIN}", comment(JUMP_COMMENT))
-}
-
-/// The `iptables-restore --noflush` input turning `cur` into `want`, or
-/// `None` when the table is already right. Only chains whose rules differ
-/// are declared (which flushes them) and refilled; stale chains of ours are
-/// flushed and deleted after the dispatch chain stopped naming them.
-pub fn restore_text(cur: &Current, want: &Desired) -> Option<String> {
-    let changed: Vec<(&String, &Vec<String>)> = want
-        .chains
-        .iter()
-        .filter(|(name, rules)| {
-            cur.chains
-                .get(*name)
-                .is_none_or(|have| have.iter().ne(rules.iter().map(|r| norm(r)).collect::<Vec<_>>().iter()))
-        })
-        .collect();
-    let stale: Vec<&String> = cur.chains.keys().filter(|c| !want.chains.contains_key(*c)).collect();
-    let jump_ok = cur.jumps.len() == 1 && cur.jump_first && norm(&cur.jumps[0]) == norm(&jump_rule());
-    if changed.is_empty() && stale.is_empty() && jump_ok {
-        return None;
-    }
-    let mut t = String::from("*filter\n");
-    // Declarations first: a rule may only jump to a chain that exists.
-    for (name, _) in &changed {
-        let _ = writeln!(t, ":{name} - [0:0]");
-    }
-    for name in &stale {
-        let _ = writeln!(t, ":{name} - [0:0]");
-    }
-    for (_, rules) in &changed {
-        for r in *rules {
-            t.push_str(r);
-            t.push('\n');
+            let Some(chain) = chain else { continue };
+            let mut names = Names { sets: &mut part.sets, counters: &mut counters };
+            let rules = chain_rules(dir, chain, &mut names);
+            let ids: String = rules.iter().map(|r| r.id()).collect();
+            let name = format!("{OWNER}-{tag}-{:016x}", fnv(&ids));
+            part.chains.entry(name.clone()).or_insert(ruleset::Chain { hook: None, rules });
+            maps[i].insert(Key::addr(p.ip), Some(name));
         }
     }
-    if !jump_ok {
-        for j in &cur.jumps {
-            t.push_str(&j.replacen("-A FORWARD", "-D FORWARD", 1));
-            t.push('\n');
-        }
-        t.push_str(&jump_rule().replacen("-A FORWARD", "-I FORWARD 1", 1));
-        t.push('\n');
-    }
-    for name in &stale {
-        let _ = writeln!(t, "-X {name}");
-    }
-    t.push_str("COMMIT\n");
-    Some(t)
-}
-
-/// Everything of ours removed (jump, chains), or None when nothing is there.
-#[allow(dead_code)] // the clean-up path: tests, and an uninstall hook later
-pub fn removal_text(cur: &Current) -> Option<String> {
-    (!cur.chains.is_empty() || !cur.jumps.is_empty()).then(|| {
-        let mut t = String::from("*filter\n");
-        for name in cur.chains.keys() {
-            let _ = writeln!(t, ":{name} - [0:0]");
-        }
-        for j in &cur.jumps {
-            t.push_str(&j.replacen("-A FORWARD", "-D FORWARD", 1));
-            t.push('\n');
-        }
-        for name in cur.chains.keys() {
-            let _ = writeln!(t, "-X {name}");
-        }
-        t.push_str("COMMIT\n");
-        t
-    })
-}
-
-/// Our sets in `ipset save` output → members (normalised: `/32` dropped).
-pub fn parse_sets(save: &str) -> BTreeMap<String, Vec<String>> {
-    let mut sets: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    for line in save.lines() {
-        let mut w = line.split_whitespace();
-        match (w.next(), w.next(), w.next()) {
-            (Some("create"), Some(name), _) if name.starts_with(SET_PREFIX) => {
-                sets.entry(name.to_owned()).or_default();
-            }
-            (Some("add"), Some(name), Some(member)) if name.starts_with(SET_PREFIX) => {
-                sets.entry(name.to_owned()).or_default().push(member.trim_end_matches("/32").to_owned());
-            }
-            _ => {}
-        }
-    }
-    for m in sets.values_mut() {
-        m.sort();
-    }
-    sets
-}
-
-fn members(nets: &[Ipv4Net]) -> Vec<String> {
-    let mut m: Vec<String> = nets.iter().map(|n| n.to_string().trim_end_matches("/32").to_owned()).collect();
-    m.sort();
-    m
-}
-
-/// `ipset restore` input creating missing sets and repairing altered ones
-/// (run before iptables), and the input destroying stale ones (run after).
-pub fn ipset_texts(cur: &BTreeMap<String, Vec<String>>, want: &Desired) -> (Option<String>, Option<String>) {
-    let mut before = String::new();
-    for (name, nets) in &want.sets {
-        let wanted = members(nets);
-        match cur.get(name) {
-            Some(have) if *have == wanted => continue,
-            Some(_) => {
-                let _ = writeln!(before, "flush {name}");
-            }
-            None => {
-                let maxelem = wanted.len().max(65536);
-                let _ = writeln!(before, "create {name} hash:net family inet maxelem {maxelem}");
-            }
-        }
-        for m in &wanted {
-            let _ = writeln!(before, "add {name} {m}");
-        }
-    }
-    let after: String = cur.keys().filter(|n| !want.sets.contains_key(*n)).map(|n| format!("destroy {n}\n")).collect();
-    ((!before.is_empty()).then_some(before), (!after.is_empty()).then_some(after))
+    let [egress, ingress] = maps;
+    part.sets.insert(EGRESS_MAP.to_owned(), Set { kind: SetKind::AddrJumps, elements: egress });
+    part.sets.insert(INGRESS_MAP.to_owned(), Set { kind: SetKind::AddrJumps, elements: ingress });
+    part.counters = counters.keys().cloned().collect();
+    let base = Hook { kind: ChainKind::Filter, point: HookPoint::Forward, priority: FILTER };
+    let rules = vec![
+        Rule::new(
+            "replies of admitted connections",
+            vec![build::ct_state(&["established", "related"]), build::accept()],
+        ),
+        Rule::new("egress of local pods", vec![build::addr_vmap(Addr::Src, EGRESS_MAP)]),
+        Rule::new("ingress of local pods", vec![build::addr_vmap(Addr::Dst, INGRESS_MAP)]),
+    ];
+    part.chains.insert(format!("{OWNER}-forward"), ruleset::Chain { hook: Some(base), rules });
+    Desired { part, counters }
 }
 
 #[cfg(test)]

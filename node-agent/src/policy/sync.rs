@@ -21,23 +21,18 @@ use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
 use weft_api::network_policy::{self as wnp, NetworkPolicy as WeftPolicy};
 
-use super::ipset;
 use super::metrics::{KindLabels, PolicyMetrics, ResultLabels};
 use super::model::{Cluster, NamedPort, PodInfo, Proto, compile};
 use super::render::{self, Desired};
-use crate::dataplane::iptables;
+use crate::firewall::nft::Nft;
+use crate::firewall::{Engine, FirewallError};
 
 /// Coalesces bursts of events (a namespace relabel touches many pods) into one pass.
 const DEBOUNCE: Duration = Duration::from_millis(50);
 /// Retry delay after a failed pass.
 const RETRY: Duration = Duration::from_secs(1);
-
-#[derive(Debug, thiserror::Error)]
-pub enum SyncError {
-    /// `iptables-save`/`-restore` or `ipset`: the error names the program.
-    #[error(transparent)]
-    Program(#[from] crate::dataplane::exec::ExecError),
-}
+/// How often the policy counters are read into the metrics.
+const COUNTERS_EVERY: Duration = Duration::from_secs(10);
 
 /// The outcome of one pass.
 #[derive(Debug)]
@@ -176,36 +171,29 @@ fn snapshot(
     c
 }
 
-/// Makes the kernel match `want`: sets first (rules may name them), then one
-/// atomic iptables-restore, then stale sets go. Blocking.
-pub fn apply(want: &Desired, metrics: Option<&PolicyMetrics>) -> Result<bool, SyncError> {
-    let (before, after) = render::ipset_texts(&render::parse_sets(&ipset::save()?), want);
-    let mut wrote = false;
-    if let Some(t) = before {
-        ipset::restore(&t)?;
-        wrote = true;
+/// Makes the kernel match `want`: after reading it when `full` (the
+/// resync, which finds tampering), else by writing what differs from the
+/// rules last applied. Blocking.
+pub fn apply(
+    engine: &Engine<Nft>,
+    want: &Desired,
+    full: bool,
+    metrics: Option<&PolicyMetrics>,
+) -> Result<bool, FirewallError> {
+    if !full {
+        return engine.update(&want.part);
     }
-    let current = render::parse_save(&iptables::save_counted("filter")?);
+    let (wrote, seen) = engine.sync_observed(&want.part)?;
     if let Some(m) = metrics {
-        m.observe_drops(&current.drops);
-    }
-    if let Some(t) = render::restore_text(&current, want) {
-        iptables::restore(&t)?;
-        wrote = true;
-    }
-    if let Some(t) = after {
-        // A set still referenced (a racing writer) is retried on the next pass.
-        match ipset::restore(&t) {
-            Ok(()) => wrote = true,
-            Err(e) => tracing::warn!(error = %e, "cannot destroy stale policy ipsets; retrying next pass"),
-        }
+        m.observe_counters(&seen.counters, &want.counters);
     }
     Ok(wrote)
 }
 
 impl Report {
     fn of(rules: &Desired, local_pods: usize, wrote: bool) -> Self {
-        Report { wrote, rules: rules.rule_count(), sets: rules.sets.len(), local_pods }
+        let sets = rules.part.sets.len().saturating_sub(2); // not the two dispatch maps
+        Report { wrote, rules: rules.rule_count(), sets, local_pods }
     }
 }
 
@@ -242,6 +230,10 @@ pub async fn run(client: Client, node: String, resync: Duration, metrics: Arc<Po
     let mut kernel_due = tokio::time::Instant::now();
     // The rules last written to (or found in) the kernel.
     let mut last_applied: Option<Arc<Desired>> = None;
+    let engine = Arc::new(Engine::new(Nft::default()));
+    let mut cleaned_up = false;
+    let labels = Arc::new(std::sync::Mutex::new(Default::default()));
+    tokio::spawn(read_counters(Arc::clone(&engine), Arc::clone(&labels), Arc::clone(&metrics)));
     loop {
         let started = Instant::now();
         let cluster = snapshot(&pods, &namespaces, &standard, &weft);
@@ -258,21 +250,22 @@ pub async fn run(client: Client, node: String, resync: Duration, metrics: Arc<Po
                 continue;
             }
         };
-        if !needs_kernel(tokio::time::Instant::now() >= kernel_due, last_applied.as_deref(), &rules) {
+        let full = tokio::time::Instant::now() >= kernel_due;
+        if !needs_kernel(full, last_applied.as_deref(), &rules) {
             m.syncs.get_or_create(&ResultLabels { result: "unaffected" }).inc();
             next_change_or(&changed, kernel_due).await;
             continue;
         }
         let rules = Arc::new(rules);
-        let (rules2, metrics2) = (Arc::clone(&rules), Arc::clone(&metrics));
-        let result = tokio::task::spawn_blocking(move || apply(&rules2, Some(&metrics2))).await;
+        let (rules2, metrics2, engine2) = (Arc::clone(&rules), Arc::clone(&metrics), Arc::clone(&engine));
+        let result = tokio::task::spawn_blocking(move || apply(&engine2, &rules2, full, Some(&metrics2))).await;
         let elapsed = started.elapsed();
         let mut pause = resync;
         match result {
             Ok(Ok(wrote)) => {
                 let report = Report::of(&rules, local_pods, wrote);
                 m.rules.set(report.rules as i64);
-                m.ipsets.set(report.sets as i64);
+                m.sets.set(report.sets as i64);
                 m.local_pods.set(report.local_pods as i64);
                 m.sync_duration.observe(elapsed.as_secs_f64());
                 let result = if report.wrote { "applied" } else { "unchanged" };
@@ -285,6 +278,12 @@ pub async fn run(client: Client, node: String, resync: Duration, metrics: Arc<Po
                         elapsed_ms = elapsed.as_millis() as u64,
                         "policy rules applied"
                     );
+                }
+                *labels.lock().unwrap_or_else(|p| p.into_inner()) = rules.counters.clone();
+                if last_applied.is_none() && !cleaned_up {
+                    // An upgrade in place: the iptables-era policy goes once this is in.
+                    crate::firewall::legacy::remove_once("policy", crate::firewall::legacy::remove_policy).await;
+                    cleaned_up = true;
                 }
                 last_applied = Some(rules);
             }
@@ -306,6 +305,27 @@ pub async fn run(client: Client, node: String, resync: Duration, metrics: Arc<Po
     }
 }
 
+/// Reads the policy counters into the metrics every [`COUNTERS_EVERY`]
+/// (`labels`: what each counter of the rules last applied counts).
+async fn read_counters(
+    engine: Arc<Engine<Nft>>,
+    labels: Arc<std::sync::Mutex<std::collections::BTreeMap<String, render::CounterLabels>>>,
+    metrics: Arc<PolicyMetrics>,
+) {
+    loop {
+        tokio::time::sleep(COUNTERS_EVERY).await;
+        let engine = Arc::clone(&engine);
+        match tokio::task::spawn_blocking(move || engine.counters(render::OWNER)).await {
+            Ok(Ok(counts)) => {
+                let labels = labels.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                metrics.observe_counters(&counts, &labels);
+            }
+            Ok(Err(e)) => tracing::warn!(error = %e, "cannot read the policy counters"),
+            Err(e) => tracing::warn!(error = %e, "the policy counter task failed"),
+        }
+    }
+}
+
 /// Waits for a change (then lets a burst settle) or until `deadline`.
 async fn next_change_or(changed: &tokio::sync::Notify, deadline: tokio::time::Instant) {
     tokio::select! {
@@ -322,12 +342,13 @@ mod tests {
 
     #[test]
     fn only_a_change_of_this_node_s_rules_or_a_resync_reaches_the_kernel() {
-        let mut want = Desired::default();
-        want.chains.insert("WEFT-POL-x".into(), vec!["-A WEFT-POL-x -j DROP".into()]);
-        let same = Desired { chains: want.chains.clone(), sets: want.sets.clone() };
+        let want = render::render(&[]);
+        let mut other = want.clone();
+        other.part.counters.insert("policy-x".into());
+        let same = want.clone();
         assert!(needs_kernel(false, None, &want), "nothing applied yet");
         assert!(!needs_kernel(false, Some(&same), &want), "a change elsewhere");
-        assert!(needs_kernel(false, Some(&Desired::default()), &want), "this node's rules changed");
+        assert!(needs_kernel(false, Some(&other), &want), "this node's rules changed");
         assert!(needs_kernel(true, Some(&same), &want), "the resync looks for tampering");
     }
 
