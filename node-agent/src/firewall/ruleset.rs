@@ -199,8 +199,9 @@ impl Part {
         format!("{}-{suffix}", self.owner)
     }
 
-    /// The part as the kernel shows it once applied: the base of an
-    /// incremental diff that reads nothing.
+    /// The part as the kernel shows it once applied (tests compare states
+    /// with it; the engine tracks its writes with [`Observed::apply`]).
+    #[cfg(test)]
     pub fn as_observed(&self) -> Observed {
         Observed {
             chains: self
