@@ -496,16 +496,18 @@ spec:
     let answer =
         in_node("node-2", "timeout", &["3", "bash", "-c", &format!("exec 3<>/dev/tcp/{db_ip}/80 && head -c 64 <&3")]);
     assert_eq!(answer.trim(), "prod/db", "node-2 cannot reach its own pod under deny-all");
-    in_node(
-        "node-2",
-        "iptables",
-        &["-A", "FORWARD", "-s", "192.0.2.0/24", "-m", "comment", "--comment", "not weft", "-j", "ACCEPT"],
-    );
-    // The foreign ACCEPT in iptables admits nothing Weft drops (a drop in any table is final).
+    // Other components accepting everything first, in iptables (nft
+    // backend) and iptables-legacy: they admit nothing Weft drops (a drop
+    // in any table is final), and Weft leaves their rules alone.
+    in_node("node-2", "iptables", &["-I", "FORWARD", "1", "-m", "comment", "--comment", "not weft", "-j", "ACCEPT"]);
+    in_node("node-2", "iptables-legacy", &["-I", "FORWARD", "1", "-m", "comment", "--comment", "legacy", "-j", "ACCEPT"]);
+    expect_matrix("deny-all under others' accept-all", "tcp", 80, |_, to| ns_of(to) != "prod");
     in_node("node-2", "nft", &["flush", "chain", "inet", "weft", "policy-forward"]);
     expect_matrix("flushed chain repaired", "tcp", 80, |_, to| ns_of(to) != "prod");
     let forward = in_node("node-2", "iptables", &["-S", "FORWARD"]);
     assert!(forward.contains("not weft"), "a foreign rule was removed:\n{forward}");
+    let legacy = in_node("node-2", "iptables-legacy", &["-S", "FORWARD"]);
+    assert!(legacy.contains("legacy"), "a foreign legacy rule was removed:\n{legacy}");
     let base = in_node("node-2", "nft", &["list", "chain", "inet", "weft", "policy-forward"]);
     assert_eq!(base.matches("vmap @policy-ingress").count(), 1, "{base}");
 

@@ -116,10 +116,13 @@ fn rules_round_trip_converge_and_leave_others_alone() {
     }
     let ns = Ns::new();
     ns.run(|| {
-        // Someone else's rules, before us: iptables, ipset and an nftables table.
+        // Someone else's rules, before us: iptables (nft backend and legacy),
+        // ipset and an nftables table.
         let foreign =
             "*filter\n:OTHER-FWD - [0:0]\n-A FORWARD -j OTHER-FWD\n-A OTHER-FWD -s 192.0.2.0/24 -j ACCEPT\nCOMMIT\n";
         iptables::restore(foreign).expect("foreign rules");
+        sh("iptables-legacy", &["-N", "LEGACY-FWD"]);
+        sh("iptables-legacy", &["-A", "FORWARD", "-s", "198.51.100.0/24", "-j", "LEGACY-FWD"]);
         sh("ipset", &["create", "other-set", "hash:ip"]);
         sh("nft", &["add table ip other; add chain ip other forward-other { type filter hook forward priority 0; }; add rule ip other forward-other ip saddr 192.0.2.1 counter"]);
         let engine = Engine::new(Nft::default());
@@ -161,6 +164,8 @@ fn rules_round_trip_converge_and_leave_others_alone() {
         assert!(iptables::save("filter").expect("save").contains("-A OTHER-FWD -s 192.0.2.0/24 -j ACCEPT"));
         assert_eq!(sh("ipset", &["list", "-n"]).trim(), "other-set");
         assert!(sh("nft", &["list", "table", "ip", "other"]).contains("ip saddr 192.0.2.1 counter"));
+        let legacy = sh("iptables-legacy-save", &["-t", "filter"]);
+        assert!(legacy.contains("-A FORWARD -s 198.51.100.0/24 -j LEGACY-FWD"), "{legacy}");
         assert!(engine.remove(render::OWNER).expect("remove"));
         assert!(!sh("nft", &["list", "table", "inet", "weft"]).contains("policy-"));
     });

@@ -25,6 +25,7 @@ use super::metrics::{KindLabels, PolicyMetrics, ResultLabels};
 use super::model::{Cluster, NamedPort, PodInfo, Proto, compile};
 use super::render::{self, Desired};
 use crate::firewall::nft::Nft;
+use crate::firewall::ruleset::SetKind;
 use crate::firewall::{Engine, FirewallError};
 
 /// Coalesces bursts of events (a namespace relabel touches many pods) into one pass.
@@ -192,7 +193,8 @@ pub fn apply(
 
 impl Report {
     fn of(rules: &Desired, local_pods: usize, wrote: bool) -> Self {
-        let sets = rules.part.sets.len().saturating_sub(2); // not the two dispatch maps
+        // Address sets, not the two dispatch maps.
+        let sets = rules.part.sets.values().filter(|s| s.kind == SetKind::Nets).count();
         Report { wrote, rules: rules.rule_count(), sets, local_pods }
     }
 }
