@@ -500,7 +500,11 @@ spec:
     // backend) and iptables-legacy: they admit nothing Weft drops (a drop
     // in any table is final), and Weft leaves their rules alone.
     in_node("node-2", "iptables", &["-I", "FORWARD", "1", "-m", "comment", "--comment", "not weft", "-j", "ACCEPT"]);
-    in_node("node-2", "iptables-legacy", &["-I", "FORWARD", "1", "-m", "comment", "--comment", "legacy", "-j", "ACCEPT"]);
+    in_node(
+        "node-2",
+        "iptables-legacy",
+        &["-I", "FORWARD", "1", "-m", "comment", "--comment", "legacy", "-j", "ACCEPT"],
+    );
     expect_matrix("deny-all under others' accept-all", "tcp", 80, |_, to| ns_of(to) != "prod");
     in_node("node-2", "nft", &["flush", "chain", "inet", "weft", "policy-forward"]);
     expect_matrix("flushed chain repaired", "tcp", 80, |_, to| ns_of(to) != "prod");
