@@ -16,8 +16,6 @@
 //! Rules are written in the exact form `iptables-save` prints, so the saved
 //! state can be compared line by line ("already right" writes nothing).
 
-use std::net::Ipv4Addr;
-
 use ipnet::Ipv4Net;
 use weft_api::Protocol;
 
@@ -181,108 +179,4 @@ pub fn delete_text(a: &Allocation, pod_cidr: Ipv4Net) -> String {
     }
     t.push_str("COMMIT\n");
     t
-}
-
-/// The DNAT target a host port leads to, if our chain has one (for CHECK and tests).
-#[allow(dead_code)]
-pub fn dnat_target(saved: &Saved, protocol: Protocol, host_port: u16) -> Option<(Ipv4Addr, u16)> {
-    let needle = format!("--dport {host_port} ");
-    saved.chain.iter().flatten().find_map(|r| {
-        if !r.contains(&needle) || !r.contains(&format!("-p {} ", proto(protocol))) {
-            return None;
-        }
-        let (ip, port) = r.split_once("--to-destination ")?.1.split_once(':')?;
-        Some((ip.parse().ok()?, port.parse().ok()?))
-    })
-}
-
-#[cfg(test)]
-pub mod tests {
-    use super::*;
-    pub use crate::hostport::rules::tests::alloc;
-
-    fn cidr() -> Ipv4Net {
-        "10.244.1.0/24".parse().unwrap()
-    }
-
-    fn saved_after(text: &str) -> String {
-        // A converged table as iptables-save would print it.
-        let mut lines =
-            vec!["*nat", ":PREROUTING ACCEPT [0:0]", ":POSTROUTING ACCEPT [0:0]", "-A POSTROUTING -j KUBE-X"];
-        lines.extend(text.lines().filter(|l| l.starts_with(':') || l.starts_with("-A ")));
-        lines.push("COMMIT");
-        lines.join("\n")
-    }
-
-    #[test]
-    fn fresh_table_gets_chains_rules_and_jumps_and_then_converges() {
-        let a = alloc("web", "10.244.1.5", &[(Protocol::Tcp, 80, 20000), (Protocol::Udp, 53, 20001)]);
-        let text = full_sync_text(&Saved::default(), std::slice::from_ref(&a), cidr()).unwrap();
-        assert!(text.contains(
-            "-A WEFT-HOSTPORTS -p tcp -m tcp --dport 20000 -m comment --comment \"weft: default/web web012345678\" -j DNAT --to-destination 10.244.1.5:80"
-        ), "{text}");
-        assert!(text.contains("-A WEFT-HOSTPORTS -s 10.244.1.0/24 -p udp -m udp --dport 20001"));
-        assert_eq!(text.matches("-A PREROUTING").count() + text.matches("-A OUTPUT").count(), 2);
-        assert!(!text.contains(":PREROUTING") && !text.contains("-F"), "never flushes others' chains");
-        let saved = parse_save(&saved_after(&text));
-        assert_eq!(saved.chain.as_ref().map(Vec::len), Some(4));
-        assert_eq!(full_sync_text(&saved, &[a], cidr()), None);
-    }
-
-    #[test]
-    fn arrival_order_is_as_good_as_record_order() {
-        let a = alloc("a", "10.244.1.5", &[(Protocol::Tcp, 80, 20000)]);
-        let b = alloc("b", "10.244.1.6", &[(Protocol::Tcp, 80, 20001)]);
-        let text = full_sync_text(&Saved::default(), &[b.clone(), a.clone()], cidr()).unwrap();
-        assert_eq!(full_sync_text(&parse_save(&saved_after(&text)), &[a, b], cidr()), None);
-    }
-
-    #[test]
-    fn a_removed_allocation_rewrites_only_our_chain() {
-        let a = alloc("a", "10.244.1.5", &[(Protocol::Tcp, 80, 20000)]);
-        let b = alloc("b", "10.244.1.6", &[(Protocol::Tcp, 80, 20001)]);
-        let saved = parse_save(&saved_after(&full_sync_text(&Saved::default(), &[a.clone(), b], cidr()).unwrap()));
-        let text = full_sync_text(&saved, &[a], cidr()).unwrap();
-        assert!(text.contains(":WEFT-HOSTPORTS - [0:0]") && !text.contains(":WEFT-HOSTPORTS-MASQ"));
-        assert!(!text.contains("20001") && !text.contains("PREROUTING"), "{text}");
-    }
-
-    #[test]
-    fn incremental_texts_add_and_delete_exactly_the_rules() {
-        let a = alloc("a", "10.244.1.5", &[(Protocol::Tcp, 80, 20000)]);
-        let add = append_text(&a, cidr());
-        let del = delete_text(&a, cidr());
-        assert_eq!(add.matches("-A WEFT-HOSTPORTS").count(), 2);
-        assert_eq!(del.replace("-D ", "-A "), add);
-        let saved = parse_save(&saved_after(&add));
-        assert_eq!(dnat_target(&saved, Protocol::Tcp, 20000), Some(("10.244.1.5".parse().unwrap(), 80)));
-        assert_eq!(dnat_target(&saved, Protocol::Udp, 20000), None);
-    }
-
-    #[test]
-    fn comments_cannot_break_out_and_fit_iptables() {
-        let mut a = alloc("a", "10.244.1.5", &[(Protocol::Tcp, 80, 8080)]);
-        a.pod_name = "web\" -j ACCEPT\n-A INPUT".into();
-        let c = comment(&a);
-        assert_eq!(c, "\"weft: default/web_ -j ACCEPT_-A INPUT a0123456789a\"");
-        assert_eq!(c.matches('"').count(), 2);
-        assert!(!c.contains('\n'));
-        // The longest valid namespace and pod name exceed the limit together.
-        a.pod_namespace = "n".repeat(63);
-        a.pod_name = "p".repeat(253);
-        let c = comment(&a);
-        assert_eq!(c.len(), MAX_COMMENT + 2, "{c}");
-        let rules = allocation_rules(&a, cidr());
-        let saved =
-            parse_save(&saved_after(&full_sync_text(&Saved::default(), std::slice::from_ref(&a), cidr()).unwrap()));
-        assert!(rules.iter().all(|r| r.contains(&c)));
-        assert_eq!(full_sync_text(&saved, &[a], cidr()), None, "a long comment converges");
-    }
-
-    #[test]
-    fn host_ip_limits_the_destination() {
-        let mut a = alloc("a", "10.244.1.5", &[(Protocol::Tcp, 80, 8080)]);
-        a.ports[0].host_ip = Some("10.250.0.11".parse().unwrap());
-        assert!(allocation_rules(&a, cidr()).iter().all(|r| r.starts_with("-A WEFT-HOSTPORTS -d 10.250.0.11/32 ")));
-    }
 }

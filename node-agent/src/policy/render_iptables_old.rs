@@ -42,13 +42,6 @@ pub struct Desired {
     pub sets: BTreeMap<String, Vec<Ipv4Net>>,
 }
 
-impl Desired {
-    /// Rules in our chains plus the jump from FORWARD.
-    pub fn rule_count(&self) -> usize {
-        self.chains.values().map(Vec::len).sum::<usize>() + 1
-    }
-}
-
 pub fn set_name(nets: &[Ipv4Net]) -> String {
     let text: String = nets.iter().map(|n| format!("{n},")).collect();
     format!("{SET_PREFIX}{:016x}", fnv(&text))
@@ -274,26 +267,6 @@ pub fn restore_text(cur: &Current, want: &Desired) -> Option<String> {
     Some(t)
 }
 
-/// Everything of ours removed (jump, chains), or None when nothing is there.
-#[allow(dead_code)] // the clean-up path: tests, and an uninstall hook later
-pub fn removal_text(cur: &Current) -> Option<String> {
-    (!cur.chains.is_empty() || !cur.jumps.is_empty()).then(|| {
-        let mut t = String::from("*filter\n");
-        for name in cur.chains.keys() {
-            let _ = writeln!(t, ":{name} - [0:0]");
-        }
-        for j in &cur.jumps {
-            t.push_str(&j.replacen("-A FORWARD", "-D FORWARD", 1));
-            t.push('\n');
-        }
-        for name in cur.chains.keys() {
-            let _ = writeln!(t, "-X {name}");
-        }
-        t.push_str("COMMIT\n");
-        t
-    })
-}
-
 /// Our sets in `ipset save` output → members (normalised: `/32` dropped).
 pub fn parse_sets(save: &str) -> BTreeMap<String, Vec<String>> {
     let mut sets: BTreeMap<String, Vec<String>> = BTreeMap::new();
@@ -367,7 +340,3 @@ pub fn apply(want: &Desired) -> Result<bool, crate::dataplane::exec::ExecError> 
     }
     Ok(wrote)
 }
-
-#[cfg(test)]
-#[path = "render_iptables_old_tests.rs"]
-mod tests;
