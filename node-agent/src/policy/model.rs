@@ -12,6 +12,7 @@
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
 use std::net::Ipv4Addr;
+use std::sync::Arc;
 
 use ipnet::Ipv4Net;
 use k8s_openapi::api::networking::v1 as netv1;
@@ -55,9 +56,10 @@ pub struct Cluster {
     pub pods: Vec<PodInfo>,
     /// Namespace name → labels.
     pub namespaces: BTreeMap<String, BTreeMap<String, String>>,
-    pub standard: Vec<netv1::NetworkPolicy>,
+    /// Shared with the watch caches: a pass copies no policy.
+    pub standard: Vec<Arc<netv1::NetworkPolicy>>,
     /// Only policies that pass `weft_api::network_policy::validate`.
-    pub weft: Vec<wnp::NetworkPolicy>,
+    pub weft: Vec<Arc<wnp::NetworkPolicy>>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -283,9 +285,44 @@ struct View<'a> {
     /// Peer sets by (policy origin, direction, rule index): computed once,
     /// however many local pods the policy selects.
     peer_cache: RefCell<HashMap<(String, Direction, usize), Peers>>,
+    /// Egress matches of a named port by (policy origin, rule index, port
+    /// index): they depend on the destination pods only, not on the
+    /// selected pod, so they too are computed once.
+    named_cache: RefCell<HashMap<(String, usize, usize), Vec<Match>>>,
+    /// Pods by namespace: a peer is looked for only in the namespaces it can
+    /// match, not among every pod of the cluster.
+    by_ns: HashMap<&'a str, Vec<&'a PodInfo>>,
 }
 
 impl<'a> View<'a> {
+    fn new(cluster: &'a Cluster) -> Self {
+        let mut by_ns: HashMap<&str, Vec<&PodInfo>> = HashMap::new();
+        for pod in &cluster.pods {
+            by_ns.entry(pod.namespace.as_str()).or_default().push(pod);
+        }
+        View {
+            cluster,
+            no_labels: BTreeMap::new(),
+            peer_cache: RefCell::new(HashMap::new()),
+            named_cache: RefCell::new(HashMap::new()),
+            by_ns,
+        }
+    }
+
+    /// The pods `peer` could match: those of the policy's namespace, or of
+    /// the namespaces its namespace selector matches (then checked in full).
+    fn candidates(&self, ns: Option<&LabelSelector>, policy_ns: &str) -> Vec<&'a PodInfo> {
+        match ns {
+            None => self.by_ns.get(policy_ns).cloned().unwrap_or_default(),
+            Some(sel) => self
+                .by_ns
+                .iter()
+                .filter(|(name, _)| selector::matches(sel, self.ns_labels(name)))
+                .flat_map(|(_, pods)| pods.iter().copied())
+                .collect(),
+        }
+    }
+
     fn ns_labels(&self, ns: &str) -> &BTreeMap<String, String> {
         self.cluster.namespaces.get(ns).unwrap_or(&self.no_labels)
     }
@@ -316,10 +353,9 @@ impl<'a> View<'a> {
         for p in peers {
             match p {
                 Peer::Block { cidr, except } => ranges.extend(block_ranges(cidr, except)),
-                Peer::Pods { .. } => ranges.extend(
-                    self.cluster
-                        .pods
-                        .iter()
+                Peer::Pods { ns, .. } => ranges.extend(
+                    self.candidates(*ns, policy_ns)
+                        .into_iter()
                         .filter(|pod| self.peer_pod_matches(p, policy_ns, pod))
                         .filter_map(|pod| pod.ip.map(|ip| (u32::from(ip), u32::from(ip)))),
                 ),
@@ -365,7 +401,7 @@ impl<'a> View<'a> {
             return vec![Match { peers, proto: None, ports: None }];
         }
         let mut out = Vec::new();
-        for sel in &rule.ports {
+        for (i, sel) in rule.ports.iter().enumerate() {
             match sel {
                 PortSel::Proto(proto) => out.push(Match { peers: peers.clone(), proto: Some(*proto), ports: None }),
                 PortSel::Range(proto, lo, hi) => {
@@ -380,6 +416,11 @@ impl<'a> View<'a> {
                 }
                 // Egress: each destination pod's own number for the name.
                 PortSel::Named(proto, name) => {
+                    let key = (at.0.to_owned(), at.1, i);
+                    if let Some(cached) = self.named_cache.borrow().get(&key) {
+                        out.extend(cached.iter().cloned());
+                        continue;
+                    }
                     let mut by_port: BTreeMap<u16, Vec<(u32, u32)>> = BTreeMap::new();
                     for dst in self.peer_pods(&rule.peers, policy_ns) {
                         let Some(ip) = dst.ip else { continue };
@@ -387,10 +428,15 @@ impl<'a> View<'a> {
                             by_port.entry(p.port).or_default().push((u32::from(ip), u32::from(ip)));
                         }
                     }
-                    for (port, ips) in by_port {
-                        let nets = ranges_to_nets(&union_ranges(ips));
-                        out.push(Match { peers: Peers::Nets(nets), proto: Some(*proto), ports: Some((port, port)) });
-                    }
+                    let matches: Vec<Match> = by_port
+                        .into_iter()
+                        .map(|(port, ips)| {
+                            let nets = ranges_to_nets(&union_ranges(ips));
+                            Match { peers: Peers::Nets(nets), proto: Some(*proto), ports: Some((port, port)) }
+                        })
+                        .collect();
+                    out.extend(matches.iter().cloned());
+                    self.named_cache.borrow_mut().insert(key, matches);
                 }
             }
         }
@@ -489,9 +535,9 @@ pub fn selects(namespace: &str, sel: &LabelSelector, pod: &PodInfo) -> bool {
 
 /// The policy of every pod on `node` that some policy selects, by pod key.
 pub fn compile(cluster: &Cluster, node: &str) -> Vec<PodPolicy> {
-    let view = View { cluster, no_labels: BTreeMap::new(), peer_cache: RefCell::new(HashMap::new()) };
-    let standard: Vec<PolicyView<'_>> = cluster.standard.iter().filter_map(standard_view).collect();
-    let mut weft: Vec<PolicyView<'_>> = cluster.weft.iter().filter_map(weft_view).collect();
+    let view = View::new(cluster);
+    let standard: Vec<PolicyView<'_>> = cluster.standard.iter().filter_map(|p| standard_view(p)).collect();
+    let mut weft: Vec<PolicyView<'_>> = cluster.weft.iter().filter_map(|p| weft_view(p)).collect();
     weft.sort_by(|a, b| b.priority.cmp(&a.priority).then_with(|| a.origin.cmp(&b.origin)));
 
     let mut out = Vec::new();

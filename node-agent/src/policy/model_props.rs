@@ -7,6 +7,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::net::Ipv4Addr;
+use std::sync::Arc;
 
 use ipnet::Ipv4Net;
 use proptest::prelude::*;
@@ -81,8 +82,8 @@ impl Case {
         Cluster {
             pods: self.pods.clone(),
             namespaces: self.namespaces.clone(),
-            standard: self.standard.iter().map(|v| serde_json::from_value(v.clone()).unwrap()).collect(),
-            weft: self.weft.iter().map(|v| serde_json::from_value(v.clone()).unwrap()).collect(),
+            standard: self.standard.iter().map(|v| Arc::new(serde_json::from_value(v.clone()).unwrap())).collect(),
+            weft: self.weft.iter().map(|v| Arc::new(serde_json::from_value(v.clone()).unwrap())).collect(),
         }
     }
 }

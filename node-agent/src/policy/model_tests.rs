@@ -40,14 +40,18 @@ fn cluster() -> Cluster {
     c
 }
 
-fn std_policy(ns: &str, name: &str, spec: Value) -> netv1::NetworkPolicy {
-    serde_json::from_value(json!({"metadata": {"name": name, "namespace": ns}, "spec": spec})).unwrap()
+fn std_policy(ns: &str, name: &str, spec: Value) -> std::sync::Arc<netv1::NetworkPolicy> {
+    std::sync::Arc::new(
+        serde_json::from_value(json!({"metadata": {"name": name, "namespace": ns}, "spec": spec})).unwrap(),
+    )
 }
 
-fn weft_policy(ns: &str, name: &str, spec: Value) -> wnp::NetworkPolicy {
-    serde_json::from_value(json!({"apiVersion": "weft.dev/v1alpha1", "kind": "NetworkPolicy",
-        "metadata": {"name": name, "namespace": ns}, "spec": spec}))
-    .unwrap()
+fn weft_policy(ns: &str, name: &str, spec: Value) -> std::sync::Arc<wnp::NetworkPolicy> {
+    std::sync::Arc::new(
+        serde_json::from_value(json!({"apiVersion": "weft.dev/v1alpha1", "kind": "NetworkPolicy",
+            "metadata": {"name": name, "namespace": ns}, "spec": spec}))
+        .unwrap(),
+    )
 }
 
 fn ip(s: &str) -> Ipv4Addr {

@@ -18,7 +18,7 @@
 //! direction and verdict; counters are objects of their own, so they keep
 //! counting when a chain is rewritten.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use ipnet::Ipv4Net;
 
@@ -149,15 +149,24 @@ pub fn render(pods: &[PodPolicy]) -> Desired {
     let mut part = Part::new(OWNER);
     let mut counters = BTreeMap::new();
     let mut maps: [BTreeMap<Key, Option<String>>; 2] = Default::default();
+    // Pods under the same policies have equal chains: each is rendered once.
+    let mut rendered: HashMap<(Direction, &Chain), String> = HashMap::new();
     for p in pods {
         for (i, dir, chain, tag) in [(0, Direction::Egress, &p.egress, "eg"), (1, Direction::Ingress, &p.ingress, "in")]
         {
             let Some(chain) = chain else { continue };
-            let mut names = Names { sets: &mut part.sets, counters: &mut counters };
-            let rules = chain_rules(dir, chain, &mut names);
-            let ids: String = rules.iter().map(|r| r.id()).collect();
-            let name = format!("{OWNER}-{tag}-{:016x}", fnv(&ids));
-            part.chains.entry(name.clone()).or_insert(ruleset::Chain { hook: None, rules });
+            let name = match rendered.get(&(dir, chain)) {
+                Some(name) => name.clone(),
+                None => {
+                    let mut names = Names { sets: &mut part.sets, counters: &mut counters };
+                    let rules = chain_rules(dir, chain, &mut names);
+                    let ids: String = rules.iter().map(|r| r.id()).collect();
+                    let name = format!("{OWNER}-{tag}-{:016x}", fnv(&ids));
+                    part.chains.entry(name.clone()).or_insert(ruleset::Chain { hook: None, rules });
+                    rendered.insert((dir, chain), name.clone());
+                    name
+                }
+            };
             maps[i].insert(Key::addr(p.ip), Some(name));
         }
     }
