@@ -65,14 +65,21 @@ impl<B: Backend> Engine<B> {
     /// Reads the kernel and writes what differs from `want`; `Ok(true)`
     /// when something was written.
     pub fn sync(&self, want: &Part) -> Result<bool, FirewallError> {
-        self.sync_observed(want).map(|(wrote, _)| wrote)
+        self.sync_counted(want).map(|(wrote, _)| wrote)
     }
 
-    /// Like [`Engine::sync`], also returning what the kernel held before.
-    pub fn sync_observed(&self, want: &Part) -> Result<(bool, Observed), FirewallError> {
-        let have = self.backend.observe()?.of(want.owner);
-        let wrote = self.write(have.clone(), want)?;
-        Ok((wrote, have))
+    /// Like [`Engine::sync`], also returning the part's counters as read
+    /// (the read a resync makes anyway).
+    pub fn sync_counted(
+        &self,
+        want: &Part,
+    ) -> Result<(bool, std::collections::BTreeMap<String, ruleset::Count>), FirewallError> {
+        let mut have = self.backend.observe()?.of(want.owner);
+        let counters = std::mem::take(&mut have.counters);
+        // The diff needs the counters' names only.
+        have.counters = counters.keys().map(|n| (n.clone(), ruleset::Count::default())).collect();
+        let wrote = self.write(have, want)?;
+        Ok((wrote, counters))
     }
 
     /// The named counters of `owner`'s part.

@@ -184,9 +184,9 @@ pub fn apply(
     if !full {
         return engine.update(&want.part);
     }
-    let (wrote, seen) = engine.sync_observed(&want.part)?;
+    let (wrote, counts) = engine.sync_counted(&want.part)?;
     if let Some(m) = metrics {
-        m.observe_counters(&seen.counters, &want.counters);
+        m.observe_counters(&counts, &want.counters);
     }
     Ok(wrote)
 }
