@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use weft_api::host_port::{NAMESPACE_OPT_IN_LABEL, NAMESPACE_OPT_IN_VALUE};
 use weft_e2e::cluster::node;
+use weft_e2e::cluster::configs::ProxyMode;
 use weft_e2e::cluster::testing::{Cluster, apply, eventually, kubectl, kubectl_ok, node_exec, ok, pod_exec};
 use weft_e2e::cluster::workloads::{HTTP_PORT, TestPod, delete_pods, http_hostname, namespace, wait_running};
 
@@ -52,7 +53,17 @@ fn connectivity(cluster: &Cluster) {
         assert_eq!(status, "False", "{node} was Ready before Weft was installed: {message}");
         assert!(message.to_lowercase().contains("network"), "{node} NotReady for another reason: {message}");
     }
-    weft_e2e::cluster::workloads::pods_and_a_service_connect(NS);
+    let service_ip = weft_e2e::cluster::workloads::pods_and_a_service_connect(NS);
+    // kube-proxy programs its own nftables table on every node, beside
+    // Weft's; the Service above went through it.
+    if ProxyMode::from_env() == Ok(ProxyMode::Nftables) {
+        for node in ["node-1", "node-2"] {
+            let (listed, proxy) = node_exec(node, &["nft", "list", "table", "ip", "kube-proxy"]);
+            assert!(listed && proxy.contains(&service_ip), "{node}: kube-proxy's table lacks {service_ip}:\n{proxy}");
+            let (listed, weft) = node_exec(node, &["nft", "list", "table", "inet", "weft"]);
+            assert!(listed && weft.contains("chain masquerade-postrouting"), "{node}: Weft's table:\n{weft}");
+        }
+    }
 }
 
 fn host_ports(cluster: &Cluster) {

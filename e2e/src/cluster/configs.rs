@@ -119,9 +119,45 @@ maxPods: 110
     )
 }
 
-/// kube-proxy in iptables mode. conntrack sizes stay at the kernel's (a node
+/// kube-proxy's proxier. nftables by default: it is where kube-proxy and the
+/// distributions are going, and it puts a second component's nftables table
+/// beside Weft's on every node. `WEFT_KUBE_PROXY_MODE=iptables` runs the
+/// iptables proxier (over iptables-nft) instead.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProxyMode {
+    Iptables,
+    Nftables,
+}
+
+impl ProxyMode {
+    pub const ENV: &str = "WEFT_KUBE_PROXY_MODE";
+
+    pub fn from_env() -> Result<Self, String> {
+        match std::env::var(Self::ENV) {
+            Err(_) => Ok(Self::Nftables),
+            Ok(v) => Self::parse(&v),
+        }
+    }
+
+    pub fn parse(value: &str) -> Result<Self, String> {
+        match value {
+            "" | "nftables" => Ok(Self::Nftables),
+            "iptables" => Ok(Self::Iptables),
+            other => Err(format!("{}={other:?}: expected iptables or nftables", Self::ENV)),
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Iptables => "iptables",
+            Self::Nftables => "nftables",
+        }
+    }
+}
+
+/// kube-proxy's configuration. conntrack sizes stay at the kernel's (a node
 /// namespace cannot change the host-wide table size).
-pub fn kube_proxy_yaml(node: &NodeInfo, kubeconfig: &Path) -> String {
+pub fn kube_proxy_yaml(node: &NodeInfo, kubeconfig: &Path, mode: ProxyMode) -> String {
     format!(
         r#"apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
@@ -130,7 +166,7 @@ clientConnection:
 hostnameOverride: {name}
 bindAddress: 0.0.0.0
 clusterCIDR: {CLUSTER_CIDR}
-mode: iptables
+mode: {mode}
 metricsBindAddress: 127.0.0.1:10249
 healthzBindAddress: 127.0.0.1:10256
 conntrack:
@@ -141,6 +177,7 @@ conntrack:
 "#,
         kubeconfig = kubeconfig.display(),
         name = node.name,
+        mode = mode.as_str(),
     )
 }
 
@@ -183,9 +220,19 @@ mod tests {
         assert!(y.contains("address: 10.251.0.12\n"), "{y}");
         assert!(y.contains("cgroupRoot: /weft-k8s/node-2\n"), "{y}");
         assert!(y.contains("failCgroupV1: false"));
-        let p = kube_proxy_yaml(&n2, Path::new("/kp"));
-        assert!(p.contains("hostnameOverride: node-2\n"), "{p}");
+        let p = kube_proxy_yaml(&n2, Path::new("/kp"), ProxyMode::Nftables);
+        assert!(p.contains("hostnameOverride: node-2\n") && p.contains("mode: nftables\n"), "{p}");
+        let p = kube_proxy_yaml(&n2, Path::new("/kp"), ProxyMode::Iptables);
+        assert!(p.contains("mode: iptables\n"), "{p}");
         let c = containerd_toml();
         assert!(c.contains(PAUSE_IMAGE) && c.contains("restrict_oom_score_adj = true"));
+    }
+
+    #[test]
+    fn the_proxy_mode_is_one_of_two_and_a_typo_is_an_error() {
+        assert_eq!(ProxyMode::parse(""), Ok(ProxyMode::Nftables));
+        assert_eq!(ProxyMode::parse("iptables"), Ok(ProxyMode::Iptables));
+        let err = ProxyMode::parse("ipvs").unwrap_err();
+        assert!(err.contains("WEFT_KUBE_PROXY_MODE") && err.contains("ipvs"), "{err}");
     }
 }

@@ -337,7 +337,8 @@ pub fn start_kubelet_and_proxy(node: &NodeInfo, creds: &Credentials) -> anyhow::
         configs::cert_kubeconfig(&creds.server, &creds.ca, "system:kube-proxy", &proxy_cert, &proxy_key),
     )?;
     let proxy_cfg = dir.join("kube-proxy.yaml");
-    std::fs::write(&proxy_cfg, configs::kube_proxy_yaml(node, &proxy_kc))?;
+    let mode = configs::ProxyMode::from_env().map_err(|e| anyhow::anyhow!(e))?;
+    std::fs::write(&proxy_cfg, configs::kube_proxy_yaml(node, &proxy_kc, mode))?;
     start_daemon(node, "kube-proxy", &tools.join("kube-proxy"), &[format!("--config={}", proxy_cfg.display())])?;
     Ok(())
 }

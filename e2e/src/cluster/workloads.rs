@@ -139,7 +139,7 @@ pub fn delete_pods(namespace: &str, names: &[&str]) {
 
 /// Three pods (two on node-1, one on node-2) reach each other over TCP and
 /// UDP, and a ClusterIP Service through kube-proxy answers from both nodes.
-pub fn pods_and_a_service_connect(ns: &str) {
+pub fn pods_and_a_service_connect(ns: &str) -> String {
     let pod = |name: &'static str, node: &'static str| TestPod {
         namespace: ns,
         name,
@@ -173,4 +173,5 @@ pub fn pods_and_a_service_connect(ns: &str) {
         }
         (seen.contains("c") && (seen.contains("a") || seen.contains("b"))).then_some(())
     });
+    ip
 }
