@@ -4,6 +4,8 @@
 #   weft vxlan   vs a hand-built kernel VXLAN (routed, no bridge), weft's pods
 #                routed (--pod-attachment routed), then bridged (the default)
 #   weft host-gw vs plain routing over the underlay, pods bridged, then routed
+#   weft vxlan with 100 NetworkPolicies (default deny plus allows) selecting
+#                both pods vs the same path under no policy
 # in interleaved rounds (e2e/bench/compare.py: this machine is noisy, so each
 # round measures both), and measures overlay convergence (new peer Subnet ->
 # route+FDB+neighbour on another node). Prints tables; asserts nothing.
@@ -24,12 +26,73 @@ trap cleanup EXIT
 
 median() { sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
 
-# Weft's pod pair against a baseline pair, interleaved; sets T/R/F/P[weft] and T/R/F/P[base].
-compare() {
+# Two pod pairs (KEY:FROM_NETNS:TO_NETNS:ADDR each), interleaved; sets T/R/F/P[KEY].
+compare_pairs() {
   local k t r f runs
   while read -r k t r f runs; do T[$k]=$t; R[$k]=$r; F[$k]=$f; P[$k]=$runs; done < <(
-    python3 e2e/bench/compare.py --rounds "$ROUNDS" --secs "$SECS" \
-      "$1:weft-sbx-pod-default-a:weft-sbx-pod-default-b:$B_IP" "$2:bench-p1:bench-p2:192.168.202.2")
+    python3 e2e/bench/compare.py --rounds "$ROUNDS" --secs "$SECS" "$1" "$2")
+}
+
+# Weft's pod pair against the baseline pair.
+compare() {
+  compare_pairs "$1:weft-sbx-pod-default-a:weft-sbx-pod-default-b:$B_IP" "$2:bench-p1:bench-p2:192.168.202.2"
+}
+
+# 100 NetworkPolicies in namespace bench-pol, all selecting role=bench: a
+# default deny of both directions, 98 allows of a TCP port from and to an
+# address block nobody uses (real rules in the pods' chains, matching
+# nothing), and one allowing the bench pods everything between each other.
+policies() {
+  echo "apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: deny-all, namespace: bench-pol}
+spec: {podSelector: {}, policyTypes: [Ingress, Egress]}"
+  for i in $(seq 1 98); do
+    echo "---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: unrelated-$i, namespace: bench-pol}
+spec:
+  podSelector: {matchLabels: {role: bench}}
+  ingress: [{from: [{ipBlock: {cidr: 172.16.$i.0/24}}], ports: [{protocol: TCP, port: $((7000 + i))}]}]
+  egress: [{to: [{ipBlock: {cidr: 172.16.$i.0/24}}], ports: [{protocol: TCP, port: $((7000 + i))}]}]"
+  done
+  echo "---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: zz-allow-bench, namespace: bench-pol}
+spec:
+  podSelector: {matchLabels: {role: bench}}
+  ingress: [{from: [{podSelector: {matchLabels: {role: bench}}}]}]
+  egress: [{to: [{podSelector: {matchLabels: {role: bench}}}]}]"
+}
+
+# In the running vxlan sandbox (bridged pods a and b): pods c (node-1) and d
+# (node-2) under the 100 policies against a -> b under none, interleaved.
+policy_cost() {
+  $SBX kubectl create namespace bench-pol >/dev/null
+  policies | $SBX kubectl apply -f - >/dev/null
+  $SBX add-pod c -n bench-pol --node node-1 -l role=bench >/dev/null
+  $SBX add-pod d -n bench-pol --node node-2 -l role=bench >/dev/null
+  local c_ip d_ip
+  c_ip=$($SBX pods | awk '$1=="bench-pol/c" {print $3}')
+  d_ip=$($SBX pods | awk '$1=="bench-pol/d" {print $3}')
+  # The policies are in the kernel once both pods' chains are mapped
+  # (c's egress on node-1, d's ingress on node-2) and the deny holds.
+  local ready=
+  for _ in $(seq 1500); do
+    if ip netns exec $N1 nft list map inet weft policy-egress 2>/dev/null | grep -q "$c_ip " \
+      && ip netns exec $N2 nft list map inet weft policy-ingress 2>/dev/null | grep -q "$d_ip "; then ready=1; break; fi
+    sleep 0.02
+  done
+  [ -n "$ready" ] || { echo "policies not applied within 30 s" >&2; exit 1; }
+  if $SBX connect --from default/a "$d_ip:80" >/dev/null 2>&1; then
+    echo "default/a reached bench-pol/d: the default deny is not in force" >&2; exit 1
+  fi
+  $SBX connect --from bench-pol/c "$d_ip:80" >/dev/null
+  POLICY_RULES=$(ip netns exec $N2 nft list table inet weft | grep -c 'counter name "policy-count')
+  compare_pairs "wpol:weft-sbx-pod-bench-pol-c:weft-sbx-pod-bench-pol-d:$d_ip" \
+    "wnop:weft-sbx-pod-default-a:weft-sbx-pod-default-b:$B_IP"
 }
 
 # A baseline "pod" in node namespace $1: netns $2 with $3/24, gateway $4 on the node side.
@@ -76,6 +139,7 @@ vxlan wvr kvr --agent-arg=--pod-attachment=routed
 $SBX down >/dev/null
 ip netns del bench-p1; ip netns del bench-p2
 vxlan wv kv
+policy_cost
 
 # Convergence: a new node's Subnet with its VTEP data -> programmed on node-1.
 KC() { $SBX kubectl "$@"; }
@@ -144,5 +208,9 @@ pair wv kv "weft vxlan, bridged pods" "hand-built kernel VXLAN" "ratio weft brid
 pair wvr kvr "weft vxlan, routed pods" "hand-built kernel VXLAN" "ratio weft routed / kernel VXLAN"
 pair wh pr "weft host-gw, bridged pods" "plain routing over the underlay" "ratio weft bridged / plain"
 pair whr prr "weft host-gw, routed pods" "plain routing over the underlay" "ratio weft routed / plain"
+pair wpol wnop "weft vxlan, 100 policies" "weft vxlan, no policy" "ratio 100 policies / none"
 echo
+echo "100 policies: default deny + 98 unrelated allows + 1 allowing the pair, all selecting both"
+echo "pods (${POLICY_RULES} counted policy rules on the server's node); the pair without policy is"
+echo "another pod pair on the same two nodes."
 echo "Convergence (Subnet status with VTEP data -> route+FDB+neighbour on another node), 15 peers: median ${conv_median} ms, max ${conv_max} ms"

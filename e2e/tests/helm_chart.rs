@@ -169,6 +169,7 @@ agent:
   runDir: /run/weft-alt
   stateDir: /var/lib/weft-alt
   podAttachment: routed
+  policyDropLog: {enabled: true, group: 77, ratePerSecond: 5}
 cni:
   binDir: /usr/libexec/cni
   confDir: /etc/cni/alt.d
@@ -289,6 +290,8 @@ fn template_renders_defaults() {
     assert_eq!(env(a, "WEFT_NODE_IP")["valueFrom"]["fieldRef"]["fieldPath"], "status.hostIP");
     assert_eq!(env(a, "WEFT_CLUSTER_CIDR")["value"], "10.244.0.0/16");
     assert_eq!(env(a, "WEFT_POD_ATTACHMENT")["value"], "bridge");
+    let names = serde_yaml::to_string(&a["env"]).expect("env");
+    assert!(!names.contains("WEFT_POLICY_DROP_LOG"), "the drop log is off by default: {names}");
     let mounts: Vec<&str> =
         pod["volumes"].as_sequence().expect("volumes").iter().filter_map(|v| v["hostPath"]["path"].as_str()).collect();
     for dir in ["/run/weft", "/var/lib/weft", "/opt/cni/bin", "/etc/cni/net.d"] {
@@ -451,6 +454,8 @@ fn template_renders_custom_values() {
     assert_eq!(env(a, "WEFT_AGENT_SOCKET")["value"], "/run/weft-alt/agent.sock");
     assert_eq!(env(a, "WEFT_METRICS_ADDR")["value"], "0.0.0.0:19646");
     assert_eq!(env(a, "WEFT_LOG")["value"], "debug");
+    assert_eq!(env(a, "WEFT_POLICY_DROP_LOG_GROUP")["value"], "77");
+    assert_eq!(env(a, "WEFT_POLICY_DROP_LOG_RATE")["value"], "5");
     assert_eq!(pod["imagePullSecrets"][0]["name"], "regcred");
     let script = pod["initContainers"][0]["command"][2].as_str().expect("script");
     assert!(script.contains("/host/cni-conf/05-weft.conflist"), "{script}");
@@ -483,6 +488,8 @@ fn schema_and_checks_reject_bad_values_with_clear_messages() {
         ("logLevel=loud", "at '/logLevel'"),
         ("agent.podAttachment=macvlan", "at '/agent/podAttachment': value must be one of 'bridge', 'routed'"),
         ("network.typo=1", "additional properties 'typo' not allowed"),
+        ("agent.policyDropLog.group=0", "at '/agent/policyDropLog/group'"),
+        ("agent.policyDropLog.ratePerSecond=0", "at '/agent/policyDropLog/ratePerSecond'"),
         ("cni.confFileName=weft.conf", "at '/cni/confFileName'"),
         (
             "network.clusterCIDR=10.0.0.0/24",

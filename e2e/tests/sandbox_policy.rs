@@ -131,7 +131,8 @@ spec:
 
 #[test]
 fn standard_and_weft_policies_follow_the_truth_table() {
-    let Some(_up) = Up::start(&["--nodes", "3"], &[("curl", std::path::Path::new("/usr/bin/curl").is_file())]) else {
+    // With the drop log on (it is off by default).
+    let Some(_up) = Up::start(&["--nodes", "3", "--agent-arg=--policy-drop-log-group=100"], &[("curl", std::path::Path::new("/usr/bin/curl").is_file())]) else {
         return;
     };
     kubectl(&["create", "namespace", "prod"]);
@@ -521,4 +522,21 @@ spec:
         let dropped = metric_sum(&text, "weft_agent_policy_dropped_packets_total", "policy=\"default-deny\"");
         (dropped > 0.0 && metric_sum(&text, "weft_agent_policy_rules", "") > 3.0).then_some(())
     });
+    // And logged there: policy, direction, addresses, port.
+    let db = pod_ip("prod/db");
+    let log_path = weft_e2e::sandbox::state_dir().join("node-2").join("agent.log");
+    let line = wait::until("node-2's agent to log a dropped packet to prod/db", CONVERGE, || {
+        let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+        log.lines()
+            .find(|l| {
+                l.contains("packet dropped by policy")
+                    && l.contains("policy=default-deny")
+                    && l.contains("direction=ingress")
+                    && l.contains(&format!("dst={db} "))
+            })
+            .map(str::to_owned)
+    });
+    assert!(line.contains("proto=tcp") && line.contains("dport=80"), "{line}");
+    let logged = metric_sum(&agent_metrics("10.250.0.12"), "weft_agent_policy_drop_log_records_total", "logged");
+    assert!(logged > 0.0, "no logged records counted");
 }

@@ -71,12 +71,28 @@ pub struct Config {
     /// Enforce NetworkPolicies (standard and weft.dev) for this node's pods.
     #[arg(long, env = "WEFT_NETWORK_POLICY", default_value_t = true, action = clap::ArgAction::Set)]
     pub network_policy: bool,
+    /// Log packets that policy drops: the NFLOG group the drop rules copy
+    /// them to, which this agent reads (one log line per packet). Off
+    /// without it. Pick a group no other program on the node reads.
+    #[arg(long, env = "WEFT_POLICY_DROP_LOG_GROUP", value_parser = clap::value_parser!(u16).range(1..))]
+    pub policy_drop_log_group: Option<u16>,
+    /// With the drop log on: at most this many packets a second are logged,
+    /// per drop rule.
+    #[arg(long, env = "WEFT_POLICY_DROP_LOG_RATE", default_value_t = 10,
+          value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub policy_drop_log_rate: u32,
     /// Address for /metrics, /healthz and /readyz.
     #[arg(long, env = "WEFT_METRICS_ADDR", default_value = "0.0.0.0:9646")]
     pub metrics_addr: SocketAddr,
 }
 
 impl Config {
+    /// The policy drop log, if it is on.
+    pub fn drop_log(&self) -> Option<crate::policy::render::DropLog> {
+        self.policy_drop_log_group
+            .map(|group| crate::policy::render::DropLog { group, per_second: self.policy_drop_log_rate })
+    }
+
     /// The resync period every reconcile loop uses.
     pub fn resync(&self) -> std::time::Duration {
         std::time::Duration::from_secs(self.resync_seconds.max(1))

@@ -145,7 +145,8 @@ async fn run(config: Config) -> anyhow::Result<()> {
         && config.network_policy
     {
         let metrics = Arc::clone(&agent.metrics.policy);
-        tokio::spawn(policy::sync::run(client.clone(), config.node_name.clone(), config.resync(), metrics));
+        let (node, resync, log) = (config.node_name.clone(), config.resync(), config.drop_log());
+        tokio::spawn(policy::sync::run(client.clone(), node, resync, log, metrics));
     }
 
     let listener = bind_socket(&config.socket)?;

@@ -148,6 +148,26 @@ pub fn count_into(name: &str) -> Statement<'static> {
     Statement::Counter(Counter::Named(name.to_owned().into()))
 }
 
+/// `limit rate <n>/second burst <n> packets`: matches while under the rate.
+pub fn under_rate_per_second(n: u32) -> Statement<'static> {
+    Statement::Limit(stmt::Limit {
+        rate: n,
+        rate_unit: Some("packets".into()),
+        per: Some("second".into()),
+        burst: Some(n),
+        burst_unit: None,
+        inv: None,
+    })
+}
+
+/// `log prefix "<prefix>" group <group>`: a copy to whoever reads the
+/// NFLOG group (nothing goes to the kernel's log).
+pub fn log_to_group(group: u16, prefix: &str) -> Statement<'static> {
+    let mut log = stmt::Log::new(Some(u32::from(group)));
+    log.prefix = Some(prefix.to_owned().into());
+    Statement::Log(Some(log))
+}
+
 pub fn accept() -> Statement<'static> {
     Statement::Accept(None)
 }

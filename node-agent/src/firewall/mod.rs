@@ -14,6 +14,7 @@
 
 pub mod build;
 pub mod legacy;
+pub mod nflog;
 pub mod nft;
 pub mod ruleset;
 

@@ -14,12 +14,14 @@ use nix::sched::{CloneFlags, setns};
 
 use std::time::{Duration, Instant};
 
+use super::drop_log;
 use super::model::{Chain, Match, Peers, PodPolicy, Proto, Rule, Verdict};
 use super::render::{self, EGRESS_MAP};
 use super::render_iptables_old;
 use super::sync::apply;
 use crate::dataplane::iptables;
 use crate::firewall::Engine;
+use crate::firewall::nflog::{Group, Received};
 use crate::firewall::nft::Nft;
 use crate::test_support::require_root;
 
@@ -128,7 +130,7 @@ fn rules_round_trip_converge_and_leave_others_alone() {
         let engine = Engine::new(Nft::default());
         let full = |d: &render::Desired| apply(&engine, d, true, None).expect("apply");
 
-        let want = render::render(&pods(8080));
+        let want = render::render(&pods(8080), None);
         assert!(full(&want), "first apply writes");
         assert!(!full(&want), "converged: nft shows back what we wrote");
         let table = sh("nft", &["list", "table", "inet", "weft"]);
@@ -148,7 +150,7 @@ fn rules_round_trip_converge_and_leave_others_alone() {
 
         // A change, written without reading the kernel: only the changed
         // chain is replaced, the old one goes.
-        let changed = render::render(&pods(8090));
+        let changed = render::render(&pods(8090), None);
         assert!(apply(&engine, &changed, false, None).expect("change"));
         let table = sh("nft", &["list", "table", "inet", "weft"]);
         assert!(!table.contains(&format!("chain {chain} ")), "old chain deleted:\n{table}");
@@ -157,7 +159,7 @@ fn rules_round_trip_converge_and_leave_others_alone() {
 
         // Nothing of ours is left but the base chain and empty maps when no
         // pod is under policy; the foreign rules, set and table stay.
-        let empty = render::render(&[]);
+        let empty = render::render(&[], None);
         assert!(full(&empty));
         let table = sh("nft", &["list", "table", "inet", "weft"]);
         assert!(!table.contains("policy-in-") && !table.contains("policy-set-"), "{table}");
@@ -201,12 +203,74 @@ fn each_policy_direction_and_verdict_has_a_kernel_counter() {
     let ns = Ns::new();
     ns.run(|| {
         let engine = Engine::new(Nft::default());
-        let want = render::render(&pods(8080));
+        let want = render::render(&pods(8080), None);
         apply(&engine, &want, true, None).expect("apply");
         let counts = engine.counters(render::OWNER).expect("counters");
         assert_eq!(counts.keys().collect::<Vec<_>>(), want.counters.keys().collect::<Vec<_>>());
         assert_eq!(want.counters.len(), 7, "{:?}", want.counters.values());
     });
+}
+
+/// With the drop log on, a packet a policy drops on its way through the
+/// node reaches the reader of the NFLOG group with its policy, direction,
+/// addresses and port, and is still dropped (the drop counter counts it).
+#[test]
+fn a_dropped_packet_is_logged_with_its_policy_and_still_dropped() {
+    if !require_root() {
+        return;
+    }
+    // client 10.0.1.1 -- router (the node: Weft's rules) -- pod 10.0.1.2
+    let (router, client, pod) = (Ns::new(), Ns::new(), Ns::new());
+    let ip = |ns: &Ns, args: &[&str]| {
+        sh("ip", &[&["-n", ns.0.as_str()], args].concat());
+    };
+    for (ns, dev, addr, gw) in [(&client, "c", "10.0.1.1", "10.9.0.1"), (&pod, "p", "10.0.1.2", "10.9.1.1")] {
+        ip(ns, &["link", "add", "eth0", "type", "veth", "peer", "name", dev, "netns", &router.0]);
+        ip(ns, &["addr", "add", &format!("{addr}/32"), "dev", "eth0"]);
+        ip(ns, &["link", "set", "eth0", "up"]);
+        ip(ns, &["route", "add", gw, "dev", "eth0"]);
+        ip(ns, &["route", "add", "default", "via", gw]);
+        ip(&router, &["addr", "add", &format!("{gw}/24"), "dev", dev]);
+        ip(&router, &["link", "set", dev, "up"]);
+        ip(&router, &["route", "add", addr, "dev", dev]);
+    }
+    sh("ip", &["netns", "exec", &router.0, "sysctl", "-qw", "net.ipv4.ip_forward=1"]);
+
+    let want = render::render(&pods(8080), Some(render::DropLog { group: 7, per_second: 100 }));
+    let labels = want.counters.clone();
+    // Bound in the router's namespace, as the agent binds in its node's.
+    let mut group = router.run(|| Group::bind(7).expect("bind NFLOG group 7"));
+    let engine = router.run(move || {
+        let engine = Engine::new(Nft::default());
+        apply(&engine, &want, true, None).expect("apply");
+        engine
+    });
+    client.run(|| {
+        let socket = std::net::UdpSocket::bind("0.0.0.0:40007").expect("bind");
+        socket.send_to(b"denied", "10.0.1.2:7").expect("send");
+    });
+
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let record = loop {
+        assert!(Instant::now() < deadline, "nothing logged within 10 s");
+        match group.recv(Duration::from_millis(200)).expect("read the group") {
+            Received::Packets(records) => {
+                if let Some(r) = records.into_iter().next() {
+                    break r;
+                }
+            }
+            Received::Lost => panic!("records lost"),
+        }
+    };
+    let d = drop_log::describe(&record, &labels);
+    assert_eq!(d.policy.as_deref(), Some("weft.dev/prod/deny"), "{record:?}");
+    assert_eq!(d.direction, Some("ingress"));
+    assert_eq!((d.src, d.dst), (Some("10.0.1.1".parse().unwrap()), Some("10.0.1.2".parse().unwrap())));
+    assert_eq!((d.proto.as_deref(), d.sport, d.dport), (Some("udp"), Some(40007), Some(7)));
+
+    let counts = router.run(move || engine.counters(render::OWNER).expect("counters"));
+    let dropped = counts[&record.prefix];
+    assert_eq!(dropped.packets, 1, "the logged packet was dropped, once: {counts:?}");
 }
 
 /// Benchmark: `cargo test -p weft-agent --release policy::kernel_tests::engines -- --ignored --nocapture`.
@@ -248,7 +312,7 @@ fn engines_side_by_side() {
         }
     });
     let new = Ns::new().run(move || {
-        let (a, b) = (render::render(&first), render::render(&second));
+        let (a, b) = (render::render(&first, None), render::render(&second, None));
         let engine = Engine::new(Nft::default());
         let fresh = timed(&mut || assert!(apply(&engine, &a, true, None).expect("apply")));
         let same = timed(&mut || assert!(!apply(&engine, &a, true, None).expect("apply")));

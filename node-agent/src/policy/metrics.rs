@@ -49,6 +49,8 @@ pub struct PolicyMetrics {
     pub dropped: Family<DropLabels, Counter>,
     pub packets: Family<VerdictLabels, Counter>,
     pub bytes: Family<VerdictLabels, Counter>,
+    /// The drop log: records logged, and reads at which the kernel had lost some.
+    pub drop_log: Family<ResultLabels, Counter>,
     /// Last count seen per kernel counter, to turn kernel counters (which
     /// start from zero when made anew) into monotonic ones.
     last: Mutex<HashMap<String, Count>>,
@@ -67,6 +69,7 @@ impl PolicyMetrics {
             dropped: Family::default(),
             packets: Family::default(),
             bytes: Family::default(),
+            drop_log: Family::default(),
             last: Mutex::new(HashMap::new()),
         };
         registry.register(
@@ -93,6 +96,11 @@ impl PolicyMetrics {
             "policy_packets",
             "Packets counted by policy rules, by policy, direction and verdict (allowed, dropped)",
             m.packets.clone(),
+        );
+        registry.register(
+            "policy_drop_log_records",
+            "The drop log (off by default): records logged, and reads at which the kernel had dropped records (lost)",
+            m.drop_log.clone(),
         );
         registry.register_with_unit(
             "policy",

@@ -3,10 +3,12 @@
 //! Weft's nftables table for this node's pods (see docs/network-policy.md).
 //!
 //! `model` is the semantics (pure), `render` the nftables representation
-//! (pure), `sync` the watch-and-apply loop. `render_iptables_old` and
+//! (pure), `sync` the watch-and-apply loop, `drop_log` the optional log of dropped
+//! packets. `render_iptables_old` and
 //! `ipset` are the engine it replaced, kept for the upgrade test and the
 //! benchmark beside the new one.
 
+pub mod drop_log;
 pub mod metrics;
 pub mod model;
 pub mod render;

@@ -21,10 +21,13 @@
 use std::collections::{BTreeMap, HashMap};
 
 use ipnet::Ipv4Net;
+use nftables::stmt::Statement as NftStatement;
 
 use super::model::{Chain, Direction, Match, Peers, PodPolicy, Verdict};
 use crate::firewall::build::{self, Addr};
 use crate::firewall::ruleset::{self, ChainKind, FILTER, Hook, HookPoint, Key, Part, Rule, Set, SetKind, fnv};
+
+type Statement = NftStatement<'static>;
 
 pub const OWNER: &str = "policy";
 pub const INGRESS_MAP: &str = "policy-ingress";
@@ -33,6 +36,16 @@ pub const EGRESS_MAP: &str = "policy-egress";
 pub const INVALID: &str = "invalid";
 /// The origin of drops no rule admitted.
 pub const DEFAULT_DENY: &str = "default-deny";
+
+/// The optional log of dropped packets: each drop rule is preceded by a
+/// rule that copies (at most `per_second` a second, per rule) the packets
+/// it is about to drop to NFLOG group `group`, prefixed with the name of
+/// the rule's drop counter (which says policy and direction).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DropLog {
+    pub group: u16,
+    pub per_second: u32,
+}
 
 /// What a named counter counts.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -79,6 +92,7 @@ pub fn set_name(nets: &[Ipv4Net]) -> String {
 struct Names<'a> {
     sets: &'a mut BTreeMap<String, Set>,
     counters: &'a mut BTreeMap<String, CounterLabels>,
+    log: Option<DropLog>,
 }
 
 impl Names<'_> {
@@ -97,7 +111,7 @@ impl Names<'_> {
 }
 
 /// The statements matching `m` in direction `dir`.
-fn match_stmts(dir: Direction, m: &Match, names: &mut Names<'_>) -> Vec<nftables::stmt::Statement<'static>> {
+fn match_stmts(dir: Direction, m: &Match, names: &mut Names<'_>) -> Vec<Statement> {
     let remote = if dir == Direction::Ingress { Addr::Src } else { Addr::Dst };
     let mut out = Vec::new();
     match &m.peers {
@@ -116,36 +130,49 @@ fn match_stmts(dir: Direction, m: &Match, names: &mut Names<'_>) -> Vec<nftables
     out
 }
 
+/// Appends a rule dropping what `stmts` match, counted (and logged, when
+/// the drop log is on).
+fn counted_drop(out: &mut Vec<Rule>, names: &mut Names<'_>, dir: Direction, origin: &str, mut stmts: Vec<Statement>) {
+    let counter = names.counter(origin, dir, Verdict::Drop);
+    if let Some(log) = names.log {
+        // A rule of its own: an exceeded limit ends the rule it is in, and
+        // the drop must not depend on it.
+        let mut logged = stmts.clone();
+        logged.push(build::under_rate_per_second(log.per_second));
+        logged.push(build::log_to_group(log.group, &counter));
+        out.push(Rule::new(&format!("{origin} drop log"), logged));
+    }
+    stmts.push(build::count_into(&counter));
+    stmts.push(build::drop());
+    out.push(Rule::new(&format!("{origin} drop"), stmts));
+}
+
 /// The rules of one pod chain.
 fn chain_rules(dir: Direction, c: &Chain, names: &mut Names<'_>) -> Vec<Rule> {
-    let counted_drop = |names: &mut Names<'_>, origin: &str, mut stmts: Vec<_>| {
-        stmts.push(build::count_into(&names.counter(origin, dir, Verdict::Drop)));
-        stmts.push(build::drop());
-        Rule::new(&format!("{origin} drop"), stmts)
-    };
-    let mut out = vec![counted_drop(names, INVALID, vec![build::ct_state(&["invalid"])])];
+    let mut out = Vec::new();
+    counted_drop(&mut out, names, dir, INVALID, vec![build::ct_state(&["invalid"])]);
     for r in &c.rules {
         for m in &r.matches {
-            let stmts = match_stmts(dir, m, names);
-            out.push(match r.verdict {
+            let mut stmts = match_stmts(dir, m, names);
+            match r.verdict {
                 Verdict::Allow => {
-                    let mut s = stmts;
-                    s.push(build::count_into(&names.counter(&r.origin, dir, Verdict::Allow)));
-                    s.push(build::ret());
-                    Rule::new(&r.origin, s)
+                    stmts.push(build::count_into(&names.counter(&r.origin, dir, Verdict::Allow)));
+                    stmts.push(build::ret());
+                    out.push(Rule::new(&r.origin, stmts));
                 }
-                Verdict::Drop => counted_drop(names, &r.origin, stmts),
-            });
+                Verdict::Drop => counted_drop(&mut out, names, dir, &r.origin, stmts),
+            }
         }
     }
     if c.default_deny {
-        out.push(counted_drop(names, DEFAULT_DENY, Vec::new()));
+        counted_drop(&mut out, names, dir, DEFAULT_DENY, Vec::new());
     }
     out
 }
 
-/// The kernel state for `pods` (local pods under policy).
-pub fn render(pods: &[PodPolicy]) -> Desired {
+/// The kernel state for `pods` (local pods under policy), with the drop
+/// log when `log` is set.
+pub fn render(pods: &[PodPolicy], log: Option<DropLog>) -> Desired {
     let mut part = Part::new(OWNER);
     let mut counters = BTreeMap::new();
     let mut maps: [BTreeMap<Key, Option<String>>; 2] = Default::default();
@@ -158,7 +185,7 @@ pub fn render(pods: &[PodPolicy]) -> Desired {
             let name = match rendered.get(&(dir, chain)) {
                 Some(name) => name.clone(),
                 None => {
-                    let mut names = Names { sets: &mut part.sets, counters: &mut counters };
+                    let mut names = Names { sets: &mut part.sets, counters: &mut counters, log };
                     let rules = chain_rules(dir, chain, &mut names);
                     let ids: String = rules.iter().map(|r| r.id()).collect();
                     let name = format!("{OWNER}-{tag}-{:016x}", fnv(&ids));

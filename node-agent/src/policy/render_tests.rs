@@ -54,7 +54,7 @@ fn pod_chains<'a>(d: &'a Desired, tag: &str) -> Vec<&'a crate::firewall::ruleset
 
 #[test]
 fn pod_chain_has_invalid_drop_weft_rules_standard_rules_and_default_deny() {
-    let d = render(&[pod("prod/db", "10.0.1.5", Some(db_chain()), None)]);
+    let d = render(&[pod("prod/db", "10.0.1.5", Some(db_chain()), None)], None);
     let chains = pod_chains(&d, "in");
     assert_eq!(chains.len(), 1);
     let rules: Vec<String> = chains[0].rules.iter().map(json).collect();
@@ -77,8 +77,40 @@ fn pod_chain_has_invalid_drop_weft_rules_standard_rules_and_default_deny() {
 }
 
 #[test]
+fn with_the_drop_log_each_drop_is_preceded_by_a_limited_copy_to_the_group_and_nothing_else_changes() {
+    let pods = [pod("prod/db", "10.0.1.5", Some(db_chain()), None)];
+    let plain: Vec<String> = pod_chains(&render(&pods, None), "in")[0].rules.iter().map(json).collect();
+    assert!(plain.iter().all(|r| !r.contains(r#""log""#)), "off by default: {plain:#?}");
+
+    let d = render(&pods, Some(DropLog { group: 7, per_second: 5 }));
+    let logged: Vec<String> = pod_chains(&d, "in")[0].rules.iter().map(json).collect();
+    // invalid, the Weft deny and the default deny each get a log rule first.
+    assert_eq!(logged.len(), plain.len() + 3, "{logged:#?}");
+    let mut plain_rules = plain.iter();
+    let mut i = 0;
+    while i < logged.len() {
+        let rule = &logged[i];
+        if rule.contains(r#""log""#) {
+            let drop = &logged[i + 1];
+            let counter = drop.split(r#"{"counter":""#).nth(1).and_then(|r| r.split('"').next()).expect("counter");
+            assert!(counter.starts_with("policy-count-in-dropped-"), "{drop}");
+            assert!(rule.contains(&format!(r#""prefix":"{counter}""#)) && rule.contains(r#""group":7"#), "{rule}");
+            assert!(rule.contains(r#""limit":{"rate":5,"rate_unit":"packets","per":"second","burst":5}"#), "{rule}");
+            assert!(!rule.contains("drop") || rule.contains("dropped"), "the log rule itself drops nothing: {rule}");
+            // Same match as the drop it precedes.
+            assert_eq!(rule.split(r#"{"limit""#).next(), drop.split(r#"{"counter""#).next(), "{rule}\n{drop}");
+            i += 1;
+            continue;
+        }
+        assert_eq!(Some(rule), plain_rules.next(), "every other rule is as without the log");
+        i += 1;
+    }
+    assert_eq!(d.counters, render(&pods, None).counters, "the same counters");
+}
+
+#[test]
 fn every_rule_counts_into_its_policy_s_counter() {
-    let d = render(&[pod("prod/db", "10.0.1.5", Some(db_chain()), None)]);
+    let d = render(&[pod("prod/db", "10.0.1.5", Some(db_chain()), None)], None);
     let mut labels: Vec<(String, &str)> = d.counters.values().map(|l| (l.policy.clone(), l.verdict_str())).collect();
     labels.sort();
     assert_eq!(
@@ -111,7 +143,7 @@ fn egress_matches_destinations_and_is_dispatched_by_source() {
         )],
         default_deny: true,
     };
-    let d = render(&[pod("prod/a", "10.0.1.5", Some(db_chain()), Some(eg))]);
+    let d = render(&[pod("prod/a", "10.0.1.5", Some(db_chain()), Some(eg))], None);
     let fwd: Vec<String> = d.part.chains["policy-forward"].rules.iter().map(json).collect();
     assert!(fwd[0].contains("established") && fwd[0].ends_with(r#"{"accept":null}]"#), "{}", fwd[0]);
     assert!(fwd[1].contains(r#""field":"saddr"}},"data":"@policy-egress""#), "{}", fwd[1]);
@@ -125,7 +157,7 @@ fn egress_matches_destinations_and_is_dispatched_by_source() {
 #[test]
 fn pods_with_the_same_policy_share_a_chain_and_names_are_stable() {
     let two = || {
-        render(&[pod("prod/a", "10.0.1.2", Some(db_chain()), None), pod("prod/b", "10.0.1.3", Some(db_chain()), None)])
+        render(&[pod("prod/a", "10.0.1.2", Some(db_chain()), None), pod("prod/b", "10.0.1.3", Some(db_chain()), None)], None)
     };
     let a = two();
     assert_eq!(pod_chains(&a, "in").len(), 1, "one shared pod chain");
@@ -137,9 +169,9 @@ fn pods_with_the_same_policy_share_a_chain_and_names_are_stable() {
 
 #[test]
 fn a_new_pod_with_a_known_policy_is_one_map_element() {
-    let one = render(&[pod("prod/a", "10.0.1.2", Some(db_chain()), None)]);
+    let one = render(&[pod("prod/a", "10.0.1.2", Some(db_chain()), None)], None);
     let two =
-        render(&[pod("prod/a", "10.0.1.2", Some(db_chain()), None), pod("prod/b", "10.0.1.3", Some(db_chain()), None)]);
+        render(&[pod("prod/a", "10.0.1.2", Some(db_chain()), None), pod("prod/b", "10.0.1.3", Some(db_chain()), None)], None);
     let ops = diff(&one.part.as_observed(), &two.part);
     assert_eq!(ops.len(), 1, "{ops:?}");
     assert!(matches!(&ops[0], Op::AddElements(m, e) if m == INGRESS_MAP && e.len() == 1));
@@ -147,10 +179,10 @@ fn a_new_pod_with_a_known_policy_is_one_map_element() {
 
 #[test]
 fn a_changed_peer_set_replaces_the_set_and_the_chains_naming_it_only() {
-    let before = render(&[pod("prod/db", "10.0.1.5", Some(db_chain()), None)]);
+    let before = render(&[pod("prod/db", "10.0.1.5", Some(db_chain()), None)], None);
     let mut changed = db_chain();
     changed.rules[1].matches[0].peers = Peers::Nets(vec![net("10.0.1.0/30"), net("10.0.2.3/32")]);
-    let after = render(&[pod("prod/db", "10.0.1.5", Some(changed), None)]);
+    let after = render(&[pod("prod/db", "10.0.1.5", Some(changed), None)], None);
     let ops = diff(&before.part.as_observed(), &after.part);
     let adds = ops.iter().filter(|o| matches!(o, Op::AddSet(..))).count();
     let dels = ops.iter().filter(|o| matches!(o, Op::DeleteSet(..))).count();
@@ -164,7 +196,7 @@ fn a_changed_peer_set_replaces_the_set_and_the_chains_naming_it_only() {
 
 #[test]
 fn no_policy_leaves_the_base_chain_and_empty_maps() {
-    let d = render(&[]);
+    let d = render(&[], None);
     assert_eq!(d.part.chains.len(), 1);
     assert!(d.part.sets[INGRESS_MAP].elements.is_empty() && d.part.sets[EGRESS_MAP].elements.is_empty());
     assert_eq!(d.rule_count(), 3);

@@ -21,6 +21,7 @@ use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
 use weft_api::network_policy::{self as wnp, NetworkPolicy as WeftPolicy};
 
+use super::drop_log;
 use super::metrics::{KindLabels, PolicyMetrics, ResultLabels};
 use super::model::{Cluster, NamedPort, PodInfo, Proto, compile};
 use super::render::{self, Desired};
@@ -202,13 +203,19 @@ impl Report {
 /// This node's rules and how many of its pods they cover.
 struct Want(Desired, usize);
 
-fn desired(cluster: &Cluster, node: &str) -> Want {
+fn desired(cluster: &Cluster, node: &str, log: Option<render::DropLog>) -> Want {
     let compiled = compile(cluster, node);
-    Want(render::render(&compiled), compiled.len())
+    Want(render::render(&compiled, log), compiled.len())
 }
 
-/// Runs for the agent's lifetime.
-pub async fn run(client: Client, node: String, resync: Duration, metrics: Arc<PolicyMetrics>) {
+/// Runs for the agent's lifetime; `drop_log`: log dropped packets (off when `None`).
+pub async fn run(
+    client: Client,
+    node: String,
+    resync: Duration,
+    drop_log: Option<render::DropLog>,
+    metrics: Arc<PolicyMetrics>,
+) {
     let changed = Arc::new(tokio::sync::Notify::new());
     let pods = reflect(Api::<Pod>::all(client.clone()), "Pod", Arc::clone(&changed), slim_pod);
     let namespaces = reflect(Api::<Namespace>::all(client.clone()), "Namespace", Arc::clone(&changed), slim);
@@ -234,8 +241,13 @@ pub async fn run(client: Client, node: String, resync: Duration, metrics: Arc<Po
     let mut last_applied: Option<Arc<Desired>> = None;
     let engine = Arc::new(Engine::new(Nft::default()));
     let mut cleaned_up = false;
-    let labels = Arc::new(std::sync::Mutex::new(Default::default()));
+    let labels: drop_log::Labels = Arc::new(std::sync::Mutex::new(Default::default()));
     tokio::spawn(read_counters(Arc::clone(&engine), Arc::clone(&labels), Arc::clone(&metrics)));
+    if let Some(log) = drop_log
+        && let Err(e) = drop_log::start(log, Arc::clone(&labels), Arc::clone(&metrics))
+    {
+        tracing::error!(error = %e, "policy drop log unavailable; policy is enforced without it");
+    }
     loop {
         let started = Instant::now();
         let cluster = snapshot(&pods, &namespaces, &standard, &weft);
@@ -243,7 +255,7 @@ pub async fn run(client: Client, node: String, resync: Duration, metrics: Arc<Po
         m.policies.get_or_create(&KindLabels { kind: "standard" }).set(cluster.standard.len() as i64);
         m.policies.get_or_create(&KindLabels { kind: "weft" }).set(cluster.weft.len() as i64);
         let node2 = node.clone();
-        let Want(rules, local_pods) = match tokio::task::spawn_blocking(move || desired(&cluster, &node2)).await {
+        let Want(rules, local_pods) = match tokio::task::spawn_blocking(move || desired(&cluster, &node2, drop_log)).await {
             Ok(want) => want,
             Err(e) => {
                 tracing::error!(error = %e, "computing the policy rules failed; retrying");
@@ -309,11 +321,7 @@ pub async fn run(client: Client, node: String, resync: Duration, metrics: Arc<Po
 
 /// Reads the policy counters into the metrics every [`COUNTERS_EVERY`]
 /// (`labels`: what each counter of the rules last applied counts).
-async fn read_counters(
-    engine: Arc<Engine<Nft>>,
-    labels: Arc<std::sync::Mutex<std::collections::BTreeMap<String, render::CounterLabels>>>,
-    metrics: Arc<PolicyMetrics>,
-) {
+async fn read_counters(engine: Arc<Engine<Nft>>, labels: drop_log::Labels, metrics: Arc<PolicyMetrics>) {
     loop {
         tokio::time::sleep(COUNTERS_EVERY).await;
         let engine = Arc::clone(&engine);
@@ -344,7 +352,7 @@ mod tests {
 
     #[test]
     fn only_a_change_of_this_node_s_rules_or_a_resync_reaches_the_kernel() {
-        let want = render::render(&[]);
+        let want = render::render(&[], None);
         let mut other = want.clone();
         other.part.counters.insert("policy-x".into());
         let same = want.clone();
@@ -464,14 +472,14 @@ mod tests {
         };
         let mut compiled = Vec::new();
         let t_compile = timed(&mut || compiled = compile(&cluster, "node-0"));
-        let mut desired = render::render(&[]);
-        let t_render = timed(&mut || desired = render::render(&compiled));
+        let mut desired = render::render(&[], None);
+        let t_render = timed(&mut || desired = render::render(&compiled, None));
         // A pod label change on this node, then the whole pass again.
         let i = cluster.pods.iter().position(|p| p.node == "node-0").unwrap();
         cluster.pods[i].labels.insert("app".into(), "a9".into());
         let mut again = Vec::new();
         let t_compile2 = timed(&mut || again = compile(&cluster, "node-0"));
-        let after = render::render(&again);
+        let after = render::render(&again, None);
         let mut ops = Vec::new();
         let t_diff = timed(&mut || {
             let mut have = crate::firewall::ruleset::Observed::default();
