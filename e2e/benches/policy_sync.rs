@@ -123,15 +123,28 @@ fn policy(k: usize, port: u16) -> NetworkPolicy {
 }
 
 /// The `p`th percentile of `samples`, in seconds.
+/// How often the agent's metrics are looked at while a change is timed.
+const POLL: Duration = Duration::from_millis(5);
+
 fn percentile(samples: &[Duration], p: usize) -> f64 {
     let mut v: Vec<f64> = samples.iter().map(Duration::as_secs_f64).collect();
     v.sort_by(f64::total_cmp);
     v.get((v.len() * p / 100).min(v.len().saturating_sub(1))).copied().unwrap_or(f64::NAN)
 }
 
+/// The agent's metrics, fetched in-process: polled every few milliseconds,
+/// a curl per poll would take CPU from the agent being measured.
 fn metrics() -> String {
-    let out = Command::new("curl").args(["-sf", "-m", "5", "http://127.0.0.1:9646/metrics"]).output().expect("curl");
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    use std::io::{Read, Write};
+    let fetch = || -> std::io::Result<String> {
+        let mut s = std::net::TcpStream::connect_timeout(&"127.0.0.1:9646".parse().expect("addr"), Duration::from_secs(5))?;
+        s.set_read_timeout(Some(Duration::from_secs(5)))?;
+        s.write_all(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")?;
+        let mut body = String::new();
+        s.read_to_string(&mut body)?;
+        Ok(body)
+    };
+    fetch().unwrap_or_default()
 }
 
 fn metric(text: &str, line_start: &str) -> f64 {
@@ -150,7 +163,7 @@ fn syncs() -> (f64, f64) {
 /// Waits for the next applied sync after `before`; returns (wall time, the
 /// time of every pass the agent ran since `before`, unchanged ones included).
 fn next_sync(before: (f64, f64), started: Instant) -> (Duration, f64) {
-    let after = wait::until("the agent to apply a sync", Duration::from_secs(300), || {
+    let after = wait::until_every("the agent to apply a sync", Duration::from_secs(300), POLL, || {
         let now = syncs();
         (now.0 > before.0).then_some(now)
     });
@@ -165,6 +178,26 @@ fn rss_mib(pid: u32) -> f64 {
         .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
         .unwrap_or(0.0)
         / 1024.0
+}
+
+/// Medians of the phases of the agent's incremental passes (its "policy
+/// rules applied" log lines with `full=false`): snapshot, compute, kernel.
+fn change_phases(log: &str) -> Option<[f64; 3]> {
+    let field = |line: &str, name: &str| -> Option<f64> {
+        line.split_whitespace().find_map(|w| w.strip_prefix(name)?.strip_prefix('=')?.parse().ok())
+    };
+    let mut cols: [Vec<f64>; 3] = Default::default();
+    for line in log.lines().filter(|l| l.contains("policy rules applied") && l.contains("full=false")) {
+        for (col, name) in cols.iter_mut().zip(["snapshot_ms", "compute_ms", "kernel_ms"]) {
+            col.push(field(line, name)?);
+        }
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied()
+    };
+    let [mut a, mut b, mut c] = cols;
+    Some([median(&mut a)?, median(&mut b)?, median(&mut c)?])
 }
 
 struct Defer<F: FnMut()>(F);
@@ -243,6 +276,7 @@ async fn bench(pods: usize, policies: usize, ns_path: &str) {
         label_passes.push(Duration::from_secs_f64(pass));
     }
     let rss_after = rss_mib(agent.id());
+    let phases = change_phases(&std::fs::read_to_string(dir.path().join("agent.log")).unwrap_or_default());
     let rules_after = metric(&metrics(), "weft_agent_policy_rules ");
 
     let _ = agent.kill();
@@ -253,8 +287,8 @@ async fn bench(pods: usize, policies: usize, ns_path: &str) {
     println!("|---|---|");
     println!("| full sync: agent start → rules applied (incl. listing the API) | {:.2} s |", full_wall.as_secs_f64());
     println!("| full sync: compile + diff + apply (agent's own time) | {:.3} s |", full_sync);
-    // The wall time is seen by polling the agent's metrics (up to 0.1 s
-    // late); the pass is the agent's own compile + diff + apply.
+    // The wall time is seen by polling the agent's metrics (every 5 ms);
+    // the pass is the agent's own compile + diff + apply.
     for (what, walls, passes) in
         [("policy change", &policy_changes, &policy_passes), ("pod label change", &label_changes, &label_passes)]
     {
@@ -270,5 +304,10 @@ async fn bench(pods: usize, policies: usize, ns_path: &str) {
         "| firewall rules programmed after full sync / after changes; address sets | {rules} / {rules_after}; {sets} |"
     );
     println!("| agent RSS after full sync / after changes | {rss:.1} MiB / {rss_after:.1} MiB |");
+    if let Some([snapshot, compute, kernel]) = phases {
+        println!(
+            "| the passes of the changes, median: snapshot of the caches / compile + render / kernel write | {snapshot:.1} / {compute:.1} / {kernel:.1} ms |"
+        );
+    }
     cp.shutdown();
 }

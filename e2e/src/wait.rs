@@ -3,15 +3,25 @@
 use std::time::{Duration, Instant};
 
 /// Polls `cond` until it returns `Some`, or panics with `what` after `timeout`.
-pub fn until<T>(what: &str, timeout: Duration, mut cond: impl FnMut() -> Option<T>) -> T {
+pub fn until<T>(what: &str, timeout: Duration, cond: impl FnMut() -> Option<T>) -> T {
+    poll(what, timeout, Duration::from_millis(100), cond)
+}
+
+/// As [`until`], looking at most `every` apart (for measurements, where
+/// the pause is the error).
+pub fn until_every<T>(what: &str, timeout: Duration, every: Duration, cond: impl FnMut() -> Option<T>) -> T {
+    poll(what, timeout, every, cond)
+}
+
+fn poll<T>(what: &str, timeout: Duration, longest: Duration, mut cond: impl FnMut() -> Option<T>) -> T {
     let deadline = Instant::now() + timeout;
-    let mut pause = Duration::from_millis(2);
+    let mut pause = Duration::from_millis(2).min(longest);
     loop {
         if let Some(v) = cond() {
             return v;
         }
         assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
         std::thread::sleep(pause);
-        pause = (pause * 2).min(Duration::from_millis(100));
+        pause = (pause * 2).min(longest);
     }
 }

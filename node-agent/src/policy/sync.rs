@@ -29,8 +29,10 @@ use crate::firewall::nft::Nft;
 use crate::firewall::ruleset::SetKind;
 use crate::firewall::{Engine, FirewallError};
 
-/// Coalesces bursts of events (a namespace relabel touches many pods) into one pass.
-const DEBOUNCE: Duration = Duration::from_millis(50);
+/// Lets the events of one burst (a watch delivers them one by one) land in
+/// one pass. Short: a change waits for it, and events that come during a
+/// pass are taken by the next one anyway.
+const DEBOUNCE: Duration = Duration::from_millis(5);
 /// Retry delay after a failed pass.
 const RETRY: Duration = Duration::from_secs(1);
 /// How often the policy counters are read into the metrics.
@@ -251,6 +253,7 @@ pub async fn run(
     loop {
         let started = Instant::now();
         let cluster = snapshot(&pods, &namespaces, &standard, &weft);
+        let snapshot_took = started.elapsed();
         let m = metrics.as_ref();
         m.policies.get_or_create(&KindLabels { kind: "standard" }).set(cluster.standard.len() as i64);
         m.policies.get_or_create(&KindLabels { kind: "weft" }).set(cluster.weft.len() as i64);
@@ -270,10 +273,12 @@ pub async fn run(
             next_change_or(&changed, kernel_due).await;
             continue;
         }
+        let computed = started.elapsed();
         let rules = Arc::new(rules);
         let (rules2, metrics2, engine2) = (Arc::clone(&rules), Arc::clone(&metrics), Arc::clone(&engine));
         let result = tokio::task::spawn_blocking(move || apply(&engine2, &rules2, full, Some(&metrics2))).await;
         let elapsed = started.elapsed();
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
         let mut pause = resync;
         match result {
             Ok(Ok(wrote)) => {
@@ -289,7 +294,11 @@ pub async fn run(
                         rules = report.rules,
                         sets = report.sets,
                         local_pods = report.local_pods,
-                        elapsed_ms = elapsed.as_millis() as u64,
+                        full,
+                        elapsed_ms = format_args!("{:.1}", ms(elapsed)),
+                        snapshot_ms = format_args!("{:.1}", ms(snapshot_took)),
+                        compute_ms = format_args!("{:.1}", ms(computed - snapshot_took)),
+                        kernel_ms = format_args!("{:.1}", ms(elapsed - computed)),
                         "policy rules applied"
                     );
                 }
