@@ -53,7 +53,9 @@ impl PodInfo {
 #[derive(Clone, Debug, Default)]
 pub struct Cluster {
     /// Pods with a pod-network address (host-network and finished pods are left out by the caller).
-    pub pods: Vec<PodInfo>,
+    /// Shared with the agent's cache of them, which reuses a pod's entry
+    /// until the pod changes.
+    pub pods: Vec<Arc<PodInfo>>,
     /// Namespace name → labels.
     pub namespaces: BTreeMap<String, BTreeMap<String, String>>,
     /// Shared with the watch caches: a pass copies no policy.
@@ -298,7 +300,7 @@ impl<'a> View<'a> {
     fn new(cluster: &'a Cluster) -> Self {
         let mut by_ns: HashMap<&str, Vec<&PodInfo>> = HashMap::new();
         for pod in &cluster.pods {
-            by_ns.entry(pod.namespace.as_str()).or_default().push(pod);
+            by_ns.entry(pod.namespace.as_str()).or_default().push(pod.as_ref());
         }
         View {
             cluster,
@@ -370,6 +372,7 @@ impl<'a> View<'a> {
         self.cluster
             .pods
             .iter()
+            .map(Arc::as_ref)
             .filter(|pod| pod.ip.is_some())
             .filter(|pod| peers.is_empty() || peers.iter().any(|p| self.peer_pod_matches(p, policy_ns, pod)))
             .collect()
@@ -540,9 +543,21 @@ pub fn compile(cluster: &Cluster, node: &str) -> Vec<PodPolicy> {
     let mut weft: Vec<PolicyView<'_>> = cluster.weft.iter().filter_map(|p| weft_view(p)).collect();
     weft.sort_by(|a, b| b.priority.cmp(&a.priority).then_with(|| a.origin.cmp(&b.origin)));
 
+    // A policy selects pods of its own namespace only: a pod looks at those.
+    let mut standard_by_ns: HashMap<&str, Vec<&PolicyView<'_>>> = HashMap::new();
+    for v in &standard {
+        standard_by_ns.entry(v.namespace).or_default().push(v);
+    }
+    let mut weft_by_ns: HashMap<&str, Vec<&PolicyView<'_>>> = HashMap::new();
+    for v in &weft {
+        weft_by_ns.entry(v.namespace).or_default().push(v);
+    }
+    let none = Vec::new();
     let mut out = Vec::new();
     for pod in cluster.pods.iter().filter(|p| p.node == node) {
         let Some(ip) = pod.ip else { continue };
+        let standard_here = standard_by_ns.get(pod.namespace.as_str()).unwrap_or(&none);
+        let weft_here = weft_by_ns.get(pod.namespace.as_str()).unwrap_or(&none);
         let chain = |dir: Direction| -> Option<Chain> {
             let pick = |p: &'_ PolicyView<'_>| -> bool {
                 let rules = if dir == Direction::Ingress { &p.ingress } else { &p.egress };
@@ -550,7 +565,7 @@ pub fn compile(cluster: &Cluster, node: &str) -> Vec<PodPolicy> {
             };
             // Weft rules: priority descending (already sorted), Deny first at equal priority.
             let mut weft_rules: Vec<(i32, bool, Rule)> = Vec::new();
-            for p in weft.iter().filter(|p| pick(p)) {
+            for p in weft_here.iter().filter(|p| pick(p)) {
                 for (i, r) in rules_of(p, dir).iter().enumerate() {
                     let matches = view.compile_rule(r, (&p.origin, i), p.namespace, dir, pod);
                     if !matches.is_empty() {
@@ -561,7 +576,7 @@ pub fn compile(cluster: &Cluster, node: &str) -> Vec<PodPolicy> {
             }
             weft_rules.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
             let mut rules: Vec<Rule> = weft_rules.into_iter().map(|(_, _, r)| r).collect();
-            let isolating: Vec<&PolicyView<'_>> = standard.iter().filter(|p| pick(p)).collect();
+            let isolating: Vec<&PolicyView<'_>> = standard_here.iter().copied().filter(|p| pick(p)).collect();
             for p in &isolating {
                 for (i, r) in rules_of(p, dir).iter().enumerate() {
                     let matches = view.compile_rule(r, (&p.origin, i), p.namespace, dir, pod);

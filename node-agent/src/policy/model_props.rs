@@ -80,7 +80,7 @@ impl fmt::Debug for Case {
 impl Case {
     fn cluster(&self) -> Cluster {
         Cluster {
-            pods: self.pods.clone(),
+            pods: self.pods.iter().cloned().map(Arc::new).collect(),
             namespaces: self.namespaces.clone(),
             standard: self.standard.iter().map(|v| Arc::new(serde_json::from_value(v.clone()).unwrap())).collect(),
             weft: self.weft.iter().map(|v| Arc::new(serde_json::from_value(v.clone()).unwrap())).collect(),
@@ -356,7 +356,7 @@ mod naive {
     }
 
     fn pod_at(c: &Cluster, addr: Ipv4Addr) -> Option<&PodInfo> {
-        c.pods.iter().find(|p| p.ip == Some(addr))
+        c.pods.iter().map(Arc::as_ref).find(|p| p.ip == Some(addr))
     }
 
     fn namespace_labels(c: &Cluster, ns: &str) -> BTreeMap<String, String> {

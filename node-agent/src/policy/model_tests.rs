@@ -36,7 +36,10 @@ fn cluster() -> Cluster {
         with_port(pod("prod", "cache", &[("app", "cache")], "10.0.2.1", "n2"), "http", 9090, Proto::Tcp),
         pod("dev", "web", &[("app", "web")], "10.0.2.2", "n2"),
         pod("dev", "tool", &[("app", "tool")], "10.0.1.3", NODE),
-    ];
+    ]
+    .into_iter()
+    .map(std::sync::Arc::new)
+    .collect();
     c
 }
 
@@ -316,7 +319,7 @@ fn egress_peers_and_ports() {
 #[test]
 fn only_local_pods_with_addresses_get_chains() {
     let mut c = cluster();
-    c.pods.push(PodInfo { ip: None, ..pod("prod", "pending", &[], "0.0.0.0", NODE) });
+    c.pods.push(std::sync::Arc::new(PodInfo { ip: None, ..pod("prod", "pending", &[], "0.0.0.0", NODE) }));
     c.standard.push(std_policy("prod", "p", json!({"podSelector": {}})));
     let keys: Vec<String> = compile(&c, NODE).into_iter().map(|p| p.key).collect();
     assert_eq!(keys, ["prod/web", "prod/db"]);
@@ -333,9 +336,9 @@ fn label_changes_move_pods_in_and_out() {
         json!({"podSelector": {"matchLabels": {"app": "db"}}, "ingress": [{"from": [{"podSelector": {"matchLabels": {"role": "client"}}}]}]}),
     ));
     assert!(!ing(&c, "prod/db", "10.0.1.1", 1));
-    c.pods[0].labels.insert("role".into(), "client".into());
+    std::sync::Arc::make_mut(&mut c.pods[0]).labels.insert("role".into(), "client".into());
     assert!(ing(&c, "prod/db", "10.0.1.1", 1), "peer gained the label");
-    c.pods[1].labels.insert("app".into(), "db2".into());
+    std::sync::Arc::make_mut(&mut c.pods[1]).labels.insert("app".into(), "db2".into());
     assert!(compile(&c, NODE).is_empty(), "no longer selected");
 }
 
@@ -435,10 +438,10 @@ fn re_addressed_and_deleted_pods_update_peers_and_chains() {
         json!({"podSelector": {"matchLabels": {"app": "db"}}, "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "web"}}}]}]}),
     ));
     assert!(ing(&c, "prod/db", "10.0.1.1", 1));
-    c.pods[0].ip = Some(ip("10.0.3.7"));
+    std::sync::Arc::make_mut(&mut c.pods[0]).ip = Some(ip("10.0.3.7"));
     assert!(!ing(&c, "prod/db", "10.0.1.1", 1), "the old address is no peer any more");
     assert!(ing(&c, "prod/db", "10.0.3.7", 1));
-    c.pods[1].ip = Some(ip("10.0.1.20"));
+    std::sync::Arc::make_mut(&mut c.pods[1]).ip = Some(ip("10.0.1.20"));
     assert_eq!(compile(&c, NODE)[0].ip, ip("10.0.1.20"), "the chain follows the selected pod's new address");
     c.pods.remove(0);
     assert!(!ing(&c, "prod/db", "10.0.3.7", 1), "a deleted pod is no peer");
