@@ -137,7 +137,8 @@ fn percentile(samples: &[Duration], p: usize) -> f64 {
 fn metrics() -> String {
     use std::io::{Read, Write};
     let fetch = || -> std::io::Result<String> {
-        let mut s = std::net::TcpStream::connect_timeout(&"127.0.0.1:9646".parse().expect("addr"), Duration::from_secs(5))?;
+        let mut s =
+            std::net::TcpStream::connect_timeout(&"127.0.0.1:9646".parse().expect("addr"), Duration::from_secs(5))?;
         s.set_read_timeout(Some(Duration::from_secs(5)))?;
         s.write_all(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")?;
         let mut body = String::new();

@@ -7,8 +7,8 @@
 use std::time::{Duration, Instant};
 
 use weft_api::host_port::{NAMESPACE_OPT_IN_LABEL, NAMESPACE_OPT_IN_VALUE};
-use weft_e2e::cluster::node;
 use weft_e2e::cluster::configs::ProxyMode;
+use weft_e2e::cluster::node;
 use weft_e2e::cluster::testing::{Cluster, apply, eventually, kubectl, kubectl_ok, node_exec, ok, pod_exec};
 use weft_e2e::cluster::workloads::{HTTP_PORT, TestPod, delete_pods, http_hostname, namespace, wait_running};
 

@@ -132,7 +132,10 @@ spec:
 #[test]
 fn standard_and_weft_policies_follow_the_truth_table() {
     // With the drop log on (it is off by default).
-    let Some(_up) = Up::start(&["--nodes", "3", "--agent-arg=--policy-drop-log-group=100"], &[("curl", std::path::Path::new("/usr/bin/curl").is_file())]) else {
+    let Some(_up) = Up::start(
+        &["--nodes", "3", "--agent-arg=--policy-drop-log-group=100"],
+        &[("curl", std::path::Path::new("/usr/bin/curl").is_file())],
+    ) else {
         return;
     };
     kubectl(&["create", "namespace", "prod"]);

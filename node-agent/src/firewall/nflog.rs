@@ -120,15 +120,9 @@ impl Group {
 
     /// One datagram into `buf`, waiting up to `timeout` for it.
     fn read(&mut self, timeout: Duration) -> Result<Read, Error> {
-        use rustix::event::{PollFd, PollFlags, Timespec, poll};
         let group = self.group;
-        let mut fds = [PollFd::new(&self.socket, PollFlags::IN)];
-        let wait = Timespec::try_from(timeout).unwrap_or(Timespec { tv_sec: i64::MAX, tv_nsec: 0 });
-        match poll(&mut fds, Some(&wait)) {
-            Ok(0) => return Ok(Read::Nothing),
-            Ok(_) => {}
-            Err(rustix::io::Errno::INTR) => return Ok(Read::Nothing),
-            Err(e) => return Err(Error::Recv { group, source: e.into() }),
+        if !readable(&self.socket, timeout).map_err(|source| Error::Recv { group, source })? {
+            return Ok(Read::Nothing);
         }
         self.buf.clear();
         self.buf.resize(DATAGRAM, 0);
@@ -141,6 +135,19 @@ impl Group {
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(Read::Nothing),
             Err(source) => Err(Error::Recv { group, source }),
         }
+    }
+}
+
+/// Waits up to `timeout` for `fd` to have something to read; false when
+/// nothing came (or a signal cut the wait short).
+pub(super) fn readable(fd: &impl std::os::fd::AsFd, timeout: Duration) -> std::io::Result<bool> {
+    use rustix::event::{PollFd, PollFlags, Timespec, poll};
+    let mut fds = [PollFd::new(fd, PollFlags::IN)];
+    let wait = Timespec::try_from(timeout).unwrap_or(Timespec { tv_sec: i64::MAX, tv_nsec: 0 });
+    match poll(&mut fds, Some(&wait)) {
+        Ok(n) => Ok(n > 0),
+        Err(rustix::io::Errno::INTR) => Ok(false),
+        Err(e) => Err(e.into()),
     }
 }
 
@@ -201,9 +208,9 @@ pub fn parse_packet(b: &[u8]) -> Option<Packet> {
         _ => return None,
     };
     let ports = match proto {
-        6 | 17 | 132 => l4
-            .and_then(|l4| l4.get(..4))
-            .map(|p| (u16::from_be_bytes([p[0], p[1]]), u16::from_be_bytes([p[2], p[3]]))),
+        6 | 17 | 132 => {
+            l4.and_then(|l4| l4.get(..4)).map(|p| (u16::from_be_bytes([p[0], p[1]]), u16::from_be_bytes([p[2], p[3]])))
+        }
         _ => None,
     };
     Some(Packet { src, dst, proto, ports })
@@ -277,7 +284,7 @@ mod tests {
             PacketNla::Prefix(CString::new("policy-count-in-dropped-00ff").unwrap()),
             PacketNla::Payload(ipv4_udp([10, 0, 1, 1], [10, 0, 1, 2], 1, 7)),
         ]);
-        while bytes.len() % 4 != 0 {
+        while !bytes.len().is_multiple_of(4) {
             bytes.push(0);
         }
         bytes.extend(packet_message(vec![PacketNla::Prefix(CString::new("second").unwrap())]));

@@ -22,7 +22,7 @@ use serde_json::{Value, json};
 use super::ruleset::{
     ChainKind, Count, Hook, HookPoint, Key, Observed, ObservedChain, ObservedSet, Op, Proto, SetKind,
 };
-use super::{Backend, FirewallError};
+use super::{Backend, FirewallError, nfnl};
 use crate::dataplane::exec;
 
 /// Weft's table (family inet, so that IPv6 can join it).
@@ -70,12 +70,19 @@ impl Backend for Nft {
         Ok(listing.map(|t| parse_listing(&t)).transpose()?.map(|o| o.counters).unwrap_or_default())
     }
 
+    /// Each step of [`steps`] is one transaction, in the diff's order (new
+    /// chains exist before a map element jumps to them; elements are gone
+    /// before their chains go).
     fn commit(&self, ops: &[Op]) -> Result<(), FirewallError> {
-        if ops.is_empty() {
-            return Ok(());
+        for step in steps(ops) {
+            match step {
+                Step::Nft(cmds) => {
+                    let text = serde_json::to_string(&batch(&self.table, &cmds)).map_err(FirewallError::Encode)?;
+                    exec::run_ok("nft", &["-j", "-f", "-"], Some(text.as_bytes()), TIMEOUT, &[])?;
+                }
+                Step::Elements(changes) => nfnl::apply(&self.table, &changes, TIMEOUT)?,
+            }
         }
-        let text = serde_json::to_string(&batch(&self.table, ops)).map_err(FirewallError::Encode)?;
-        exec::run_ok("nft", &["-j", "-f", "-"], Some(text.as_bytes()), TIMEOUT, &[])?;
         Ok(())
     }
 }
@@ -141,13 +148,71 @@ fn element(k: &Key, jump: Option<&String>) -> Value {
     }
 }
 
-/// The transaction for `ops`, after making sure the table exists (`add` of
-/// an existing table is no change).
-fn batch(table: &str, ops: &[Op]) -> Value {
-    let typed = |cmd: NfCmd<'_>| serde_json::to_value(cmd).unwrap_or(Value::Null);
-    let mut cmds = vec![json!({"add": {"table": {"family": "inet", "name": table}}})];
+/// An op for nft, with the elements of the set it creates (if it does).
+type NftCmd<'a> = (&'a Op, Option<&'a [(Key, Option<String>)]>);
+
+/// One transaction of a commit.
+#[derive(Debug)]
+enum Step<'a> {
+    /// nft commands.
+    Nft(Vec<NftCmd<'a>>),
+    /// Verdict map elements, over netlink.
+    Elements(Vec<nfnl::ElementChange<'a>>),
+}
+
+/// `ops` as transactions: map element changes go over netlink (nft would
+/// first read every interval set's elements); a new address set is made
+/// with its elements in the same command, for the same reason; the rest
+/// is nft's. Consecutive ops of one kind share a transaction.
+fn steps(ops: &[Op]) -> Vec<Step<'_>> {
+    let created: std::collections::HashSet<&str> = ops
+        .iter()
+        .filter_map(|op| match op {
+            Op::AddSet(name, SetKind::Nets) => Some(name.as_str()),
+            _ => None,
+        })
+        .collect();
+    let elements_of = |set: &str| {
+        ops.iter().find_map(|op| match op {
+            Op::AddElements(name, elems) if name == set => Some(elems.as_slice()),
+            _ => None,
+        })
+    };
+    let mut out: Vec<Step<'_>> = Vec::new();
     for op in ops {
-        cmds.push(match op {
+        let change = match op {
+            Op::AddElements(name, _) if created.contains(name.as_str()) => continue, // made with its set
+            Op::AddElements(name, elems) if elems.iter().all(|(_, jump)| jump.is_some()) => {
+                Some(nfnl::ElementChange::Add(name, elems))
+            }
+            Op::DeleteElements(name, true, keys) => Some(nfnl::ElementChange::Delete(name, keys)),
+            _ => None,
+        };
+        match (change, out.last_mut()) {
+            (Some(c), Some(Step::Elements(changes))) => changes.push(c),
+            (Some(c), _) => out.push(Step::Elements(vec![c])),
+            (None, last) => {
+                let inline = match op {
+                    Op::AddSet(name, SetKind::Nets) => elements_of(name),
+                    _ => None,
+                };
+                match last {
+                    Some(Step::Nft(cmds)) => cmds.push((op, inline)),
+                    _ => out.push(Step::Nft(vec![(op, inline)])),
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The nft transaction for `cmds`, after making sure the table exists
+/// (`add` of an existing table is no change).
+fn batch(table: &str, cmds: &[NftCmd<'_>]) -> Value {
+    let typed = |cmd: NfCmd<'_>| serde_json::to_value(cmd).unwrap_or(Value::Null);
+    let mut out = vec![json!({"add": {"table": {"family": "inet", "name": table}}})];
+    for (op, inline) in cmds {
+        out.push(match op {
             Op::AddChain(name, hook) => typed(NfCmd::Add(NfListObject::Chain(chain(table, name, *hook)))),
             Op::FlushChain(name) => typed(NfCmd::Flush(FlushObject::Chain(chain(table, name, None)))),
             Op::DeleteChain(name) => typed(NfCmd::Delete(NfListObject::Chain(chain(table, name, None)))),
@@ -159,7 +224,13 @@ fn batch(table: &str, ops: &[Op]) -> Value {
                 comment: Some(rule.comment.as_str().into()),
                 ..Default::default()
             }))),
-            Op::AddSet(name, SetKind::Nets) => typed(NfCmd::Add(NfListObject::Set(Box::new(net_set(table, name))))),
+            Op::AddSet(name, SetKind::Nets) => {
+                let mut set = typed(NfCmd::Add(NfListObject::Set(Box::new(net_set(table, name)))));
+                if let Some(elems) = inline.filter(|e| !e.is_empty()) {
+                    set["add"]["set"]["elem"] = elems.iter().map(|(k, _)| key_expr(k)).collect();
+                }
+                set
+            }
             Op::AddSet(name, SetKind::PortJumps) => {
                 json!({"add": verdict_map(table, name, json!(["inet_proto", "inet_service"]))})
             }
@@ -174,7 +245,7 @@ fn batch(table: &str, ops: &[Op]) -> Value {
                 "family": "inet", "table": table, "name": name,
                 "elem": elems.iter().map(|(k, j)| element(k, j.as_ref())).collect::<Vec<_>>(),
             }}}),
-            Op::DeleteElements(name, keys) => json!({"delete": {"element": {
+            Op::DeleteElements(name, _, keys) => json!({"delete": {"element": {
                 "family": "inet", "table": table, "name": name,
                 "elem": keys.iter().map(key_expr).collect::<Vec<_>>(),
             }}}),
@@ -184,7 +255,7 @@ fn batch(table: &str, ops: &[Op]) -> Value {
             }
         });
     }
-    json!({"nftables": cmds})
+    json!({"nftables": out})
 }
 
 /// Reads `nft -j list table` output. Objects of unknown shape are kept as
@@ -346,15 +417,16 @@ mod tests {
 
     #[test]
     fn a_batch_makes_the_table_first_and_names_only_its_own_table() {
-        let ops = vec![
+        let ops = [
             Op::AddSet("hostport-ports".into(), SetKind::PortJumps),
             Op::AddElements(
                 "hostport-ports".into(),
                 vec![(Key::ProtoPort(Proto::Tcp, 80), Some("hostport-tcp-80".into()))],
             ),
-            Op::DeleteElements("policy-s".into(), vec![Key::Net("10.0.0.0/8".parse().unwrap())]),
+            Op::DeleteElements("policy-s".into(), false, vec![Key::Net("10.0.0.0/8".parse().unwrap())]),
         ];
-        let b = batch("weft", &ops);
+        let cmds: Vec<_> = ops.iter().map(|op| (op, None)).collect();
+        let b = batch("weft", &cmds);
         let cmds = b["nftables"].as_array().unwrap();
         assert_eq!(cmds[0], json!({"add": {"table": {"family": "inet", "name": "weft"}}}));
         assert_eq!(cmds[1]["add"]["map"]["map"], "verdict");
@@ -364,5 +436,38 @@ mod tests {
         );
         assert_eq!(cmds[3]["delete"]["element"]["elem"], json!([{"prefix": {"addr": "10.0.0.0", "len": 8}}]));
         assert!(!b.to_string().contains("\"table\":\"other\""));
+    }
+
+    #[test]
+    fn map_elements_go_over_netlink_and_a_new_set_is_made_with_its_elements_in_order() {
+        let jump = |c: &str| Some(c.to_owned());
+        let net = |s: &str| Key::Net(s.parse().unwrap());
+        let ops = vec![
+            Op::AddSet("policy-set-1".into(), SetKind::Nets),
+            Op::AddChain("policy-in-1".into(), None),
+            Op::DeleteElements("policy-ingress".into(), true, vec![net("10.0.0.9/32")]),
+            Op::AddRule("policy-in-1".into(), crate::firewall::ruleset::Rule::new("r", vec![])),
+            Op::AddElements("policy-set-1".into(), vec![(net("10.1.0.0/16"), None), (net("10.2.0.1/32"), None)]),
+            Op::AddElements("policy-ingress".into(), vec![(net("10.0.0.1/32"), jump("policy-in-1"))]),
+            Op::DeleteChain("policy-in-0".into()),
+        ];
+        let steps = steps(&ops);
+        let kinds: Vec<String> = steps
+            .iter()
+            .map(|s| match s {
+                Step::Nft(c) => format!("nft:{}", c.len()),
+                Step::Elements(c) => format!("elements:{}", c.len()),
+            })
+            .collect();
+        // The new set's elements ride with it; the map's go in the diff's order.
+        assert_eq!(kinds, ["nft:2", "elements:1", "nft:1", "elements:1", "nft:1"]);
+        let Step::Nft(first) = &steps[0] else { unreachable!() };
+        let b = batch("weft", first);
+        assert_eq!(
+            b["nftables"][1]["add"]["set"]["elem"],
+            json!([{"prefix": {"addr": "10.1.0.0", "len": 16}}, "10.2.0.1"]),
+            "{b}"
+        );
+        assert!(!b.to_string().contains("\"element\""), "no element command: {b}");
     }
 }

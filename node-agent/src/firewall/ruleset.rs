@@ -28,6 +28,15 @@ pub enum Proto {
 }
 
 impl Proto {
+    /// The IP protocol number.
+    pub fn number(self) -> u8 {
+        match self {
+            Proto::Tcp => 6,
+            Proto::Udp => 17,
+            Proto::Sctp => 132,
+        }
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Proto::Tcp => "tcp",
@@ -303,7 +312,7 @@ impl Observed {
                 Op::AddElements(name, elems) => {
                     self.sets.entry(name.clone()).or_default().elements.extend(elems.iter().cloned());
                 }
-                Op::DeleteElements(name, keys) => {
+                Op::DeleteElements(name, _, keys) => {
                     if let Some(s) = self.sets.get_mut(name) {
                         keys.iter().for_each(|k| {
                             s.elements.remove(k);
@@ -342,17 +351,36 @@ pub enum Op {
     FlushSet(String, bool),
     DeleteSet(String, bool),
     AddElements(String, Vec<(Key, Option<String>)>),
-    DeleteElements(String, Vec<Key>),
+    /// Name, whether it is a map, the keys.
+    DeleteElements(String, bool, Vec<Key>),
     AddCounter(String),
     DeleteCounter(String),
 }
 
 /// The ops turning `have` into `want`, empty when they already match.
 /// Order: new sets, counters and chains first (rules and elements may name
-/// them); stale map elements out before the chains they jump to go; changed
-/// chains flushed and refilled; new elements in; then stale chains, sets
-/// and counters, which nothing names any more, are deleted.
+/// them); changed chains flushed and refilled; stale elements out and new
+/// ones in (a changed element is both, side by side); then stale chains,
+/// sets and counters, which nothing names any more, are deleted.
+#[cfg(test)] // the tests' shorthand; the engine says which it wants
 pub fn diff(have: &Observed, want: &Part) -> Vec<Op> {
+    diff_with(have, want, Stale::Remove)
+}
+
+/// What to do with objects of the part that are no longer wanted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stale {
+    /// Delete them (a full sync).
+    Remove,
+    /// Leave regular chains, sets and counters for the next full sync:
+    /// nothing names them any more, so they are inert, and deleting costs
+    /// nft a read of the whole table. Stale map elements and base chains
+    /// (which filter by themselves) still go at once.
+    Keep,
+}
+
+/// [`diff`], with stale objects treated as `stale` says.
+pub fn diff_with(have: &Observed, want: &Part, stale: Stale) -> Vec<Op> {
     let mut create = Vec::new();
     let mut unlink = Vec::new();
     let mut fill = Vec::new();
@@ -383,20 +411,21 @@ pub fn diff(have: &Observed, want: &Part) -> Vec<Op> {
         let new: Vec<(Key, Option<String>)> =
             set.elements.iter().filter(|(k, v)| elements.get(k) != Some(v)).map(|(k, v)| (*k, v.clone())).collect();
         if !gone.is_empty() {
-            unlink.push(Op::DeleteElements(name.clone(), gone));
+            unlink.push(Op::DeleteElements(name.clone(), set.kind.is_map(), gone));
         }
         if !new.is_empty() {
             link.push(Op::AddElements(name.clone(), new));
         }
     }
-    for (name, h) in have.sets.iter().filter(|(n, _)| !want.sets.contains_key(*n)) {
+    let keep = stale == Stale::Keep;
+    for (name, h) in have.sets.iter().filter(|(n, _)| !want.sets.contains_key(*n) && !keep) {
         remove.push(Op::DeleteSet(name.clone(), h.is_map));
     }
 
     for name in want.counters.iter().filter(|c| !have.counters.contains_key(*c)) {
         create.push(Op::AddCounter(name.clone()));
     }
-    for name in have.counters.keys().filter(|c| !want.counters.contains(*c)) {
+    for name in have.counters.keys().filter(|c| !want.counters.contains(*c) && !keep) {
         remove.push(Op::DeleteCounter(name.clone()));
     }
 
@@ -416,15 +445,22 @@ pub fn diff(have: &Observed, want: &Part) -> Vec<Op> {
         }
         fill.extend(chain.rules.iter().map(|r| Op::AddRule(name.clone(), r.clone())));
     }
-    let stale: Vec<&String> = have.chains.keys().filter(|n| !want.chains.contains_key(*n)).collect();
+    let stale: Vec<&String> = have
+        .chains
+        .iter()
+        .filter(|(n, h)| !want.chains.contains_key(*n) && (!keep || h.hook.is_some()))
+        .map(|(n, _)| n)
+        .collect();
     // All stale chains are emptied before any is deleted: one may jump to another.
     let mut drop_chains: Vec<Op> = stale.iter().map(|n| Op::FlushChain((*n).clone())).collect();
     drop_chains.extend(stale.iter().map(|n| Op::DeleteChain((*n).clone())));
     remove.splice(0..0, drop_chains);
 
+    // Elements out and in next to each other, so that a key whose value
+    // changes is replaced in one transaction, never missing in between.
     let mut ops = create;
-    ops.extend(unlink);
     ops.extend(fill);
+    ops.extend(unlink);
     ops.extend(link);
     ops.extend(remove);
     ops

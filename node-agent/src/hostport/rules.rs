@@ -210,7 +210,7 @@ pub mod tests {
         assert_eq!(
             ops,
             vec![
-                Op::DeleteElements(MAP.into(), vec![Key::ProtoPort(Proto::Tcp, 20001)]),
+                Op::DeleteElements(MAP.into(), true, vec![Key::ProtoPort(Proto::Tcp, 20001)]),
                 Op::FlushChain("hostport-tcp-20001".into()),
                 Op::DeleteChain("hostport-tcp-20001".into()),
             ]

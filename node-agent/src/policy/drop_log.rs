@@ -138,10 +138,18 @@ mod tests {
     fn a_record_names_its_policy_direction_and_packet() {
         let labels = BTreeMap::from([(
             "policy-count-in-dropped-0123456789abcdef".to_owned(),
-            CounterLabels { policy: "weft.dev/prod/deny".into(), direction: Direction::Ingress, verdict: Verdict::Drop },
+            CounterLabels {
+                policy: "weft.dev/prod/deny".into(),
+                direction: Direction::Ingress,
+                verdict: Verdict::Drop,
+            },
         )]);
-        let packet =
-            Packet { src: "10.0.1.1".parse().unwrap(), dst: "10.0.1.2".parse().unwrap(), proto: 17, ports: Some((4, 7)) };
+        let packet = Packet {
+            src: "10.0.1.1".parse().unwrap(),
+            dst: "10.0.1.2".parse().unwrap(),
+            proto: 17,
+            ports: Some((4, 7)),
+        };
         let d = describe(
             &Logged { prefix: "policy-count-in-dropped-0123456789abcdef".into(), packet: Some(packet) },
             &labels,

@@ -157,7 +157,10 @@ fn egress_matches_destinations_and_is_dispatched_by_source() {
 #[test]
 fn pods_with_the_same_policy_share_a_chain_and_names_are_stable() {
     let two = || {
-        render(&[pod("prod/a", "10.0.1.2", Some(db_chain()), None), pod("prod/b", "10.0.1.3", Some(db_chain()), None)], None)
+        render(
+            &[pod("prod/a", "10.0.1.2", Some(db_chain()), None), pod("prod/b", "10.0.1.3", Some(db_chain()), None)],
+            None,
+        )
     };
     let a = two();
     assert_eq!(pod_chains(&a, "in").len(), 1, "one shared pod chain");
@@ -170,8 +173,10 @@ fn pods_with_the_same_policy_share_a_chain_and_names_are_stable() {
 #[test]
 fn a_new_pod_with_a_known_policy_is_one_map_element() {
     let one = render(&[pod("prod/a", "10.0.1.2", Some(db_chain()), None)], None);
-    let two =
-        render(&[pod("prod/a", "10.0.1.2", Some(db_chain()), None), pod("prod/b", "10.0.1.3", Some(db_chain()), None)], None);
+    let two = render(
+        &[pod("prod/a", "10.0.1.2", Some(db_chain()), None), pod("prod/b", "10.0.1.3", Some(db_chain()), None)],
+        None,
+    );
     let ops = diff(&one.part.as_observed(), &two.part);
     assert_eq!(ops.len(), 1, "{ops:?}");
     assert!(matches!(&ops[0], Op::AddElements(m, e) if m == INGRESS_MAP && e.len() == 1));
@@ -191,7 +196,7 @@ fn a_changed_peer_set_replaces_the_set_and_the_chains_naming_it_only() {
         !ops.iter().any(|o| matches!(o, Op::FlushChain(c) if c == "policy-forward")),
         "the base chain stays: {ops:?}"
     );
-    assert!(ops.iter().any(|o| matches!(o, Op::DeleteElements(m, _) | Op::AddElements(m, _) if m == INGRESS_MAP)));
+    assert!(ops.iter().any(|o| matches!(o, Op::DeleteElements(m, _, _) | Op::AddElements(m, _) if m == INGRESS_MAP)));
 }
 
 #[test]

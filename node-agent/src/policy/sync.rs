@@ -294,15 +294,16 @@ pub async fn run(
         m.policies.get_or_create(&KindLabels { kind: "standard" }).set(cluster.standard.len() as i64);
         m.policies.get_or_create(&KindLabels { kind: "weft" }).set(cluster.weft.len() as i64);
         let node2 = node.clone();
-        let Want(rules, local_pods) = match tokio::task::spawn_blocking(move || desired(&cluster, &node2, drop_log)).await {
-            Ok(want) => want,
-            Err(e) => {
-                tracing::error!(error = %e, "computing the policy rules failed; retrying");
-                m.syncs.get_or_create(&ResultLabels { result: "error" }).inc();
-                next_change_or(&changed, tokio::time::Instant::now() + RETRY).await;
-                continue;
-            }
-        };
+        let Want(rules, local_pods) =
+            match tokio::task::spawn_blocking(move || desired(&cluster, &node2, drop_log)).await {
+                Ok(want) => want,
+                Err(e) => {
+                    tracing::error!(error = %e, "computing the policy rules failed; retrying");
+                    m.syncs.get_or_create(&ResultLabels { result: "error" }).inc();
+                    next_change_or(&changed, tokio::time::Instant::now() + RETRY).await;
+                    continue;
+                }
+            };
         let full = tokio::time::Instant::now() >= kernel_due;
         if !needs_kernel(full, last_applied.as_deref(), &rules) {
             m.syncs.get_or_create(&ResultLabels { result: "unaffected" }).inc();
