@@ -82,7 +82,7 @@ impl<B: Backend> Engine<B> {
         let counters = std::mem::take(&mut have.counters);
         // The diff needs the counters' names only.
         have.counters = counters.keys().map(|n| (n.clone(), ruleset::Count::default())).collect();
-        let wrote = self.write(have, want, ruleset::Stale::Remove)?;
+        let wrote = self.write(have, want)?;
         Ok((wrote, counters))
     }
 
@@ -96,12 +96,10 @@ impl<B: Backend> Engine<B> {
 
     /// Writes the difference between the part last applied and `want`
     /// without reading the kernel (a full sync when nothing is known).
-    /// Objects no longer wanted are left for the next full sync (see
-    /// [`ruleset::Stale::Keep`]), except map elements and base chains.
     pub fn update(&self, want: &Part) -> Result<bool, FirewallError> {
         let known = self.applied().take().filter(|(owner, _)| *owner == want.owner).map(|(_, o)| o);
         match known {
-            Some(have) => match self.write(have, want, ruleset::Stale::Keep) {
+            Some(have) => match self.write(have, want) {
                 Ok(wrote) => Ok(wrote),
                 Err(e) => {
                     tracing::warn!(part = want.owner, error = %e, "incremental firewall update failed; reading the kernel and syncing");
@@ -112,8 +110,8 @@ impl<B: Backend> Engine<B> {
         }
     }
 
-    fn write(&self, mut have: Observed, want: &Part, stale: ruleset::Stale) -> Result<bool, FirewallError> {
-        let ops = ruleset::diff_with(&have, want, stale);
+    fn write(&self, mut have: Observed, want: &Part) -> Result<bool, FirewallError> {
+        let ops = ruleset::diff(&have, want);
         // Unknown until the commit is known to have landed.
         *self.applied() = None;
         self.backend.commit(&ops)?;

@@ -1,14 +1,17 @@
-//! The nftables backend: Weft's table written and read with `nft -j`, one
-//! atomic transaction per change. The JSON is built from typed objects (the
-//! `nftables` crate; where it has no type, as for verdict maps, from
-//! `serde_json`), so no name or comment is ever spliced into rule text.
+//! The nftables backend: Weft's table written and read with `nft -j`, and
+//! verdict map elements written over netlink (`nfnl`). The JSON is built
+//! from typed objects (the `nftables` crate; where it has no type, as for
+//! verdict maps, from `serde_json`), so no name or comment is ever spliced
+//! into rule text.
 //!
-//! Why `nft` and not netlink directly: nft's JSON is the interface
-//! nftables documents and keeps stable (netavark uses it too), and a run on
-//! a small table costs about 1 ms. nft fills its cache from the whole table
-//! before each transaction, though: with 1,000 host port chains an add
-//! costs 3 ms and a delete 12–20 ms. A netlink backend behind the same
-//! [`Backend`] trait is the way past that.
+//! Why `nft` for chains, rules and sets: its JSON is the interface nftables
+//! documents and keeps stable (netavark uses it too), and adding objects
+//! costs about 1 ms. What nft 1.0 makes slow is anything touching elements
+//! (it first reads every interval set's elements in the namespace: 58 ms
+//! with 38,000 around) and deletes (16–20 ms on a large table, the cache
+//! again). So map elements and deletes go over netlink (`nfnl`), and new
+//! address sets are made with their elements in one command. A commit is
+//! up to a few transactions in the diff's order, each atomic.
 //! Blocking (runs a program with a deadline): call from a blocking context.
 //! Acts in the calling thread's network namespace.
 
@@ -80,7 +83,7 @@ impl Backend for Nft {
                     let text = serde_json::to_string(&batch(&self.table, &cmds)).map_err(FirewallError::Encode)?;
                     exec::run_ok("nft", &["-j", "-f", "-"], Some(text.as_bytes()), TIMEOUT, &[])?;
                 }
-                Step::Elements(changes) => nfnl::apply(&self.table, &changes, TIMEOUT)?,
+                Step::Netlink(changes) => nfnl::apply(&self.table, &changes, TIMEOUT)?,
             }
         }
         Ok(())
@@ -156,19 +159,29 @@ type NftCmd<'a> = (&'a Op, Option<&'a [(Key, Option<String>)]>);
 enum Step<'a> {
     /// nft commands.
     Nft(Vec<NftCmd<'a>>),
-    /// Verdict map elements, over netlink.
-    Elements(Vec<nfnl::ElementChange<'a>>),
+    /// Map elements and deletions, over netlink.
+    Netlink(Vec<nfnl::Change<'a>>),
 }
 
-/// `ops` as transactions: map element changes go over netlink (nft would
-/// first read every interval set's elements); a new address set is made
-/// with its elements in the same command, for the same reason; the rest
-/// is nft's. Consecutive ops of one kind share a transaction.
+/// `ops` as transactions: map element changes and deletions go over
+/// netlink (nft would first read much of the table, every interval set's
+/// elements included); a new address set is made with its elements in the
+/// same command, for the same reason; additions are nft's. A chain emptied
+/// to be refilled stays with nft, in the transaction that refills it, so
+/// that it is never seen empty. Consecutive ops of one kind share a
+/// transaction.
 fn steps(ops: &[Op]) -> Vec<Step<'_>> {
     let created: std::collections::HashSet<&str> = ops
         .iter()
         .filter_map(|op| match op {
             Op::AddSet(name, SetKind::Nets) => Some(name.as_str()),
+            _ => None,
+        })
+        .collect();
+    let deleted: std::collections::HashSet<&str> = ops
+        .iter()
+        .filter_map(|op| match op {
+            Op::DeleteChain(name) => Some(name.as_str()),
             _ => None,
         })
         .collect();
@@ -183,14 +196,18 @@ fn steps(ops: &[Op]) -> Vec<Step<'_>> {
         let change = match op {
             Op::AddElements(name, _) if created.contains(name.as_str()) => continue, // made with its set
             Op::AddElements(name, elems) if elems.iter().all(|(_, jump)| jump.is_some()) => {
-                Some(nfnl::ElementChange::Add(name, elems))
+                Some(nfnl::Change::AddElements(name, elems))
             }
-            Op::DeleteElements(name, true, keys) => Some(nfnl::ElementChange::Delete(name, keys)),
+            Op::DeleteElements(name, true, keys) => Some(nfnl::Change::DeleteElements(name, keys)),
+            Op::FlushChain(name) if deleted.contains(name.as_str()) => Some(nfnl::Change::FlushChain(name)),
+            Op::DeleteChain(name) => Some(nfnl::Change::DeleteChain(name)),
+            Op::DeleteSet(name, _) => Some(nfnl::Change::DeleteSet(name)),
+            Op::DeleteCounter(name) => Some(nfnl::Change::DeleteCounter(name)),
             _ => None,
         };
         match (change, out.last_mut()) {
-            (Some(c), Some(Step::Elements(changes))) => changes.push(c),
-            (Some(c), _) => out.push(Step::Elements(vec![c])),
+            (Some(c), Some(Step::Netlink(changes))) => changes.push(c),
+            (Some(c), _) => out.push(Step::Netlink(vec![c])),
             (None, last) => {
                 let inline = match op {
                     Op::AddSet(name, SetKind::Nets) => elements_of(name),
@@ -456,11 +473,12 @@ mod tests {
             .iter()
             .map(|s| match s {
                 Step::Nft(c) => format!("nft:{}", c.len()),
-                Step::Elements(c) => format!("elements:{}", c.len()),
+                Step::Netlink(c) => format!("netlink:{}", c.len()),
             })
             .collect();
-        // The new set's elements ride with it; the map's go in the diff's order.
-        assert_eq!(kinds, ["nft:2", "elements:1", "nft:1", "elements:1", "nft:1"]);
+        // The new set's elements ride with it; the map's and the deletes
+        // go in the diff's order.
+        assert_eq!(kinds, ["nft:2", "netlink:1", "nft:1", "netlink:2"]);
         let Step::Nft(first) = &steps[0] else { unreachable!() };
         let b = batch("weft", first);
         assert_eq!(

@@ -362,25 +362,7 @@ pub enum Op {
 /// them); changed chains flushed and refilled; stale elements out and new
 /// ones in (a changed element is both, side by side); then stale chains,
 /// sets and counters, which nothing names any more, are deleted.
-#[cfg(test)] // the tests' shorthand; the engine says which it wants
 pub fn diff(have: &Observed, want: &Part) -> Vec<Op> {
-    diff_with(have, want, Stale::Remove)
-}
-
-/// What to do with objects of the part that are no longer wanted.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Stale {
-    /// Delete them (a full sync).
-    Remove,
-    /// Leave regular chains, sets and counters for the next full sync:
-    /// nothing names them any more, so they are inert, and deleting costs
-    /// nft a read of the whole table. Stale map elements and base chains
-    /// (which filter by themselves) still go at once.
-    Keep,
-}
-
-/// [`diff`], with stale objects treated as `stale` says.
-pub fn diff_with(have: &Observed, want: &Part, stale: Stale) -> Vec<Op> {
     let mut create = Vec::new();
     let mut unlink = Vec::new();
     let mut fill = Vec::new();
@@ -417,15 +399,14 @@ pub fn diff_with(have: &Observed, want: &Part, stale: Stale) -> Vec<Op> {
             link.push(Op::AddElements(name.clone(), new));
         }
     }
-    let keep = stale == Stale::Keep;
-    for (name, h) in have.sets.iter().filter(|(n, _)| !want.sets.contains_key(*n) && !keep) {
+    for (name, h) in have.sets.iter().filter(|(n, _)| !want.sets.contains_key(*n)) {
         remove.push(Op::DeleteSet(name.clone(), h.is_map));
     }
 
     for name in want.counters.iter().filter(|c| !have.counters.contains_key(*c)) {
         create.push(Op::AddCounter(name.clone()));
     }
-    for name in have.counters.keys().filter(|c| !want.counters.contains(*c) && !keep) {
+    for name in have.counters.keys().filter(|c| !want.counters.contains(*c)) {
         remove.push(Op::DeleteCounter(name.clone()));
     }
 
@@ -445,12 +426,7 @@ pub fn diff_with(have: &Observed, want: &Part, stale: Stale) -> Vec<Op> {
         }
         fill.extend(chain.rules.iter().map(|r| Op::AddRule(name.clone(), r.clone())));
     }
-    let stale: Vec<&String> = have
-        .chains
-        .iter()
-        .filter(|(n, h)| !want.chains.contains_key(*n) && (!keep || h.hook.is_some()))
-        .map(|(n, _)| n)
-        .collect();
+    let stale: Vec<&String> = have.chains.keys().filter(|n| !want.chains.contains_key(*n)).collect();
     // All stale chains are emptied before any is deleted: one may jump to another.
     let mut drop_chains: Vec<Op> = stale.iter().map(|n| Op::FlushChain((*n).clone())).collect();
     drop_chains.extend(stale.iter().map(|n| Op::DeleteChain((*n).clone())));

@@ -155,34 +155,3 @@ fn applying_a_diff_to_what_was_there_gives_what_was_wanted() {
         assert!(diff(&have, &want).is_empty());
     }
 }
-
-#[test]
-fn an_update_keeps_stale_regular_objects_for_the_full_sync_but_not_base_chains_or_elements() {
-    let before = sample();
-    let mut after = Part::new("policy");
-    // Only a new map, with an element: the pod chain, its set, the counter
-    // and the base chain are all stale.
-    after.chains.insert("policy-pod2".into(), Chain { hook: None, rules: vec![Rule::new("r", vec![build::ret()])] });
-    let mut map = Set { kind: SetKind::AddrJumps, elements: BTreeMap::new() };
-    map.elements.insert(Key::addr("10.244.1.9".parse().unwrap()), Some("policy-pod2".into()));
-    after.sets.insert("policy-map".into(), map);
-    let mut have = before.as_observed();
-    have.sets.get_mut("policy-peers").unwrap().kind = Some(SetKind::Nets);
-
-    let kept = diff_with(&have, &after, Stale::Keep);
-    let deleted: Vec<&Op> =
-        kept.iter().filter(|o| matches!(o, Op::DeleteChain(_) | Op::DeleteSet(..) | Op::DeleteCounter(_))).collect();
-    assert_eq!(deleted, [&Op::DeleteChain("policy-forward".into())], "a stale base chain filters: it goes");
-    let mut state = have.clone();
-    state.apply(&kept);
-    assert!(state.chains.contains_key("policy-pod") && state.sets.contains_key("policy-peers"));
-    assert!(state.counters.contains_key("policy-c"));
-    assert!(diff_with(&state, &after, Stale::Keep).is_empty(), "converged as far as an update goes");
-
-    let full = diff_with(&state, &after, Stale::Remove);
-    assert!(
-        full.contains(&Op::DeleteChain("policy-pod".into())) && full.contains(&Op::DeleteCounter("policy-c".into()))
-    );
-    state.apply(&full);
-    assert_eq!(state, after.as_observed(), "the full sync removes the rest");
-}
