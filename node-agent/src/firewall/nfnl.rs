@@ -250,15 +250,43 @@ fn acks(mut bytes: &[u8]) -> Vec<(u32, i32)> {
     out
 }
 
+/// Elements per message: an attribute's length is 16 bits, and an element
+/// takes at most about 100 bytes here (a key, a verdict, a chain name).
+const ELEMENTS_PER_MESSAGE: usize = 256;
+
+/// `changes` with long element lists cut into several messages (still one batch).
+fn chunked<'a>(changes: &[Change<'a>]) -> Vec<Change<'a>> {
+    let mut out = Vec::with_capacity(changes.len());
+    for c in changes {
+        match c {
+            Change::AddElements(set, elems) => {
+                out.extend(elems.chunks(ELEMENTS_PER_MESSAGE).map(|part| Change::AddElements(set, part)))
+            }
+            Change::DeleteElements(set, keys) => {
+                out.extend(keys.chunks(ELEMENTS_PER_MESSAGE).map(|part| Change::DeleteElements(set, part)))
+            }
+            other => out.push(other.clone()),
+        }
+    }
+    out
+}
+
 /// Applies `changes` to `table` in one transaction: all or none.
 pub fn apply(table: &str, changes: &[Change<'_>], timeout: Duration) -> Result<(), NetlinkError> {
     if changes.is_empty() {
         return Ok(());
     }
+    let changes = &chunked(changes)[..];
     let mut socket = Socket::new(NETLINK_NETFILTER).map_err(NetlinkError::Socket)?;
     socket.bind_auto().map_err(NetlinkError::Socket)?;
+    // An error's answer without the message it answers (it may be large).
+    socket.set_cap_ack(true).map_err(NetlinkError::Socket)?;
     // Sequence numbers only have to be unique on this socket.
     let (bytes, seqs) = batch(table, changes, 1);
+    // The batch is one datagram: the send buffer must hold it (a full sync
+    // of thousands of elements is larger than the default).
+    nix::sys::socket::setsockopt(&socket, nix::sys::socket::sockopt::SndBufForce, &(bytes.len() + 4096))
+        .map_err(|e| NetlinkError::Socket(e.into()))?;
     socket.send(&bytes, 0).map_err(NetlinkError::Socket)?;
     let deadline = Instant::now() + timeout;
     let mut waiting: Vec<u32> = seqs.clone();
@@ -403,6 +431,18 @@ mod kernel_tests {
             .expect_err("deleting a missing element");
             assert!(err.to_string().contains("delete elements of ports"), "{err}");
             assert!(!listed("addrs").contains("10.0.0.1 "), "all or nothing: {}", listed("addrs"));
+
+            // Thousands of elements in one batch (several messages, a large datagram).
+            let many: Vec<(Key, Option<String>)> = (0..5000u32)
+                .map(|i| (Key::addr(std::net::Ipv4Addr::from(0x0a64_0000 + i)), Some("b".to_owned())))
+                .collect();
+            apply("t", &[Change::AddElements("addrs", &many)], Duration::from_secs(5)).expect("5,000 elements");
+            let all = listed("addrs");
+            assert!(all.contains("10.100.0.0 : jump b") && all.contains("10.100.19.135 : jump b"), "first and last");
+            assert_eq!(all.matches(": jump b").count(), 5000, "every element");
+            let keys: Vec<Key> = many.iter().map(|(k, _)| *k).collect();
+            apply("t", &[Change::DeleteElements("addrs", &keys)], Duration::from_secs(5)).expect("delete them");
+            assert_eq!(listed("addrs").matches(": jump b").count(), 0);
 
             // Deletes: a chain emptied then deleted, a set, a counter; in one batch.
             nft("add chain inet t c; add rule inet t c counter; add set inet t s { type ipv4_addr; }; \
