@@ -1,5 +1,5 @@
 //! The nftables backend: Weft's table written and read with `nft -j`, and
-//! verdict map elements written over netlink (`nfnl`). The JSON is built
+//! verdict map elements and deletions written over netlink (`nfnl`). The JSON is built
 //! from typed objects (the `nftables` crate; where it has no type, as for
 //! verdict maps, from `serde_json`), so no name or comment is ever spliced
 //! into rule text.
