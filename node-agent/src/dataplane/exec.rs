@@ -102,14 +102,21 @@ fn drain(pipe: Option<impl Read>) -> String {
 /// Waits for `child` to exit until `deadline`; `None` when it is still running.
 fn wait_until(child: &mut Child, deadline: Instant) -> std::io::Result<Option<ExitStatus>> {
     let pidfd = pidfd_open(Pid::from_child(child), PidfdFlags::empty())?;
+    // The pidfd is readable once the process has exited.
+    match readable_before(&pidfd, deadline)? {
+        true => child.wait().map(Some),
+        false => Ok(None),
+    }
+}
+
+/// Waits until `fd` has something to read (true) or `deadline` passes (false).
+pub fn readable_before(fd: &impl std::os::fd::AsFd, deadline: Instant) -> std::io::Result<bool> {
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         let timeout = Timespec::try_from(left).map_err(|_| std::io::Error::other("timeout out of range"))?;
-        let mut fds = [PollFd::new(&pidfd, PollFlags::IN)];
+        let mut fds = [PollFd::new(fd, PollFlags::IN)];
         match poll(&mut fds, Some(&timeout)) {
-            // The pidfd is readable once the process has exited.
-            Ok(n) if n > 0 => return child.wait().map(Some),
-            Ok(_) => return Ok(None),
+            Ok(n) => return Ok(n > 0),
             Err(rustix::io::Errno::INTR) => continue,
             Err(e) => return Err(e.into()),
         }

@@ -13,6 +13,8 @@ use netlink_packet_netfilter::nflog::{ConfigCmd, ConfigMode, PacketNla, ULogMess
 use netlink_packet_netfilter::{NetfilterMessage, NetfilterMessageInner, NetfilterProtoFamily};
 use netlink_sys::{Socket, constants::NETLINK_NETFILTER};
 
+use crate::dataplane::exec;
+
 /// Bytes of each packet the kernel copies to us: an IPv6 header and the ports.
 const COPY: u32 = 64;
 /// Room for a burst of records between two reads; past it the kernel drops
@@ -121,7 +123,8 @@ impl Group {
     /// One datagram into `buf`, waiting up to `timeout` for it.
     fn read(&mut self, timeout: Duration) -> Result<Read, Error> {
         let group = self.group;
-        if !readable(&self.socket, timeout).map_err(|source| Error::Recv { group, source })? {
+        let deadline = std::time::Instant::now() + timeout;
+        if !exec::readable_before(&self.socket, deadline).map_err(|source| Error::Recv { group, source })? {
             return Ok(Read::Nothing);
         }
         self.buf.clear();
@@ -135,19 +138,6 @@ impl Group {
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(Read::Nothing),
             Err(source) => Err(Error::Recv { group, source }),
         }
-    }
-}
-
-/// Waits up to `timeout` for `fd` to have something to read; false when
-/// nothing came (or a signal cut the wait short).
-pub(super) fn readable(fd: &impl std::os::fd::AsFd, timeout: Duration) -> std::io::Result<bool> {
-    use rustix::event::{PollFd, PollFlags, Timespec, poll};
-    let mut fds = [PollFd::new(fd, PollFlags::IN)];
-    let wait = Timespec::try_from(timeout).unwrap_or(Timespec { tv_sec: i64::MAX, tv_nsec: 0 });
-    match poll(&mut fds, Some(&wait)) {
-        Ok(n) => Ok(n > 0),
-        Err(rustix::io::Errno::INTR) => Ok(false),
-        Err(e) => Err(e.into()),
     }
 }
 

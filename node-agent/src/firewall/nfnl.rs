@@ -292,8 +292,7 @@ pub fn apply(table: &str, changes: &[Change<'_>], timeout: Duration) -> Result<(
     let mut waiting: Vec<u32> = seqs.clone();
     let mut buf = vec![0u8; 64 * 1024];
     while !waiting.is_empty() {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() || !super::nflog::readable(&socket, left).map_err(NetlinkError::Socket)? {
+        if !crate::dataplane::exec::readable_before(&socket, deadline).map_err(NetlinkError::Socket)? {
             return Err(NetlinkError::Timeout(timeout));
         }
         let n = socket.recv(&mut &mut buf[..], libc::MSG_DONTWAIT).map_err(NetlinkError::Socket)?;

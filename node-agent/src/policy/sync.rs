@@ -163,11 +163,13 @@ impl PodInfos {
             let meta = &pod.metadata;
             let info = match (&meta.uid, &meta.resource_version) {
                 (Some(uid), Some(version)) => {
-                    let info = match self.by_uid.remove(uid) {
-                        Some((seen, info)) if seen == *version => info,
-                        _ => pod_info(pod).map(Arc::new),
+                    // An unchanged pod's entry moves over as it is: no copies.
+                    let entry = match self.by_uid.remove_entry(uid) {
+                        Some((uid, (seen, info))) if seen == *version => (uid, (seen, info)),
+                        _ => (uid.clone(), (version.clone(), pod_info(pod).map(Arc::new))),
                     };
-                    next.insert(uid.clone(), (version.clone(), info.clone()));
+                    let info = entry.1.1.clone();
+                    next.insert(entry.0, entry.1);
                     info
                 }
                 _ => pod_info(pod).map(Arc::new),
