@@ -374,12 +374,8 @@ mod kernel_tests {
         if !require_root() {
             return;
         }
-        let ns = format!("wnfnl-{}", std::process::id());
-        assert!(Command::new("ip").args(["netns", "add", &ns]).status().expect("ip").success());
-        let ns2 = ns.clone();
-        let result = std::thread::spawn(move || {
-            let file = std::fs::File::open(format!("/run/netns/{ns2}")).expect("netns");
-            nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
+        let ns = crate::test_support::TestNetns::new();
+        ns.run(|| {
             let nft = |script: &str| {
                 let out = Command::new("nft").args(["-f", "-"]).stdin(std::process::Stdio::piped()).spawn();
                 let mut child = out.expect("nft");
@@ -464,9 +460,6 @@ mod kernel_tests {
                 "{table}"
             );
             assert!(table.contains("chain a ") && table.contains("map addrs "), "only those: {table}");
-        })
-        .join();
-        let _ = Command::new("ip").args(["netns", "del", &ns]).status();
-        result.unwrap_or_else(|p| std::panic::resume_unwind(p));
+        });
     }
 }

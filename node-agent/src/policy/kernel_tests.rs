@@ -6,11 +6,7 @@
 //! (ignored, a benchmark) the new engine beside the old one.
 //! Needs root: skips loudly without it, fails under CI=true.
 
-use std::fs::File;
 use std::process::Command;
-use std::sync::atomic::{AtomicU32, Ordering};
-
-use nix::sched::{CloneFlags, setns};
 
 use std::time::{Duration, Instant};
 
@@ -23,37 +19,7 @@ use crate::dataplane::iptables;
 use crate::firewall::Engine;
 use crate::firewall::nflog::{Group, Received};
 use crate::firewall::nft::Nft;
-use crate::test_support::require_root;
-
-struct Ns(String);
-
-impl Ns {
-    fn new() -> Ns {
-        static SEQ: AtomicU32 = AtomicU32::new(0);
-        let name = format!("wpol-{}-{}", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed));
-        let ok = Command::new("ip").args(["netns", "add", &name]).status().expect("ip").success();
-        assert!(ok, "ip netns add {name}");
-        Ns(name)
-    }
-
-    /// Runs `f` on a thread inside the namespace (its child processes too).
-    fn run<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> T {
-        let path = format!("/run/netns/{}", self.0);
-        std::thread::spawn(move || {
-            let file = File::open(&path).expect("open netns");
-            setns(&file, CloneFlags::CLONE_NEWNET).expect("setns");
-            f()
-        })
-        .join()
-        .unwrap_or_else(|p| std::panic::resume_unwind(p))
-    }
-}
-
-impl Drop for Ns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.0]).output();
-    }
-}
+use crate::test_support::{TestNetns as Ns, require_root};
 
 fn sh(cmd: &str, args: &[&str]) -> String {
     let out = Command::new(cmd).args(args).output().expect("spawn");
@@ -222,10 +188,10 @@ fn a_dropped_packet_is_logged_with_its_policy_and_still_dropped() {
     // client 10.0.1.1 -- router (the node: Weft's rules) -- pod 10.0.1.2
     let (router, client, pod) = (Ns::new(), Ns::new(), Ns::new());
     let ip = |ns: &Ns, args: &[&str]| {
-        sh("ip", &[&["-n", ns.0.as_str()], args].concat());
+        sh("ip", &[&["-n", ns.name()], args].concat());
     };
     for (ns, dev, addr, gw) in [(&client, "c", "10.0.1.1", "10.9.0.1"), (&pod, "p", "10.0.1.2", "10.9.1.1")] {
-        ip(ns, &["link", "add", "eth0", "type", "veth", "peer", "name", dev, "netns", &router.0]);
+        ip(ns, &["link", "add", "eth0", "type", "veth", "peer", "name", dev, "netns", router.name()]);
         ip(ns, &["addr", "add", &format!("{addr}/32"), "dev", "eth0"]);
         ip(ns, &["link", "set", "eth0", "up"]);
         ip(ns, &["route", "add", gw, "dev", "eth0"]);
@@ -234,7 +200,7 @@ fn a_dropped_packet_is_logged_with_its_policy_and_still_dropped() {
         ip(&router, &["link", "set", dev, "up"]);
         ip(&router, &["route", "add", addr, "dev", dev]);
     }
-    sh("ip", &["netns", "exec", &router.0, "sysctl", "-qw", "net.ipv4.ip_forward=1"]);
+    sh("ip", &["netns", "exec", router.name(), "sysctl", "-qw", "net.ipv4.ip_forward=1"]);
 
     let want = render::render(&pods(8080), Some(render::DropLog { group: 7, per_second: 100 }));
     let labels = want.counters.clone();
