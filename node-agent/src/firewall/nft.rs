@@ -33,14 +33,15 @@ pub const TABLE: &str = "weft";
 const TIMEOUT: Duration = Duration::from_secs(15);
 
 /// nftables through the `nft` program.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct Nft {
     table: String,
+    netlink: nfnl::Conn,
 }
 
 impl Default for Nft {
     fn default() -> Self {
-        Nft { table: TABLE.to_owned() }
+        Nft { table: TABLE.to_owned(), netlink: nfnl::Conn::default() }
     }
 }
 
@@ -83,7 +84,7 @@ impl Backend for Nft {
                     let text = serde_json::to_string(&batch(&self.table, &cmds)).map_err(FirewallError::Encode)?;
                     exec::run_ok("nft", &["-j", "-f", "-"], Some(text.as_bytes()), TIMEOUT, &[])?;
                 }
-                Step::Netlink(changes) => nfnl::apply(&self.table, &changes, TIMEOUT)?,
+                Step::Netlink(changes) => self.netlink.apply(&self.table, &changes, TIMEOUT)?,
             }
         }
         Ok(())
