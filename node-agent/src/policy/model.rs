@@ -131,7 +131,7 @@ pub struct PodPolicy {
 }
 
 /// A peer of either API: pods (by namespace and pod selectors) or an IP block.
-#[derive(Debug)]
+#[derive(Debug, Clone, PartialEq)]
 enum Peer<'a> {
     /// `ns`: None means the policy's own namespace; `pods`: None means all pods.
     Pods {
@@ -156,9 +156,54 @@ enum PortSel {
     Nothing,
 }
 
-struct RuleSpec<'a> {
+/// A rule's peers, with what they are resolved against: rules with equal
+/// specs (templated policies often share them) resolve to the same
+/// addresses, so a pass resolves each distinct spec once.
+#[derive(Debug, Clone, PartialEq)]
+struct PeerSpec<'a> {
     /// Empty: every address.
-    peers: Vec<Peer<'a>>,
+    list: Vec<Peer<'a>>,
+    /// The policy's namespace, when a peer means "this namespace" (else
+    /// None: the result does not depend on it).
+    own_ns: Option<&'a str>,
+}
+
+// Selectors compare as values (strings all the way down).
+impl Eq for PeerSpec<'_> {}
+
+impl std::hash::Hash for PeerSpec<'_> {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        fn selector<H: std::hash::Hasher>(sel: Option<&LabelSelector>, h: &mut H) {
+            let Some(sel) = sel else { return 0u8.hash(h) };
+            sel.match_labels.hash(h);
+            for e in sel.match_expressions.iter().flatten() {
+                (&e.key, &e.operator, &e.values).hash(h);
+            }
+        }
+        self.own_ns.hash(h);
+        for p in &self.list {
+            match p {
+                Peer::Pods { ns, pods } => {
+                    1u8.hash(h);
+                    selector(*ns, h);
+                    selector(*pods, h);
+                }
+                Peer::Block { cidr, except } => (2u8, cidr, except).hash(h),
+                Peer::Nothing => 3u8.hash(h),
+            }
+        }
+    }
+}
+
+impl<'a> PeerSpec<'a> {
+    fn new(list: Vec<Peer<'a>>, policy_ns: &'a str) -> Self {
+        let own_ns = list.iter().any(|p| matches!(p, Peer::Pods { ns: None, .. })).then_some(policy_ns);
+        PeerSpec { list, own_ns }
+    }
+}
+
+struct RuleSpec<'a> {
+    peers: PeerSpec<'a>,
     /// Empty: every port.
     ports: Vec<PortSel>,
     verdict: Verdict,
@@ -284,13 +329,13 @@ fn ranges_to_nets(ranges: &[(u32, u32)]) -> Vec<Ipv4Net> {
 struct View<'a> {
     cluster: &'a Cluster,
     no_labels: BTreeMap<String, String>,
-    /// Peer sets by (policy origin, direction, rule index): computed once,
-    /// however many local pods the policy selects.
-    peer_cache: RefCell<HashMap<(String, Direction, usize), Peers>>,
-    /// Egress matches of a named port by (policy origin, rule index, port
-    /// index): they depend on the destination pods only, not on the
-    /// selected pod, so they too are computed once.
-    named_cache: RefCell<HashMap<(String, usize, usize), Vec<Match>>>,
+    /// Peer sets by spec: computed once, however many local pods and
+    /// policies share it.
+    peer_cache: RefCell<HashMap<PeerSpec<'a>, Peers>>,
+    /// Egress matches of a named port by (peers, protocol, name): they
+    /// depend on the destination pods only, not on the selected pod, so
+    /// they too are computed once.
+    named_cache: RefCell<HashMap<(PeerSpec<'a>, Proto, String), Vec<Match>>>,
     /// Pods by namespace: a peer is looked for only in the namespaces it can
     /// match, not among every pod of the cluster.
     by_ns: HashMap<&'a str, Vec<&'a PodInfo>>,
@@ -347,12 +392,13 @@ impl<'a> View<'a> {
     }
 
     /// The addresses of `peers` (empty peers: any).
-    fn peer_set(&self, peers: &[Peer<'_>], policy_ns: &str) -> Peers {
-        if peers.is_empty() {
+    fn peer_set(&self, peers: &PeerSpec<'_>) -> Peers {
+        if peers.list.is_empty() {
             return Peers::Any;
         }
+        let policy_ns = peers.own_ns.unwrap_or_default();
         let mut ranges = Vec::new();
-        for p in peers {
+        for p in &peers.list {
             match p {
                 Peer::Block { cidr, except } => ranges.extend(block_ranges(cidr, except)),
                 Peer::Pods { ns, .. } => ranges.extend(
@@ -368,7 +414,8 @@ impl<'a> View<'a> {
     }
 
     /// The pods among `peers` (empty peers: every pod), for named egress ports.
-    fn peer_pods(&self, peers: &[Peer<'_>], policy_ns: &str) -> Vec<&'a PodInfo> {
+    fn peer_pods(&self, peers: &PeerSpec<'_>) -> Vec<&'a PodInfo> {
+        let (policy_ns, peers) = (peers.own_ns.unwrap_or_default(), &peers.list);
         self.cluster
             .pods
             .iter()
@@ -379,21 +426,13 @@ impl<'a> View<'a> {
     }
 
     /// The matches of one rule for `pod` (the selected, local pod).
-    fn compile_rule(
-        &self,
-        rule: &RuleSpec<'_>,
-        at: (&str, usize),
-        policy_ns: &str,
-        dir: Direction,
-        pod: &PodInfo,
-    ) -> Vec<Match> {
-        let key = (at.0.to_owned(), dir, at.1);
-        let cached = self.peer_cache.borrow().get(&key).cloned();
+    fn compile_rule(&self, rule: &RuleSpec<'a>, dir: Direction, pod: &PodInfo) -> Vec<Match> {
+        let cached = self.peer_cache.borrow().get(&rule.peers).cloned();
         let peers = match cached {
             Some(p) => p,
             None => {
-                let p = self.peer_set(&rule.peers, policy_ns);
-                self.peer_cache.borrow_mut().insert(key, p.clone());
+                let p = self.peer_set(&rule.peers);
+                self.peer_cache.borrow_mut().insert(rule.peers.clone(), p.clone());
                 p
             }
         };
@@ -404,7 +443,7 @@ impl<'a> View<'a> {
             return vec![Match { peers, proto: None, ports: None }];
         }
         let mut out = Vec::new();
-        for (i, sel) in rule.ports.iter().enumerate() {
+        for sel in &rule.ports {
             match sel {
                 PortSel::Proto(proto) => out.push(Match { peers: peers.clone(), proto: Some(*proto), ports: None }),
                 PortSel::Range(proto, lo, hi) => {
@@ -419,13 +458,13 @@ impl<'a> View<'a> {
                 }
                 // Egress: each destination pod's own number for the name.
                 PortSel::Named(proto, name) => {
-                    let key = (at.0.to_owned(), at.1, i);
+                    let key = (rule.peers.clone(), *proto, name.clone());
                     if let Some(cached) = self.named_cache.borrow().get(&key) {
                         out.extend(cached.iter().cloned());
                         continue;
                     }
                     let mut by_port: BTreeMap<u16, Vec<(u32, u32)>> = BTreeMap::new();
-                    for dst in self.peer_pods(&rule.peers, policy_ns) {
+                    for dst in self.peer_pods(&rule.peers) {
                         let Some(ip) = dst.ip else { continue };
                         for p in dst.ports.iter().filter(|p| &p.name == name && p.proto == *proto) {
                             by_port.entry(p.port).or_default().push((u32::from(ip), u32::from(ip)));
@@ -470,7 +509,7 @@ fn standard_view(p: &netv1::NetworkPolicy) -> Option<PolicyView<'_>> {
             .iter()
             .flatten()
             .map(|r| RuleSpec {
-                peers: r.from.iter().flatten().map(std_peer).collect(),
+                peers: PeerSpec::new(r.from.iter().flatten().map(std_peer).collect(), namespace),
                 ports: std_ports(r.ports.as_ref()),
                 verdict: Verdict::Allow,
             })
@@ -481,7 +520,7 @@ fn standard_view(p: &netv1::NetworkPolicy) -> Option<PolicyView<'_>> {
             .iter()
             .flatten()
             .map(|r| RuleSpec {
-                peers: r.to.iter().flatten().map(std_peer).collect(),
+                peers: PeerSpec::new(r.to.iter().flatten().map(std_peer).collect(), namespace),
                 ports: std_ports(r.ports.as_ref()),
                 verdict: Verdict::Allow,
             })
@@ -497,11 +536,11 @@ fn standard_view(p: &netv1::NetworkPolicy) -> Option<PolicyView<'_>> {
     })
 }
 
-fn weft_rules(rs: &[wnp::PolicyRule]) -> Option<Vec<RuleSpec<'_>>> {
+fn weft_rules<'a>(rs: &'a [wnp::PolicyRule], namespace: &'a str) -> Option<Vec<RuleSpec<'a>>> {
     (!rs.is_empty()).then(|| {
         rs.iter()
             .map(|r| RuleSpec {
-                peers: r.peers.iter().map(weft_peer).collect(),
+                peers: PeerSpec::new(r.peers.iter().map(weft_peer).collect(), namespace),
                 ports: weft_ports(&r.ports),
                 verdict: match r.action {
                     wnp::PolicyAction::Allow => Verdict::Allow,
@@ -526,8 +565,8 @@ fn weft_view(p: &wnp::NetworkPolicy) -> Option<PolicyView<'_>> {
         origin: format!("weft.dev/{namespace}/{}", p.metadata.name.as_deref().unwrap_or_default()),
         pod_selector: &p.spec.pod_selector,
         priority: Some(p.spec.priority),
-        ingress: weft_rules(&p.spec.ingress),
-        egress: weft_rules(&p.spec.egress),
+        ingress: weft_rules(&p.spec.ingress, namespace),
+        egress: weft_rules(&p.spec.egress, namespace),
     })
 }
 
@@ -566,8 +605,8 @@ pub fn compile(cluster: &Cluster, node: &str) -> Vec<PodPolicy> {
             // Weft rules: priority descending (already sorted), Deny first at equal priority.
             let mut weft_rules: Vec<(i32, bool, Rule)> = Vec::new();
             for p in weft_here.iter().filter(|p| pick(p)) {
-                for (i, r) in rules_of(p, dir).iter().enumerate() {
-                    let matches = view.compile_rule(r, (&p.origin, i), p.namespace, dir, pod);
+                for r in rules_of(p, dir) {
+                    let matches = view.compile_rule(r, dir, pod);
                     if !matches.is_empty() {
                         let rule = Rule { matches, verdict: r.verdict, origin: p.origin.clone() };
                         weft_rules.push((p.priority.unwrap_or_default(), r.verdict == Verdict::Allow, rule));
@@ -578,8 +617,8 @@ pub fn compile(cluster: &Cluster, node: &str) -> Vec<PodPolicy> {
             let mut rules: Vec<Rule> = weft_rules.into_iter().map(|(_, _, r)| r).collect();
             let isolating: Vec<&PolicyView<'_>> = standard_here.iter().copied().filter(|p| pick(p)).collect();
             for p in &isolating {
-                for (i, r) in rules_of(p, dir).iter().enumerate() {
-                    let matches = view.compile_rule(r, (&p.origin, i), p.namespace, dir, pod);
+                for r in rules_of(p, dir) {
+                    let matches = view.compile_rule(r, dir, pod);
                     if !matches.is_empty() {
                         rules.push(Rule { matches, verdict: Verdict::Allow, origin: p.origin.clone() });
                     }

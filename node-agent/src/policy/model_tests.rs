@@ -446,3 +446,25 @@ fn re_addressed_and_deleted_pods_update_peers_and_chains() {
     c.pods.remove(0);
     assert!(!ing(&c, "prod/db", "10.0.3.7", 1), "a deleted pod is no peer");
 }
+
+/// The same peer spec in two namespaces: a pod selector without a namespace
+/// selector means each policy's own namespace, so the two resolve apart even
+/// though a pass resolves equal specs once.
+#[test]
+fn equal_peer_specs_in_two_namespaces_resolve_to_each_namespace_s_pods() {
+    let mut c = cluster();
+    let spec = json!({"podSelector": {}, "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "web"}}}]}]});
+    c.standard = vec![std_policy("prod", "from-web", spec.clone()), std_policy("dev", "from-web", spec)];
+    // prod/db admits prod/web, not dev/web; dev/tool the other way round.
+    assert!(ing(&c, "prod/db", "10.0.1.1", 80));
+    assert!(!ing(&c, "prod/db", "10.0.2.2", 80));
+    assert!(ing(&c, "dev/tool", "10.0.2.2", 80));
+    assert!(!ing(&c, "dev/tool", "10.0.1.1", 80));
+    // With a namespace selector the namespace is the selector's: one set.
+    let spec = json!({"podSelector": {}, "ingress": [{"from": [{"namespaceSelector": {},
+        "podSelector": {"matchLabels": {"app": "web"}}}]}]});
+    c.standard = vec![std_policy("prod", "from-web", spec.clone()), std_policy("dev", "from-web", spec)];
+    for (pod, remote) in [("prod/db", "10.0.1.1"), ("prod/db", "10.0.2.2"), ("dev/tool", "10.0.1.1")] {
+        assert!(ing(&c, pod, remote, 80), "{pod} from {remote}");
+    }
+}
