@@ -66,3 +66,170 @@ where
 
 /// For [`reflect`] when the whole object is kept.
 pub fn keep_all<K>(_: &mut K) {}
+
+/// What [`project`] keeps of each object, by (namespace, name), in that order.
+type Projected<V> = std::collections::BTreeMap<(String, String), Arc<V>>;
+
+/// A read-only view of what [`project`] keeps.
+#[derive(Clone)]
+pub struct Projection<V> {
+    current: Arc<std::sync::RwLock<Projected<V>>>,
+    ready: tokio::sync::watch::Receiver<bool>,
+}
+
+/// The watch ended before its first complete listing.
+#[derive(Debug, thiserror::Error)]
+#[error("the watch ended before its first listing")]
+pub struct NeverReady;
+
+impl<V> Projection<V> {
+    /// Everything kept, ordered by namespace and name.
+    pub fn values(&self) -> Vec<Arc<V>> {
+        self.current.read().unwrap_or_else(|p| p.into_inner()).values().cloned().collect()
+    }
+
+    /// Waits for the first complete listing.
+    pub async fn wait_until_ready(&self) -> Result<(), NeverReady> {
+        self.ready.clone().wait_for(|r| *r).await.map(|_| ()).map_err(|_| NeverReady)
+    }
+}
+
+/// Keeps what `take` says of each object `config` selects from `api` (None:
+/// nothing, as if the object were not there), instead of the object: with
+/// thousands of objects of which little is read, the cache stays a fraction
+/// of a store's size. `changed` is notified after each change it took in,
+/// and after a watch error (retried with backoff). A relist replaces the
+/// whole content at once when it completes. The watch runs until the
+/// process ends.
+pub fn project<K, V>(
+    api: Api<K>,
+    config: watcher::Config,
+    what: &'static str,
+    take: fn(&K) -> Option<V>,
+    changed: Arc<Notify>,
+) -> Projection<V>
+where
+    K: kube::Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    V: Send + Sync + 'static,
+{
+    let current: Arc<std::sync::RwLock<Projected<V>>> = Arc::default();
+    let (ready_tx, ready) = tokio::sync::watch::channel(false);
+    let writer = Arc::clone(&current);
+    let events = watcher(api, config).default_backoff();
+    tokio::spawn(async move {
+        futures::pin_mut!(events);
+        let mut relisting = Relisting::default();
+        while let Some(event) = events.next().await {
+            let event = match event {
+                Ok(event) => event,
+                Err(e) => {
+                    tracing::warn!(error = %e, "{what} watch error; retrying");
+                    changed.notify_one();
+                    continue;
+                }
+            };
+            let listed = matches!(event, watcher::Event::InitDone);
+            let took = relisting.take_in(&writer, event, take);
+            if listed {
+                ready_tx.send_replace(true);
+            }
+            if took {
+                changed.notify_one();
+            }
+        }
+    });
+    Projection { current, ready }
+}
+
+/// A relist in progress: its objects, swapped in whole when it completes.
+struct Relisting<V>(Option<Projected<V>>);
+
+impl<V> Default for Relisting<V> {
+    fn default() -> Self {
+        Relisting(None)
+    }
+}
+
+impl<V> Relisting<V> {
+    /// Takes `event` into `current`; true when `current` changed.
+    fn take_in<K: kube::Resource>(
+        &mut self,
+        current: &std::sync::RwLock<Projected<V>>,
+        event: watcher::Event<K>,
+        take: fn(&K) -> Option<V>,
+    ) -> bool {
+        let key = |o: &K| (o.meta().namespace.clone().unwrap_or_default(), o.meta().name.clone().unwrap_or_default());
+        let write = || current.write().unwrap_or_else(|p| p.into_inner());
+        match event {
+            watcher::Event::Apply(o) => match take(&o) {
+                Some(v) => drop(write().insert(key(&o), Arc::new(v))),
+                None => drop(write().remove(&key(&o))),
+            },
+            watcher::Event::Delete(o) => drop(write().remove(&key(&o))),
+            watcher::Event::Init => {
+                self.0 = Some(Projected::new());
+                return false;
+            }
+            watcher::Event::InitApply(o) => {
+                if let (Some(list), Some(v)) = (self.0.as_mut(), take(&o)) {
+                    list.insert(key(&o), Arc::new(v));
+                }
+                return false;
+            }
+            watcher::Event::InitDone => *write() = self.0.take().unwrap_or_default(),
+        }
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use watcher::Event;
+
+    fn cm(name: &str, value: Option<&str>) -> ConfigMap {
+        let mut cm = ConfigMap::default();
+        cm.metadata.namespace = Some("ns".into());
+        cm.metadata.name = Some(name.into());
+        cm.data = value.map(|v| [("v".to_owned(), v.to_owned())].into());
+        cm
+    }
+
+    /// What the projection keeps of a ConfigMap: its value, if it has one.
+    fn value(cm: &ConfigMap) -> Option<String> {
+        cm.data.as_ref()?.get("v").cloned()
+    }
+
+    fn kept(current: &std::sync::RwLock<Projected<String>>) -> Vec<(String, String)> {
+        current.read().unwrap().iter().map(|((_, n), v)| (n.clone(), (**v).clone())).collect()
+    }
+
+    #[test]
+    fn a_projection_follows_changes_and_swaps_a_relist_in_whole() {
+        let current = std::sync::RwLock::new(Projected::new());
+        let mut relisting = Relisting::default();
+        let mut feed = |e: Event<ConfigMap>| relisting.take_in(&current, e, value);
+        assert!(!feed(Event::Init));
+        assert!(!feed(Event::InitApply(cm("a", Some("1")))));
+        assert!(!feed(Event::InitApply(cm("skipped", None))));
+        assert!(kept(&current).is_empty(), "nothing before the listing completes");
+        assert!(feed(Event::InitDone));
+        assert_eq!(kept(&current), [("a".into(), "1".into())]);
+        assert!(feed(Event::Apply(cm("b", Some("2")))));
+        assert!(feed(Event::Apply(cm("a", Some("3")))));
+        assert_eq!(kept(&current), [("a".into(), "3".into()), ("b".into(), "2".into())]);
+        // An object that no longer projects to anything is dropped.
+        assert!(feed(Event::Apply(cm("b", None))));
+        assert!(feed(Event::Delete(cm("a", Some("3")))));
+        assert!(kept(&current).is_empty());
+        // A relist: the old content stays until it completes, then only
+        // what was listed is left.
+        feed(Event::Apply(cm("old", Some("x"))));
+        feed(Event::Init);
+        feed(Event::InitApply(cm("new", Some("y"))));
+        assert_eq!(kept(&current), [("old".into(), "x".into())]);
+        feed(Event::InitDone);
+        assert_eq!(kept(&current), [("new".into(), "y".into())]);
+    }
+}

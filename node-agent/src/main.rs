@@ -8,6 +8,7 @@ mod cni_server;
 mod config;
 mod dataplane;
 mod firewall;
+mod heap;
 mod hostport;
 mod http;
 mod ipam;

@@ -7,7 +7,7 @@
 //! periodic resync always compares with the kernel and writes what differs,
 //! so a missed event or a tampered rule is repaired by the next one.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::hash::Hash;
 use std::sync::Arc;
@@ -20,6 +20,7 @@ use kube::runtime::watcher;
 use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
 use weft_api::network_policy::{self as wnp, NetworkPolicy as WeftPolicy};
+use weft_api::watch::{self, Projection};
 
 use super::drop_log;
 use super::metrics::{KindLabels, PolicyMetrics, ResultLabels};
@@ -53,39 +54,6 @@ fn slim<K: Resource>(obj: &mut K) {
     meta.managed_fields = None;
     meta.annotations = None;
     meta.owner_references = None;
-}
-
-/// Reduces a Pod to what [`pod_info`] reads.
-fn slim_pod(pod: &mut Pod) {
-    use k8s_openapi::api::core::v1::{Container, PodSpec, PodStatus};
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-    let meta = std::mem::take(&mut pod.metadata);
-    pod.metadata = ObjectMeta {
-        name: meta.name,
-        namespace: meta.namespace,
-        uid: meta.uid,
-        resource_version: meta.resource_version,
-        labels: meta.labels,
-        ..ObjectMeta::default()
-    };
-    let ports_only = |c: &mut Container| Container {
-        name: std::mem::take(&mut c.name),
-        ports: c.ports.take(),
-        ..Default::default()
-    };
-    pod.spec = pod.spec.take().map(|mut spec| PodSpec {
-        host_network: spec.host_network,
-        node_name: spec.node_name.take(),
-        containers: spec.containers.iter_mut().map(ports_only).collect(),
-        init_containers: spec.init_containers.as_mut().map(|cs| cs.iter_mut().map(ports_only).collect()),
-        ..PodSpec::default()
-    });
-    pod.status = pod.status.take().map(|status| PodStatus {
-        phase: status.phase,
-        pod_ip: status.pod_ip,
-        pod_ips: status.pod_ips,
-        ..PodStatus::default()
-    });
 }
 
 /// Whether a pass has to read (and maybe write) the kernel: when the
@@ -145,57 +113,15 @@ pub fn pod_info(pod: &Pod) -> Option<PodInfo> {
     })
 }
 
-/// What policy reads of each pod, kept from pass to pass: an entry is
-/// reused until its pod's resourceVersion changes, so that a pass does not
-/// rebuild what thousands of unchanged pods say.
-#[derive(Default)]
-struct PodInfos {
-    /// uid → (resourceVersion, what policy reads; None outside the pod network).
-    by_uid: HashMap<String, (String, Option<Arc<PodInfo>>)>,
-}
-
-impl PodInfos {
-    /// Every pod in the pod network, sorted by namespace and name.
-    fn refresh<'a>(&mut self, pods: impl IntoIterator<Item = &'a Pod>) -> Vec<Arc<PodInfo>> {
-        let mut next = HashMap::with_capacity(self.by_uid.len());
-        let mut out = Vec::with_capacity(self.by_uid.len());
-        for pod in pods {
-            let meta = &pod.metadata;
-            let info = match (&meta.uid, &meta.resource_version) {
-                (Some(uid), Some(version)) => {
-                    // An unchanged pod's entry moves over as it is: no copies.
-                    let entry = match self.by_uid.remove_entry(uid) {
-                        Some((uid, (seen, info))) if seen == *version => (uid, (seen, info)),
-                        _ => (uid.clone(), (version.clone(), pod_info(pod).map(Arc::new))),
-                    };
-                    let info = entry.1.1.clone();
-                    next.insert(entry.0, entry.1);
-                    info
-                }
-                _ => pod_info(pod).map(Arc::new),
-            };
-            out.extend(info);
-        }
-        self.by_uid = next;
-        out.sort_unstable_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
-        out
-    }
-}
-
 /// The cluster as the stores see it; invalid Weft policies are left out (logged once per pass).
 fn snapshot(
-    pod_infos: &mut PodInfos,
-    pods: &Store<Pod>,
+    pods: &Projection<PodInfo>,
     namespaces: &Store<Namespace>,
     standard: &Store<StandardPolicy>,
     weft: &Store<WeftPolicy>,
 ) -> Cluster {
-    let mut c = Cluster {
-        pods: pod_infos.refresh(pods.state().iter().map(Arc::as_ref)),
-        namespaces: BTreeMap::new(),
-        standard: standard.state(),
-        weft: Vec::new(),
-    };
+    let mut c =
+        Cluster { pods: pods.values(), namespaces: BTreeMap::new(), standard: standard.state(), weft: Vec::new() };
     for ns in namespaces.state() {
         if let Some(name) = &ns.metadata.name {
             c.namespaces.insert(name.clone(), ns.metadata.labels.clone().unwrap_or_default());
@@ -256,21 +182,25 @@ pub async fn run(
     metrics: Arc<PolicyMetrics>,
 ) {
     let changed = Arc::new(tokio::sync::Notify::new());
-    let pods = reflect(Api::<Pod>::all(client.clone()), "Pod", Arc::clone(&changed), slim_pod);
+    // Only what policy reads of each pod is kept (a pod object is kilobytes).
+    let pods = watch::project(
+        Api::<Pod>::all(client.clone()),
+        watcher::Config::default(),
+        "Pod",
+        pod_info,
+        Arc::clone(&changed),
+    );
     let namespaces = reflect(Api::<Namespace>::all(client.clone()), "Namespace", Arc::clone(&changed), slim);
     let standard = reflect(Api::<StandardPolicy>::all(client.clone()), "NetworkPolicy", Arc::clone(&changed), slim);
     let weft = reflect(Api::<WeftPolicy>::all(client), "weft.dev NetworkPolicy", Arc::clone(&changed), slim);
     tracing::info!("policy: waiting for the pod, namespace and policy caches");
-    for ready in [
-        pods.wait_until_ready().await,
-        namespaces.wait_until_ready().await,
-        standard.wait_until_ready().await,
-        weft.wait_until_ready().await,
-    ] {
-        if ready.is_err() {
-            tracing::error!("a policy cache was dropped before it was ready; policy is not enforced");
-            return;
-        }
+    let ready = pods.wait_until_ready().await.is_ok()
+        && namespaces.wait_until_ready().await.is_ok()
+        && standard.wait_until_ready().await.is_ok()
+        && weft.wait_until_ready().await.is_ok();
+    if !ready {
+        tracing::error!("a policy cache was dropped before it was ready; policy is not enforced");
+        return;
     }
     // When the kernel is read next whatever changes: the resync, or a
     // retry. A deadline, not a timer restarted by each change, so that
@@ -280,7 +210,6 @@ pub async fn run(
     let mut last_applied: Option<Arc<Desired>> = None;
     let engine = Arc::new(Engine::new(Nft::default()));
     let mut cleaned_up = false;
-    let mut pod_infos = PodInfos::default();
     let labels: drop_log::Labels = Arc::new(std::sync::Mutex::new(Default::default()));
     tokio::spawn(read_counters(Arc::clone(&engine), Arc::clone(&labels), Arc::clone(&metrics)));
     if let Some(log) = drop_log
@@ -290,7 +219,7 @@ pub async fn run(
     }
     loop {
         let started = Instant::now();
-        let cluster = snapshot(&mut pod_infos, &pods, &namespaces, &standard, &weft);
+        let cluster = snapshot(&pods, &namespaces, &standard, &weft);
         let snapshot_took = started.elapsed();
         let m = metrics.as_ref();
         m.policies.get_or_create(&KindLabels { kind: "standard" }).set(cluster.standard.len() as i64);
@@ -348,6 +277,11 @@ pub async fn run(
                     cleaned_up = true;
                 }
                 last_applied = Some(rules);
+                if full {
+                    // A full pass follows the start or a resync period, after
+                    // which whatever a relist briefly allocated is free.
+                    crate::heap::release_free_memory();
+                }
             }
             Ok(Err(e)) => {
                 m.syncs.get_or_create(&ResultLabels { result: "error" }).inc();
@@ -411,56 +345,6 @@ mod tests {
     }
 
     #[test]
-    fn status_churn_and_other_fields_do_not_survive_slimming() {
-        let pod: Pod = serde_json::from_value(json!({
-            "metadata": {"name": "web", "namespace": "prod", "labels": {"app": "web"},
-                "annotations": {"a": "b"}, "managedFields": [{"manager": "kubelet"}]},
-            "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "nginx", "env": [{"name": "A"}],
-                "ports": [{"name": "http", "containerPort": 8080}]}]},
-            "status": {"podIP": "10.0.0.5", "phase": "Running", "conditions": [{"type": "Ready", "status": "True"}],
-                "containerStatuses": [{"name": "c", "restartCount": 3}]}
-        }))
-        .unwrap();
-        let mut slimmed = pod.clone();
-        slim_pod(&mut slimmed);
-        assert_eq!(pod_info(&slimmed), pod_info(&pod));
-        let json = serde_json::to_value(&slimmed).unwrap();
-        assert_eq!(json["status"], json!({"phase": "Running", "podIP": "10.0.0.5"}));
-        assert_eq!(
-            json["spec"]["containers"],
-            json!([{"name": "c", "ports": [{"name": "http", "containerPort": 8080}]}])
-        );
-        assert!(json["metadata"].get("annotations").is_none() && json["metadata"].get("managedFields").is_none());
-    }
-
-    #[test]
-    fn a_pod_s_entry_is_reused_until_the_pod_changes_and_dropped_when_it_goes() {
-        let pod = |name: &str, uid: &str, version: &str, app: &str| -> Pod {
-            serde_json::from_value(json!({
-                "metadata": {"name": name, "namespace": "prod", "uid": uid, "resourceVersion": version,
-                    "labels": {"app": app}},
-                "spec": {"nodeName": "n1", "containers": []},
-                "status": {"phase": "Running", "podIP": "10.0.1.1"}
-            }))
-            .unwrap()
-        };
-        let mut infos = PodInfos::default();
-        let first = infos.refresh(&[pod("b", "u2", "1", "db"), pod("a", "u1", "1", "web")]);
-        assert_eq!(first.iter().map(|p| p.name.as_str()).collect::<Vec<_>>(), ["a", "b"], "sorted");
-        // Unchanged: the same entries, not rebuilt.
-        let again = infos.refresh(&[pod("a", "u1", "1", "web"), pod("b", "u2", "1", "db")]);
-        assert!(Arc::ptr_eq(&first[0], &again[0]) && Arc::ptr_eq(&first[1], &again[1]));
-        // A new resourceVersion is read anew; a pod gone is forgotten.
-        let changed = infos.refresh(&[pod("a", "u1", "2", "api")]);
-        assert_eq!(changed.len(), 1);
-        assert_eq!(changed[0].labels["app"], "api");
-        assert_eq!(infos.by_uid.len(), 1);
-        // A pod deleted and made again under the same name has another uid.
-        let remade = infos.refresh(&[pod("a", "u9", "2", "web")]);
-        assert_eq!(remade[0].labels["app"], "web");
-    }
-
-    #[test]
     fn pods_become_policy_pods_with_named_ports() {
         let pod: Pod = serde_json::from_value(json!({
             "metadata": {"name": "web", "namespace": "prod", "labels": {"app": "web"}},
@@ -472,9 +356,6 @@ mod tests {
         }))
         .unwrap();
         let info = pod_info(&pod).unwrap();
-        let mut slimmed = pod.clone();
-        slim_pod(&mut slimmed);
-        assert_eq!(pod_info(&slimmed), Some(info.clone()), "slimming keeps what policy reads");
         assert_eq!(info.ip, Some("10.0.0.5".parse().unwrap()));
         assert_eq!(info.key(), "prod/web");
         assert_eq!(info.node, "n1");
@@ -538,10 +419,8 @@ mod tests {
             t.elapsed().as_secs_f64() * 1e3
         };
         let pods: Vec<Pod> = (0..5000).map(|i| pod(i, (i / NAMESPACES) % 10)).collect();
-        let mut infos = PodInfos::default();
-        let t_first_snapshot = timed(&mut || drop(infos.refresh(&pods)));
         let mut snapshot = Vec::new();
-        let t_snapshot = timed(&mut || snapshot = infos.refresh(&pods));
+        let t_snapshot = timed(&mut || snapshot = pods.iter().filter_map(pod_info).map(Arc::new).collect());
         let mut cluster = Cluster {
             pods: snapshot,
             namespaces: (0..NAMESPACES)
@@ -572,7 +451,7 @@ mod tests {
             desired.rule_count()
         );
         println!("| phase | ms |\n|---|---:|");
-        println!("| pod snapshot, first / unchanged pods | {t_first_snapshot:.1} / {t_snapshot:.1} |");
+        println!("| pods read from the objects (once; the watch keeps them) | {t_snapshot:.1} |");
         println!("| compile (full sync) | {t_compile:.1} |\n| render | {t_render:.1} |");
         println!(
             "| compile after one label change | {t_compile2:.1} |\n| diff from the last applied (incl. building it) | {t_diff:.1} |"
