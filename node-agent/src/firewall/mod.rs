@@ -16,6 +16,7 @@ pub mod build;
 pub mod legacy;
 pub mod nflog;
 pub mod nfnl;
+pub mod nfnl_rule;
 pub mod nft;
 pub mod ruleset;
 

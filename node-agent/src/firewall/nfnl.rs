@@ -1,5 +1,6 @@
-//! Verdict map elements and deletions written over netlink (nf_tables),
-//! one atomic batch.
+//! Verdict map elements, deletions, and regular chains with rules of the
+//! kinds `nfnl_rule` encodes, written over netlink (nf_tables), one atomic
+//! batch.
 //!
 //! Why not `nft` for these: nft 1.0 fetches the elements of every interval
 //! set in the network namespace before any element change (Weft's peer sets
@@ -40,6 +41,8 @@ const NFTA_OBJ_NAME: u16 = 2;
 const NFTA_OBJ_TYPE: u16 = 3;
 const NFT_OBJECT_COUNTER: u32 = 1;
 const NLA_F_NESTED: u16 = 0x8000;
+const NFT_MSG_NEWCHAIN: u16 = libc::NFT_MSG_NEWCHAIN as u16;
+const NFT_MSG_NEWRULE: u16 = libc::NFT_MSG_NEWRULE as u16;
 const NFT_MSG_DELCHAIN: u16 = libc::NFT_MSG_DELCHAIN as u16;
 const NFT_MSG_DELRULE: u16 = libc::NFT_MSG_DELRULE as u16;
 const NFT_MSG_DELSET: u16 = libc::NFT_MSG_DELSET as u16;
@@ -53,6 +56,7 @@ const NFPROTO_INET: u8 = libc::NFPROTO_INET as u8;
 const NLM_F_REQUEST: u16 = libc::NLM_F_REQUEST as u16;
 const NLM_F_ACK: u16 = libc::NLM_F_ACK as u16;
 const NLM_F_CREATE: u16 = libc::NLM_F_CREATE as u16;
+const NLM_F_APPEND: u16 = libc::NLM_F_APPEND as u16;
 const NLMSG_ERROR: u16 = libc::NLMSG_ERROR as u16;
 
 #[derive(Debug, thiserror::Error)]
@@ -71,9 +75,13 @@ pub enum NetlinkError {
 }
 
 /// One change: map elements added (with the chain each key jumps to) or
-/// deleted, or an object emptied or deleted.
+/// deleted, a regular chain or a rule added, or an object emptied or deleted.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Change<'a> {
+    /// A chain no hook calls.
+    AddChain(&'a str),
+    /// A rule appended to a chain: its attributes from `nfnl_rule::encode`.
+    AddRule(&'a str, Vec<u8>),
     AddElements(&'a str, &'a [(Key, Option<String>)]),
     DeleteElements(&'a str, &'a [Key]),
     /// All rules of the chain.
@@ -88,6 +96,8 @@ impl Change<'_> {
     /// What the change does, and to what (for errors).
     fn describe(&self) -> (&'static str, &str) {
         match self {
+            Change::AddChain(n) => ("add chain", n),
+            Change::AddRule(n, _) => ("add a rule to chain", n),
             Change::AddElements(n, _) => ("add elements to", n),
             Change::DeleteElements(n, _) => ("delete elements of", n),
             Change::FlushChain(n) => ("flush chain", n),
@@ -118,20 +128,20 @@ fn pad(buf: &mut Vec<u8>) {
     }
 }
 
-fn attr(buf: &mut Vec<u8>, ty: u16, payload: &[u8]) {
+pub(super) fn attr(buf: &mut Vec<u8>, ty: u16, payload: &[u8]) {
     buf.extend(((4 + payload.len()) as u16).to_ne_bytes());
     buf.extend(ty.to_ne_bytes());
     buf.extend(payload);
     pad(buf);
 }
 
-fn attr_str(buf: &mut Vec<u8>, ty: u16, s: &str) {
+pub(super) fn attr_str(buf: &mut Vec<u8>, ty: u16, s: &str) {
     let mut bytes = s.as_bytes().to_vec();
     bytes.push(0);
     attr(buf, ty, &bytes);
 }
 
-fn nested(buf: &mut Vec<u8>, ty: u16, body: impl FnOnce(&mut Vec<u8>)) {
+pub(super) fn nested(buf: &mut Vec<u8>, ty: u16, body: impl FnOnce(&mut Vec<u8>)) {
     let start = buf.len();
     buf.extend([0; 4]);
     body(buf);
@@ -177,6 +187,8 @@ pub fn batch(table: &str, changes: &[Change<'_>], first_seq: u32) -> (Vec<u8>, V
         let seq = first_seq + 1 + i as u32;
         seqs.push(seq);
         let (ty, create) = match change {
+            Change::AddChain(_) => (NFT_MSG_NEWCHAIN, NLM_F_CREATE),
+            Change::AddRule(..) => (NFT_MSG_NEWRULE, NLM_F_CREATE | NLM_F_APPEND),
             Change::AddElements(..) => (NFT_MSG_NEWSETELEM, NLM_F_CREATE),
             Change::DeleteElements(..) => (NFT_MSG_DELSETELEM, 0),
             Change::FlushChain(_) => (NFT_MSG_DELRULE, 0),
@@ -186,6 +198,15 @@ pub fn batch(table: &str, changes: &[Change<'_>], first_seq: u32) -> (Vec<u8>, V
         };
         let flags = NLM_F_REQUEST | NLM_F_ACK | create;
         message(&mut buf, (subsys << 8) | ty, flags, seq, NFPROTO_INET, 0, |b| match change {
+            Change::AddChain(chain) => {
+                attr_str(b, NFTA_CHAIN_TABLE, table);
+                attr_str(b, NFTA_CHAIN_NAME, chain);
+            }
+            Change::AddRule(chain, attrs) => {
+                attr_str(b, NFTA_RULE_TABLE, table);
+                attr_str(b, NFTA_RULE_CHAIN, chain);
+                b.extend_from_slice(attrs);
+            }
             Change::AddElements(set, elems) => elements(b, table, set, |b| {
                 for (key, jump) in elems.iter() {
                     nested(b, NFTA_LIST_ELEM, |b| {
@@ -348,6 +369,11 @@ impl Open {
         // The batch is one datagram: the send buffer must hold it (a full
         // sync of thousands of elements is larger than the default).
         nix::sys::socket::setsockopt(&self.socket, nix::sys::socket::sockopt::SndBufForce, &(bytes.len() + 4096))
+            .map_err(|e| NetlinkError::Socket(e.into()))?;
+        // And the receive buffer its answers, one per message, all queued
+        // before the first is read (nft sizes it the same way).
+        let answers = (seqs.len() * 1024).max(256 * 1024);
+        nix::sys::socket::setsockopt(&self.socket, nix::sys::socket::sockopt::RcvBufForce, &answers)
             .map_err(|e| NetlinkError::Socket(e.into()))?;
         self.socket.send(&bytes, 0).map_err(NetlinkError::Socket)?;
         let deadline = Instant::now() + timeout;
@@ -532,6 +558,14 @@ mod kernel_tests {
                 "{table}"
             );
             assert!(table.contains("chain a ") && table.contains("map addrs "), "only those: {table}");
+
+            // Thousands of messages in one batch: all their answers are
+            // queued before the first is read, and none is lost.
+            let names: Vec<String> = (0..3000).map(|i| format!("m{i}")).collect();
+            let adds: Vec<Change<'_>> = names.iter().map(|n| Change::AddChain(n)).collect();
+            conn.apply("t", &adds, Duration::from_secs(10)).expect("3,000 chains");
+            let dels: Vec<Change<'_>> = names.iter().map(|n| Change::DeleteChain(n)).collect();
+            conn.apply("t", &dels, Duration::from_secs(10)).expect("and gone");
         });
         // The kept socket belongs to the namespace above: from another one,
         // a new socket speaks to that namespace (which has no table `t`).

@@ -9,8 +9,9 @@
 //! costs about 1 ms. What nft 1.0 makes slow is anything touching elements
 //! (it first reads every interval set's elements in the namespace: 58 ms
 //! with 38,000 around) and deletes (16–20 ms on a large table, the cache
-//! again). So map elements and deletes go over netlink (`nfnl`), and new
-//! address sets are made with their elements in one command. A commit is
+//! again). So map elements and deletes go over netlink (`nfnl`), as do
+//! chains whose rules are simple enough to encode (`nfnl_rule`: host
+//! ports), and new address sets are made with their elements in one command. A commit is
 //! up to a few transactions in the diff's order, each atomic.
 //! Blocking (runs a program with a deadline): call from a blocking context.
 //! Acts in the calling thread's network namespace.
@@ -25,7 +26,7 @@ use serde_json::{Value, json};
 use super::ruleset::{
     ChainKind, Count, Hook, HookPoint, Key, Observed, ObservedChain, ObservedSet, Op, Proto, SetKind,
 };
-use super::{Backend, FirewallError, nfnl};
+use super::{Backend, FirewallError, nfnl, nfnl_rule};
 use crate::dataplane::exec;
 
 /// Weft's table (family inet, so that IPv6 can join it).
@@ -160,17 +161,18 @@ type NftCmd<'a> = (&'a Op, Option<&'a [(Key, Option<String>)]>);
 enum Step<'a> {
     /// nft commands.
     Nft(Vec<NftCmd<'a>>),
-    /// Map elements and deletions, over netlink.
+    /// Map elements, deletions, and chains whose rules netlink can carry.
     Netlink(Vec<nfnl::Change<'a>>),
 }
 
 /// `ops` as transactions: map element changes and deletions go over
 /// netlink (nft would first read much of the table, every interval set's
-/// elements included); a new address set is made with its elements in the
-/// same command, for the same reason; additions are nft's. A chain emptied
-/// to be refilled stays with nft, in the transaction that refills it, so
-/// that it is never seen empty. Consecutive ops of one kind share a
-/// transaction.
+/// elements included); so do regular chains whose rules `nfnl_rule`
+/// encodes (host ports: no nft process per allocation). A new address set
+/// is made with its elements in the same command; other additions are
+/// nft's. A chain emptied to be refilled is refilled in the same
+/// transaction, so that it is never seen empty. Consecutive ops of one
+/// kind share a transaction.
 fn steps(ops: &[Op]) -> Vec<Step<'_>> {
     let created: std::collections::HashSet<&str> = ops
         .iter()
@@ -186,6 +188,23 @@ fn steps(ops: &[Op]) -> Vec<Step<'_>> {
             _ => None,
         })
         .collect();
+    // Chains whose every new rule netlink can carry (`nfnl_rule`): they are
+    // made, emptied and filled over netlink, all of a chain's rules in the
+    // transaction that empties it. Others stay with nft.
+    let mut encoded: Vec<Option<Vec<u8>>> = vec![None; ops.len()];
+    let mut by_netlink: std::collections::HashMap<&str, bool> = std::collections::HashMap::new();
+    for (i, op) in ops.iter().enumerate() {
+        match op {
+            Op::AddRule(chain, rule) => {
+                encoded[i] = nfnl_rule::encode(rule);
+                *by_netlink.entry(chain.as_str()).or_insert(true) &= encoded[i].is_some();
+            }
+            // A new base chain is made with its rules, so it never hooks in empty.
+            Op::AddChain(name, Some(_)) => drop(by_netlink.insert(name.as_str(), false)),
+            _ => {}
+        }
+    }
+    let netlink_chain = |name: &str| by_netlink.get(name).copied().unwrap_or(false);
     let elements_of = |set: &str| {
         ops.iter().find_map(|op| match op {
             Op::AddElements(name, elems) if name == set => Some(elems.as_slice()),
@@ -193,8 +212,13 @@ fn steps(ops: &[Op]) -> Vec<Step<'_>> {
         })
     };
     let mut out: Vec<Step<'_>> = Vec::new();
-    for op in ops {
+    for (i, op) in ops.iter().enumerate() {
         let change = match op {
+            Op::AddChain(name, None) if netlink_chain(name) => Some(nfnl::Change::AddChain(name)),
+            Op::FlushChain(name) if netlink_chain(name) => Some(nfnl::Change::FlushChain(name)),
+            Op::AddRule(chain, _) if netlink_chain(chain) => {
+                encoded[i].take().map(|attrs| nfnl::Change::AddRule(chain, attrs))
+            }
             Op::AddElements(name, _) if created.contains(name.as_str()) => continue, // made with its set
             Op::AddElements(name, elems) if elems.iter().all(|(_, jump)| jump.is_some()) => {
                 Some(nfnl::Change::AddElements(name, elems))
@@ -401,6 +425,8 @@ pub fn net_expr(n: ipnet::Ipv4Net) -> Expression<'static> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::firewall::build;
+    use crate::firewall::ruleset::Rule;
 
     #[test]
     fn a_listing_reads_back_chains_rules_sets_maps_and_counters() {
@@ -464,7 +490,7 @@ mod tests {
             Op::AddSet("policy-set-1".into(), SetKind::Nets),
             Op::AddChain("policy-in-1".into(), None),
             Op::DeleteElements("policy-ingress".into(), true, vec![net("10.0.0.9/32")]),
-            Op::AddRule("policy-in-1".into(), crate::firewall::ruleset::Rule::new("r", vec![])),
+            Op::AddRule("policy-in-1".into(), Rule::new("r", vec![build::accept()])),
             Op::AddElements("policy-set-1".into(), vec![(net("10.1.0.0/16"), None), (net("10.2.0.1/32"), None)]),
             Op::AddElements("policy-ingress".into(), vec![(net("10.0.0.1/32"), jump("policy-in-1"))]),
             Op::DeleteChain("policy-in-0".into()),
@@ -488,5 +514,37 @@ mod tests {
             "{b}"
         );
         assert!(!b.to_string().contains("\"element\""), "no element command: {b}");
+    }
+
+    #[test]
+    fn chains_of_encodable_rules_go_over_netlink_with_their_refill() {
+        let dnat = || Rule::new("p", vec![build::l4proto(Proto::Tcp), build::dnat("10.0.0.5".parse().unwrap(), 80)]);
+        let kinds = |ops: &[Op]| -> Vec<String> {
+            steps(ops)
+                .iter()
+                .map(|s| match s {
+                    Step::Nft(c) => format!("nft:{}", c.len()),
+                    Step::Netlink(c) => format!("netlink:{}", c.len()),
+                })
+                .collect()
+        };
+        // A host port allocation: chain, rules, map element in one batch.
+        let allocate = [
+            Op::AddChain("hostport-tcp-80".into(), None),
+            Op::AddRule("hostport-tcp-80".into(), dnat()),
+            Op::AddElements("hostport-ports".into(), vec![(Key::ProtoPort(Proto::Tcp, 80), Some("x".into()))]),
+        ];
+        assert_eq!(kinds(&allocate), ["netlink:3"]);
+        // One rule netlink cannot carry keeps the whole refill with nft.
+        let refill = [
+            Op::FlushChain("c".into()),
+            Op::AddRule("c".into(), dnat()),
+            Op::AddRule("c".into(), Rule::new("m", vec![build::masquerade()])),
+        ];
+        assert_eq!(kinds(&refill), ["nft:3"]);
+        // A base chain is nft's whatever its rules.
+        let hook = Hook { kind: ChainKind::Nat, point: HookPoint::Prerouting, priority: -100 };
+        let base = [Op::AddChain("b".into(), Some(hook)), Op::AddRule("b".into(), dnat())];
+        assert_eq!(kinds(&base), ["nft:2"]);
     }
 }
