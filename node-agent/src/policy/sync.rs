@@ -245,6 +245,11 @@ pub async fn run(
         let rules = Arc::new(rules);
         let (rules2, metrics2, engine2) = (Arc::clone(&rules), Arc::clone(&metrics), Arc::clone(&engine));
         let result = tokio::task::spawn_blocking(move || apply(&engine2, &rules2, full, Some(&metrics2))).await;
+        // What the pass (or, at the start and after a resync period, a
+        // relist) allocated briefly is free now: hand it back before the
+        // pass is reported done. Blocking threads each keep an arena, so
+        // without this the resident size creeps up with every pass.
+        crate::heap::release_free_memory();
         let elapsed = started.elapsed();
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
         let mut pause = resync;
@@ -277,11 +282,6 @@ pub async fn run(
                     cleaned_up = true;
                 }
                 last_applied = Some(rules);
-                if full {
-                    // A full pass follows the start or a resync period, after
-                    // which whatever a relist briefly allocated is free.
-                    crate::heap::release_free_memory();
-                }
             }
             Ok(Err(e)) => {
                 m.syncs.get_or_create(&ResultLabels { result: "error" }).inc();
