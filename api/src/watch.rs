@@ -97,7 +97,8 @@ impl<V> Projection<V> {
 /// Keeps what `take` says of each object `config` selects from `api` (None:
 /// nothing, as if the object were not there), instead of the object: with
 /// thousands of objects of which little is read, the cache stays a fraction
-/// of a store's size. `changed` is notified after each change it took in,
+/// of a store's size. `changed` is notified after each change to what is
+/// kept (an update that changes nothing kept is no change),
 /// and after a watch error (retried with backoff). A relist replaces the
 /// whole content at once when it completes. The watch runs until the
 /// process ends.
@@ -110,7 +111,7 @@ pub fn project<K, V>(
 ) -> Projection<V>
 where
     K: kube::Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
-    V: Send + Sync + 'static,
+    V: PartialEq + Send + Sync + 'static,
 {
     let current: Arc<std::sync::RwLock<Projected<V>>> = Arc::default();
     let (ready_tx, ready) = tokio::sync::watch::channel(false);
@@ -150,7 +151,7 @@ impl<V> Default for Relisting<V> {
     }
 }
 
-impl<V> Relisting<V> {
+impl<V: PartialEq> Relisting<V> {
     /// Takes `event` into `current`; true when `current` changed.
     fn take_in<K: kube::Resource>(
         &mut self,
@@ -162,8 +163,18 @@ impl<V> Relisting<V> {
         let write = || current.write().unwrap_or_else(|p| p.into_inner());
         match event {
             watcher::Event::Apply(o) => match take(&o) {
+                // Most updates (a pod's status, say) change nothing kept.
+                Some(v)
+                    if current
+                        .read()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .get(&key(&o))
+                        .is_some_and(|old| **old == v) =>
+                {
+                    return false;
+                }
                 Some(v) => drop(write().insert(key(&o), Arc::new(v))),
-                None => drop(write().remove(&key(&o))),
+                None => return write().remove(&key(&o)).is_some(),
             },
             watcher::Event::Delete(o) => drop(write().remove(&key(&o))),
             watcher::Event::Init => {
@@ -218,6 +229,8 @@ mod tests {
         assert_eq!(kept(&current), [("a".into(), "1".into())]);
         assert!(feed(Event::Apply(cm("b", Some("2")))));
         assert!(feed(Event::Apply(cm("a", Some("3")))));
+        assert!(!feed(Event::Apply(cm("a", Some("3")))), "nothing kept changed");
+        assert!(!feed(Event::Apply(cm("gone", None))), "nothing was kept of it");
         assert_eq!(kept(&current), [("a".into(), "3".into()), ("b".into(), "2".into())]);
         // An object that no longer projects to anything is dropped.
         assert!(feed(Event::Apply(cm("b", None))));

@@ -11,8 +11,9 @@
 //! with 38,000 around) and deletes (16–20 ms on a large table, the cache
 //! again). So map elements and deletes go over netlink (`nfnl`), as do
 //! chains whose rules are simple enough to encode (`nfnl_rule`: host
-//! ports), and new address sets are made with their elements in one command. A commit is
-//! up to a few transactions in the diff's order, each atomic.
+//! ports), and new address sets are made with their elements in one
+//! command. A commit is up to a few transactions in the diff's order, each
+//! atomic.
 //! Blocking (runs a program with a deadline): call from a blocking context.
 //! Acts in the calling thread's network namespace.
 
