@@ -97,33 +97,32 @@ fn a_restart_keeps_pods_it_cannot_verify_and_releases_those_gone() {
     assert!(m.contains("weft_agent_ipam_released_on_start_total 1"), "{m}");
 }
 
-/// A stand-in for `nft` that waits while the test holds a lock (as a
-/// firewall write stuck behind a slow kernel or another writer), then runs
-/// the real one.
-fn held_nft(dir: &Path) -> (PathBuf, PathBuf) {
+/// A stand-in for `program` that waits while the test holds a lock (as a
+/// program stuck behind a slow kernel or another writer), then runs the
+/// real one.
+fn held(dir: &Path, program: &str) -> (PathBuf, PathBuf) {
     let bin = dir.join("bin");
     std::fs::create_dir_all(&bin).expect("bin dir");
-    let lock = dir.join("xtables-hold");
+    let lock = dir.join("hold");
     File::create(&lock).expect("lock file");
-    let real = String::from_utf8_lossy(&Command::new("sh").args(["-c", "command -v nft"]).output().expect("sh").stdout)
-        .trim()
-        .to_owned();
-    assert!(!real.is_empty(), "nft (nftables) is not installed");
+    let found = Command::new("sh").args(["-c", &format!("command -v {program}")]).output().expect("sh");
+    let real = String::from_utf8_lossy(&found.stdout).trim().to_owned();
+    assert!(!real.is_empty(), "{program} is not installed");
     let script = format!(
         "#!/bin/sh\ntouch '{lock}.waiting'\nflock '{lock}' true\nexec '{real}' \"$@\"\n",
         lock = lock.display()
     );
-    let path = bin.join("nft");
+    let path = bin.join(program);
     std::fs::write(&path, script).expect("script");
     let out = Command::new("chmod").args(["755", &path.to_string_lossy()]).output().expect("chmod");
     assert!(out.status.success());
     (bin, lock)
 }
 
-fn with_host_port(conf: &Value, host_port: u16) -> Value {
+fn with_host_port(conf: &Value, host_port: u16, protocol: &str) -> Value {
     let mut c = conf.clone();
     c["capabilities"] = json!({"portMappings": true});
-    c["runtimeConfig"] = json!({"portMappings": [{"hostPort": host_port, "containerPort": 80, "protocol": "tcp"}]});
+    c["runtimeConfig"] = json!({"portMappings": [{"hostPort": host_port, "containerPort": 80, "protocol": protocol}]});
     c
 }
 
@@ -133,27 +132,30 @@ fn an_add_whose_weft_cni_is_killed_finishes_and_gc_leaves_nothing() {
         return;
     }
     let dir = tempfile::tempdir().expect("tempdir");
-    let (bin, lock) = held_nft(dir.path());
+    // A UDP host port's ADD flushes the port's conntrack entries with the
+    // `conntrack` program after programming the DNAT (over netlink): that
+    // is where the ADD is held.
+    let (bin, lock) = held(dir.path(), "conntrack");
     let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
     let Some(n) = Node::start_with("abandon", "10.215.0.0/24", &[], &[("PATH", &path)]) else { return };
     let mut weft = Weft::new(&n.ns, &n.agent.socket);
-    weft.conf = with_host_port(&weft.conf, 18090);
+    weft.conf = with_host_port(&weft.conf, 18090, "udp");
     let pod = Netns::new("pod");
     let c = Container::new("abandon1", &pod);
 
-    // The agent's first host port sync (its chains) is done: from here on
-    // only the ADD runs nft.
+    // The agent's first host port sync (its chains) is done: the node is
+    // ready for host ports.
     let table = || String::from_utf8_lossy(&n.ns.exec("nft", &["list", "table", "inet", "weft"]).stdout).into_owned();
     wait::until("the agent's first host port sync", Duration::from_secs(20), || {
         table().contains("chain hostport-prerouting").then_some(())
     });
     // Hold the lock, start the ADD, and kill weft-cni once the agent has
-    // reserved its address and its nft waits.
+    // reserved its address and its conntrack waits.
     let waiting = PathBuf::from(format!("{}.waiting", lock.display()));
     let _ = std::fs::remove_file(&waiting);
     let held = Flock::lock(File::open(&lock).expect("lock"), FlockArg::LockExclusive).expect("flock");
     let mut add = cni::spawn(&n.ns, &weft.plugin, "ADD", &c, &weft.conf);
-    let ip = wait::until("the ADD to reach nft", Duration::from_secs(20), || {
+    let ip = wait::until("the ADD to reach conntrack", Duration::from_secs(20), || {
         if waiting.exists() { n.agent.ipam_records().pop() } else { None }
     });
     add.kill().expect("kill weft-cni");
@@ -171,7 +173,7 @@ fn an_add_whose_weft_cni_is_killed_finishes_and_gc_leaves_nothing() {
     assert!(n.agent.ipam_records().is_empty(), "records left: {:?}", n.agent.ipam_records());
     assert!(n.veths().is_empty(), "veths left: {:?}", n.veths());
     let table = table();
-    assert!(!table.contains("hostport-tcp-18090"), "host port rules left:\n{table}");
+    assert!(!table.contains("hostport-udp-18090"), "host port rules left:\n{table}");
 }
 
 #[test]
@@ -236,7 +238,7 @@ fn pod_names_that_could_break_a_rule_are_refused_before_anything_is_written() {
     let Some(n) = Node::start("names", "10.218.0.0/24") else { return };
     let weft = Weft::new(&n.ns, &n.agent.socket);
     let pod = Netns::new("pod");
-    let conf = with_host_port(&weft.conf, 18091);
+    let conf = with_host_port(&weft.conf, 18091, "tcp");
     let netns = pod.path();
     let env = [
         ("CNI_COMMAND", "ADD"),
