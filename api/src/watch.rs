@@ -1,6 +1,7 @@
 //! The one watch → store → "something changed" helper the agent and the
 //! operator use for every cache they keep of the API.
 
+use std::collections::btree_map::Entry;
 use std::fmt::Debug;
 use std::hash::Hash;
 use std::sync::Arc;
@@ -162,20 +163,24 @@ impl<V: PartialEq> Relisting<V> {
         let key = |o: &K| (o.meta().namespace.clone().unwrap_or_default(), o.meta().name.clone().unwrap_or_default());
         let write = || current.write().unwrap_or_else(|p| p.into_inner());
         match event {
-            watcher::Event::Apply(o) => match take(&o) {
-                // Most updates (a pod's status, say) change nothing kept.
-                Some(v)
-                    if current
-                        .read()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .get(&key(&o))
-                        .is_some_and(|old| **old == v) =>
-                {
-                    return false;
-                }
-                Some(v) => drop(write().insert(key(&o), Arc::new(v))),
-                None => return write().remove(&key(&o)).is_some(),
-            },
+            watcher::Event::Apply(o) => {
+                let mut kept = write();
+                return match take(&o) {
+                    Some(v) => match kept.entry(key(&o)) {
+                        // Most updates (a pod's status, say) change nothing kept.
+                        Entry::Occupied(e) if **e.get() == v => false,
+                        Entry::Occupied(mut e) => {
+                            e.insert(Arc::new(v));
+                            true
+                        }
+                        Entry::Vacant(e) => {
+                            e.insert(Arc::new(v));
+                            true
+                        }
+                    },
+                    None => kept.remove(&key(&o)).is_some(),
+                };
+            }
             watcher::Event::Delete(o) => drop(write().remove(&key(&o))),
             watcher::Event::Init => {
                 self.0 = Some(Projected::new());

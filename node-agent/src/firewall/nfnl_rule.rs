@@ -13,16 +13,14 @@ use ipnet::Ipv4Net;
 use nftables::expr::{BinaryOperation, Expression, Meta, MetaKey, NamedExpression, Payload, PayloadField};
 use nftables::stmt::{Mangle, Match, NAT, NATFamily, Operator, Statement};
 
-use super::nfnl::{attr, attr_str, nested};
+use super::nfnl::{NFTA_DATA_VALUE, NFTA_LIST_ELEM, attr, attr_str, nested};
 use super::ruleset::{Proto, Rule};
 
 // linux/netfilter/nf_tables.h
 const NFTA_RULE_EXPRESSIONS: u16 = 4;
 const NFTA_RULE_USERDATA: u16 = 7;
-const NFTA_LIST_ELEM: u16 = 1;
 const NFTA_EXPR_NAME: u16 = 1;
 const NFTA_EXPR_DATA: u16 = 2;
-const NFTA_DATA_VALUE: u16 = 1;
 const NFTA_META_DREG: u16 = 1;
 const NFTA_META_KEY: u16 = 2;
 const NFTA_META_SREG: u16 = 3;

@@ -244,12 +244,16 @@ pub async fn run(
         let computed = started.elapsed();
         let rules = Arc::new(rules);
         let (rules2, metrics2, engine2) = (Arc::clone(&rules), Arc::clone(&metrics), Arc::clone(&engine));
-        let result = tokio::task::spawn_blocking(move || apply(&engine2, &rules2, full, Some(&metrics2))).await;
-        // What the pass (or, at the start and after a resync period, a
-        // relist) allocated briefly is free now: hand it back before the
-        // pass is reported done. Blocking threads each keep an arena, so
-        // without this the resident size creeps up with every pass.
-        crate::heap::release_free_memory();
+        let result = tokio::task::spawn_blocking(move || {
+            let applied = apply(&engine2, &rules2, full, Some(&metrics2));
+            // What the pass (or, at the start and after a resync period, a
+            // relist) allocated briefly is free now: hand it back before
+            // the pass is reported done. Blocking threads each keep an
+            // arena, so without this the resident size creeps up pass by pass.
+            crate::heap::release_free_memory();
+            applied
+        })
+        .await;
         let elapsed = started.elapsed();
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
         let mut pause = resync;
