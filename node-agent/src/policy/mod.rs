@@ -2,13 +2,15 @@
 //! (`weft.dev/v1alpha1`) NetworkPolicies compiled into the `policy` part of
 //! Weft's nftables table for this node's pods (see docs/network-policy.md).
 //!
-//! `model` is the semantics (pure), `render` the nftables representation
+//! `model` is the semantics (pure), `incremental` recompiles only what a
+//! change affects (pure), `render` the nftables representation
 //! (pure), `sync` the watch-and-apply loop, `drop_log` the optional log of dropped
 //! packets. `render_iptables_old` and
 //! `ipset` are the engine it replaced, kept for the upgrade test and the
 //! benchmark beside the new one.
 
 pub mod drop_log;
+pub mod incremental;
 pub mod metrics;
 pub mod model;
 pub mod render;

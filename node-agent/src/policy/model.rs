@@ -1,7 +1,8 @@
 //! The policy truth, pure: from pods, namespaces, standard
 //! (`networking.k8s.io/v1`) and Weft (`weft.dev`) NetworkPolicies to what
 //! each local pod's ingress and egress must admit. No kernel, no API: the
-//! semantics are unit-tested here; `render` turns the result into iptables.
+//! semantics are unit-tested here; `render` turns the result into nftables
+//! objects, `incremental` recompiles only the pods a change affects.
 //!
 //! Per pod and direction the evaluation order is: Weft rules (priority
 //! descending, Deny before Allow at equal priority; Deny drops, Allow admits
@@ -325,6 +326,26 @@ fn ranges_to_nets(ranges: &[(u32, u32)]) -> Vec<Ipv4Net> {
     out
 }
 
+/// Whether `peer` of a policy in `policy_ns` matches `pod`, in a namespace
+/// labelled `ns_labels`: a pod peer by its selectors (no namespace
+/// selector: the policy's own namespace), a block by the pod's address.
+fn peer_matches(peer: &Peer<'_>, policy_ns: &str, pod: &PodInfo, ns_labels: &BTreeMap<String, String>) -> bool {
+    match peer {
+        Peer::Pods { ns, pods } => {
+            let ns_ok = match ns {
+                None => pod.namespace == policy_ns,
+                Some(sel) => selector::matches(sel, ns_labels),
+            };
+            ns_ok && pods.is_none_or(|sel| selector::matches(sel, &pod.labels))
+        }
+        Peer::Block { cidr, except } => pod.ip.is_some_and(|ip| {
+            let a = u32::from(ip);
+            block_ranges(cidr, except).iter().any(|&(lo, hi)| lo <= a && a <= hi)
+        }),
+        Peer::Nothing => false,
+    }
+}
+
 /// Read-only view with the lookups compilation needs.
 struct View<'a> {
     cluster: &'a Cluster,
@@ -337,32 +358,39 @@ struct View<'a> {
     /// they too are computed once.
     named_cache: RefCell<HashMap<(PeerSpec<'a>, Proto, String), Vec<Match>>>,
     /// Pods by namespace: a peer is looked for only in the namespaces it can
-    /// match, not among every pod of the cluster.
-    by_ns: HashMap<&'a str, Vec<&'a PodInfo>>,
+    /// match, not among every pod of the cluster (built on first use: a
+    /// pass that compiles no pod needs none).
+    by_ns: std::cell::OnceCell<HashMap<&'a str, Vec<&'a PodInfo>>>,
 }
 
 impl<'a> View<'a> {
     fn new(cluster: &'a Cluster) -> Self {
-        let mut by_ns: HashMap<&str, Vec<&PodInfo>> = HashMap::new();
-        for pod in &cluster.pods {
-            by_ns.entry(pod.namespace.as_str()).or_default().push(pod.as_ref());
-        }
         View {
             cluster,
             no_labels: BTreeMap::new(),
             peer_cache: RefCell::new(HashMap::new()),
             named_cache: RefCell::new(HashMap::new()),
-            by_ns,
+            by_ns: std::cell::OnceCell::new(),
         }
+    }
+
+    fn by_ns(&self) -> &HashMap<&'a str, Vec<&'a PodInfo>> {
+        self.by_ns.get_or_init(|| {
+            let mut by_ns: HashMap<&str, Vec<&PodInfo>> = HashMap::new();
+            for pod in &self.cluster.pods {
+                by_ns.entry(pod.namespace.as_str()).or_default().push(pod.as_ref());
+            }
+            by_ns
+        })
     }
 
     /// The pods `peer` could match: those of the policy's namespace, or of
     /// the namespaces its namespace selector matches (then checked in full).
     fn candidates(&self, ns: Option<&LabelSelector>, policy_ns: &str) -> Vec<&'a PodInfo> {
         match ns {
-            None => self.by_ns.get(policy_ns).cloned().unwrap_or_default(),
+            None => self.by_ns().get(policy_ns).cloned().unwrap_or_default(),
             Some(sel) => self
-                .by_ns
+                .by_ns()
                 .iter()
                 .filter(|(name, _)| selector::matches(sel, self.ns_labels(name)))
                 .flat_map(|(_, pods)| pods.iter().copied())
@@ -375,20 +403,7 @@ impl<'a> View<'a> {
     }
 
     fn peer_pod_matches(&self, peer: &Peer<'_>, policy_ns: &str, pod: &PodInfo) -> bool {
-        match peer {
-            Peer::Pods { ns, pods } => {
-                let ns_ok = match ns {
-                    None => pod.namespace == policy_ns,
-                    Some(sel) => selector::matches(sel, self.ns_labels(&pod.namespace)),
-                };
-                ns_ok && pods.is_none_or(|sel| selector::matches(sel, &pod.labels))
-            }
-            Peer::Block { cidr, except } => pod.ip.is_some_and(|ip| {
-                let a = u32::from(ip);
-                block_ranges(cidr, except).iter().any(|&(lo, hi)| lo <= a && a <= hi)
-            }),
-            Peer::Nothing => false,
-        }
+        peer_matches(peer, policy_ns, pod, self.ns_labels(&pod.namespace))
     }
 
     /// The addresses of `peers` (empty peers: any).
@@ -489,12 +504,22 @@ impl<'a> View<'a> {
 /// One policy of either kind, reduced to what compilation needs.
 struct PolicyView<'a> {
     namespace: &'a str,
-    origin: String,
+    name: &'a str,
     pod_selector: &'a LabelSelector,
     /// Weft priority; None for standard policies.
     priority: Option<i32>,
     ingress: Option<Vec<RuleSpec<'a>>>,
     egress: Option<Vec<RuleSpec<'a>>>,
+}
+
+impl PolicyView<'_> {
+    /// `ns/name` or `weft.dev/ns/name`: what rules and counters say they come from.
+    fn origin(&self) -> String {
+        match self.priority {
+            None => format!("{}/{}", self.namespace, self.name),
+            Some(_) => format!("weft.dev/{}/{}", self.namespace, self.name),
+        }
+    }
 }
 
 /// The empty selector: every pod of the namespace.
@@ -528,7 +553,7 @@ fn standard_view(p: &netv1::NetworkPolicy) -> Option<PolicyView<'_>> {
     });
     Some(PolicyView {
         namespace,
-        origin: format!("{namespace}/{}", p.metadata.name.as_deref().unwrap_or_default()),
+        name: p.metadata.name.as_deref().unwrap_or_default(),
         pod_selector: spec.pod_selector.as_ref().unwrap_or(&EVERY_POD),
         priority: None,
         ingress,
@@ -562,7 +587,7 @@ fn weft_view(p: &wnp::NetworkPolicy) -> Option<PolicyView<'_>> {
     let namespace = p.metadata.namespace.as_deref()?;
     Some(PolicyView {
         namespace,
-        origin: format!("weft.dev/{namespace}/{}", p.metadata.name.as_deref().unwrap_or_default()),
+        name: p.metadata.name.as_deref().unwrap_or_default(),
         pod_selector: &p.spec.pod_selector,
         priority: Some(p.spec.priority),
         ingress: weft_rules(&p.spec.ingress, namespace),
@@ -575,30 +600,45 @@ pub fn selects(namespace: &str, sel: &LabelSelector, pod: &PodInfo) -> bool {
     pod.namespace == namespace && selector::matches(sel, &pod.labels)
 }
 
-/// The policy of every pod on `node` that some policy selects, by pod key.
-pub fn compile(cluster: &Cluster, node: &str) -> Vec<PodPolicy> {
-    let view = View::new(cluster);
-    let standard: Vec<PolicyView<'_>> = cluster.standard.iter().filter_map(|p| standard_view(p)).collect();
-    let mut weft: Vec<PolicyView<'_>> = cluster.weft.iter().filter_map(|p| weft_view(p)).collect();
-    weft.sort_by(|a, b| b.priority.cmp(&a.priority).then_with(|| a.origin.cmp(&b.origin)));
+/// Compiles pods one at a time against a snapshot: the policies indexed
+/// by namespace once, the peer caches shared by every pod compiled.
+pub struct Compiler<'a> {
+    view: View<'a>,
+    /// Standard policies by namespace, by name (the order of their rules
+    /// in a chain, so that equal inputs give equal chains).
+    standard: HashMap<&'a str, Vec<PolicyView<'a>>>,
+    /// Weft policies by namespace, by priority descending, then name.
+    weft: HashMap<&'a str, Vec<PolicyView<'a>>>,
+}
 
-    // A policy selects pods of its own namespace only: a pod looks at those.
-    let mut standard_by_ns: HashMap<&str, Vec<&PolicyView<'_>>> = HashMap::new();
-    for v in &standard {
-        standard_by_ns.entry(v.namespace).or_default().push(v);
+impl<'a> Compiler<'a> {
+    pub fn new(cluster: &'a Cluster) -> Self {
+        // A policy selects pods of its own namespace only: a pod looks at those.
+        let mut standard: HashMap<&str, Vec<PolicyView<'_>>> = HashMap::new();
+        for v in cluster.standard.iter().filter_map(|p| standard_view(p)) {
+            standard.entry(v.namespace).or_default().push(v);
+        }
+        for views in standard.values_mut() {
+            views.sort_by(|a, b| a.name.cmp(b.name));
+        }
+        let mut weft: HashMap<&str, Vec<PolicyView<'_>>> = HashMap::new();
+        for v in cluster.weft.iter().filter_map(|p| weft_view(p)) {
+            weft.entry(v.namespace).or_default().push(v);
+        }
+        for views in weft.values_mut() {
+            views.sort_by(|a, b| b.priority.cmp(&a.priority).then_with(|| a.name.cmp(b.name)));
+        }
+        Compiler { view: View::new(cluster), standard, weft }
     }
-    let mut weft_by_ns: HashMap<&str, Vec<&PolicyView<'_>>> = HashMap::new();
-    for v in &weft {
-        weft_by_ns.entry(v.namespace).or_default().push(v);
-    }
-    let none = Vec::new();
-    let mut out = Vec::new();
-    for pod in cluster.pods.iter().filter(|p| p.node == node) {
-        let Some(ip) = pod.ip else { continue };
-        let standard_here = standard_by_ns.get(pod.namespace.as_str()).unwrap_or(&none);
-        let weft_here = weft_by_ns.get(pod.namespace.as_str()).unwrap_or(&none);
+
+    /// What `pod` admits, when some policy selects it and it has an address.
+    pub fn pod_policy(&self, pod: &PodInfo) -> Option<PodPolicy> {
+        let ip = pod.ip?;
+        let none = Vec::new();
+        let standard_here = self.standard.get(pod.namespace.as_str()).unwrap_or(&none);
+        let weft_here = self.weft.get(pod.namespace.as_str()).unwrap_or(&none);
         let chain = |dir: Direction| -> Option<Chain> {
-            let pick = |p: &'_ PolicyView<'_>| -> bool {
+            let pick = |p: &PolicyView<'_>| -> bool {
                 let rules = if dir == Direction::Ingress { &p.ingress } else { &p.egress };
                 rules.is_some() && selects(p.namespace, p.pod_selector, pod)
             };
@@ -606,21 +646,21 @@ pub fn compile(cluster: &Cluster, node: &str) -> Vec<PodPolicy> {
             let mut weft_rules: Vec<(i32, bool, Rule)> = Vec::new();
             for p in weft_here.iter().filter(|p| pick(p)) {
                 for r in rules_of(p, dir) {
-                    let matches = view.compile_rule(r, dir, pod);
+                    let matches = self.view.compile_rule(r, dir, pod);
                     if !matches.is_empty() {
-                        let rule = Rule { matches, verdict: r.verdict, origin: p.origin.clone() };
+                        let rule = Rule { matches, verdict: r.verdict, origin: p.origin() };
                         weft_rules.push((p.priority.unwrap_or_default(), r.verdict == Verdict::Allow, rule));
                     }
                 }
             }
             weft_rules.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
             let mut rules: Vec<Rule> = weft_rules.into_iter().map(|(_, _, r)| r).collect();
-            let isolating: Vec<&PolicyView<'_>> = standard_here.iter().copied().filter(|p| pick(p)).collect();
+            let isolating: Vec<&PolicyView<'_>> = standard_here.iter().filter(|p| pick(p)).collect();
             for p in &isolating {
                 for r in rules_of(p, dir) {
-                    let matches = view.compile_rule(r, dir, pod);
+                    let matches = self.view.compile_rule(r, dir, pod);
                     if !matches.is_empty() {
-                        rules.push(Rule { matches, verdict: Verdict::Allow, origin: p.origin.clone() });
+                        rules.push(Rule { matches, verdict: Verdict::Allow, origin: p.origin() });
                     }
                 }
             }
@@ -628,11 +668,87 @@ pub fn compile(cluster: &Cluster, node: &str) -> Vec<PodPolicy> {
             (default_deny || !rules.is_empty()).then_some(Chain { rules, default_deny })
         };
         let (ingress, egress) = (chain(Direction::Ingress), chain(Direction::Egress));
-        if ingress.is_some() || egress.is_some() {
-            out.push(PodPolicy { key: pod.key(), ip, ingress, egress });
-        }
+        (ingress.is_some() || egress.is_some()).then(|| PodPolicy { key: pod.key(), ip, ingress, egress })
     }
-    out
+
+    /// The reach (namespace and pod selector) of every policy whose rules
+    /// resolve differently with `was` than with `is` (a pod as it was and
+    /// as it is, each with its namespace's labels then; None: absent): the
+    /// pods those policies select are the ones to recompile after the change.
+    pub fn reach_of_rules_changed_by(&self, was: Option<PodInNs<'_>>, is: Option<PodInNs<'_>>) -> Vec<Reach<'a>> {
+        let mut out = Vec::new();
+        for p in self.standard.values().chain(self.weft.values()).flatten() {
+            let changed = [Direction::Ingress, Direction::Egress].into_iter().any(|dir| {
+                // An absent pod is seen as one no rule matches.
+                rules_of(p, dir).iter().any(|r| {
+                    let before = was.map(|pod| what_rule_sees(r, dir, p.namespace, pod)).unwrap_or_default();
+                    before != is.map(|pod| what_rule_sees(r, dir, p.namespace, pod)).unwrap_or_default()
+                })
+            });
+            if changed {
+                out.push(Reach { namespace: p.namespace, pod_selector: p.pod_selector });
+            }
+        }
+        out
+    }
+}
+
+/// A pod and the labels of its namespace.
+pub type PodInNs<'p> = (&'p PodInfo, &'p BTreeMap<String, String>);
+
+/// What a rule's resolution reads of one pod (the default: nothing).
+#[derive(Debug, Default, PartialEq)]
+struct Seen<'p> {
+    /// The address, when a pod peer matches the pod.
+    address: Option<Option<Ipv4Addr>>,
+    /// Address and named ports, when the pod is a destination of an
+    /// egress rule that names a port.
+    named_ports: Option<(Option<Ipv4Addr>, &'p [NamedPort])>,
+}
+
+/// What of `pod` the resolution of `rule` reads: its address when a pod
+/// peer matches it, and its address and named ports when an egress rule
+/// names a port and the pod is among the peers. Equal for two versions of
+/// a pod: the rule resolves the same with either.
+fn what_rule_sees<'p>(rule: &RuleSpec<'_>, dir: Direction, policy_ns: &str, (pod, ns_labels): PodInNs<'p>) -> Seen<'p> {
+    let peers = &rule.peers.list;
+    let matches = |peer: &Peer<'_>| peer_matches(peer, policy_ns, pod, ns_labels);
+    // A block's addresses are the block's, whatever pods it holds.
+    let pod_peer = peers.iter().any(|peer| matches!(peer, Peer::Pods { .. }) && matches(peer));
+    let named_egress = dir == Direction::Egress && rule.ports.iter().any(|p| matches!(p, PortSel::Named(..)));
+    let named = named_egress && (peers.is_empty() || pod_peer || peers.iter().any(matches));
+    Seen { address: pod_peer.then_some(pod.ip), named_ports: named.then_some((pod.ip, pod.ports.as_slice())) }
+}
+
+/// Which pods a policy selects: those of `namespace` that `pod_selector` matches.
+#[derive(Clone, Copy, Debug)]
+pub struct Reach<'a> {
+    pub namespace: &'a str,
+    pub pod_selector: &'a LabelSelector,
+}
+
+impl<'a> Reach<'a> {
+    pub fn of_standard(p: &'a netv1::NetworkPolicy) -> Option<Self> {
+        let namespace = p.metadata.namespace.as_deref()?;
+        let spec = p.spec.as_ref()?;
+        Some(Reach { namespace, pod_selector: spec.pod_selector.as_ref().unwrap_or(&EVERY_POD) })
+    }
+
+    pub fn of_weft(p: &'a wnp::NetworkPolicy) -> Option<Self> {
+        Some(Reach { namespace: p.metadata.namespace.as_deref()?, pod_selector: &p.spec.pod_selector })
+    }
+
+    pub fn selects(&self, pod: &PodInfo) -> bool {
+        selects(self.namespace, self.pod_selector, pod)
+    }
+}
+
+/// The policy of every pod on `node` that some policy selects, all
+/// compiled (what the incremental compile is held to).
+#[cfg(test)]
+pub fn compile(cluster: &Cluster, node: &str) -> Vec<PodPolicy> {
+    let compiler = Compiler::new(cluster);
+    cluster.pods.iter().filter(|p| p.node == node).filter_map(|pod| compiler.pod_policy(pod)).collect()
 }
 
 /// What a chain decides for one packet (for tests and debugging): from/to
@@ -656,8 +772,8 @@ pub fn admits(chain: &Chain, remote: Ipv4Addr, proto: Proto, port: u16) -> bool 
 
 #[cfg(test)]
 #[path = "model_tests.rs"]
-mod tests;
+pub(super) mod tests;
 
 #[cfg(test)]
 #[path = "model_props.rs"]
-mod props;
+pub(super) mod props;

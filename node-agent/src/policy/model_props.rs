@@ -16,7 +16,7 @@ use serde_json::{Map, Value, json};
 
 use super::{Cluster, Direction, NamedPort, PodInfo, Proto, admits, compile, netv1, wnp};
 
-const NODE: &str = "n1";
+pub(crate) const NODE: &str = "n1";
 const NAMESPACES: [&str; 3] = ["alpha", "beta", "gamma"];
 const KEYS: [&str; 3] = ["app", "tier", "team"];
 const VALUES: [&str; 2] = ["x", "y"];
@@ -48,11 +48,11 @@ const HOLE_LENGTHS: [u8; 8] = [16, 24, 26, 28, 29, 30, 31, 32];
 /// A generated cluster: what the model reads, with the policies kept as the
 /// JSON they were made from so that a failure prints readably.
 #[derive(Clone)]
-struct Case {
-    namespaces: BTreeMap<String, BTreeMap<String, String>>,
-    pods: Vec<PodInfo>,
-    standard: Vec<Value>,
-    weft: Vec<Value>,
+pub(crate) struct Case {
+    pub(crate) namespaces: BTreeMap<String, BTreeMap<String, String>>,
+    pub(crate) pods: Vec<PodInfo>,
+    pub(crate) standard: Vec<Value>,
+    pub(crate) weft: Vec<Value>,
 }
 
 impl fmt::Debug for Case {
@@ -78,7 +78,7 @@ impl fmt::Debug for Case {
 }
 
 impl Case {
-    fn cluster(&self) -> Cluster {
+    pub(crate) fn cluster(&self) -> Cluster {
         Cluster {
             pods: self.pods.iter().cloned().map(Arc::new).collect(),
             namespaces: self.namespaces.clone(),
@@ -296,7 +296,7 @@ fn weft_policy() -> impl Strategy<Value = (usize, Value)> {
     (0..NAMESPACES.len(), spec)
 }
 
-fn case() -> impl Strategy<Value = Case> {
+pub(crate) fn case() -> impl Strategy<Value = Case> {
     (
         namespaces_and_pods(),
         prop::collection::vec(standard_policy(), 0..=4),

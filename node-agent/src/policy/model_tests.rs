@@ -5,9 +5,9 @@ use serde_json::{Value, json};
 
 use super::*;
 
-const NODE: &str = "n1";
+pub(crate) const NODE: &str = "n1";
 
-fn pod(ns: &str, name: &str, labels: &[(&str, &str)], ip: &str, node: &str) -> PodInfo {
+pub(crate) fn pod(ns: &str, name: &str, labels: &[(&str, &str)], ip: &str, node: &str) -> PodInfo {
     PodInfo {
         namespace: ns.into(),
         name: name.into(),
@@ -18,7 +18,7 @@ fn pod(ns: &str, name: &str, labels: &[(&str, &str)], ip: &str, node: &str) -> P
     }
 }
 
-fn with_port(mut p: PodInfo, name: &str, port: u16, proto: Proto) -> PodInfo {
+pub(crate) fn with_port(mut p: PodInfo, name: &str, port: u16, proto: Proto) -> PodInfo {
     p.ports.push(NamedPort { name: name.into(), port, proto });
     p
 }
@@ -26,7 +26,7 @@ fn with_port(mut p: PodInfo, name: &str, port: u16, proto: Proto) -> PodInfo {
 /// Namespaces `prod` (team=a, env=prod) and `dev` (team=b); pods:
 /// prod/web (10.0.1.1, n1), prod/db (10.0.1.2, n1), prod/cache (10.0.2.1, n2),
 /// dev/web (10.0.2.2, n2), dev/tool (10.0.1.3, n1).
-fn cluster() -> Cluster {
+pub(crate) fn cluster() -> Cluster {
     let mut c = Cluster::default();
     c.namespaces.insert("prod".into(), [("team", "a"), ("env", "prod")].map(|(k, v)| (k.into(), v.into())).into());
     c.namespaces.insert("dev".into(), [("team".to_owned(), "b".to_owned())].into());
@@ -43,13 +43,13 @@ fn cluster() -> Cluster {
     c
 }
 
-fn std_policy(ns: &str, name: &str, spec: Value) -> std::sync::Arc<netv1::NetworkPolicy> {
+pub(crate) fn std_policy(ns: &str, name: &str, spec: Value) -> std::sync::Arc<netv1::NetworkPolicy> {
     std::sync::Arc::new(
         serde_json::from_value(json!({"metadata": {"name": name, "namespace": ns}, "spec": spec})).unwrap(),
     )
 }
 
-fn weft_policy(ns: &str, name: &str, spec: Value) -> std::sync::Arc<wnp::NetworkPolicy> {
+pub(crate) fn weft_policy(ns: &str, name: &str, spec: Value) -> std::sync::Arc<wnp::NetworkPolicy> {
     std::sync::Arc::new(
         serde_json::from_value(json!({"apiVersion": "weft.dev/v1alpha1", "kind": "NetworkPolicy",
             "metadata": {"name": name, "namespace": ns}, "spec": spec}))

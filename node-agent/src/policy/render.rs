@@ -170,48 +170,95 @@ fn chain_rules(dir: Direction, c: &Chain, names: &mut Names<'_>) -> Vec<Rule> {
     out
 }
 
-/// The kernel state for `pods` (local pods under policy), with the drop
-/// log when `log` is set.
-pub fn render(pods: &[PodPolicy], log: Option<DropLog>) -> Desired {
-    let mut part = Part::new(OWNER);
-    let mut counters = BTreeMap::new();
-    let mut maps: [BTreeMap<Key, Option<String>>; 2] = Default::default();
-    // Pods under the same policies have equal chains: each is rendered once.
-    let mut rendered: HashMap<(Direction, &Chain), String> = HashMap::new();
-    for p in pods {
-        for (i, dir, chain, tag) in [(0, Direction::Egress, &p.egress, "eg"), (1, Direction::Ingress, &p.ingress, "in")]
-        {
-            let Some(chain) = chain else { continue };
-            let name = match rendered.get(&(dir, chain)) {
-                Some(name) => name.clone(),
-                None => {
-                    let mut names = Names { sets: &mut part.sets, counters: &mut counters, log };
-                    let rules = chain_rules(dir, chain, &mut names);
-                    let ids: String = rules.iter().map(|r| r.id()).collect();
-                    let name = format!("{OWNER}-{tag}-{:016x}", fnv(&ids));
-                    part.chains.entry(name.clone()).or_insert(ruleset::Chain { hook: None, rules });
-                    rendered.insert((dir, chain), name.clone());
-                    name
-                }
-            };
-            maps[i].insert(Key::addr(p.ip), Some(name));
-        }
+/// One pod chain rendered: its name and rules, and the sets and counters
+/// its rules use.
+struct RenderedChain {
+    name: String,
+    rules: Vec<Rule>,
+    sets: BTreeMap<String, Set>,
+    counters: BTreeMap<String, CounterLabels>,
+    /// The pass that last used it (passes count from 1).
+    used: u64,
+}
+
+fn render_chain(dir: Direction, chain: &Chain, log: Option<DropLog>) -> RenderedChain {
+    let (mut sets, mut counters) = (BTreeMap::new(), BTreeMap::new());
+    let rules = chain_rules(dir, chain, &mut Names { sets: &mut sets, counters: &mut counters, log });
+    let ids: String = rules.iter().map(|r| r.id()).collect();
+    let tag = if dir == Direction::Ingress { "in" } else { "eg" };
+    RenderedChain { name: format!("{OWNER}-{tag}-{:016x}", fnv(&ids)), rules, sets, counters, used: 0 }
+}
+
+/// Renders pass after pass, keeping each pod chain rendered while some
+/// pod has it: pods under the same policies have equal chains, and a
+/// change renders only the chains that are new.
+pub struct Renderer {
+    log: Option<DropLog>,
+    /// Egress chains, ingress chains.
+    chains: [HashMap<Chain, RenderedChain>; 2],
+    pass: u64,
+}
+
+impl Renderer {
+    /// With the drop log when `log` is set.
+    pub fn new(log: Option<DropLog>) -> Self {
+        Renderer { log, chains: Default::default(), pass: 0 }
     }
-    let [egress, ingress] = maps;
-    part.sets.insert(EGRESS_MAP.to_owned(), Set { kind: SetKind::AddrJumps, elements: egress });
-    part.sets.insert(INGRESS_MAP.to_owned(), Set { kind: SetKind::AddrJumps, elements: ingress });
-    part.counters = counters.keys().cloned().collect();
-    let base = Hook { kind: ChainKind::Filter, point: HookPoint::Forward, priority: FILTER };
-    let rules = vec![
-        Rule::new(
-            "replies of admitted connections",
-            vec![build::ct_state(&["established", "related"]), build::accept()],
-        ),
-        Rule::new("egress of local pods", vec![build::addr_vmap(Addr::Src, EGRESS_MAP)]),
-        Rule::new("ingress of local pods", vec![build::addr_vmap(Addr::Dst, INGRESS_MAP)]),
-    ];
-    part.chains.insert(format!("{OWNER}-forward"), ruleset::Chain { hook: Some(base), rules });
-    Desired { part, counters }
+
+    /// The kernel state for `pods` (local pods under policy).
+    pub fn render<'p>(&mut self, pods: impl IntoIterator<Item = &'p PodPolicy>) -> Desired {
+        self.pass += 1;
+        let mut part = Part::new(OWNER);
+        let mut counters = BTreeMap::new();
+        let mut maps: [BTreeMap<Key, Option<String>>; 2] = Default::default();
+        for p in pods {
+            for (i, dir, chain) in [(0, Direction::Egress, &p.egress), (1, Direction::Ingress, &p.ingress)] {
+                let Some(chain) = chain else { continue };
+                let chains = &mut self.chains[i];
+                if !chains.contains_key(chain) {
+                    chains.insert(chain.clone(), render_chain(dir, chain, self.log));
+                }
+                let Some(rendered) = chains.get_mut(chain) else { continue };
+                if rendered.used != self.pass {
+                    // First use in this pass: its objects go into the part.
+                    rendered.used = self.pass;
+                    part.chains
+                        .insert(rendered.name.clone(), ruleset::Chain { hook: None, rules: rendered.rules.clone() });
+                    for (name, set) in &rendered.sets {
+                        part.sets.entry(name.clone()).or_insert_with(|| set.clone());
+                    }
+                    for (name, labels) in &rendered.counters {
+                        counters.entry(name.clone()).or_insert_with(|| labels.clone());
+                    }
+                }
+                maps[i].insert(Key::addr(p.ip), Some(rendered.name.clone()));
+            }
+        }
+        let pass = self.pass;
+        self.chains.iter_mut().for_each(|chains| chains.retain(|_, r| r.used == pass));
+        let [egress, ingress] = maps;
+        part.sets.insert(EGRESS_MAP.to_owned(), Set { kind: SetKind::AddrJumps, elements: egress });
+        part.sets.insert(INGRESS_MAP.to_owned(), Set { kind: SetKind::AddrJumps, elements: ingress });
+        part.counters = counters.keys().cloned().collect();
+        let base = Hook { kind: ChainKind::Filter, point: HookPoint::Forward, priority: FILTER };
+        let rules = vec![
+            Rule::new(
+                "replies of admitted connections",
+                vec![build::ct_state(&["established", "related"]), build::accept()],
+            ),
+            Rule::new("egress of local pods", vec![build::addr_vmap(Addr::Src, EGRESS_MAP)]),
+            Rule::new("ingress of local pods", vec![build::addr_vmap(Addr::Dst, INGRESS_MAP)]),
+        ];
+        part.chains.insert(format!("{OWNER}-forward"), ruleset::Chain { hook: Some(base), rules });
+        Desired { part, counters }
+    }
+}
+
+/// The kernel state for `pods` (local pods under policy), with the drop
+/// log when `log` is set, rendered from scratch.
+#[cfg(test)]
+pub fn render(pods: &[PodPolicy], log: Option<DropLog>) -> Desired {
+    Renderer::new(log).render(pods)
 }
 
 #[cfg(test)]

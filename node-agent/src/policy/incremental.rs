@@ -1,0 +1,261 @@
+//! Incremental compile, pure: keeps the last snapshot and what each local
+//! pod compiled to, and after a change recompiles only the local pods it
+//! can affect. Those are the pods a changed policy selects (before or
+//! after the change), the local pods that changed themselves, and the pods
+//! selected by a policy whose rules resolve differently with a changed
+//! pod as it is than as it was (its address, labels, named ports or
+//! namespace labels). Everything else is
+//! reused as it was. A large change (a relist that really differs, a
+//! first pass) compiles everything; the result is always what [`compile`]
+//! would give, which the property test below holds it to.
+//!
+//! [`compile`]: super::model::compile
+
+use std::borrow::Cow;
+use std::cmp::Ordering;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use super::model::{Cluster, Compiler, PodInNs, PodInfo, PodPolicy, Reach};
+
+/// Beyond this many changed pods (counting every pod of a namespace whose
+/// labels changed) a full compile is cheaper than finding what they affect.
+const MAX_CHANGED_PODS: usize = 256;
+
+/// What a pass compiled.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Compiled {
+    /// The local pods under policy, in the snapshot's order (shared with
+    /// the next pass, which reuses what did not change).
+    pub pods: Vec<Arc<PodPolicy>>,
+    /// How many local pods were compiled anew (the others were reused).
+    pub recompiled: usize,
+    /// Whether everything was compiled (no reuse).
+    pub full: bool,
+    /// Whether `pods` may differ from the last pass's (always after a full
+    /// compile); if not, neither do the rules.
+    pub changed: bool,
+}
+
+/// The compile state of one node's pods across passes.
+pub struct Incremental {
+    node: String,
+    last: Option<Last>,
+}
+
+struct Last {
+    /// With its pods in key order.
+    cluster: Cluster,
+    /// Every local pod with an address, by key: what it compiled to (None:
+    /// no policy selects it).
+    pods: HashMap<String, Option<Arc<PodPolicy>>>,
+}
+
+impl Incremental {
+    pub fn new(node: &str) -> Self {
+        Incremental { node: node.to_owned(), last: None }
+    }
+
+    /// Forgets the last pass: the next one compiles everything.
+    pub fn reset(&mut self) {
+        self.last = None;
+    }
+
+    /// This node's policy for `cluster`.
+    pub fn compile(&mut self, cluster: &Cluster) -> Compiled {
+        let compiler = Compiler::new(cluster);
+        let pods_in_order = in_key_order(&cluster.pods);
+        let local: Vec<&PodInfo> =
+            cluster.pods.iter().map(Arc::as_ref).filter(|p| p.node == self.node && p.ip.is_some()).collect();
+        let last = self.last.take();
+        let stale =
+            last.as_ref().and_then(|last| stale_pods(&compiler, &last.cluster, cluster, &pods_in_order, &local));
+        let mut before = last.map(|last| last.pods).unwrap_or_default();
+        let (mut pods, mut out) = (HashMap::with_capacity(local.len()), Vec::new());
+        let (mut recompiled, mut changed) = (0, stale.is_none());
+        for (i, pod) in local.iter().enumerate() {
+            let key = pod.key();
+            let policy = match (&stale, before.remove(&key)) {
+                (Some(stale), Some(was)) if !stale[i] => was,
+                (_, was) => {
+                    recompiled += 1;
+                    let policy = compiler.pod_policy(pod).map(Arc::new);
+                    changed |= policy.as_deref() != was.flatten().as_deref();
+                    policy
+                }
+            };
+            out.extend(policy.clone());
+            pods.insert(key, policy);
+        }
+        // A pod under policy that is no local pod any more.
+        changed |= before.values().any(Option::is_some);
+        let cluster = Cluster {
+            pods: pods_in_order.into_owned(),
+            namespaces: cluster.namespaces.clone(),
+            standard: cluster.standard.clone(),
+            weft: cluster.weft.clone(),
+        };
+        self.last = Some(Last { cluster, pods });
+        Compiled { pods: out, recompiled, full: stale.is_none(), changed }
+    }
+}
+
+/// Which of `local` (the local pods of `new`) to recompile after the
+/// change from `old` to `new`, by index; None: all of them.
+/// `new_pods`: the pods of `new` in key order.
+fn stale_pods(
+    compiler: &Compiler<'_>,
+    old: &Cluster,
+    new: &Cluster,
+    new_pods: &[Arc<PodInfo>],
+    local: &[&PodInfo],
+) -> Option<Vec<bool>> {
+    let no_labels = BTreeMap::new();
+    let old_ns = |ns: &str| old.namespaces.get(ns).unwrap_or(&no_labels);
+    let new_ns = |ns: &str| new.namespaces.get(ns).unwrap_or(&no_labels);
+
+    // Each changed pod as it was and as it is, each in its namespace's labels then.
+    let mut versions: Vec<(Option<PodInNs<'_>>, Option<PodInNs<'_>>)> = Vec::new();
+    let mut changed_local: Vec<&PodInfo> = Vec::new();
+    for (was, is) in changed_pods(&old.pods, new_pods) {
+        versions
+            .push((was.map(|p| (p.as_ref(), old_ns(&p.namespace))), is.map(|p| (p.as_ref(), new_ns(&p.namespace)))));
+        changed_local.extend(is.map(Arc::as_ref));
+    }
+    // A namespace relabelled: its pods may be peers of other rules now, or no more.
+    let mut relabelled: Vec<&str> = Vec::new();
+    for ns in old.namespaces.keys().chain(new.namespaces.keys()) {
+        if old_ns(ns) != new_ns(ns) && !relabelled.contains(&ns.as_str()) {
+            relabelled.push(ns);
+        }
+    }
+    for pod in new.pods.iter().filter(|p| relabelled.contains(&p.namespace.as_str())) {
+        versions.push((Some((pod, old_ns(&pod.namespace))), Some((pod, new_ns(&pod.namespace)))));
+    }
+    if versions.len() > MAX_CHANGED_PODS {
+        return None;
+    }
+
+    let mut reach: Vec<Reach<'_>> = Vec::new();
+    // Compilation reads a policy's name, namespace and spec only: a status
+    // or metadata update is no change.
+    for (was, is) in changed_policies(&old.standard, &new.standard, |a, b| a.spec == b.spec) {
+        reach.extend(was.and_then(|p| Reach::of_standard(p)));
+        reach.extend(is.and_then(|p| Reach::of_standard(p)));
+    }
+    for (was, is) in changed_policies(&old.weft, &new.weft, |a, b| a.spec == b.spec) {
+        reach.extend(was.and_then(|p| Reach::of_weft(p)));
+        reach.extend(is.and_then(|p| Reach::of_weft(p)));
+    }
+    for (was, is) in versions {
+        reach.extend(compiler.reach_of_rules_changed_by(was, is));
+    }
+
+    let stale = local
+        .iter()
+        .map(|pod| {
+            changed_local.iter().any(|c| c.namespace == pod.namespace && c.name == pod.name)
+                || reach.iter().any(|r| r.selects(pod))
+        })
+        .collect();
+    Some(stale)
+}
+
+/// An object as it was and as it is (None: absent).
+type Change<'c, V> = (Option<&'c Arc<V>>, Option<&'c Arc<V>>);
+
+/// `pods` in (namespace, name) order: the order the watch keeps them in,
+/// so normally as they are.
+fn in_key_order(pods: &[Arc<PodInfo>]) -> Cow<'_, [Arc<PodInfo>]> {
+    fn key(p: &Arc<PodInfo>) -> (&str, &str) {
+        (p.namespace.as_str(), p.name.as_str())
+    }
+    if pods.is_sorted_by_key(key) {
+        return Cow::Borrowed(pods);
+    }
+    let mut sorted = pods.to_vec();
+    sorted.sort_by(|a, b| key(a).cmp(&key(b)));
+    Cow::Owned(sorted)
+}
+
+/// The pods that differ between `old` and `new`, both in key order (as
+/// they were, as they are; None: absent): one walk of both, comparing
+/// keys only where the objects are not the same.
+fn changed_pods<'c>(old: &'c [Arc<PodInfo>], new: &'c [Arc<PodInfo>]) -> Vec<Change<'c, PodInfo>> {
+    let (mut i, mut j) = (0, 0);
+    let mut out = Vec::new();
+    while i < old.len() || j < new.len() {
+        let order = match (old.get(i), new.get(j)) {
+            (Some(a), Some(b)) if Arc::ptr_eq(a, b) => Ordering::Equal,
+            (Some(a), Some(b)) => (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)),
+            (Some(_), None) => Ordering::Less,
+            _ => Ordering::Greater,
+        };
+        match order {
+            Ordering::Less => {
+                out.push((Some(&old[i]), None));
+                i += 1;
+            }
+            Ordering::Greater => {
+                out.push((None, Some(&new[j])));
+                j += 1;
+            }
+            Ordering::Equal => {
+                if !Arc::ptr_eq(&old[i], &new[j]) && old[i] != new[j] {
+                    out.push((Some(&old[i]), Some(&new[j])));
+                }
+                (i, j) = (i + 1, j + 1);
+            }
+        }
+    }
+    out
+}
+
+/// The policies that differ between `old` and `new` (as they were, as
+/// they are; None: absent). The same object, or one `same` says is equal,
+/// is no change.
+fn changed_policies<'c, K: kube::Resource>(
+    old: &'c [Arc<K>],
+    new: &'c [Arc<K>],
+    same: fn(&K, &K) -> bool,
+) -> Vec<Change<'c, K>> {
+    let key = |p: &'c Arc<K>| {
+        let meta = p.meta();
+        (meta.namespace.as_deref().unwrap_or_default(), meta.name.as_deref().unwrap_or_default())
+    };
+    let mut out = Vec::new();
+    // The watch cache lists its objects in the same order until one comes
+    // or goes: then they can be compared in place.
+    if old.len() == new.len() {
+        let in_place = old.iter().zip(new).all(|(a, b)| {
+            if Arc::ptr_eq(a, b) {
+                return true;
+            }
+            if key(a) != key(b) {
+                return false;
+            }
+            if !same(a, b) {
+                out.push((Some(a), Some(b)));
+            }
+            true
+        });
+        if in_place {
+            return out;
+        }
+        out.clear();
+    }
+    let old: HashMap<_, _> = old.iter().map(|p| (key(p), p)).collect();
+    let new: HashMap<_, _> = new.iter().map(|p| (key(p), p)).collect();
+    for (k, is) in &new {
+        match old.get(k) {
+            Some(was) if Arc::ptr_eq(was, is) || same(was, is) => {}
+            was => out.push((was.copied(), Some(*is))),
+        }
+    }
+    out.extend(old.iter().filter(|(k, _)| !new.contains_key(*k)).map(|(_, was)| (Some(*was), None)));
+    out
+}
+
+#[cfg(test)]
+#[path = "incremental_tests.rs"]
+mod tests;
