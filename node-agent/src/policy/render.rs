@@ -19,6 +19,7 @@
 //! counting when a chain is rewritten.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use ipnet::Ipv4Net;
 use nftables::stmt::Statement as NftStatement;
@@ -177,8 +178,6 @@ struct RenderedChain {
     rules: Vec<Rule>,
     sets: BTreeMap<String, Set>,
     counters: BTreeMap<String, CounterLabels>,
-    /// The pass that last used it (passes count from 1).
-    used: u64,
 }
 
 fn render_chain(dir: Direction, chain: &Chain, log: Option<DropLog>) -> RenderedChain {
@@ -186,60 +185,60 @@ fn render_chain(dir: Direction, chain: &Chain, log: Option<DropLog>) -> Rendered
     let rules = chain_rules(dir, chain, &mut Names { sets: &mut sets, counters: &mut counters, log });
     let ids: String = rules.iter().map(|r| r.id()).collect();
     let tag = if dir == Direction::Ingress { "in" } else { "eg" };
-    RenderedChain { name: format!("{OWNER}-{tag}-{:016x}", fnv(&ids)), rules, sets, counters, used: 0 }
+    RenderedChain { name: format!("{OWNER}-{tag}-{:016x}", fnv(&ids)), rules, sets, counters }
 }
 
-/// Renders pass after pass, keeping each pod chain rendered while some
-/// pod has it: pods under the same policies have equal chains, and a
-/// change renders only the chains that are new.
+/// The directions of a pod, as the two dispatch maps order them.
+const DIRECTIONS: [Direction; 2] = [Direction::Egress, Direction::Ingress];
+
+fn chain_of(p: &PodPolicy, dir: Direction) -> Option<&Chain> {
+    match dir {
+        Direction::Egress => p.egress.as_ref(),
+        Direction::Ingress => p.ingress.as_ref(),
+    }
+}
+
+/// A pod as last rendered: its policy and the names of its chains.
+struct RenderedPod {
+    policy: Arc<PodPolicy>,
+    chains: [Option<String>; 2],
+}
+
+/// A chain in the rendered state: how many pod directions jump to it, the
+/// contents it was rendered from, and the sets and counters its rules use.
+struct ChainUse {
+    refs: usize,
+    dir: usize,
+    contents: Vec<Chain>,
+    sets: Vec<String>,
+    counters: Vec<String>,
+}
+
+/// Keeps the rendered state between passes and patches it: a pod whose
+/// policy is the one rendered last (the same `Arc`) costs nothing, a
+/// changed pod renders only chains no pod had, and a chain, set or counter
+/// leaves the state when the last pod using it does (reference counts).
+/// Always equal to a render from scratch, which the incremental property
+/// test holds it to.
 pub struct Renderer {
     log: Option<DropLog>,
-    /// Egress chains, ingress chains.
-    chains: [HashMap<Chain, RenderedChain>; 2],
-    pass: u64,
+    /// Shared with the caller; patched in place when the caller has let
+    /// go of it, copied first otherwise.
+    desired: Arc<Desired>,
+    pods: HashMap<String, RenderedPod>,
+    chains: HashMap<String, ChainUse>,
+    /// Chain name by content, per direction.
+    by_content: [HashMap<Chain, String>; 2],
+    set_refs: HashMap<String, usize>,
+    counter_refs: HashMap<String, usize>,
 }
 
 impl Renderer {
     /// With the drop log when `log` is set.
     pub fn new(log: Option<DropLog>) -> Self {
-        Renderer { log, chains: Default::default(), pass: 0 }
-    }
-
-    /// The kernel state for `pods` (local pods under policy).
-    pub fn render<'p>(&mut self, pods: impl IntoIterator<Item = &'p PodPolicy>) -> Desired {
-        self.pass += 1;
         let mut part = Part::new(OWNER);
-        let mut counters = BTreeMap::new();
-        let mut maps: [BTreeMap<Key, Option<String>>; 2] = Default::default();
-        for p in pods {
-            for (i, dir, chain) in [(0, Direction::Egress, &p.egress), (1, Direction::Ingress, &p.ingress)] {
-                let Some(chain) = chain else { continue };
-                let chains = &mut self.chains[i];
-                if !chains.contains_key(chain) {
-                    chains.insert(chain.clone(), render_chain(dir, chain, self.log));
-                }
-                let Some(rendered) = chains.get_mut(chain) else { continue };
-                if rendered.used != self.pass {
-                    // First use in this pass: its objects go into the part.
-                    rendered.used = self.pass;
-                    part.chains
-                        .insert(rendered.name.clone(), ruleset::Chain { hook: None, rules: rendered.rules.clone() });
-                    for (name, set) in &rendered.sets {
-                        part.sets.entry(name.clone()).or_insert_with(|| set.clone());
-                    }
-                    for (name, labels) in &rendered.counters {
-                        counters.entry(name.clone()).or_insert_with(|| labels.clone());
-                    }
-                }
-                maps[i].insert(Key::addr(p.ip), Some(rendered.name.clone()));
-            }
-        }
-        let pass = self.pass;
-        self.chains.iter_mut().for_each(|chains| chains.retain(|_, r| r.used == pass));
-        let [egress, ingress] = maps;
-        part.sets.insert(EGRESS_MAP.to_owned(), Set { kind: SetKind::AddrJumps, elements: egress });
-        part.sets.insert(INGRESS_MAP.to_owned(), Set { kind: SetKind::AddrJumps, elements: ingress });
-        part.counters = counters.keys().cloned().collect();
+        part.sets.insert(EGRESS_MAP.to_owned(), Set { kind: SetKind::AddrJumps, elements: BTreeMap::new() });
+        part.sets.insert(INGRESS_MAP.to_owned(), Set { kind: SetKind::AddrJumps, elements: BTreeMap::new() });
         let base = Hook { kind: ChainKind::Filter, point: HookPoint::Forward, priority: FILTER };
         let rules = vec![
             Rule::new(
@@ -250,7 +249,135 @@ impl Renderer {
             Rule::new("ingress of local pods", vec![build::addr_vmap(Addr::Dst, INGRESS_MAP)]),
         ];
         part.chains.insert(format!("{OWNER}-forward"), ruleset::Chain { hook: Some(base), rules });
-        Desired { part, counters }
+        Renderer {
+            log,
+            desired: Arc::new(Desired { part, counters: BTreeMap::new() }),
+            pods: HashMap::new(),
+            chains: HashMap::new(),
+            by_content: Default::default(),
+            set_refs: HashMap::new(),
+            counter_refs: HashMap::new(),
+        }
+    }
+
+    /// The kernel state for `pods` (local pods under policy).
+    pub fn render(&mut self, pods: &[Arc<PodPolicy>]) -> Arc<Desired> {
+        let mut desired = std::mem::replace(&mut self.desired, Arc::new(Desired::empty()));
+        let d = Arc::make_mut(&mut desired);
+        let mut next: HashMap<String, RenderedPod> = HashMap::with_capacity(pods.len());
+        let mut maps: [BTreeMap<Key, Option<String>>; 2] = Default::default();
+        // Released only once every pod has taken what it uses: a chain that
+        // moves from one pod to another never leaves the state.
+        let mut released: Vec<String> = Vec::new();
+        for p in pods {
+            let chains = match self.pods.remove(&p.key) {
+                Some(last) if Arc::ptr_eq(&last.policy, p) => last.chains,
+                last => {
+                    released.extend(last.into_iter().flat_map(|l| l.chains).flatten());
+                    DIRECTIONS.map(|dir| chain_of(p, dir).map(|chain| self.acquire(d, dir, chain)))
+                }
+            };
+            for (map, name) in maps.iter_mut().zip(&chains) {
+                if let Some(name) = name {
+                    map.insert(Key::addr(p.ip), Some(name.clone()));
+                }
+            }
+            let replaced = next.insert(p.key.clone(), RenderedPod { policy: Arc::clone(p), chains });
+            released.extend(replaced.into_iter().flat_map(|r| r.chains).flatten());
+        }
+        released.extend(self.pods.drain().flat_map(|(_, gone)| gone.chains).flatten());
+        for name in released {
+            self.release(d, &name);
+        }
+        self.pods = next;
+        let [egress, ingress] = maps;
+        for (map, elements) in [(EGRESS_MAP, egress), (INGRESS_MAP, ingress)] {
+            d.part.sets.insert(map.to_owned(), Set { kind: SetKind::AddrJumps, elements });
+        }
+        self.desired = desired;
+        Arc::clone(&self.desired)
+    }
+
+    /// The name of the chain for `chain`, rendered and added to `d` when no
+    /// pod had it.
+    fn acquire(&mut self, d: &mut Desired, dir: Direction, chain: &Chain) -> String {
+        let i = DIRECTIONS.iter().position(|x| *x == dir).unwrap_or_default();
+        if let Some(name) = self.by_content[i].get(chain)
+            && let Some(u) = self.chains.get_mut(name)
+        {
+            u.refs += 1;
+            return name.clone();
+        }
+        let r = render_chain(dir, chain, self.log);
+        self.by_content[i].insert(chain.clone(), r.name.clone());
+        if let Some(u) = self.chains.get_mut(&r.name) {
+            // Other content, the same rules.
+            u.refs += 1;
+            u.contents.push(chain.clone());
+            return r.name;
+        }
+        for (name, set) in r.sets.iter() {
+            *self.set_refs.entry(name.clone()).or_default() += 1;
+            d.part.sets.entry(name.clone()).or_insert_with(|| set.clone());
+        }
+        for (name, labels) in r.counters.iter() {
+            *self.counter_refs.entry(name.clone()).or_default() += 1;
+            d.part.counters.insert(name.clone());
+            d.counters.entry(name.clone()).or_insert_with(|| labels.clone());
+        }
+        let u = ChainUse {
+            refs: 1,
+            dir: i,
+            contents: vec![chain.clone()],
+            sets: r.sets.into_keys().collect(),
+            counters: r.counters.into_keys().collect(),
+        };
+        self.chains.insert(r.name.clone(), u);
+        d.part.chains.insert(r.name.clone(), ruleset::Chain { hook: None, rules: r.rules });
+        r.name
+    }
+
+    /// One pod direction less jumps to chain `name`: the last takes it,
+    /// and what only it used, out of `d`.
+    fn release(&mut self, d: &mut Desired, name: &str) {
+        let Some(u) = self.chains.get_mut(name) else { return };
+        u.refs -= 1;
+        if u.refs > 0 {
+            return;
+        }
+        let Some(u) = self.chains.remove(name) else { return };
+        d.part.chains.remove(name);
+        for c in &u.contents {
+            self.by_content[u.dir].remove(c);
+        }
+        for set in u.sets {
+            if drop_ref(&mut self.set_refs, &set) {
+                d.part.sets.remove(&set);
+            }
+        }
+        for counter in u.counters {
+            if drop_ref(&mut self.counter_refs, &counter) {
+                d.part.counters.remove(&counter);
+                d.counters.remove(&counter);
+            }
+        }
+    }
+}
+
+/// Takes one reference to `name`; true when it was the last.
+fn drop_ref(refs: &mut HashMap<String, usize>, name: &str) -> bool {
+    let Some(n) = refs.get_mut(name) else { return false };
+    *n -= 1;
+    if *n > 0 {
+        return false;
+    }
+    refs.remove(name);
+    true
+}
+
+impl Desired {
+    fn empty() -> Self {
+        Desired { part: Part::new(OWNER), counters: BTreeMap::new() }
     }
 }
 
@@ -258,7 +385,11 @@ impl Renderer {
 /// log when `log` is set, rendered from scratch.
 #[cfg(test)]
 pub fn render(pods: &[PodPolicy], log: Option<DropLog>) -> Desired {
-    Renderer::new(log).render(pods)
+    let pods: Vec<Arc<PodPolicy>> = pods.iter().cloned().map(Arc::new).collect();
+    let mut renderer = Renderer::new(log);
+    let desired = renderer.render(&pods);
+    drop(renderer);
+    Arc::unwrap_or_clone(desired)
 }
 
 #[cfg(test)]

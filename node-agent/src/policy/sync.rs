@@ -59,13 +59,6 @@ fn slim<K: Resource>(obj: &mut K) {
     meta.owner_references = None;
 }
 
-/// Whether a pass has to read (and maybe write) the kernel: when the
-/// resync (or a retry) is due, since only the kernel shows tampering;
-/// otherwise only when this node's rules differ from the last ones applied.
-fn needs_kernel(resync_due: bool, last_applied: Option<&Desired>, want: &Desired) -> bool {
-    resync_due || last_applied != Some(want)
-}
-
 fn reflect<K>(api: Api<K>, what: &'static str, changed: Arc<tokio::sync::Notify>, trim: fn(&mut K)) -> Store<K>
 where
     K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
@@ -171,9 +164,11 @@ impl Report {
 /// This node's rules (None: the same as the pass before), how many of its
 /// pods they cover, and how many of those were compiled anew.
 struct Want {
-    rules: Option<Desired>,
+    rules: Option<Arc<Desired>>,
     local_pods: usize,
     recompiled: usize,
+    /// How long the compile and the render took.
+    took: (Duration, Duration),
 }
 
 /// The pure part of a pass, with what it compiled and rendered last: a
@@ -181,22 +176,27 @@ struct Want {
 struct Compute {
     compiler: Incremental,
     renderer: render::Renderer,
+    log: Option<render::DropLog>,
 }
 
 impl Compute {
     fn new(node: &str, log: Option<render::DropLog>) -> Self {
-        Compute { compiler: Incremental::new(node), renderer: render::Renderer::new(log) }
+        Compute { compiler: Incremental::new(node), renderer: render::Renderer::new(log), log }
     }
 
-    /// `full`: compile everything, as the resync does, so that the safety
-    /// net does not depend on the incremental bookkeeping either.
+    /// `full`: compile and render everything, as the resync does, so that
+    /// the safety net does not depend on the incremental bookkeeping either.
     fn want(&mut self, cluster: &Cluster, full: bool) -> Want {
         if full {
             self.compiler.reset();
+            self.renderer = render::Renderer::new(self.log);
         }
+        let started = Instant::now();
         let compiled = self.compiler.compile(cluster);
-        let rules = compiled.changed.then(|| self.renderer.render(compiled.pods.iter().map(Arc::as_ref)));
-        Want { rules, local_pods: compiled.pods.len(), recompiled: compiled.recompiled }
+        let compiled_at = started.elapsed();
+        let rules = compiled.changed.then(|| self.renderer.render(&compiled.pods));
+        let took = (compiled_at, started.elapsed() - compiled_at);
+        Want { rules, local_pods: compiled.pods.len(), recompiled: compiled.recompiled, took }
     }
 }
 
@@ -233,10 +233,9 @@ pub async fn run(
     // retry. A deadline, not a timer restarted by each change, so that
     // constant churn elsewhere cannot put the resync off.
     let mut kernel_due = tokio::time::Instant::now();
-    // The rules last written to (or found in) the kernel.
-    let mut last_applied: Option<Arc<Desired>> = None;
-    let engine = Arc::new(Engine::new(Nft::default()));
+    // Whether rules were ever applied (then the iptables-era ones are gone).
     let mut cleaned_up = false;
+    let engine = Arc::new(Engine::new(Nft::default()));
     let mut compute = Some(Compute::new(&node, drop_log));
     let labels: drop_log::Labels = Arc::new(std::sync::Mutex::new(Default::default()));
     tokio::spawn(read_counters(Arc::clone(&engine), Arc::clone(&labels), Arc::clone(&metrics)));
@@ -255,7 +254,7 @@ pub async fn run(
         let full = tokio::time::Instant::now() >= kernel_due;
         // Lost if the task panics: the next pass starts over.
         let mut c = compute.take().unwrap_or_else(|| Compute::new(&node, drop_log));
-        let Want { rules, local_pods, recompiled } = match tokio::task::spawn_blocking(move || {
+        let Want { rules, local_pods, recompiled, took } = match tokio::task::spawn_blocking(move || {
             let want = c.want(&cluster, full);
             (c, want)
         })
@@ -272,6 +271,10 @@ pub async fn run(
                 continue;
             }
         };
+        // Only the kernel shows tampering, so the resync (or a retry) always
+        // reads it; otherwise only rules that changed go to it. Pod churn
+        // elsewhere in the cluster that cannot change this node's rules
+        // ends here.
         let Some(rules) = rules else {
             // The rules of the pass before: applied, or (it failed) retried
             // when `kernel_due` comes, with a full compile.
@@ -279,13 +282,7 @@ pub async fn run(
             next_change_or(&changed, kernel_due).await;
             continue;
         };
-        if !needs_kernel(full, last_applied.as_deref(), &rules) {
-            m.syncs.get_or_create(&ResultLabels { result: "unaffected" }).inc();
-            next_change_or(&changed, kernel_due).await;
-            continue;
-        }
         let computed = started.elapsed();
-        let rules = Arc::new(rules);
         let (rules2, metrics2, engine2) = (Arc::clone(&rules), Arc::clone(&metrics), Arc::clone(&engine));
         let result = tokio::task::spawn_blocking(move || {
             let applied = apply(&engine2, &rules2, full, Some(&metrics2));
@@ -319,29 +316,28 @@ pub async fn run(
                         elapsed_ms = format_args!("{:.1}", ms(elapsed)),
                         snapshot_ms = format_args!("{:.1}", ms(snapshot_took)),
                         compute_ms = format_args!("{:.1}", ms(computed - snapshot_took)),
+                        compile_ms = format_args!("{:.1}", ms(took.0)),
+                        render_ms = format_args!("{:.1}", ms(took.1)),
                         kernel_ms = format_args!("{:.1}", ms(elapsed - computed)),
                         "policy rules applied"
                     );
                 }
                 *labels.lock().unwrap_or_else(|p| p.into_inner()) = rules.counters.clone();
-                if last_applied.is_none() && !cleaned_up {
+                if !cleaned_up {
                     // An upgrade in place: the iptables-era policy goes once this is in.
                     crate::firewall::legacy::remove_once("policy", crate::firewall::legacy::remove_policy).await;
                     cleaned_up = true;
                 }
-                last_applied = Some(rules);
             }
             Ok(Err(e)) => {
                 m.syncs.get_or_create(&ResultLabels { result: "error" }).inc();
                 tracing::error!(error = %e, "policy sync failed; retrying");
                 pause = RETRY;
-                last_applied = None;
             }
             Err(e) => {
                 m.syncs.get_or_create(&ResultLabels { result: "error" }).inc();
                 tracing::error!(error = %e, "policy sync task failed; retrying");
                 pause = RETRY;
-                last_applied = None;
             }
         }
         kernel_due = tokio::time::Instant::now() + pause;
@@ -382,14 +378,21 @@ mod tests {
 
     #[test]
     fn only_a_change_of_this_node_s_rules_or_a_resync_reaches_the_kernel() {
-        let want = render::render(&[], None);
-        let mut other = want.clone();
-        other.part.counters.insert("policy-x".into());
-        let same = want.clone();
-        assert!(needs_kernel(false, None, &want), "nothing applied yet");
-        assert!(!needs_kernel(false, Some(&same), &want), "a change elsewhere");
-        assert!(needs_kernel(false, Some(&other), &want), "this node's rules changed");
-        assert!(needs_kernel(true, Some(&same), &want), "the resync looks for tampering");
+        use crate::policy::model::tests::{NODE, cluster, std_policy};
+        let mut c = cluster();
+        c.standard = vec![std_policy("prod", "db", json!({"podSelector": {"matchLabels": {"app": "db"}}}))];
+        let mut compute = Compute::new(NODE, None);
+        let first = compute.want(&c, true).rules.expect("the first pass has rules");
+        assert!(compute.want(&c, false).rules.is_none(), "nothing changed");
+        let again = compute.want(&c, true).rules.expect("the resync looks for tampering");
+        assert_eq!(again, first);
+        // A change elsewhere: prod/cache is on the other node and no peer.
+        let i = c.pods.iter().position(|p| p.key() == "prod/cache").unwrap();
+        Arc::make_mut(&mut c.pods[i]).labels.insert("app".into(), "other".into());
+        assert!(compute.want(&c, false).rules.is_none(), "a change elsewhere");
+        c.standard.clear();
+        let none = compute.want(&c, false).rules.expect("this node's rules changed");
+        assert_eq!(*none, render::render(&[], None));
     }
 
     #[test]
@@ -498,24 +501,25 @@ mod tests {
         // render that keeps the chains of the pass before.
         let (mut inc, mut renderer) = (Incremental::new("node-0"), render::Renderer::new(None));
         let mut last = inc.compile(&cluster);
-        renderer.render(last.pods.iter().map(Arc::as_ref));
+        renderer.render(&last.pods);
         let mut changes = Vec::new();
         for (node, key, value) in [("node-0", "app", "a9"), ("node-7", "tier", "t1")] {
             let i = cluster.pods.iter().position(|p| p.node == node).unwrap();
             let was = cluster.pods[i].labels[key].clone();
-            let (mut recompiled, mut rendered) = (0, false);
-            let t_compile = median(&mut |k| {
+            let (mut recompiled, mut renders) = (0, Vec::new());
+            let t_pass = median(&mut |k| {
                 let label = if k % 2 == 0 { value } else { was.as_str() };
                 Arc::make_mut(&mut cluster.pods[i]).labels.insert(key.into(), label.into());
                 last = inc.compile(&cluster);
                 recompiled = recompiled.max(last.recompiled);
                 if last.changed {
-                    rendered = true;
-                    renderer.render(last.pods.iter().map(Arc::as_ref));
+                    let t = Instant::now();
+                    renderer.render(&last.pods);
+                    renders.push(t.elapsed().as_secs_f64() * 1e3);
                 }
             });
-            let t_render = median(&mut |_| desired = renderer.render(last.pods.iter().map(Arc::as_ref)));
-            changes.push((node, recompiled, rendered, t_compile, t_render));
+            renders.sort_by(f64::total_cmp);
+            changes.push((node, recompiled, t_pass, renders.get(renders.len() / 2).copied()));
         }
         let after = desired.clone();
         let t_diff = median(&mut |_| {
@@ -531,13 +535,13 @@ mod tests {
         println!("| phase | ms |\n|---|---:|");
         println!("| pods read from the objects (once; the watch keeps them) | {t_snapshot:.2} |");
         println!("| compile everything (first pass, resync) | {t_compile:.2} |\n| render everything | {t_render:.2} |");
-        for (node, recompiled, rendered, t_compile, t_render) in changes {
-            let render = if rendered { "+ render" } else { "(rules unchanged: no render)" };
+        for (node, recompiled, t_pass, t_render) in changes {
+            let render = if t_render.is_some() { "+ render" } else { "(rules unchanged: no render)" };
             println!(
-                "| a label change on {node}: incremental compile {render}, {recompiled} pods recompiled | {t_compile:.2} |"
+                "| a label change on {node}: incremental compile {render}, {recompiled} pods recompiled | {t_pass:.2} |"
             );
-            if rendered {
-                println!("| … of which the render (of nothing new) | {t_render:.2} |");
+            if let Some(t_render) = t_render {
+                println!("| … of which the render | {t_render:.2} |");
             }
         }
         println!("| diff from the last applied (incl. building it) | {t_diff:.2} |");
