@@ -64,16 +64,23 @@ fn proto_name(n: u8) -> String {
     }
 }
 
-/// Binds the group in the caller's network namespace (the node's) and
-/// starts the reader thread. An error (the group taken, no permission)
-/// leaves policy enforced and only the log missing.
-pub fn start(log: render::DropLog, labels: Labels, metrics: Arc<PolicyMetrics>) -> Result<(), nflog::Error> {
-    let group = nflog::Group::bind(log.group)?;
-    std::thread::Builder::new()
-        .name("policy-drop-log".into())
-        .spawn(move || read_forever(group, &labels, &metrics))
-        .map_err(nflog::Error::Socket)?;
-    tracing::info!(group = log.group, per_second = log.per_second, "policy drop log: reading NFLOG group");
+/// Starts the reader thread, which binds the group in the caller's network
+/// namespace (the node's; a new thread starts in its creator's) on its own
+/// thread, off the runtime's. A bind error (the group taken, no
+/// permission) is logged there and leaves policy enforced, only the log
+/// missing.
+pub fn start(log: render::DropLog, labels: Labels, metrics: Arc<PolicyMetrics>) -> std::io::Result<()> {
+    std::thread::Builder::new().name("policy-drop-log".into()).spawn(move || match nflog::Group::bind(log.group) {
+        Ok(group) => {
+            tracing::info!(group = log.group, per_second = log.per_second, "policy drop log: reading NFLOG group");
+            read_forever(group, &labels, &metrics)
+        }
+        Err(e) => tracing::error!(
+            error = %e,
+            group = log.group,
+            "policy drop log unavailable; policy is enforced without it"
+        ),
+    })?;
     Ok(())
 }
 

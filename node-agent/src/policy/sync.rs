@@ -242,7 +242,7 @@ pub async fn run(
     if let Some(log) = drop_log
         && let Err(e) = drop_log::start(log, Arc::clone(&labels), Arc::clone(&metrics))
     {
-        tracing::error!(error = %e, "policy drop log unavailable; policy is enforced without it");
+        tracing::error!(error = %e, "cannot start the policy drop log reader; policy is enforced without it");
     }
     loop {
         let started = Instant::now();
