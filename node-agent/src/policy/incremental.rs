@@ -2,12 +2,12 @@
 //! pod compiled to, and after a change recompiles only the local pods it
 //! can affect. Those are the pods a changed policy selects (before or
 //! after the change), the local pods that changed themselves, and the pods
-//! selected by a policy whose rules resolve differently with a changed
-//! pod as it is than as it was (its address, labels, named ports or
-//! namespace labels). Everything else is
-//! reused as it was. A large change (a relist that really differs, a
-//! first pass) compiles everything; the result is always what [`compile`]
-//! would give, which the property test below holds it to.
+//! selected by a policy whose rules resolve differently with a changed pod
+//! as it is than as it was (its address, labels, named ports or namespace
+//! labels). Everything else is reused as it was. A large change (a relist
+//! that really differs) and the first pass compile everything. The result
+//! is always what [`compile`] would give, which the property test holds it
+//! to.
 //!
 //! [`compile`]: super::model::compile
 
@@ -116,11 +116,12 @@ fn stale_pods(
 
     // Each changed pod as it was and as it is, each in its namespace's labels then.
     let mut versions: Vec<(Option<PodInNs<'_>>, Option<PodInNs<'_>>)> = Vec::new();
-    let mut changed_local: Vec<&PodInfo> = Vec::new();
+    // The changed pods as they are (a local one among them is recompiled).
+    let mut changed_now: Vec<&PodInfo> = Vec::new();
     for (was, is) in changed_pods(&old.pods, new_pods) {
         versions
             .push((was.map(|p| (p.as_ref(), old_ns(&p.namespace))), is.map(|p| (p.as_ref(), new_ns(&p.namespace)))));
-        changed_local.extend(is.map(Arc::as_ref));
+        changed_now.extend(is.map(Arc::as_ref));
     }
     // A namespace relabelled: its pods may be peers of other rules now, or no more.
     let mut relabelled: Vec<&str> = Vec::new();
@@ -154,7 +155,7 @@ fn stale_pods(
     let stale = local
         .iter()
         .map(|pod| {
-            changed_local.iter().any(|c| c.namespace == pod.namespace && c.name == pod.name)
+            changed_now.iter().any(|c| c.namespace == pod.namespace && c.name == pod.name)
                 || reach.iter().any(|r| r.selects(pod))
         })
         .collect();
