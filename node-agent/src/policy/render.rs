@@ -316,22 +316,18 @@ impl Renderer {
             u.contents.push(chain.clone());
             return r.name;
         }
-        for (name, set) in r.sets.iter() {
+        let mut u = ChainUse { refs: 1, dir: i, contents: vec![chain.clone()], sets: Vec::new(), counters: Vec::new() };
+        for (name, set) in r.sets {
             *self.set_refs.entry(name.clone()).or_default() += 1;
-            d.part.sets.entry(name.clone()).or_insert_with(|| set.clone());
+            d.part.sets.entry(name.clone()).or_insert(set);
+            u.sets.push(name);
         }
-        for (name, labels) in r.counters.iter() {
+        for (name, labels) in r.counters {
             *self.counter_refs.entry(name.clone()).or_default() += 1;
             d.part.counters.insert(name.clone());
-            d.counters.entry(name.clone()).or_insert_with(|| labels.clone());
+            d.counters.entry(name.clone()).or_insert(labels);
+            u.counters.push(name);
         }
-        let u = ChainUse {
-            refs: 1,
-            dir: i,
-            contents: vec![chain.clone()],
-            sets: r.sets.into_keys().collect(),
-            counters: r.counters.into_keys().collect(),
-        };
         self.chains.insert(r.name.clone(), u);
         d.part.chains.insert(r.name.clone(), ruleset::Chain { hook: None, rules: r.rules });
         r.name

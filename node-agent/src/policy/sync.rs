@@ -2,12 +2,12 @@
 //! pods, namespaces and both kinds of NetworkPolicy feed in-memory stores
 //! (pods trimmed to what policy reads). Any change (debounced) recomputes
 //! this node's rules in memory, compiling only the pods it can affect
-//! (`incremental`); only when they differ from the last ones
-//! applied is the kernel read and written, so pod churn elsewhere in the
-//! cluster that cannot change this node's rules costs no program run. The
-//! periodic resync compiles everything, compares with the kernel and writes
-//! what differs, so a missed event or a tampered rule is repaired by the
-//! next one.
+//! (`incremental`) and rendering only chains no pod had; only when that
+//! changed a pod's rules is the difference written to the kernel (without
+//! reading it), so pod churn elsewhere in the cluster that cannot change
+//! this node's rules costs no render and no kernel call. The periodic
+//! resync compiles and renders everything, reads the kernel and writes what
+//! differs, so a missed event or a tampered rule is repaired by the next one.
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
