@@ -71,6 +71,10 @@ enum Cmd {
         /// A pod spec hostPort, HOSTPORT:CONTAINERPORT[/protocol] (repeatable).
         #[arg(long = "host-port")]
         host_ports: Vec<HostPortSpec>,
+        /// Run the workload in a VM guest wired to the pod's eth0 by TC
+        /// redirects, as Kata's tcfilter mode does.
+        #[arg(long)]
+        vm: bool,
     },
     /// Delete a pod (CNI DEL, namespace, Pod object).
     DelPod {
@@ -106,7 +110,7 @@ enum Cmd {
     ApiResume,
     /// List pods with their node and IP.
     Pods,
-    /// Run a command inside a pod's network namespace.
+    /// Run a command inside a pod's network namespace (a VM pod's guest).
     Exec {
         pod: String,
         #[arg(long, short = 'n', default_value = "default")]
@@ -178,9 +182,9 @@ fn main() -> anyhow::Result<()> {
             let pid = weft_e2e::sandbox::nodes::restart_agent(&State::load()?, &node, kill)?;
             println!("{pid}");
         }
-        Cmd::AddPod { name, namespace, node, labels, ports, annotations, host_ports } => {
+        Cmd::AddPod { name, namespace, node, labels, ports, annotations, host_ports, vm } => {
             let labels = key_values(&labels, "labels")?;
-            let options = pods::PodOptions { annotations: key_values(&annotations, "annotations")?, host_ports };
+            let options = pods::PodOptions { annotations: key_values(&annotations, "annotations")?, host_ports, vm };
             let rec = rt.block_on(pods::add(&name, &namespace, node.as_deref(), &labels, &ports, &options))?;
             println!("{}", serde_json::to_string(&rec)?);
         }
@@ -192,7 +196,7 @@ fn main() -> anyhow::Result<()> {
                 None => {
                     let (ns, name) =
                         from.split_once('/').context("--from is a node name or a pod as namespace/name")?;
-                    PodRecord::load(ns, name)?.netns
+                    PodRecord::load(ns, name)?.workload_netns().to_owned()
                 }
             };
             let timeout = Duration::from_millis(timeout_ms);
@@ -214,7 +218,7 @@ fn main() -> anyhow::Result<()> {
         Cmd::Exec { pod, namespace, command } => {
             let rec = PodRecord::load(&namespace, &pod)?;
             let status = std::process::Command::new("ip")
-                .args(["netns", "exec", &rec.netns])
+                .args(["netns", "exec", rec.workload_netns()])
                 .args(&command)
                 .status()
                 .context("cannot run the command")?;

@@ -8,6 +8,7 @@
 //!   weft-sbx-cp      10.250.0.1: etcd, kube-apiserver :6443, weft-operator
 //!   weft-sbx-node-N  10.250.0.(10+N): weft-agent, bridge weft0, weft.1
 //!   weft-sbx-pod-*   one per pod, eth0 from weft-cni
+//!   weft-sbx-vm-*    a VM pod's guest, wired to its pod's eth0 by TC (vm.rs)
 //! ```
 //! The host reaches the apiserver through a loopback forwarder run by the
 //! supervisor (`127.0.0.1:16443`), like a load balancer in front of it.
@@ -19,6 +20,7 @@ pub mod operators;
 pub mod pods;
 pub mod probe;
 pub mod testing;
+pub mod vm;
 
 use std::net::Ipv4Addr;
 use std::path::PathBuf;

@@ -65,6 +65,9 @@ pub struct PodOptions {
     pub annotations: BTreeMap<String, String>,
     /// Pod spec `hostPort`s, passed to weft-cni as `runtimeConfig.portMappings` as a runtime does.
     pub host_ports: Vec<HostPortSpec>,
+    /// Run the pod as a VM runtime does: its workload in a guest wired to
+    /// eth0 by TC redirects ([`super::vm`]).
+    pub vm: bool,
 }
 
 /// What the sandbox remembers of a pod.
@@ -73,7 +76,11 @@ pub struct PodRecord {
     pub name: String,
     pub namespace: String,
     pub node: String,
+    /// The namespace the runtime gives weft-cni (CNI_NETNS).
     pub netns: String,
+    /// A VM pod's guest, where its workload runs; none for a plain pod.
+    #[serde(default)]
+    pub guest_netns: Option<String>,
     pub container_id: String,
     pub ip: String,
     pub ports: Vec<PortSpec>,
@@ -91,6 +98,19 @@ fn pods_dir() -> PathBuf {
 impl PodRecord {
     pub fn key(&self) -> String {
         format!("{}/{}", self.namespace, self.name)
+    }
+
+    /// Where the pod's workload runs and its traffic starts: the guest of a
+    /// VM pod, else the pod's namespace.
+    pub fn workload_netns(&self) -> &str {
+        self.guest_netns.as_deref().unwrap_or(&self.netns)
+    }
+
+    /// Removes a VM pod's guest namespace (its link went with the pod's).
+    fn remove_guest(&self) {
+        if let Some(guest) = &self.guest_netns {
+            let _ = ip(&["netns", "del", guest]);
+        }
     }
 
     fn path(namespace: &str, name: &str) -> PathBuf {
@@ -193,6 +213,7 @@ pub async fn add(
         namespace: namespace.to_owned(),
         node: node.clone(),
         netns: netns.clone(),
+        guest_netns: None,
         // Unique per creation, as a runtime's sandbox IDs are.
         container_id: format!("sbx-{namespace}-{name}-{:08x}", rand::random::<u32>()),
         ip: String::new(),
@@ -224,18 +245,36 @@ pub async fn add(
         undo_object().await;
         bail!("weft-cni ADD failed: {}", out.stdout);
     }
-    rec.ip = crate::cni::pod_ip(&out.json());
-    match register(&state, &mut rec).await {
+    let result = out.json();
+    rec.ip = crate::cni::pod_ip(&result);
+    let finished = async {
+        if options.vm {
+            wire_vm(&mut rec, &result)?;
+        }
+        register(&state, &mut rec).await
+    };
+    match finished.await {
         Ok(()) => Ok(rec),
         Err(e) => {
-            // Leave nothing half-made behind: the attachment, the namespace and the object go too.
+            // Leave nothing half-made behind: the attachment, the namespaces and the object go too.
             rec.stop_responder();
+            rec.remove_guest();
             let _ = cni(&state, "DEL", &rec);
             let _ = ip(&["netns", "del", &rec.netns]);
             undo_object().await;
             Err(e)
         }
     }
+}
+
+/// Moves the pod's workload into a VM guest wired to eth0 as Kata does,
+/// configured from the ADD `result` alone.
+fn wire_vm(rec: &mut PodRecord, result: &serde_json::Value) -> anyhow::Result<()> {
+    let guest = super::vm::GuestInterface::from_result(result, "eth0")?;
+    let guest_netns = format!("{NS_PREFIX}vm-{}-{}", rec.namespace, rec.name);
+    super::vm::wire(&rec.netns, "eth0", &guest_netns, &guest)?;
+    rec.guest_netns = Some(guest_netns);
+    Ok(())
 }
 
 /// The Pod object, scheduled to the record's node; returns its UID.
@@ -328,7 +367,7 @@ fn start_responder(rec: &PodRecord) -> anyhow::Result<u32> {
     let ready = state_dir().join(format!("responder-{}-{}.ready", rec.namespace, rec.name));
     let _ = std::fs::remove_file(&ready);
     let mut cmd = Command::new("ip");
-    cmd.args(["netns", "exec", &rec.netns])
+    cmd.args(["netns", "exec", rec.workload_netns()])
         .arg(std::env::current_exe()?)
         .args(["respond", "--name", &rec.key()])
         .arg("--ready-file")
@@ -359,6 +398,7 @@ pub async fn delete(name: &str, namespace: &str, keep_object: bool) -> anyhow::R
         bail!("weft-cni DEL failed: {}", out.stdout);
     }
     let _ = ip(&["netns", "del", &rec.netns]);
+    rec.remove_guest();
     if keep_object {
         std::fs::remove_file(PodRecord::path(namespace, name))?;
         return Ok(());

@@ -72,10 +72,11 @@ pub fn probe(pods: &[PodRecord], port: u16, protocol: &str, timeout: Duration) -
             .map(|src| {
                 s.spawn(move || -> anyhow::Result<(String, BTreeMap<String, bool>)> {
                     // This thread moves into the source pod's namespace for good.
-                    let file = File::open(format!("/run/netns/{}", src.netns))
+                    let netns = src.workload_netns();
+                    let file = File::open(format!("/run/netns/{netns}"))
                         .with_context(|| format!("pod {} has no namespace", src.key()))?;
                     nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
-                        .with_context(|| format!("entering {}", src.netns))?;
+                        .with_context(|| format!("entering {netns}"))?;
                     let row = pods
                         .iter()
                         .filter(|dst| dst.key() != src.key())

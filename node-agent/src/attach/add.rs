@@ -122,7 +122,11 @@ impl Agent {
                 },
             ],
             ips: vec![IpConfig { address: address.to_string(), gateway: pool.gateway().to_string(), interface: 1 }],
-            routes: vec![Route { dst: "0.0.0.0/0".into(), gw: pool.gateway().to_string() }],
+            routes: driver
+                .pod_routes(pool.gateway())
+                .into_iter()
+                .map(|(dst, gw)| Route { dst: dst.to_string(), gw: gw.map(|g| g.to_string()).unwrap_or_default() })
+                .collect(),
             dns: dns_of(&req.config_json),
         })
     }

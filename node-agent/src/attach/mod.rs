@@ -72,6 +72,12 @@ pub trait Driver: Send + Sync {
     /// and every resync. Returns its name when it had to be turned on.
     fn ensure_node_settings(&self) -> Result<Option<&'static str>, DataplaneError>;
 
+    /// The routes a runtime sets on the pod's interface, in order, as the
+    /// CNI result lists them: (destination, gateway; `None`: on-link).
+    fn pod_routes(&self, gateway: Ipv4Addr) -> Vec<(Ipv4Net, Option<Ipv4Addr>)> {
+        vec![(Ipv4Net::default(), Some(gateway))]
+    }
+
     /// The pod's address as its interface carries it.
     fn pod_address(&self, ip: Ipv4Addr, pod_cidr: Ipv4Net) -> Ipv4Net {
         // A prefix from `pod_prefix` is at most 32.
@@ -130,6 +136,23 @@ mod tests {
         assert_eq!(driver(Attachment::Bridge).pod_address(ip, cidr).to_string(), "10.1.2.7/24");
         assert_eq!(driver(Attachment::Routed).pod_address(ip, cidr).to_string(), "10.1.2.7/32");
         assert_eq!(driver(Attachment::Routed).mode(), Attachment::Routed);
+    }
+
+    /// A runtime that configures the interface from the result alone (a VM
+    /// runtime does) must be able to add every route in the order listed:
+    /// a /32 pod reaches its gateway only by the on-link route before it.
+    #[test]
+    fn routed_pods_list_the_route_to_their_gateway_first() {
+        let gw: Ipv4Addr = "10.1.2.1".parse().expect("gw");
+        let show = |mode| -> Vec<String> {
+            driver(mode)
+                .pod_routes(gw)
+                .iter()
+                .map(|(dst, via)| format!("{dst} via {}", via.map(|g| g.to_string()).unwrap_or("link".into())))
+                .collect()
+        };
+        assert_eq!(show(Attachment::Bridge), ["0.0.0.0/0 via 10.1.2.1"]);
+        assert_eq!(show(Attachment::Routed), ["10.1.2.1/32 via link", "0.0.0.0/0 via 10.1.2.1"]);
     }
 
     #[tokio::test]

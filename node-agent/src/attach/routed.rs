@@ -4,6 +4,8 @@
 //! start (permanent neighbour entries), so nothing depends on the node's ARP
 //! settings, and every packet saves the bridge hop at both ends.
 
+use std::net::Ipv4Addr;
+
 use ipnet::Ipv4Net;
 
 use super::Driver;
@@ -21,6 +23,13 @@ impl Driver for Routed {
 
     fn pod_prefix(&self, _pod_cidr: Ipv4Net) -> u8 {
         32
+    }
+
+    /// The pod's own namespace reaches the gateway by an on-link default
+    /// route; a runtime that sets the interface up from the result instead
+    /// (a VM guest) needs the gateway's /32 before the default route via it.
+    fn pod_routes(&self, gateway: Ipv4Addr) -> Vec<(Ipv4Net, Option<Ipv4Addr>)> {
+        vec![(Ipv4Net::from(gateway), None), (Ipv4Net::default(), Some(gateway))]
     }
 
     fn host_side(&self, _bridge_index: u32) -> HostSide {
