@@ -82,8 +82,9 @@ fn wire_into(pod_netns: &str, ifname: &str, guest_netns: &str, guest: &GuestInte
     let mtu = guest.mtu.to_string();
     let (pod, vm) = (["-n", pod_netns], ["-n", guest_netns]);
     ip(&[&vm[..], &["link", "set", "lo", "up"]].concat())?;
-    ip(&[&pod[..], &["link", "add", TAP, "mtu", &mtu, "type", "veth", "peer", "name", GUEST_IFNAME]].concat())?;
-    ip(&[&pod[..], &["link", "set", GUEST_IFNAME, "netns", guest_netns]].concat())?;
+    // The guest end is made in the guest: the pod has an eth0 already.
+    let tap = ["link", "add", TAP, "mtu", &mtu, "type", "veth", "peer", "name", GUEST_IFNAME, "netns", guest_netns];
+    ip(&[&pod[..], &tap[..]].concat())?;
     let set = ["link", "set", GUEST_IFNAME, "address", &guest.mac, "mtu", &mtu, "up"];
     ip(&[&vm[..], &set[..]].concat())?;
     for a in &guest.addresses {
