@@ -53,6 +53,10 @@ impl std::fmt::Display for Backend {
     doc = "Per-node pod CIDR lease handed out by the Weft operator"
 )]
 #[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("!has(self.cidrs) || size(self.cidrs) == 0 || self.cidrs[0] == self.cidr").message("cidrs[0] must equal cidr"),
+    validation = Rule::new("!has(oldSelf.cidrs) || size(oldSelf.cidrs) == 0 || has(self.cidrs)").message("cidrs cannot be removed")
+)]
 pub struct SubnetSpec {
     /// Name of the Node that holds this lease. Immutable.
     #[x_kube(validation = Rule::new("self == oldSelf").message("nodeName is immutable"))]
@@ -67,6 +71,19 @@ pub struct SubnetSpec {
     )]
     #[schemars(length(min = 9, max = 43))]
     pub cidr: String,
+    /// Every pod address range of the node, one per address family, `cidr`
+    /// first: set in dual-stack clusters (as a Node's `podCIDRs`), empty in
+    /// single-stack ones. A family may be added (a cluster made dual-stack);
+    /// a listed range never changes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(
+        validation = Rule::new("self.all(c, isCIDR(c))").message("cidrs must be valid CIDRs such as fd00:10:244:1::/64"),
+        validation = Rule::new("self.all(c, !isCIDR(c) || cidr(c) == cidr(c).masked())").message("cidrs must be network addresses: their host bits must be zero"),
+        validation = Rule::new("size(self) < 2 || !isCIDR(self[0]) || !isCIDR(self[1]) || cidr(self[0]).ip().family() != cidr(self[1]).ip().family()").message("cidrs holds at most one range per address family"),
+        validation = Rule::new("oldSelf.all(c, c in self)").message("a range in cidrs cannot be changed or removed")
+    )]
+    #[schemars(length(max = 2), inner(length(min = 3, max = 43)))]
+    pub cidrs: Vec<String>,
     /// Encapsulation used between nodes.
     #[serde(default)]
     pub backend: Backend,
@@ -100,6 +117,13 @@ pub struct SubnetStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "crate::common::conditions_schema")]
     pub conditions: Vec<Condition>,
+}
+
+impl SubnetSpec {
+    /// Every range of the lease: `cidr`, then the other family's in dual-stack clusters.
+    pub fn blocks(&self) -> impl Iterator<Item = &str> {
+        std::iter::once(self.cidr.as_str()).chain(self.cidrs.iter().map(String::as_str).filter(|c| *c != self.cidr))
+    }
 }
 
 /// Condition type the operator sets once the lease exists.

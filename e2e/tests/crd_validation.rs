@@ -133,6 +133,56 @@ async fn subnet_immutable_fields_stay_immutable() {
     subnets.delete(&name, &DeleteParams::default()).await.expect("delete");
 }
 
+/// `cidrs` (dual-stack): one range per family, `cidr` first; a family may
+/// be added to a single-stack lease, a listed range never changes.
+#[tokio::test]
+async fn subnet_cidrs_hold_one_range_per_family() {
+    let Some(client) = setup().await else { return };
+    let subnets: Api<Subnet> = Api::all(client);
+    let with_cidrs = |cidr: &str, cidrs: Value| {
+        let mut s = subnet(&unique_name("dual"), cidr);
+        s["spec"]["cidrs"] = cidrs;
+        s
+    };
+    let cases = [
+        (
+            with_cidrs("10.250.10.0/24", json!(["10.250.10.0/24", "10.250.11.0/24"])),
+            "at most one range per address family",
+        ),
+        (with_cidrs("10.250.10.0/24", json!(["fd00:10::/64", "10.250.10.0/24"])), "cidrs[0] must equal cidr"),
+        (with_cidrs("10.250.10.0/24", json!(["10.250.10.0/24", "fd00:10::1/64"])), "their host bits must be zero"),
+        (with_cidrs("10.250.10.0/24", json!(["10.250.10.0/24", "fd00:zz::/64"])), "cidrs must be valid CIDRs"),
+    ];
+    for (obj, want) in cases {
+        let msg = rejection(&subnets, obj).await;
+        assert!(msg.contains(want), "want {want:?}, message: {msg}");
+    }
+
+    let name = unique_name("grow");
+    let pp = PatchParams::default();
+    subnets
+        .create(&PostParams::default(), &serde_json::from_value(subnet(&name, "10.250.12.0/24")).expect("subnet"))
+        .await
+        .expect("create");
+    let grown = subnets
+        .patch(&name, &pp, &Patch::Merge(json!({"spec": {"cidrs": ["10.250.12.0/24", "fd00:12::/64"]}})))
+        .await
+        .expect("a family may be added");
+    assert_eq!(grown.spec.blocks().collect::<Vec<_>>(), ["10.250.12.0/24", "fd00:12::/64"]);
+    for (cidrs, want) in [
+        (json!(["10.250.12.0/24", "fd00:13::/64"]), "cannot be changed or removed"),
+        (json!(["10.250.12.0/24"]), "cannot be changed or removed"),
+        (Value::Null, "cidrs cannot be removed"),
+    ] {
+        let err = subnets
+            .patch(&name, &pp, &Patch::Merge(json!({"spec": {"cidrs": cidrs}})))
+            .await
+            .expect_err("a listed range must stay");
+        assert!(err.to_string().contains(want), "want {want:?}, error: {err}");
+    }
+    subnets.delete(&name, &DeleteParams::default()).await.expect("delete");
+}
+
 #[tokio::test]
 async fn host_port_allocation_ranges_are_enforced() {
     let Some(client) = setup().await else { return };

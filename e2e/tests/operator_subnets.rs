@@ -531,3 +531,44 @@ async fn a_withdrawn_block_stays_reserved_while_a_pod_holds_an_address_in_it() {
     assert_eq!(fx.subnets().await.expect("list")[&n2].spec.cidr, block, "the let-go block is leased again");
     op.check_running().expect("operator running");
 }
+
+/// Dual-stack: every node's Subnet lists a block of each family; a lease
+/// from before the cluster was made dual-stack keeps its IPv4 block and gets
+/// an IPv6 one added; the IPv6 blocks are disjoint like the IPv4 ones.
+#[tokio::test]
+async fn dual_stack_leases_a_block_of_each_family_and_extends_older_leases() {
+    let Some(fx) = Fixture::new("op-dual", "10.110.0.0/16", 24).await else { return };
+    let (n0, n1, n2) = (fx.node_name(0), fx.node_name(1), fx.node_name(2));
+    let mut single = fx.operator("single");
+    fx.create_node(&n0).await;
+    fx.wait_for_exact_subnets(std::slice::from_ref(&n0), Duration::from_secs(30)).await;
+    let before = fx.subnets().await.expect("list")[&n0].clone();
+    assert!(before.spec.cidrs.is_empty(), "a single-stack lease lists no cidrs: {:?}", before.spec);
+    single.kill();
+
+    let mut dual = fx.operator_with("dual", &["--secondary-cluster-cidr=fd00:110::/56"]);
+    fx.create_node(&n1).await;
+    fx.create_node(&n2).await;
+    let nodes = [n0.clone(), n1, n2];
+    fx.wait_for_exact_subnets(&nodes, Duration::from_secs(30)).await;
+    wait_for(Duration::from_secs(30), "every lease to hold both families", || async {
+        let subnets = fx.subnets().await?;
+        let summary: Vec<String> = subnets.values().map(|s| format!("{}={:?}", s.name_any(), s.spec.cidrs)).collect();
+        anyhow::ensure!(subnets.values().all(|s| s.spec.cidrs.len() == 2), "{}", summary.join(" "));
+        Ok(true)
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}"));
+    let subnets = fx.subnets().await.expect("list");
+    let after = &subnets[&n0];
+    assert_eq!((after.uid(), &after.spec.cidr), (before.uid(), &before.spec.cidr), "the older lease is kept");
+    assert_eq!(after.spec.cidrs[0], after.spec.cidr);
+    let v6: Vec<ipnet::IpNet> = subnets.values().map(|s| s.spec.cidrs[1].parse().expect("IPv6 block")).collect();
+    let pool: ipnet::IpNet = "fd00:110::/56".parse().expect("pool");
+    for (i, a) in v6.iter().enumerate() {
+        assert!(pool.contains(a) && a.prefix_len() == 64, "{a} is not a /64 of {pool}");
+        assert!(v6[i + 1..].iter().all(|b| a != b), "{a} leased twice: {v6:?}");
+    }
+    assert_disjoint(&subnets, &fx.cidr);
+    dual.check_running().expect("operator running");
+}

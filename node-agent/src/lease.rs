@@ -282,7 +282,14 @@ mod tests {
     fn subnet(cidr: &str, published: bool) -> Subnet {
         let mut s = Subnet::new(
             "n1",
-            SubnetSpec { node_name: "n1".into(), cidr: cidr.into(), backend: Backend::Vxlan, vni: None, mtu: None },
+            SubnetSpec {
+                node_name: "n1".into(),
+                cidr: cidr.into(),
+                cidrs: Vec::new(),
+                backend: Backend::Vxlan,
+                vni: None,
+                mtu: None,
+            },
         );
         if published {
             s.status = Some(SubnetStatus {

@@ -35,6 +35,16 @@ pub struct Config {
     #[arg(long, env = "WEFT_NODE_PREFIX_LENGTH", default_value_t = 24)]
     pub node_prefix_length: u8,
 
+    /// A cluster CIDR of the other address family, for dual-stack: every
+    /// node's Subnet then lists a block of each (`spec.cidrs`).
+    #[arg(long, env = "WEFT_SECONDARY_CLUSTER_CIDR")]
+    pub secondary_cluster_cidr: Option<IpNet>,
+
+    /// Prefix length of each node's block of the secondary cluster CIDR
+    /// (default: /64 for IPv6, /24 for IPv4).
+    #[arg(long, env = "WEFT_SECONDARY_NODE_PREFIX_LENGTH")]
+    pub secondary_node_prefix_length: Option<u8>,
+
     /// Encapsulation between nodes.
     #[arg(long, env = "WEFT_BACKEND", value_enum, default_value = "vxlan")]
     pub backend: BackendArg,
@@ -108,6 +118,10 @@ pub struct Config {
 pub enum ConfigError {
     #[error("invalid --cluster-cidr/--node-prefix-length: {0}")]
     Pool(#[from] IpamError),
+    #[error("invalid --secondary-cluster-cidr/--secondary-node-prefix-length: {0}")]
+    SecondaryPool(IpamError),
+    #[error("--secondary-cluster-cidr {secondary} must be of the other address family than --cluster-cidr {primary}")]
+    SameFamily { primary: IpNet, secondary: IpNet },
     #[error("--renew-deadline-seconds ({renew}) must be below --lease-duration-seconds ({lease})")]
     RenewDeadline { renew: u32, lease: u32 },
 }
@@ -118,9 +132,22 @@ impl Config {
         Ok(Pool::new(self.cluster_cidr, self.node_prefix_length)?)
     }
 
+    /// The pool of the other address family in a dual-stack cluster, validated.
+    pub fn secondary_pool(&self) -> Result<Option<Pool>, ConfigError> {
+        let Some(secondary) = self.secondary_cluster_cidr else { return Ok(None) };
+        let primary = self.cluster_cidr;
+        if matches!((primary, secondary), (IpNet::V4(_), IpNet::V4(_)) | (IpNet::V6(_), IpNet::V6(_))) {
+            return Err(ConfigError::SameFamily { primary, secondary });
+        }
+        let default_prefix = if matches!(secondary, IpNet::V6(_)) { 64 } else { 24 };
+        let prefix = self.secondary_node_prefix_length.unwrap_or(default_prefix);
+        Pool::new(secondary, prefix).map(Some).map_err(ConfigError::SecondaryPool)
+    }
+
     /// Checks cross-field constraints.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.pool()?;
+        self.secondary_pool()?;
         if self.leader_elect && self.renew_deadline_seconds >= self.lease_duration_seconds {
             return Err(ConfigError::RenewDeadline {
                 renew: self.renew_deadline_seconds,
@@ -172,5 +199,28 @@ mod tests {
         let cfg = Config::try_parse_from(["x", "--lease-duration-seconds", "5", "--renew-deadline-seconds", "5"])
             .expect("parses");
         assert!(cfg.validate().is_err());
+    }
+
+    #[test]
+    fn dual_stack_needs_the_other_family() {
+        let dual = Config::try_parse_from(["x", "--secondary-cluster-cidr", "fd00:10:244::/56"]).expect("parses");
+        dual.validate().expect("valid");
+        assert_eq!(dual.secondary_pool().expect("pool").expect("secondary").capacity(), 256, "/64s of a /56");
+        let six_first =
+            Config::try_parse_from(["x", "--cluster-cidr", "fd00::/48", "--secondary-cluster-cidr", "10.9.0.0/16"])
+                .expect("parses");
+        assert_eq!(six_first.secondary_pool().expect("pool").expect("secondary").node_prefix(), 24);
+        let same = Config::try_parse_from(["x", "--secondary-cluster-cidr", "10.9.0.0/16"]).expect("parses");
+        let e = same.validate().expect_err("same family").to_string();
+        assert!(e.contains("other address family"), "{e}");
+        let small = Config::try_parse_from([
+            "x",
+            "--secondary-cluster-cidr",
+            "fd00::/64",
+            "--secondary-node-prefix-length",
+            "56",
+        ])
+        .expect("parses");
+        assert!(small.validate().expect_err("prefix").to_string().contains("--secondary-node-prefix-length"));
     }
 }

@@ -131,6 +131,8 @@ async fn run_controllers(
         nodes: node_ctrl.store(),
         subnets: subnet_ctrl.store(),
         pool,
+        // Validated by `config.validate()` at start-up.
+        secondary: config.secondary_pool()?,
         config,
         metrics: metrics.clone(),
         recorder,

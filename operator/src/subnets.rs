@@ -75,6 +75,8 @@ pub struct Context {
     pub nodes: Store<Node>,
     pub subnets: Store<Subnet>,
     pub pool: Pool,
+    /// The other address family's pool in a dual-stack cluster.
+    pub secondary: Option<Pool>,
     pub config: Config,
     pub metrics: Arc<Metrics>,
     pub recorder: Recorder,
@@ -120,10 +122,14 @@ async fn reconcile_node_inner(node: &Node, ctx: &Context) -> Result<Action, Erro
     // A Subnet of this name, also one left by an earlier Node object of the
     // same name, is this node's lease: it keeps it.
     let current = ctx.subnets_api.get_opt(&name).await.map_err(kube_err("reading", &name))?;
-    if let Some(subnet) = current {
-        return keep_lease(ctx, node, &subnet).await;
+    match current {
+        // A lease from before the cluster was made dual-stack gets a block of the other family.
+        Some(subnet) if subnet.metadata.deletion_timestamp.is_none() && lacks_secondary(ctx, &subnet) => {
+            allocate(node, ctx).await
+        }
+        Some(subnet) => keep_lease(ctx, node, &subnet).await,
+        None => allocate(node, ctx).await,
     }
-    allocate(node, ctx).await
 }
 
 /// The node has a Subnet: a withdrawn one is waited out (the node gets a new
@@ -150,6 +156,7 @@ enum Outcome {
     Created(Box<Subnet>),
     Exists(Box<Subnet>),
     Exhausted {
+        pool: Pool,
         in_pool: u128,
         space_freed_meanwhile: bool,
     },
@@ -192,8 +199,8 @@ async fn allocate(node: &Node, ctx: &Context) -> Result<Action, Error> {
         Outcome::Conflict => Ok(Action::requeue(Duration::ZERO)),
         Outcome::Failed(e) => Err(Error::Alloc(name, e)),
         Outcome::Exhausted { space_freed_meanwhile: true, .. } => Ok(Action::requeue(Duration::from_millis(100))),
-        Outcome::Exhausted { in_pool, space_freed_meanwhile: false } => {
-            report_exhausted(ctx, node, in_pool).await;
+        Outcome::Exhausted { pool, in_pool, space_freed_meanwhile: false } => {
+            report_exhausted(ctx, node, &pool, in_pool).await;
             // Deletions wake us early; this is the fallback.
             Ok(Action::requeue(Duration::from_secs(10)))
         }
@@ -221,31 +228,37 @@ async fn serve_batch(ctx: &Context, batch: Vec<AllocRequest>) {
     };
     let (existing, fully_consistent) = existing;
     let nodes: Vec<&str> = batch.iter().map(|r| r.node.as_str()).collect();
-    let (decisions, mut in_pool) = plan(&existing, &nodes, &ctx.pool, fully_consistent);
+    let (decisions, mut in_pool) = plan(&existing, &nodes, &ctx.pool, ctx.secondary.as_ref(), fully_consistent);
     let mut to_create = Vec::new();
+    let mut to_extend = Vec::new();
     let mut retry = Vec::new();
     for (req, decision) in batch.into_iter().zip(decisions) {
         match decision {
             Decision::Has(i) => {
                 let _ = req.reply.send(Outcome::Exists(Box::new(existing[i].clone())));
             }
-            Decision::Lease(cidr) => {
-                let subnet = new_subnet(&req.node, cidr, &ctx.config);
+            Decision::Lease(cidrs) => {
+                let subnet = new_subnet(&req.node, &cidrs, &ctx.config);
                 to_create.push((req, subnet));
             }
+            Decision::Extend(i, cidr) => to_extend.push((req, &existing[i], cidr)),
             Decision::LookAgain => retry.push(req),
-            Decision::Exhausted => {
+            Decision::Exhausted { pool, in_use } => {
                 ctx.waiting_for_space.store(true, Ordering::SeqCst);
                 let freed = ctx.deletions.load(Ordering::SeqCst) != deletions_before;
-                let _ = req.reply.send(Outcome::Exhausted { in_pool, space_freed_meanwhile: freed });
+                let _ = req.reply.send(Outcome::Exhausted { pool, in_pool: in_use, space_freed_meanwhile: freed });
             }
         }
     }
     if let Err(e) = ctx.term.check() {
-        for (req, _) in to_create {
+        for req in to_create.into_iter().map(|(r, _)| r).chain(to_extend.into_iter().map(|(r, ..)| r)) {
             let _ = req.reply.send(Outcome::Failed(e.to_string()));
         }
         return;
+    }
+    let extended = futures::future::join_all(to_extend.iter().map(|(_, s, cidr)| extend(ctx, s, *cidr))).await;
+    for ((req, ..), outcome) in to_extend.into_iter().zip(extended) {
+        let _ = req.reply.send(outcome);
     }
     let pp = PostParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() };
     let results = futures::future::join_all(to_create.iter().map(|(_, s)| ctx.subnets_api.create(&pp, s))).await;
@@ -280,39 +293,100 @@ pub enum Decision {
     /// The node has a Subnet already: `existing[i]` (also a withdrawn one,
     /// which the node waits out).
     Has(usize),
-    /// Lease this block.
-    Lease(IpNet),
+    /// Lease these blocks: the primary pool's, then the secondary's.
+    Lease(Vec<IpNet>),
+    /// `existing[i]` has no block of the secondary pool's family yet: add this one.
+    Extend(usize, IpNet),
     /// No block is free in what was listed, but the list may have missed
     /// deletions: list again fully consistently before reporting exhaustion.
     LookAgain,
-    Exhausted,
+    /// `pool` has no free block (`in_use` of them are leased).
+    Exhausted { pool: Pool, in_use: u128 },
 }
 
 /// The allocation plan, pure: for each waiting node in order, from every
 /// Subnet listed (withdrawn ones included: their blocks stay reserved until
-/// let go) and the pool. Also returns how many blocks of the pool are then
-/// in use.
-pub fn plan(existing: &[Subnet], nodes: &[&str], pool: &Pool, fully_consistent: bool) -> (Vec<Decision>, u128) {
-    let mut used: Vec<IpNet> = existing.iter().filter_map(|s| s.spec.cidr.parse().ok()).collect();
+/// let go), the pool and, in a dual-stack cluster, the other family's pool.
+/// A new node gets a block of each; a lease from before the cluster was
+/// made dual-stack gets the block it lacks. Also returns how many blocks of
+/// the primary pool are then in use.
+pub fn plan(
+    existing: &[Subnet],
+    nodes: &[&str],
+    pool: &Pool,
+    secondary: Option<&Pool>,
+    fully_consistent: bool,
+) -> (Vec<Decision>, u128) {
+    let mut used: Vec<IpNet> = existing.iter().flat_map(|s| blocks(s).collect::<Vec<_>>()).collect();
     let mut in_pool = used.iter().filter(|n| pool.contains(n)).count() as u128;
+    let lease_from = |p: &Pool, used: &mut Vec<IpNet>| match p.next_free(used.as_slice()) {
+        Some(cidr) => {
+            used.push(cidr);
+            Ok(cidr)
+        }
+        None if !fully_consistent => Err(Decision::LookAgain),
+        None => Err(Decision::Exhausted { pool: *p, in_use: used.iter().filter(|n| p.contains(n)).count() as u128 }),
+    };
     let decisions = nodes
         .iter()
         .map(|node| {
             if let Some(i) = existing.iter().position(|s| s.name_any() == *node) {
-                return Decision::Has(i);
+                let missing = secondary.filter(|p| {
+                    existing[i].metadata.deletion_timestamp.is_none() && !blocks(&existing[i]).any(|b| p.contains(&b))
+                });
+                return match missing {
+                    Some(p) => lease_from(p, &mut used).map(|cidr| Decision::Extend(i, cidr)).unwrap_or_else(|d| d),
+                    None => Decision::Has(i),
+                };
             }
-            match pool.next_free(&used) {
-                Some(cidr) => {
-                    used.push(cidr);
-                    in_pool += 1;
-                    Decision::Lease(cidr)
+            let first = match lease_from(pool, &mut used) {
+                Ok(cidr) => cidr,
+                Err(d) => return d,
+            };
+            let mut cidrs = vec![first];
+            if let Some(p) = secondary {
+                match lease_from(p, &mut used) {
+                    Ok(cidr) => cidrs.push(cidr),
+                    Err(d) => {
+                        // Not leased after all: the node waits for both.
+                        used.retain(|u| *u != first);
+                        return d;
+                    }
                 }
-                None if !fully_consistent => Decision::LookAgain,
-                None => Decision::Exhausted,
             }
+            in_pool += 1;
+            Decision::Lease(cidrs)
         })
         .collect();
     (decisions, in_pool)
+}
+
+/// Every block a Subnet reserves, parsed (one per family).
+pub fn blocks(subnet: &Subnet) -> impl Iterator<Item = IpNet> + '_ {
+    subnet.spec.blocks().filter_map(|b| b.parse().ok())
+}
+
+/// Whether a live lease lacks the block of the secondary pool's family.
+fn lacks_secondary(ctx: &Context, subnet: &Subnet) -> bool {
+    ctx.secondary.is_some_and(|p| managed(ctx, subnet) && !blocks(subnet).any(|b| p.contains(&b)))
+}
+
+/// Adds `cidr` to a lease from before the cluster was made dual-stack,
+/// guarded by the resourceVersion the plan saw (a changed Subnet answers
+/// 409 and the node is planned again).
+async fn extend(ctx: &Context, subnet: &Subnet, cidr: IpNet) -> Outcome {
+    let cidrs: Vec<String> = subnet.spec.blocks().map(str::to_owned).chain([cidr.to_string()]).collect();
+    let patch = json!({"metadata": {"resourceVersion": subnet.resource_version()}, "spec": {"cidrs": cidrs}});
+    let pp = PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() };
+    match ctx.subnets_api.patch(&subnet.name_any(), &pp, &Patch::Merge(&patch)).await {
+        Ok(s) => {
+            note_write(ctx, &s);
+            tracing::info!(subnet = %s.name_any(), %cidr, "added a block of the other address family to the lease");
+            Outcome::Exists(Box::new(s))
+        }
+        Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => Outcome::Conflict,
+        Err(e) => Outcome::Failed(format!("adding {cidr} to subnet {}: {e}", subnet.name_any())),
+    }
 }
 
 /// Lists all Subnets, at least as new as this replica's last write (what
@@ -349,15 +423,15 @@ fn lock_rv(ctx: &Context) -> std::sync::MutexGuard<'_, Option<(String, u64)>> {
     ctx.last_write_rv.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-async fn report_exhausted(ctx: &Context, node: &Node, in_pool: u128) {
+async fn report_exhausted(ctx: &Context, node: &Node, pool: &Pool, in_pool: u128) {
     let name = node.name_any();
     ctx.metrics.pool_exhausted.inc();
     let note = format!(
         "no free /{} left in cluster CIDR {} ({} of {} subnets in use); the node gets one as soon as a Subnet is released",
-        ctx.pool.node_prefix(),
-        ctx.pool.cluster(),
+        pool.node_prefix(),
+        pool.cluster(),
         in_pool,
-        ctx.pool.capacity()
+        pool.capacity()
     );
     tracing::warn!(node = %name, "{note}");
     lock_exhausted(ctx).insert(name.clone());
@@ -393,7 +467,7 @@ async fn clear_exhausted(ctx: &Context, node: &Node, subnet: &Subnet) {
     let name = node.name_any();
     let reported = lock_exhausted(ctx).remove(&name);
     if reported || node_condition_is(node, "False") {
-        let msg = format!("leased {}", subnet.spec.cidr);
+        let msg = format!("leased {}", subnet.spec.blocks().collect::<Vec<_>>().join(","));
         set_node_condition(ctx, &name, "True", "SubnetAllocated", &msg).await;
     }
 }
@@ -429,13 +503,15 @@ async fn set_node_condition(ctx: &Context, node: &str, status: &str, reason: &st
     }
 }
 
-fn new_subnet(node: &str, cidr: IpNet, config: &Config) -> Subnet {
+/// A lease of `cidrs` (the primary pool's block first; two in a dual-stack cluster).
+fn new_subnet(node: &str, cidrs: &[IpNet], config: &Config) -> Subnet {
     let backend: weft_api::Backend = config.backend.into();
     let mut subnet = Subnet::new(
         node,
         SubnetSpec {
             node_name: node.to_string(),
-            cidr: cidr.to_string(),
+            cidr: cidrs.first().map(IpNet::to_string).unwrap_or_default(),
+            cidrs: if cidrs.len() > 1 { cidrs.iter().map(IpNet::to_string).collect() } else { Vec::new() },
             backend,
             vni: (backend == weft_api::Backend::Vxlan).then_some(config.vni),
             mtu: config.mtu,
@@ -574,20 +650,19 @@ async fn reconcile_subnet_inner(subnet: &Subnet, ctx: &Context) -> Result<Action
     lock_absent(ctx).remove(&name);
     ensure_lease_metadata(ctx, subnet).await?;
 
-    if let Ok(mine) = subnet.spec.cidr.parse::<IpNet>() {
-        let me = Claim::of(subnet, true);
-        let winner = ctx.subnets.state().into_iter().find(|other| {
-            other.name_any() != subnet.name_any()
-                && other.spec.cidr.parse::<IpNet>().is_ok_and(|theirs| overlaps(&mine, &theirs))
-                && Claim::of(other, ctx.nodes.get(&ObjectRef::new(&other.spec.node_name)).is_some()).beats(&me)
-        });
-        if let Some(winner) = winner {
-            tracing::warn!(
-                subnet = %subnet.name_any(), cidr = %mine, kept = %winner.name_any(), kept_cidr = %winner.spec.cidr,
-                "subnet overlaps one that keeps its block, withdrawing it so its node is reallocated once the block is let go"
-            );
-            delete_subnet(ctx, subnet).await?;
-        }
+    let mine: Vec<IpNet> = blocks(subnet).collect();
+    let me = Claim::of(subnet, true);
+    let winner = ctx.subnets.state().into_iter().find(|other| {
+        other.name_any() != subnet.name_any()
+            && blocks(other).any(|theirs| mine.iter().any(|m| overlaps(m, &theirs)))
+            && Claim::of(other, ctx.nodes.get(&ObjectRef::new(&other.spec.node_name)).is_some()).beats(&me)
+    });
+    if let Some(winner) = winner {
+        tracing::warn!(
+            subnet = %subnet.name_any(), cidr = %subnet.spec.cidr, kept = %winner.name_any(), kept_cidr = %winner.spec.cidr,
+            "subnet overlaps one that keeps its block, withdrawing it so its node is reallocated once the block is let go"
+        );
+        delete_subnet(ctx, subnet).await?;
     }
     Ok(Action::requeue(ctx.config.resync()))
 }
@@ -657,7 +732,10 @@ async fn let_go_when_unused(ctx: &Context, subnet: &Subnet, node_present: bool) 
 
 /// Pods the API has on the Subnet's node with an address in its block.
 async fn pods_in_block(ctx: &Context, subnet: &Subnet) -> Result<usize, Error> {
-    let Ok(block) = subnet.spec.cidr.parse::<IpNet>() else { return Ok(0) };
+    let blocks: Vec<IpNet> = blocks(subnet).collect();
+    if blocks.is_empty() {
+        return Ok(0);
+    }
     let pods: Api<Pod> = Api::all(ctx.subnets_api.clone().into_client());
     let lp = ListParams::default().fields(&format!("spec.nodeName={}", subnet.spec.node_name));
     let list = pods.list(&lp).await.map_err(kube_err("listing the pods on the node of", &subnet.name_any()))?;
@@ -666,7 +744,9 @@ async fn pods_in_block(ctx: &Context, subnet: &Subnet) -> Result<usize, Error> {
         .iter()
         .filter(|p| {
             let ips = p.status.as_ref().and_then(|s| s.pod_ips.as_ref());
-            ips.into_iter().flatten().any(|ip| ip.ip.parse::<std::net::IpAddr>().is_ok_and(|ip| block.contains(&ip)))
+            ips.into_iter()
+                .flatten()
+                .any(|ip| ip.ip.parse::<std::net::IpAddr>().is_ok_and(|ip| blocks.iter().any(|b| b.contains(&ip))))
         })
         .count())
 }
@@ -750,7 +830,7 @@ mod tests {
     #[test]
     fn new_subnet_is_reserved_by_the_finalizer_and_carries_backend_data() {
         let cfg = Config::try_parse_from(["x", "--vni", "42", "--mtu", "1400"]).expect("config");
-        let s = new_subnet("n1", "10.244.3.0/24".parse().expect("cidr"), &cfg);
+        let s = new_subnet("n1", &["10.244.3.0/24".parse().expect("cidr")], &cfg);
         assert_eq!(s.name_any(), "n1");
         assert_eq!(s.spec.cidr, "10.244.3.0/24");
         assert_eq!(s.spec.vni, Some(42));
@@ -758,13 +838,13 @@ mod tests {
         assert_eq!(s.finalizers(), [LEASE_FINALIZER.to_string()]);
         assert!(s.owner_references().is_empty(), "no owner: the garbage collector must not withdraw leases");
         let cfg = Config::try_parse_from(["x", "--backend", "host-gw"]).expect("config");
-        let s = new_subnet("n1", "10.244.3.0/24".parse().expect("cidr"), &cfg);
+        let s = new_subnet("n1", &["10.244.3.0/24".parse().expect("cidr")], &cfg);
         assert_eq!(s.spec.vni, None, "host-gw has no VNI");
     }
 
     fn leased(node: &str, cidr: &str, withdrawn: bool) -> Subnet {
         let cfg = Config::try_parse_from(["x"]).expect("config");
-        let mut s = new_subnet(node, cidr.parse().expect("cidr"), &cfg);
+        let mut s = new_subnet(node, &[cidr.parse().expect("cidr")], &cfg);
         if withdrawn {
             s.metadata.deletion_timestamp = Some(Time(Timestamp::now()));
         }
@@ -780,28 +860,66 @@ mod tests {
             leased("gone", "10.9.1.0/24", true),
             leased("c", "10.9.3.0/24", false),
         ];
-        let (decisions, in_pool) = plan(&existing, &["new1", "a", "new2", "gone", "new3"], &pool, true);
+        let (decisions, in_pool) = plan(&existing, &["new1", "a", "new2", "gone", "new3"], &pool, None, true);
         assert_eq!(
             decisions,
             [
-                Decision::Lease("10.9.2.0/24".parse().expect("cidr")),
+                Decision::Lease(vec!["10.9.2.0/24".parse().expect("cidr")]),
                 Decision::Has(0),
-                Decision::Lease("10.9.4.0/24".parse().expect("cidr")),
+                Decision::Lease(vec!["10.9.4.0/24".parse().expect("cidr")]),
                 Decision::Has(1),
-                Decision::Lease("10.9.5.0/24".parse().expect("cidr")),
+                Decision::Lease(vec!["10.9.5.0/24".parse().expect("cidr")]),
             ]
         );
         assert_eq!(in_pool, 6);
     }
 
     #[test]
+    fn dual_stack_leases_a_block_of_each_family_and_extends_older_leases() {
+        let pool = Pool::new("10.9.0.0/23".parse().expect("cidr"), 24).expect("pool");
+        let v6 = Pool::new("fd00:9::/63".parse().expect("cidr"), 64).expect("pool");
+        let net = |s: &str| -> IpNet { s.parse().expect("cidr") };
+        let cfg = Config::try_parse_from(["x"]).expect("config");
+        // `a` leased both; `old` is from before the cluster was dual-stack.
+        let existing =
+            [new_subnet("a", &[net("10.9.0.0/24"), net("fd00:9::/64")], &cfg), leased("old", "10.9.1.0/24", false)];
+        assert_eq!(existing[0].spec.cidrs, ["10.9.0.0/24", "fd00:9::/64"]);
+        assert!(existing[1].spec.cidrs.is_empty(), "single-stack leases list no cidrs");
+        let (decisions, _) = plan(&existing, &["a", "old", "new"], &pool, Some(&v6), true);
+        assert_eq!(
+            decisions,
+            [
+                Decision::Has(0),
+                Decision::Extend(1, net("fd00:9:0:1::/64")),
+                // The IPv4 pool is full: the node waits, and takes no IPv6 block meanwhile.
+                Decision::Exhausted { pool, in_use: 2 },
+            ]
+        );
+        let existing = [new_subnet("a", &[net("10.9.0.0/24"), net("fd00:9::/64")], &cfg)];
+        let (decisions, in_pool) = plan(&existing, &["b", "c"], &pool, Some(&v6), true);
+        assert_eq!(
+            decisions,
+            [
+                Decision::Lease(vec![net("10.9.1.0/24"), net("fd00:9:0:1::/64")]),
+                Decision::Exhausted { pool, in_use: 2 },
+            ]
+        );
+        assert_eq!(in_pool, 2);
+        // An exhausted secondary pool holds the primary block back too.
+        let (decisions, _) = plan(&[leased("x", "fd00:9::/63", false)], &["b"], &pool, Some(&v6), true);
+        assert_eq!(decisions, [Decision::Exhausted { pool: v6, in_use: 1 }]);
+        let (decisions, _) = plan(&[leased("x", "fd00:9::/63", false)], &["b", "c"], &pool, Some(&v6), false);
+        assert_eq!(decisions, [Decision::LookAgain, Decision::LookAgain]);
+    }
+
+    #[test]
     fn a_full_pool_is_looked_at_again_before_it_is_reported_exhausted() {
         let pool = Pool::new("10.9.0.0/23".parse().expect("cidr"), 24).expect("pool");
         let existing = [leased("a", "10.9.0.0/24", false)];
-        let (cheap, _) = plan(&existing, &["b", "c"], &pool, false);
-        assert_eq!(cheap, [Decision::Lease("10.9.1.0/24".parse().expect("cidr")), Decision::LookAgain]);
-        let (consistent, in_pool) = plan(&existing, &["b", "c"], &pool, true);
-        assert_eq!(consistent[1], Decision::Exhausted);
+        let (cheap, _) = plan(&existing, &["b", "c"], &pool, None, false);
+        assert_eq!(cheap, [Decision::Lease(vec!["10.9.1.0/24".parse().expect("cidr")]), Decision::LookAgain]);
+        let (consistent, in_pool) = plan(&existing, &["b", "c"], &pool, None, true);
+        assert_eq!(consistent[1], Decision::Exhausted { pool, in_use: 2 });
         assert_eq!(in_pool, 2);
     }
 
@@ -856,6 +974,7 @@ mod tests {
                 nodes: store(nodes),
                 subnets: store(subnets.iter().cloned()),
                 pool: config.pool().expect("pool"),
+                secondary: None,
                 config,
                 metrics: Arc::new(Metrics::new()),
                 recorder: Recorder::new(client, Reporter { controller: "test".into(), instance: None }),
