@@ -13,13 +13,18 @@ use super::{DataplaneError, errno, link, op, underlay};
 
 /// VXLAN over IPv4 adds outer Ethernet (14) + IPv4 (20) + UDP (8) + VXLAN (8).
 pub const VXLAN_OVERHEAD_V4: u32 = 50;
+/// Over IPv6 the outer IP header is 40 bytes instead of 20.
+pub const VXLAN_OVERHEAD_V6: u32 = 70;
 
 /// Linux's historic VXLAN port, which flannel uses too (IANA's is 4789).
 pub const DEFAULT_PORT: u16 = 8472;
 
-/// The MTU of an IPv4 VXLAN device over an underlay of `underlay_mtu`.
-pub fn mtu_for(underlay_mtu: u32) -> u32 {
-    underlay_mtu.saturating_sub(VXLAN_OVERHEAD_V4)
+/// The MTU of a VXLAN device over an underlay of `underlay_mtu` whose
+/// tunnel endpoints are addresses like `local` (the outer header's family
+/// decides; the inner packets' family does not matter).
+pub fn mtu_for(underlay_mtu: u32, local: IpAddr) -> u32 {
+    let overhead = if local.is_ipv6() { VXLAN_OVERHEAD_V6 } else { VXLAN_OVERHEAD_V4 };
+    underlay_mtu.saturating_sub(overhead)
 }
 
 /// A stable, locally administered unicast MAC for the VTEP of `node_ip`, so
@@ -279,9 +284,11 @@ mod tests {
 
     #[test]
     fn mtu_leaves_room_for_the_encapsulation() {
-        assert_eq!(mtu_for(1500), 1450);
-        assert_eq!(mtu_for(9000), 8950);
-        assert_eq!(mtu_for(20), 0);
+        let (v4, v6): (IpAddr, IpAddr) = ("10.0.0.1".parse().expect("v4"), "fd00::1".parse().expect("v6"));
+        assert_eq!(mtu_for(1500, v4), 1450);
+        assert_eq!(mtu_for(9000, v4), 8950);
+        assert_eq!(mtu_for(20, v4), 0);
+        assert_eq!(mtu_for(1500, v6), 1430, "an IPv6 underlay's outer header is 20 bytes longer");
     }
 
     #[test]

@@ -212,7 +212,7 @@ impl Reconciler {
             device_changes: Vec::new(),
         };
         let vxlan_index = if cfg.uses_vxlan() {
-            let mtu = cfg.mtu.unwrap_or_else(|| vxlan::mtu_for(ul.mtu));
+            let mtu = cfg.mtu.unwrap_or_else(|| vxlan::mtu_for(ul.mtu, cfg.node_ip.into()));
             let spec = vxlan::VxlanSpec {
                 name: cfg.device.clone(),
                 vni: cfg.vni,
