@@ -110,6 +110,8 @@ fn vm_pods_work_through_tc_redirects(up_args: &[&str]) {
     // The VM's host port, from another node and from a pod of its own node.
     assert_eq!(connect("node-2", "tcp", "10.250.0.11:8080").as_deref(), Some("default/vm-a"));
     assert_eq!(connect("default/c", "tcp", "10.250.0.11:8080").as_deref(), Some("default/vm-a"));
+    // And from the VM itself: out of eth0 and back in through it (hairpin).
+    assert_eq!(connect("default/vm-a", "tcp", "10.250.0.11:8080").as_deref(), Some("default/vm-a"));
 
     // Policy on a VM pod: only vm-a may reach vm-b.
     let (applied, out) = try_apply(
