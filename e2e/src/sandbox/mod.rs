@@ -93,10 +93,18 @@ impl State {
 
 /// Runs `ip args…`, failing with its stderr.
 pub fn ip(args: &[&str]) -> anyhow::Result<String> {
-    let out = std::process::Command::new("ip").args(args).output().context("cannot run ip")?;
+    iproute2("ip", args)
+}
+
+/// Runs an iproute2 program (`ip`, `tc`) with `args`, failing with its stderr.
+pub fn iproute2(program: &str, args: &[&str]) -> anyhow::Result<String> {
+    let out = std::process::Command::new(program)
+        .args(args)
+        .output()
+        .with_context(|| format!("cannot run {program} (iproute2)"))?;
     anyhow::ensure!(
         out.status.success(),
-        "ip {} failed: {}",
+        "{program} {} failed: {}",
         args.join(" "),
         String::from_utf8_lossy(&out.stderr).trim()
     );

@@ -13,7 +13,7 @@
 use anyhow::{Context, bail};
 use serde_json::Value;
 
-use super::ip;
+use super::{ip, iproute2};
 
 /// The runtime's end of the VM's link, in the pod's namespace.
 pub const TAP: &str = "tap0_kata";
@@ -112,15 +112,7 @@ fn wire_into(pod_netns: &str, ifname: &str, guest_netns: &str, guest: &GuestInte
 }
 
 fn tc(netns: &str, args: &[&str]) -> anyhow::Result<String> {
-    let out =
-        std::process::Command::new("tc").args(["-n", netns]).args(args).output().context("cannot run tc (iproute2)")?;
-    anyhow::ensure!(
-        out.status.success(),
-        "tc {} failed: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr).trim()
-    );
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    iproute2("tc", &[&["-n", netns], args].concat())
 }
 
 #[cfg(test)]
