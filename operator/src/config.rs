@@ -6,7 +6,7 @@ use std::time::Duration;
 use clap::{Parser, ValueEnum};
 use ipnet::IpNet;
 
-use crate::ipam::{IpamError, Pool};
+use crate::ipam::{IpamError, Pool, same_family};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum BackendArg {
@@ -136,7 +136,7 @@ impl Config {
     pub fn secondary_pool(&self) -> Result<Option<Pool>, ConfigError> {
         let Some(secondary) = self.secondary_cluster_cidr else { return Ok(None) };
         let primary = self.cluster_cidr;
-        if matches!((primary, secondary), (IpNet::V4(_), IpNet::V4(_)) | (IpNet::V6(_), IpNet::V6(_))) {
+        if same_family(&primary, &secondary) {
             return Err(ConfigError::SameFamily { primary, secondary });
         }
         let default_prefix = if matches!(secondary, IpNet::V6(_)) { 64 } else { 24 };

@@ -94,7 +94,8 @@ pub fn overlaps(a: &IpNet, b: &IpNet) -> bool {
     a0 <= b1 && b0 <= a1
 }
 
-fn same_family(a: &IpNet, b: &IpNet) -> bool {
+/// Whether both networks are of one address family.
+pub fn same_family(a: &IpNet, b: &IpNet) -> bool {
     matches!((a, b), (IpNet::V4(_), IpNet::V4(_)) | (IpNet::V6(_), IpNet::V6(_)))
 }
 

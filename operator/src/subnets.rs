@@ -317,7 +317,7 @@ pub fn plan(
     secondary: Option<&Pool>,
     fully_consistent: bool,
 ) -> (Vec<Decision>, u128) {
-    let mut used: Vec<IpNet> = existing.iter().flat_map(|s| blocks(s).collect::<Vec<_>>()).collect();
+    let mut used: Vec<IpNet> = existing.iter().flat_map(blocks).collect();
     let mut in_pool = used.iter().filter(|n| pool.contains(n)).count() as u128;
     let lease_from = |p: &Pool, used: &mut Vec<IpNet>| match p.next_free(used.as_slice()) {
         Some(cidr) => {
