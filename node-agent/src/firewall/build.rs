@@ -5,14 +5,14 @@
 use std::collections::HashSet;
 use std::net::Ipv4Addr;
 
-use ipnet::Ipv4Net;
+use ipnet::IpNet;
 use nftables::expr::{
     BinaryOperation, Expression, Fib, FibFlag, FibResult, Meta, MetaKey, NamedExpression, Payload, PayloadField, Range,
 };
 use nftables::stmt::{self, Counter, Mangle, Match, NAT, NATFamily, NATFlag, Operator, Statement};
 
 use super::nft::net_expr;
-use super::ruleset::Proto;
+use super::ruleset::{Family, Proto};
 
 fn field(protocol: &'static str, name: &'static str) -> Expression<'static> {
     Expression::Named(NamedExpression::Payload(Payload::PayloadField(PayloadField {
@@ -41,19 +41,20 @@ pub enum Addr {
 }
 
 impl Addr {
-    fn expr(self) -> Expression<'static> {
-        field("ip", if self == Addr::Src { "saddr" } else { "daddr" })
+    fn expr(self, family: Family) -> Expression<'static> {
+        field(family.header(), if self == Addr::Src { "saddr" } else { "daddr" })
     }
 }
 
-/// `ip saddr|daddr <net>`.
-pub fn addr_in(a: Addr, net: Ipv4Net) -> Statement<'static> {
-    is(a.expr(), Operator::EQ, net_expr(net))
+/// `ip|ip6 saddr|daddr <net>`, by the net's family.
+pub fn addr_in(a: Addr, net: impl Into<IpNet>) -> Statement<'static> {
+    let net = net.into();
+    is(a.expr(Family::of_net(&net)), Operator::EQ, net_expr(net))
 }
 
-/// `ip saddr|daddr @<set>`.
-pub fn addr_in_set(a: Addr, set: &str) -> Statement<'static> {
-    is(a.expr(), Operator::EQ, set_ref(set))
+/// `ip|ip6 saddr|daddr @<set>` (a set of `family`).
+pub fn addr_in_set(a: Addr, family: Family, set: &str) -> Statement<'static> {
+    is(a.expr(family), Operator::EQ, set_ref(set))
 }
 
 /// `<p> dport <lo>[-<hi>]` (after a protocol match).
@@ -79,9 +80,9 @@ pub fn ct_state(states: &[&'static str]) -> Statement<'static> {
     is(ct, Operator::IN, right)
 }
 
-/// `ip saddr|daddr vmap @<map>`.
-pub fn addr_vmap(a: Addr, map: &str) -> Statement<'static> {
-    Statement::VerdictMap(stmt::VerdictMap { key: a.expr(), data: set_ref(map) })
+/// `ip|ip6 saddr|daddr vmap @<map>` (a map keyed by `family`'s addresses).
+pub fn addr_vmap(a: Addr, family: Family, map: &str) -> Statement<'static> {
+    Statement::VerdictMap(stmt::VerdictMap { key: a.expr(family), data: set_ref(map) })
 }
 
 /// `meta l4proto <p>`.

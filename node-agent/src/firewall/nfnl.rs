@@ -17,6 +17,8 @@ use std::time::{Duration, Instant};
 
 use netlink_sys::{Socket, constants::NETLINK_NETFILTER};
 
+use ipnet::IpNet;
+
 use super::ruleset::Key;
 
 // linux/netfilter/nf_tables.h and nfnetlink.h (not all of them are in libc).
@@ -108,11 +110,12 @@ impl Change<'_> {
     }
 }
 
-/// The key's bytes as the set stores them: an IPv4 address, or protocol
-/// and port, each field of a concatenation in a 4-byte register.
+/// The key's bytes as the set stores them: an address (4 or 16 bytes), or
+/// protocol and port, each field of a concatenation in a 4-byte register.
 fn key_bytes(k: &Key) -> Vec<u8> {
     match k {
-        Key::Net(n) => n.addr().octets().to_vec(),
+        Key::Net(IpNet::V4(n)) => n.addr().octets().to_vec(),
+        Key::Net(IpNet::V6(n)) => n.addr().octets().to_vec(),
         Key::ProtoPort(p, port) => {
             let mut b = vec![p.number(), 0, 0, 0];
             b.extend(port.to_be_bytes());
@@ -413,6 +416,8 @@ mod tests {
     #[test]
     fn keys_are_laid_out_as_the_kernel_stores_them() {
         assert_eq!(key_bytes(&Key::addr("10.244.1.5".parse().unwrap())), [10, 244, 1, 5]);
+        let v6 = key_bytes(&Key::addr("fd00::5".parse().unwrap()));
+        assert_eq!(v6, [0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 5]);
         assert_eq!(key_bytes(&Key::ProtoPort(Proto::Udp, 8053)), [17, 0, 0, 0, 0x1f, 0x75, 0, 0]);
     }
 
@@ -527,7 +532,7 @@ mod kernel_tests {
 
             // Thousands of elements in one batch (several messages, a large datagram).
             let many: Vec<(Key, Option<String>)> = (0..5000u32)
-                .map(|i| (Key::addr(std::net::Ipv4Addr::from(0x0a64_0000 + i)), Some("b".to_owned())))
+                .map(|i| (Key::addr(std::net::Ipv4Addr::from(0x0a64_0000 + i).into()), Some("b".to_owned())))
                 .collect();
             conn.apply("t", &[Change::AddElements("addrs", &many)], Duration::from_secs(5)).expect("5,000 elements");
             let all = listed("addrs");

@@ -250,14 +250,14 @@ mod tests {
 
     #[test]
     fn a_prefix_off_a_byte_boundary_is_masked_and_the_comment_is_user_data() {
-        let rule = Rule::new("pod a", vec![build::addr_in(Addr::Src, "10.240.0.0/12".parse().unwrap())]);
+        let rule = Rule::new("pod a", vec![build::addr_in(Addr::Src, "10.240.0.0/12".parse::<Ipv4Net>().unwrap())]);
         let bytes = encode(&rule).unwrap();
         let has = |needle: &[u8]| bytes.windows(needle.len()).any(|w| w == needle);
         assert!(has(b"bitwise\0") && has(&[255, 240, 0, 0]), "mask 255.240.0.0");
         let mut comment = vec![NFTNL_UDATA_RULE_COMMENT, (rule.comment.len() + 1) as u8];
         comment.extend(rule.comment.as_bytes());
         assert!(has(&comment), "comment in user data");
-        let whole = Rule::new("pod a", vec![build::addr_in(Addr::Src, "10.244.0.0/16".parse().unwrap())]);
+        let whole = Rule::new("pod a", vec![build::addr_in(Addr::Src, "10.244.0.0/16".parse::<Ipv4Net>().unwrap())]);
         let bytes = encode(&whole).unwrap();
         assert!(!bytes.windows(8).any(|w| w == b"bitwise\0"), "a /16 compares two bytes");
     }

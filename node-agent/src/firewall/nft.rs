@@ -25,7 +25,7 @@ use nftables::types::{NfChainPolicy, NfChainType, NfFamily, NfHook};
 use serde_json::{Value, json};
 
 use super::ruleset::{
-    ChainKind, Count, Hook, HookPoint, Key, Observed, ObservedChain, ObservedSet, Op, Proto, SetKind,
+    ChainKind, Count, Family, Hook, HookPoint, Key, Observed, ObservedChain, ObservedSet, Op, Proto, SetKind,
 };
 use super::{Backend, FirewallError, nfnl, nfnl_rule};
 use crate::dataplane::exec;
@@ -119,12 +119,16 @@ fn chain<'a>(table: &'a str, name: &'a str, hook: Option<Hook>) -> schema::Chain
     c
 }
 
-fn net_set<'a>(table: &'a str, name: &'a str) -> schema::Set<'a> {
+fn net_set<'a>(table: &'a str, name: &'a str, family: Family) -> schema::Set<'a> {
+    let addr_type = match family {
+        Family::V4 => SetType::Ipv4Addr,
+        Family::V6 => SetType::Ipv6Addr,
+    };
     schema::Set {
         family: NfFamily::INet,
         table: table.into(),
         name: name.into(),
-        set_type: SetTypeValue::Single(SetType::Ipv4Addr),
+        set_type: SetTypeValue::Single(addr_type),
         flags: Some([SetFlag::Interval].into_iter().collect()),
         ..Default::default()
     }
@@ -141,7 +145,7 @@ fn set_or_map(is_map: bool) -> &'static str {
 
 fn key_expr(k: &Key) -> Value {
     match k {
-        Key::Net(n) if n.prefix_len() == 32 => json!(n.addr().to_string()),
+        Key::Net(n) if n.prefix_len() == n.max_prefix_len() => json!(n.addr().to_string()),
         Key::Net(n) => json!({"prefix": {"addr": n.addr().to_string(), "len": n.prefix_len()}}),
         Key::ProtoPort(p, port) => json!({"concat": [p.as_str(), port]}),
     }
@@ -178,7 +182,7 @@ fn steps(ops: &[Op]) -> Vec<Step<'_>> {
     let created: std::collections::HashSet<&str> = ops
         .iter()
         .filter_map(|op| match op {
-            Op::AddSet(name, SetKind::Nets) => Some(name.as_str()),
+            Op::AddSet(name, SetKind::Nets(_)) => Some(name.as_str()),
             _ => None,
         })
         .collect();
@@ -236,7 +240,7 @@ fn steps(ops: &[Op]) -> Vec<Step<'_>> {
             (Some(c), _) => out.push(Step::Netlink(vec![c])),
             (None, last) => {
                 let inline = match op {
-                    Op::AddSet(name, SetKind::Nets) => elements_of(name),
+                    Op::AddSet(name, SetKind::Nets(_)) => elements_of(name),
                     _ => None,
                 };
                 match last {
@@ -267,8 +271,8 @@ fn batch(table: &str, cmds: &[NftCmd<'_>]) -> Value {
                 comment: Some(rule.comment.as_str().into()),
                 ..Default::default()
             }))),
-            Op::AddSet(name, SetKind::Nets) => {
-                let mut set = typed(NfCmd::Add(NfListObject::Set(Box::new(net_set(table, name)))));
+            Op::AddSet(name, SetKind::Nets(family)) => {
+                let mut set = typed(NfCmd::Add(NfListObject::Set(Box::new(net_set(table, name, *family)))));
                 if let Some(elems) = inline.filter(|e| !e.is_empty()) {
                     set["add"]["set"]["elem"] = elems.iter().map(|(k, _)| key_expr(k)).collect();
                 }
@@ -277,7 +281,9 @@ fn batch(table: &str, cmds: &[NftCmd<'_>]) -> Value {
             Op::AddSet(name, SetKind::PortJumps) => {
                 json!({"add": verdict_map(table, name, json!(["inet_proto", "inet_service"]))})
             }
-            Op::AddSet(name, SetKind::AddrJumps) => json!({"add": verdict_map(table, name, json!("ipv4_addr"))}),
+            Op::AddSet(name, SetKind::AddrJumps(family)) => {
+                json!({"add": verdict_map(table, name, json!(family.addr_type()))})
+            }
             Op::FlushSet(name, is_map) => {
                 json!({"flush": {set_or_map(*is_map): {"family": "inet", "table": table, "name": name}}})
             }
@@ -354,11 +360,11 @@ fn parse_set(s: &Value) -> ObservedSet {
     let ty = s.get("type");
     let is_map = s.get("map").is_some();
     let kind = match (ty, s.get("map").and_then(Value::as_str)) {
-        (Some(Value::String(t)), None) if t == "ipv4_addr" => Some(SetKind::Nets),
+        (Some(Value::String(t)), None) => Family::from_addr_type(t).map(SetKind::Nets),
         (Some(Value::Array(t)), Some("verdict")) if t.len() == 2 && t[0] == "inet_proto" && t[1] == "inet_service" => {
             Some(SetKind::PortJumps)
         }
-        (Some(Value::String(t)), Some("verdict")) if t == "ipv4_addr" => Some(SetKind::AddrJumps),
+        (Some(Value::String(t)), Some("verdict")) => Family::from_addr_type(t).map(SetKind::AddrJumps),
         _ => None,
     };
     let mut out = ObservedSet { kind, is_map, ..Default::default() };
@@ -385,7 +391,7 @@ fn parse_key(v: &Value) -> Option<Key> {
     if let Some(p) = v.get("prefix") {
         let addr = p.get("addr")?.as_str()?.parse().ok()?;
         let len = u8::try_from(p.get("len")?.as_u64()?).ok()?;
-        return Some(Key::Net(ipnet::Ipv4Net::new(addr, len).ok()?));
+        return Some(Key::Net(ipnet::IpNet::new(addr, len).ok()?));
     }
     let parts = v.get("concat")?.as_array()?;
     let proto = match parts.first()? {
@@ -411,9 +417,9 @@ fn parse_jump(v: &Value) -> Option<String> {
 }
 
 /// An address or prefix as an nftables expression.
-pub fn net_expr(n: ipnet::Ipv4Net) -> Expression<'static> {
+pub fn net_expr(n: ipnet::IpNet) -> Expression<'static> {
     let n = n.trunc();
-    if n.prefix_len() == 32 {
+    if n.prefix_len() == n.max_prefix_len() {
         Expression::String(n.addr().to_string().into())
     } else {
         Expression::Named(NamedExpression::Prefix(Prefix {
@@ -449,7 +455,7 @@ mod tests {
         assert_eq!(map.elements[&Key::ProtoPort(Proto::Tcp, 8080)].as_deref(), Some("hostport-tcp-8080"));
         assert_eq!(map.elements[&Key::ProtoPort(Proto::Udp, 53)].as_deref(), Some("x"));
         let set = &obs.sets["policy-s"];
-        assert_eq!(set.kind, Some(SetKind::Nets));
+        assert_eq!(set.kind, Some(SetKind::Nets(Family::V4)));
         assert!(set.elements.contains_key(&Key::Net("10.1.0.0/16".parse().unwrap())));
         assert!(set.elements.contains_key(&Key::Net("10.2.0.1/32".parse().unwrap())));
         assert_eq!(set.unreadable, 1, "a range is not a form Weft writes");
@@ -458,6 +464,32 @@ mod tests {
         assert_eq!(c.rule_ids, ["0123456789abcdef", ""], "a rule without our id reads as foreign");
         let base = obs.chains["hostport-prerouting"].hook.unwrap();
         assert_eq!((base.kind, base.point, base.priority), (ChainKind::Nat, HookPoint::Prerouting, -100));
+    }
+
+    #[test]
+    fn ipv6_sets_and_maps_read_back_as_their_family() {
+        let text = r#"{"nftables": [
+          {"set": {"family": "inet", "name": "policy-s6", "table": "weft", "type": "ipv6_addr", "handle": 6, "flags": ["interval"],
+                   "elem": [{"prefix": {"addr": "fd00:1::", "len": 64}}, "fd00::1"]}},
+          {"map": {"family": "inet", "name": "policy-ingress6", "table": "weft", "type": "ipv6_addr", "handle": 7, "map": "verdict",
+                   "elem": [["fd00::5", {"jump": {"target": "policy-in-1"}}]]}}]}"#;
+        let obs = parse_listing(text).unwrap();
+        let set = &obs.sets["policy-s6"];
+        assert_eq!(set.kind, Some(SetKind::Nets(Family::V6)));
+        assert!(set.elements.contains_key(&Key::Net("fd00:1::/64".parse().unwrap())));
+        assert!(set.elements.contains_key(&Key::Net("fd00::1/128".parse().unwrap())));
+        let map = &obs.sets["policy-ingress6"];
+        assert_eq!(map.kind, Some(SetKind::AddrJumps(Family::V6)));
+        assert_eq!(map.elements[&Key::addr("fd00::5".parse().unwrap())].as_deref(), Some("policy-in-1"));
+        let ops = [
+            Op::AddSet("policy-s6".into(), SetKind::Nets(Family::V6)),
+            Op::AddSet("policy-ingress6".into(), SetKind::AddrJumps(Family::V6)),
+        ];
+        let cmds: Vec<_> = ops.iter().map(|op| (op, None)).collect();
+        let b = batch("weft", &cmds);
+        assert_eq!(b["nftables"][1]["add"]["set"]["type"], "ipv6_addr");
+        assert_eq!(b["nftables"][2]["add"]["map"]["type"], "ipv6_addr");
+        assert_eq!(key_expr(&Key::Net("fd00::1/128".parse().unwrap())), json!("fd00::1"));
     }
 
     #[test]
@@ -488,7 +520,7 @@ mod tests {
         let jump = |c: &str| Some(c.to_owned());
         let net = |s: &str| Key::Net(s.parse().unwrap());
         let ops = vec![
-            Op::AddSet("policy-set-1".into(), SetKind::Nets),
+            Op::AddSet("policy-set-1".into(), SetKind::Nets(Family::V4)),
             Op::AddChain("policy-in-1".into(), None),
             Op::DeleteElements("policy-ingress".into(), true, vec![net("10.0.0.9/32")]),
             Op::AddRule("policy-in-1".into(), Rule::new("r", vec![build::accept()])),

@@ -14,9 +14,9 @@
 //! its chain differ, and the chain is rewritten.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 
-use ipnet::Ipv4Net;
+use ipnet::IpNet;
 use nftables::stmt::Statement;
 
 /// L4 protocols Weft matches and maps on.
@@ -143,34 +143,72 @@ pub struct Chain {
     pub rules: Vec<Rule>,
 }
 
+/// The address family of an address match, set or map. Weft's table is
+/// `inet`: a match on one family's header never matches the other's packets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Family {
+    V4,
+    V6,
+}
+
+impl Family {
+    pub fn of(ip: IpAddr) -> Family {
+        if ip.is_ipv4() { Family::V4 } else { Family::V6 }
+    }
+
+    pub fn of_net(n: &IpNet) -> Family {
+        Family::of(n.addr())
+    }
+
+    /// nftables' name of the family's header (`ip saddr`, `ip6 saddr`).
+    pub fn header(self) -> &'static str {
+        match self {
+            Family::V4 => "ip",
+            Family::V6 => "ip6",
+        }
+    }
+
+    /// nftables' type of the family's addresses.
+    pub fn addr_type(self) -> &'static str {
+        match self {
+            Family::V4 => "ipv4_addr",
+            Family::V6 => "ipv6_addr",
+        }
+    }
+
+    pub fn from_addr_type(t: &str) -> Option<Family> {
+        [Family::V4, Family::V6].into_iter().find(|f| f.addr_type() == t)
+    }
+}
+
 /// What a set holds and, for a verdict map, what its values are.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SetKind {
-    /// IPv4 addresses and prefixes (an interval set).
-    Nets,
+    /// Addresses and prefixes of one family (an interval set).
+    Nets(Family),
     /// `protocol . port` → jump to a chain.
     PortJumps,
-    /// IPv4 address → jump to a chain.
-    AddrJumps,
+    /// An address of one family → jump to a chain.
+    AddrJumps(Family),
 }
 
 impl SetKind {
     /// Whether nftables calls it a map (deleted and flushed as one).
     pub fn is_map(self) -> bool {
-        self != SetKind::Nets
+        !matches!(self, SetKind::Nets(_))
     }
 }
 
 /// One element's key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Key {
-    Net(Ipv4Net),
+    Net(IpNet),
     ProtoPort(Proto, u16),
 }
 
 impl Key {
-    pub fn addr(ip: Ipv4Addr) -> Key {
-        Key::Net(Ipv4Net::from(ip))
+    pub fn addr(ip: IpAddr) -> Key {
+        Key::Net(IpNet::from(ip))
     }
 }
 
@@ -182,8 +220,9 @@ pub struct Set {
 }
 
 impl Set {
-    pub fn nets(nets: impl IntoIterator<Item = Ipv4Net>) -> Set {
-        Set { kind: SetKind::Nets, elements: nets.into_iter().map(|n| (Key::Net(n.trunc()), None)).collect() }
+    /// A set of `family`'s nets (the caller passes only nets of it).
+    pub fn nets(family: Family, nets: impl IntoIterator<Item = IpNet>) -> Set {
+        Set { kind: SetKind::Nets(family), elements: nets.into_iter().map(|n| (Key::Net(n.trunc()), None)).collect() }
     }
 }
 

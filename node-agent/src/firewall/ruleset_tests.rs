@@ -1,13 +1,13 @@
 use super::*;
 use crate::firewall::build;
 
-fn net(s: &str) -> Ipv4Net {
+fn net(s: &str) -> IpNet {
     s.parse().unwrap()
 }
 
 fn sample() -> Part {
     let mut p = Part::new("policy");
-    p.sets.insert("policy-peers".into(), Set::nets([net("10.0.0.0/8"), net("10.244.1.5/32")]));
+    p.sets.insert("policy-peers".into(), Set::nets(Family::V4, [net("10.0.0.0/8"), net("10.244.1.5/32")]));
     p.counters.insert("policy-c".into());
     let base = Hook { kind: ChainKind::Filter, point: HookPoint::Forward, priority: FILTER };
     p.chains.insert(
@@ -19,7 +19,10 @@ fn sample() -> Part {
         Chain {
             hook: None,
             rules: vec![
-                Rule::new("allow", vec![build::addr_in_set(build::Addr::Src, "policy-peers"), build::ret()]),
+                Rule::new(
+                    "allow",
+                    vec![build::addr_in_set(build::Addr::Src, Family::V4, "policy-peers"), build::ret()],
+                ),
                 Rule::new("deny", vec![build::count_into("policy-c"), build::drop()]),
             ],
         },
@@ -70,7 +73,8 @@ fn stale_objects_go_after_the_rules_naming_them_are_rewritten() {
     let p = sample();
     let mut have = p.as_observed();
     have.chains.insert("policy-old".into(), ObservedChain { hook: None, rule_ids: vec!["x".into()] });
-    have.sets.insert("policy-oldset".into(), ObservedSet { kind: Some(SetKind::Nets), ..Default::default() });
+    have.sets
+        .insert("policy-oldset".into(), ObservedSet { kind: Some(SetKind::Nets(Family::V4)), ..Default::default() });
     have.counters.insert("policy-oldcounter".into(), Count::default());
     // The dispatch chain still jumps to the old chain.
     have.chains.get_mut("policy-forward").unwrap().rule_ids = vec!["0000000000000000".into()];
@@ -95,7 +99,7 @@ fn unreadable_elements_or_another_type_are_replaced_whole() {
     let ops = diff(&have, &p);
     assert_eq!(
         ops[..2],
-        [Op::DeleteSet("policy-peers".into(), false), Op::AddSet("policy-peers".into(), SetKind::Nets)]
+        [Op::DeleteSet("policy-peers".into(), false), Op::AddSet("policy-peers".into(), SetKind::Nets(Family::V4))]
     );
 }
 

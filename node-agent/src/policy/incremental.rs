@@ -66,7 +66,7 @@ impl Incremental {
         let compiler = Compiler::new(cluster);
         let pods_in_order = in_key_order(&cluster.pods);
         let local: Vec<&PodInfo> =
-            cluster.pods.iter().map(Arc::as_ref).filter(|p| p.node == self.node && p.ip.is_some()).collect();
+            cluster.pods.iter().map(Arc::as_ref).filter(|p| p.node == self.node && !p.ips.is_empty()).collect();
         let last = self.last.take();
         let stale =
             last.as_ref().and_then(|last| stale_pods(&compiler, &last.cluster, cluster, &pods_in_order, &local));

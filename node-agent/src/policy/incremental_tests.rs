@@ -82,10 +82,10 @@ fn a_peer_s_change_recompiles_only_the_pods_whose_rules_name_it() {
     let mut inc = Incremental::new(NODE);
     pass(&mut inc, &c);
     // prod/cache is on the other node; prod/db's rule names it.
-    set_pod(&mut c, "prod/cache", |p| p.ip = Some("10.0.2.9".parse().unwrap()));
+    set_pod(&mut c, "prod/cache", |p| p.ips = vec!["10.0.2.9".parse().unwrap()]);
     assert_eq!(pass_changed(&mut inc, &c), (1, true), "prod/db only");
     // dev/web: "app=web" of prod/web's rule means prod's pods only.
-    set_pod(&mut c, "dev/web", |p| p.ip = Some("10.0.2.8".parse().unwrap()));
+    set_pod(&mut c, "dev/web", |p| p.ips = vec!["10.0.2.8".parse().unwrap()]);
     assert_eq!(pass_changed(&mut inc, &c), (0, false));
     // A pod that comes into a rule's selector, and one that leaves it.
     set_pod(&mut c, "dev/tool", |p| {
@@ -190,8 +190,8 @@ fn apply(c: &mut Cluster, other: &Case, change: &Change, step: usize) {
         Change::Pod(i, j) if !c.pods.is_empty() => {
             let (i, from) = (i.index(c.pods.len()), j.get(&other.pods));
             let mut pod = (*c.pods[i]).clone();
-            (pod.labels, pod.ip, pod.node, pod.ports) =
-                (from.labels.clone(), from.ip, from.node.clone(), from.ports.clone());
+            (pod.labels, pod.ips, pod.node, pod.ports) =
+                (from.labels.clone(), from.ips.clone(), from.node.clone(), from.ports.clone());
             c.pods[i] = Arc::new(pod);
         }
         Change::RemovePod(i) if !c.pods.is_empty() => {

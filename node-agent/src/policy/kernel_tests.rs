@@ -64,13 +64,13 @@ fn pods(extra_port: u16) -> Vec<PodPolicy> {
     vec![
         PodPolicy {
             key: "prod/db".into(),
-            ip: "10.0.1.2".parse().unwrap(),
+            ips: vec!["10.0.1.2".parse().unwrap()],
             ingress: Some(ingress),
             egress: Some(egress),
         },
         PodPolicy {
             key: "prod/x".into(),
-            ip: "10.0.1.9".parse().unwrap(),
+            ips: vec!["10.0.1.9".parse().unwrap()],
             ingress: None,
             egress: Some(Chain { rules: vec![], default_deny: true }),
         },
@@ -136,6 +136,50 @@ fn rules_round_trip_converge_and_leave_others_alone() {
         assert!(legacy.contains("-A FORWARD -s 198.51.100.0/24 -j LEGACY-FWD"), "{legacy}");
         assert!(engine.remove(render::OWNER).expect("remove"));
         assert!(!sh("nft", &["list", "table", "inet", "weft"]).contains("policy-"));
+    });
+}
+
+#[test]
+fn ipv6_peers_and_pods_round_trip_beside_ipv4_ones() {
+    if !require_root() {
+        return;
+    }
+    let ns = Ns::new();
+    ns.run(|| {
+        let mut dual = pods(8080);
+        let v6 = |s: &str| s.parse::<std::net::IpAddr>().unwrap();
+        dual[0].ips.push(v6("fd00::2"));
+        dual[1].ips = vec![v6("fd00::9")];
+        let both = Peers::Nets(
+            ["10.0.1.1/32", "fd00::1/128", "fd00:1::/64", "fd00:2::/64"].map(|n| n.parse().unwrap()).into(),
+        );
+        let rule = Rule {
+            matches: vec![Match { peers: both, proto: Some(Proto::Tcp), ports: Some((80, 80)) }],
+            verdict: Verdict::Allow,
+            origin: "prod/web".into(),
+        };
+        dual[0].ingress.as_mut().unwrap().rules.push(rule);
+        let engine = Engine::new(Nft::default());
+        let want = render::render(&dual, None);
+        assert!(apply(&engine, &want, true, None).expect("apply"), "first apply writes");
+        assert!(
+            !apply(&engine, &want, true, None).expect("again"),
+            "converged: IPv6 sets and maps read back as written"
+        );
+        let table = sh("nft", &["list", "table", "inet", "weft"]);
+        assert!(table.contains("ip6 saddr vmap @policy-egress6") && table.contains("ip6 daddr vmap @policy-ingress6"));
+        assert!(
+            table.contains("ip6 saddr @policy-set-") && table.contains("ip saddr 10.0.1.1 tcp dport 80"),
+            "{table}"
+        );
+        let ingress6 = sh("nft", &["list", "map", "inet", "weft", render::INGRESS_MAP6]);
+        assert!(ingress6.contains("fd00::2 : jump policy-in-"), "{ingress6}");
+        let egress6 = sh("nft", &["list", "map", "inet", "weft", render::EGRESS_MAP6]);
+        assert!(egress6.contains("fd00::2") && egress6.contains("fd00::9"), "{egress6}");
+        assert!(
+            !sh("nft", &["list", "map", "inet", "weft", EGRESS_MAP]).contains("10.0.1.9"),
+            "prod/x is IPv6-only now"
+        );
     });
 }
 
@@ -254,7 +298,7 @@ fn engines_side_by_side() {
             .flat_map(|i| {
                 pods(8080 + (i % 50) as u16 + extra).into_iter().enumerate().map(move |(j, mut p)| {
                     p.key = format!("prod/p{i}-{j}");
-                    p.ip = std::net::Ipv4Addr::from(0x0a01_0000u32 + (i * 2 + j) as u32 + 2);
+                    p.ips = vec![std::net::Ipv4Addr::from(0x0a01_0000u32 + (i * 2 + j) as u32 + 2).into()];
                     p
                 })
             })

@@ -9,6 +9,7 @@
 //! `ipset` are the engine it replaced, kept for the upgrade test and the
 //! benchmark beside the new one.
 
+mod addr_ranges;
 pub mod drop_log;
 pub mod incremental;
 pub mod metrics;

@@ -12,15 +12,17 @@
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 use std::sync::Arc;
 
-use ipnet::Ipv4Net;
+use ipnet::IpNet;
 use k8s_openapi::api::networking::v1 as netv1;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use weft_api::network_policy as wnp;
 use weft_api::selector;
+
+use super::addr_ranges::{self, Range};
 
 pub use crate::firewall::ruleset::Proto;
 
@@ -38,8 +40,9 @@ pub struct PodInfo {
     pub namespace: String,
     pub name: String,
     pub labels: BTreeMap<String, String>,
-    /// None until the pod has an address (it is then no peer and gets no chain).
-    pub ip: Option<Ipv4Addr>,
+    /// At most one per family (`status.podIPs`); empty until the pod has
+    /// an address (it is then no peer and gets no chain).
+    pub ips: Vec<IpAddr>,
     pub node: String,
     pub ports: Vec<NamedPort>,
 }
@@ -84,8 +87,8 @@ impl Direction {
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Peers {
     Any,
-    /// Disjoint, sorted, never empty.
-    Nets(Vec<Ipv4Net>),
+    /// Disjoint, sorted (IPv4 first), never empty; either family or both.
+    Nets(Vec<IpNet>),
 }
 
 /// One packet match: remote addresses, protocol and destination ports.
@@ -126,7 +129,8 @@ pub struct Chain {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PodPolicy {
     pub key: String,
-    pub ip: Ipv4Addr,
+    /// The pod's addresses (one per family), each looked up in the dispatch maps.
+    pub ips: Vec<IpAddr>,
     pub ingress: Option<Chain>,
     pub egress: Option<Chain>,
 }
@@ -266,84 +270,34 @@ pub fn policy_types(spec: &netv1::NetworkPolicySpec) -> (bool, bool) {
     }
 }
 
-/// Inclusive u32 address ranges, merged.
-fn union_ranges(mut r: Vec<(u32, u32)>) -> Vec<(u32, u32)> {
-    r.sort_unstable();
-    let mut out: Vec<(u32, u32)> = Vec::with_capacity(r.len());
-    for (lo, hi) in r {
-        match out.last_mut() {
-            Some(last) if u64::from(lo) <= u64::from(last.1) + 1 => last.1 = last.1.max(hi),
-            _ => out.push((lo, hi)),
-        }
-    }
-    out
-}
-
-fn net_range(n: &Ipv4Net) -> (u32, u32) {
-    (u32::from(n.network()), u32::from(n.broadcast()))
-}
-
-/// `cidr` minus `except`, as ranges. IPv6 or unparsable blocks give nothing
-/// (the cluster is IPv4; validation rejects the malformed ones).
-fn block_ranges(cidr: &str, except: &[String]) -> Vec<(u32, u32)> {
-    let Ok(net) = cidr.parse::<Ipv4Net>() else { return Vec::new() };
-    let holes = union_ranges(except.iter().filter_map(|e| e.parse::<Ipv4Net>().ok()).map(|e| net_range(&e)).collect());
-    let (mut lo, hi) = net_range(&net.trunc());
-    let mut out = Vec::new();
-    for (hlo, hhi) in holes {
-        if hhi < lo || hlo > hi {
-            continue;
-        }
-        if hlo > lo {
-            out.push((lo, hlo - 1));
-        }
-        if hhi >= hi {
-            return out;
-        }
-        lo = hhi + 1;
-    }
-    out.push((lo, hi));
-    out
-}
-
-/// The fewest CIDRs covering exactly the (merged) ranges.
-fn ranges_to_nets(ranges: &[(u32, u32)]) -> Vec<Ipv4Net> {
-    let mut out = Vec::new();
-    for &(lo, hi) in ranges {
-        let mut cur = u64::from(lo);
-        let end = u64::from(hi);
-        while cur <= end {
-            // Largest aligned block starting at cur that fits.
-            let mut size = if cur == 0 { 1u64 << 32 } else { 1u64 << cur.trailing_zeros().min(32) };
-            while cur + size - 1 > end {
-                size >>= 1;
-            }
-            let prefix = 32 - size.trailing_zeros() as u8;
-            out.push(Ipv4Net::new(Ipv4Addr::from(cur as u32), prefix).unwrap_or_default());
-            cur += size;
-        }
-    }
-    out
-}
-
-/// Whether `peer` of a policy in `policy_ns` matches `pod`, in a namespace
-/// labelled `ns_labels`: a pod peer by its selectors (no namespace
-/// selector: the policy's own namespace), a block by the pod's address.
-fn peer_matches(peer: &Peer<'_>, policy_ns: &str, pod: &PodInfo, ns_labels: &BTreeMap<String, String>) -> bool {
+/// The addresses of `pod`, in a namespace labelled `ns_labels`, that
+/// `peer` of a policy in `policy_ns` matches: all of them for a pod peer
+/// whose selectors match (no namespace selector: the policy's own
+/// namespace), those inside the block for a block.
+fn peer_addrs(peer: &Peer<'_>, policy_ns: &str, pod: &PodInfo, ns_labels: &BTreeMap<String, String>) -> Vec<IpAddr> {
     match peer {
         Peer::Pods { ns, pods } => {
             let ns_ok = match ns {
                 None => pod.namespace == policy_ns,
                 Some(sel) => selector::matches(sel, ns_labels),
             };
-            ns_ok && pods.is_none_or(|sel| selector::matches(sel, &pod.labels))
+            if ns_ok && pods.is_none_or(|sel| selector::matches(sel, &pod.labels)) {
+                pod.ips.clone()
+            } else {
+                Vec::new()
+            }
         }
-        Peer::Block { cidr, except } => pod.ip.is_some_and(|ip| {
-            let a = u32::from(ip);
-            block_ranges(cidr, except).iter().any(|&(lo, hi)| lo <= a && a <= hi)
-        }),
-        Peer::Nothing => false,
+        Peer::Block { cidr, except } => {
+            let ranges = addr_ranges::block(cidr, except);
+            pod.ips.iter().copied().filter(|ip| ranges.iter().any(|r| r.contains(*ip))).collect()
+        }
+        Peer::Nothing => Vec::new(),
     }
+}
+
+/// Whether `peer` matches `pod` (some address of it, for a block).
+fn peer_matches(peer: &Peer<'_>, policy_ns: &str, pod: &PodInfo, ns_labels: &BTreeMap<String, String>) -> bool {
+    !peer_addrs(peer, policy_ns, pod, ns_labels).is_empty()
 }
 
 /// Read-only view with the lookups compilation needs.
@@ -402,8 +356,8 @@ impl<'a> View<'a> {
         self.cluster.namespaces.get(ns).unwrap_or(&self.no_labels)
     }
 
-    fn peer_pod_matches(&self, peer: &Peer<'_>, policy_ns: &str, pod: &PodInfo) -> bool {
-        peer_matches(peer, policy_ns, pod, self.ns_labels(&pod.namespace))
+    fn peer_pod_addrs(&self, peer: &Peer<'_>, policy_ns: &str, pod: &PodInfo) -> Vec<IpAddr> {
+        peer_addrs(peer, policy_ns, pod, self.ns_labels(&pod.namespace))
     }
 
     /// The addresses of `peers` (empty peers: any).
@@ -415,28 +369,35 @@ impl<'a> View<'a> {
         let mut ranges = Vec::new();
         for p in &peers.list {
             match p {
-                Peer::Block { cidr, except } => ranges.extend(block_ranges(cidr, except)),
+                Peer::Block { cidr, except } => ranges.extend(addr_ranges::block(cidr, except)),
                 Peer::Pods { ns, .. } => ranges.extend(
                     self.candidates(*ns, policy_ns)
                         .into_iter()
-                        .filter(|pod| self.peer_pod_matches(p, policy_ns, pod))
-                        .filter_map(|pod| pod.ip.map(|ip| (u32::from(ip), u32::from(ip)))),
+                        .flat_map(|pod| self.peer_pod_addrs(p, policy_ns, pod))
+                        .map(Range::of_addr),
                 ),
                 Peer::Nothing => {}
             }
         }
-        Peers::Nets(ranges_to_nets(&union_ranges(ranges)))
+        Peers::Nets(addr_ranges::to_nets(&addr_ranges::union(ranges)))
     }
 
-    /// The pods among `peers` (empty peers: every pod), for named egress ports.
-    fn peer_pods(&self, peers: &PeerSpec<'_>) -> Vec<&'a PodInfo> {
+    /// The pods among `peers` (empty peers: every pod) with the addresses
+    /// of each that the peers match, for named egress ports.
+    fn peer_pods(&self, peers: &PeerSpec<'_>) -> Vec<(&'a PodInfo, Vec<IpAddr>)> {
         let (policy_ns, peers) = (peers.own_ns.unwrap_or_default(), &peers.list);
         self.cluster
             .pods
             .iter()
             .map(Arc::as_ref)
-            .filter(|pod| pod.ip.is_some())
-            .filter(|pod| peers.is_empty() || peers.iter().any(|p| self.peer_pod_matches(p, policy_ns, pod)))
+            .map(|pod| {
+                let addrs = match peers.is_empty() {
+                    true => pod.ips.clone(),
+                    false => peers.iter().flat_map(|p| self.peer_pod_addrs(p, policy_ns, pod)).collect(),
+                };
+                (pod, addrs)
+            })
+            .filter(|(_, addrs)| !addrs.is_empty())
             .collect()
     }
 
@@ -478,17 +439,16 @@ impl<'a> View<'a> {
                         out.extend(cached.iter().cloned());
                         continue;
                     }
-                    let mut by_port: BTreeMap<u16, Vec<(u32, u32)>> = BTreeMap::new();
-                    for dst in self.peer_pods(&rule.peers) {
-                        let Some(ip) = dst.ip else { continue };
+                    let mut by_port: BTreeMap<u16, Vec<Range>> = BTreeMap::new();
+                    for (dst, addrs) in self.peer_pods(&rule.peers) {
                         for p in dst.ports.iter().filter(|p| &p.name == name && p.proto == *proto) {
-                            by_port.entry(p.port).or_default().push((u32::from(ip), u32::from(ip)));
+                            by_port.entry(p.port).or_default().extend(addrs.iter().copied().map(Range::of_addr));
                         }
                     }
                     let matches: Vec<Match> = by_port
                         .into_iter()
                         .map(|(port, ips)| {
-                            let nets = ranges_to_nets(&union_ranges(ips));
+                            let nets = addr_ranges::to_nets(&addr_ranges::union(ips));
                             Match { peers: Peers::Nets(nets), proto: Some(*proto), ports: Some((port, port)) }
                         })
                         .collect();
@@ -633,7 +593,9 @@ impl<'a> Compiler<'a> {
 
     /// What `pod` admits, when some policy selects it and it has an address.
     pub fn pod_policy(&self, pod: &PodInfo) -> Option<PodPolicy> {
-        let ip = pod.ip?;
+        if pod.ips.is_empty() {
+            return None;
+        }
         let none = Vec::new();
         let standard_here = self.standard.get(pod.namespace.as_str()).unwrap_or(&none);
         let weft_here = self.weft.get(pod.namespace.as_str()).unwrap_or(&none);
@@ -668,7 +630,12 @@ impl<'a> Compiler<'a> {
             (default_deny || !rules.is_empty()).then_some(Chain { rules, default_deny })
         };
         let (ingress, egress) = (chain(Direction::Ingress), chain(Direction::Egress));
-        (ingress.is_some() || egress.is_some()).then(|| PodPolicy { key: pod.key(), ip, ingress, egress })
+        (ingress.is_some() || egress.is_some()).then(|| PodPolicy {
+            key: pod.key(),
+            ips: pod.ips.clone(),
+            ingress,
+            egress,
+        })
     }
 
     /// The reach (namespace and pod selector) of every policy whose rules
@@ -699,11 +666,11 @@ pub type PodInNs<'p> = (&'p PodInfo, &'p BTreeMap<String, String>);
 /// What a rule's resolution reads of one pod (the default: nothing).
 #[derive(Debug, Default, PartialEq)]
 struct Seen<'p> {
-    /// The address, when a pod peer matches the pod.
-    address: Option<Option<Ipv4Addr>>,
-    /// Address and named ports, when the pod is a destination of an
+    /// The addresses, when a pod peer matches the pod.
+    addresses: Option<&'p [IpAddr]>,
+    /// Addresses and named ports, when the pod is a destination of an
     /// egress rule that names a port.
-    named_ports: Option<(Option<Ipv4Addr>, &'p [NamedPort])>,
+    named_ports: Option<(&'p [IpAddr], &'p [NamedPort])>,
 }
 
 /// What of `pod` the resolution of `rule` reads: its address when a pod
@@ -717,7 +684,8 @@ fn what_rule_sees<'p>(rule: &RuleSpec<'_>, dir: Direction, policy_ns: &str, (pod
     let pod_peer = peers.iter().any(|peer| matches!(peer, Peer::Pods { .. }) && matches(peer));
     let named_egress = dir == Direction::Egress && rule.ports.iter().any(|p| matches!(p, PortSel::Named(..)));
     let named = named_egress && (peers.is_empty() || pod_peer || peers.iter().any(matches));
-    Seen { address: pod_peer.then_some(pod.ip), named_ports: named.then_some((pod.ip, pod.ports.as_slice())) }
+    let addrs = pod.ips.as_slice();
+    Seen { addresses: pod_peer.then_some(addrs), named_ports: named.then_some((addrs, pod.ports.as_slice())) }
 }
 
 /// Which pods a policy selects: those of `namespace` that `pod_selector` matches.
@@ -754,7 +722,7 @@ pub fn compile(cluster: &Cluster, node: &str) -> Vec<PodPolicy> {
 /// What a chain decides for one packet (for tests and debugging): from/to
 /// `remote`, `proto`/`port`. True when admitted.
 #[cfg(test)]
-pub fn admits(chain: &Chain, remote: Ipv4Addr, proto: Proto, port: u16) -> bool {
+pub fn admits(chain: &Chain, remote: IpAddr, proto: Proto, port: u16) -> bool {
     let hit = |m: &Match| {
         let peer_ok = match &m.peers {
             Peers::Any => true,

@@ -6,10 +6,10 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 
-use ipnet::Ipv4Net;
+use ipnet::IpNet;
 use proptest::prelude::*;
 use proptest::sample::select;
 use serde_json::{Map, Value, json};
@@ -28,8 +28,10 @@ const WIDTHS: [u16; 3] = [0, 100, 3000];
 /// Container port names; policies also name "nope", which no pod has.
 const PORT_NAMES: [&str; 3] = ["http", "dns", "db"];
 const POLICY_PORT_NAMES: [&str; 4] = ["http", "dns", "db", "nope"];
-/// Pods get 10.0.0.1..=10.0.0.39; blocks cut through that range and around it.
-const CIDRS: [&str; 8] = [
+/// Pods get 10.0.0.1..=10.0.0.39, and some also fd00::1..=fd00::27 (the
+/// same host number); blocks of both families cut through those ranges and
+/// around them.
+const CIDRS: [&str; 13] = [
     "10.0.0.0/24",
     "10.0.0.0/27",
     "10.0.0.16/28",
@@ -38,6 +40,11 @@ const CIDRS: [&str; 8] = [
     "10.0.0.0/8",
     "0.0.0.0/0",
     "192.168.0.0/16",
+    "fd00::/64",
+    "fd00::/123",
+    "fd00::10/124",
+    "fd00::5/128",
+    "::/0",
 ];
 /// Prefix lengths `except` entries are drawn toward (at least the block's + 1).
 const HOLE_LENGTHS: [u8; 8] = [16, 24, 26, 28, 29, 30, 31, 32];
@@ -64,7 +71,7 @@ impl fmt::Debug for Case {
                 f,
                 "pod {} ip={} node={} labels={:?} ports={:?}",
                 p.key(),
-                p.ip.map(|i| i.to_string()).unwrap_or_default(),
+                p.ips.iter().map(ToString::to_string).collect::<Vec<_>>().join(","),
                 p.node,
                 p.labels,
                 ports
@@ -111,14 +118,15 @@ fn container_ports() -> impl Strategy<Value = Vec<NamedPort>> {
     )
 }
 
-/// Namespaces (2-3, labelled) and pods (2-6, distinct addresses, on n1 or n2).
+/// Namespaces (2-3, labelled) and pods (2-6, distinct addresses, some
+/// with an IPv6 address too, on n1 or n2).
 fn namespaces_and_pods() -> impl Strategy<Value = (BTreeMap<String, BTreeMap<String, String>>, Vec<PodInfo>)> {
     (prop::collection::vec(labels(), 2..=3), prop::collection::btree_set(1u8..40, 2..=6)).prop_flat_map(
         |(ns_labels, octets)| {
             let n_ns = ns_labels.len();
             let octets: Vec<u8> = octets.into_iter().collect();
             let pods = prop::collection::vec(
-                (0..n_ns, labels(), prop_oneof![2 => Just(NODE), 1 => Just("n2")], container_ports()),
+                (0..n_ns, labels(), prop_oneof![2 => Just(NODE), 1 => Just("n2")], container_ports(), any::<bool>()),
                 octets.len(),
             );
             (Just(ns_labels), Just(octets).prop_shuffle(), pods).prop_map(|(ns_labels, octets, pods)| {
@@ -127,11 +135,13 @@ fn namespaces_and_pods() -> impl Strategy<Value = (BTreeMap<String, BTreeMap<Str
                     .into_iter()
                     .zip(octets)
                     .enumerate()
-                    .map(|(i, ((ns, labels, node, ports), octet))| PodInfo {
+                    .map(|(i, ((ns, labels, node, ports, dual), octet))| PodInfo {
                         namespace: NAMESPACES[ns].into(),
                         name: format!("p{i}"),
                         labels,
-                        ip: Some(Ipv4Addr::new(10, 0, 0, octet)),
+                        ips: std::iter::once(IpAddr::V4(Ipv4Addr::new(10, 0, 0, octet)))
+                            .chain(dual.then(|| IpAddr::V6(Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, octet.into()))))
+                            .collect(),
                         node: node.into(),
                         ports,
                     })
@@ -171,22 +181,30 @@ fn selector() -> impl Strategy<Value = Value> {
 fn ip_block() -> impl Strategy<Value = Value> {
     let hole = (any::<bool>(), any::<u32>(), select(HOLE_LENGTHS.to_vec()));
     (select(CIDRS.to_vec()), prop::collection::vec(hole, 0..=2), any::<bool>()).prop_map(|(cidr, holes, bare)| {
-        let net: Ipv4Net = cidr.parse().unwrap();
-        let host_mask = !u32::from(net.netmask());
+        let net: IpNet = cidr.parse().unwrap();
+        let v6 = net.max_prefix_len() == 128;
+        // Holes of an IPv6 block are drawn at the same depth from its end.
+        let extra = net.max_prefix_len() - 32;
         let except: Vec<String> = holes
             .into_iter()
             .filter_map(|(near_pods, r, len)| {
-                let len = len.max(net.prefix_len() + 1);
-                if len > 32 {
+                let len = (len + extra).max(net.prefix_len() + 1);
+                if len > net.max_prefix_len() {
                     return None;
                 }
-                let near = Ipv4Addr::new(10, 0, 0, (r % 48) as u8);
+                let host = (r % 48) as u8;
+                let near = if v6 {
+                    IpAddr::V6(Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, host.into()))
+                } else {
+                    IpAddr::V4(Ipv4Addr::new(10, 0, 0, host))
+                };
                 let addr = if near_pods && net.contains(&near) {
                     near
                 } else {
-                    Ipv4Addr::from(u32::from(net.network()) | (r & host_mask))
+                    let (network, mask) = (as_int(net.network()), as_int(net.hostmask()));
+                    from_int(v6, network | (u128::from(r) & mask))
                 };
-                Some(Ipv4Net::new(addr, len).unwrap().trunc().to_string())
+                Some(IpNet::new(addr, len).unwrap().trunc().to_string())
             })
             .collect();
         if except.is_empty() && bare { json!({"cidr": cidr}) } else { json!({"cidr": cidr, "except": except}) }
@@ -355,17 +373,18 @@ mod naive {
         true
     }
 
-    fn pod_at(c: &Cluster, addr: Ipv4Addr) -> Option<&PodInfo> {
-        c.pods.iter().map(Arc::as_ref).find(|p| p.ip == Some(addr))
+    fn pod_at(c: &Cluster, addr: IpAddr) -> Option<&PodInfo> {
+        c.pods.iter().map(Arc::as_ref).find(|p| p.ips.contains(&addr))
     }
 
     fn namespace_labels(c: &Cluster, ns: &str) -> BTreeMap<String, String> {
         c.namespaces.get(ns).cloned().unwrap_or_default()
     }
 
-    fn in_block(cidr: &str, except: &[String], addr: Ipv4Addr) -> bool {
-        let net: Ipv4Net = cidr.parse().unwrap();
-        net.contains(&addr) && !except.iter().any(|e| e.parse::<Ipv4Net>().unwrap().contains(&addr))
+    /// (`IpNet::contains` is false for an address of the other family.)
+    fn in_block(cidr: &str, except: &[String], addr: IpAddr) -> bool {
+        let net: IpNet = cidr.parse().unwrap();
+        net.contains(&addr) && !except.iter().any(|e| e.parse::<IpNet>().unwrap().contains(&addr))
     }
 
     /// One peer (the fields of either API) against the remote address.
@@ -375,7 +394,7 @@ mod naive {
         pods: Option<&LabelSelector>,
         namespaces: Option<&LabelSelector>,
         block: Option<(&str, &[String])>,
-        remote: Ipv4Addr,
+        remote: IpAddr,
     ) -> bool {
         if let Some((cidr, except)) = block {
             return in_block(cidr, except, remote);
@@ -391,7 +410,7 @@ mod naive {
 
     /// The pod a packet is addressed to: the selected pod for ingress, the
     /// pod behind the remote address (if any) for egress.
-    fn destination<'c>(c: &'c Cluster, pod: &'c PodInfo, dir: Direction, remote: Ipv4Addr) -> Option<&'c PodInfo> {
+    fn destination<'c>(c: &'c Cluster, pod: &'c PodInfo, dir: Direction, remote: IpAddr) -> Option<&'c PodInfo> {
         match dir {
             Direction::Ingress => Some(pod),
             Direction::Egress => pod_at(c, remote),
@@ -439,7 +458,7 @@ mod naive {
     struct Packet<'c> {
         pod: &'c PodInfo,
         dir: Direction,
-        remote: Ipv4Addr,
+        remote: IpAddr,
         proto: Proto,
         port: u16,
     }
@@ -545,7 +564,7 @@ mod naive {
 
     /// Whether `pod` admits, in `dir`, a packet from (ingress) or to
     /// (egress) `remote` with destination port `proto`/`port`.
-    pub fn allowed(c: &Cluster, pod: &PodInfo, dir: Direction, remote: Ipv4Addr, proto: Proto, port: u16) -> bool {
+    pub fn allowed(c: &Cluster, pod: &PodInfo, dir: Direction, remote: IpAddr, proto: Proto, port: u16) -> bool {
         let pkt = Packet { pod, dir, remote, proto, port };
         weft(c, &pkt).or_else(|| standard(c, &pkt)).unwrap_or(true)
     }
@@ -555,10 +574,12 @@ mod naive {
 // The probes
 
 /// Every pod address, the edges of every block and `except` (and the
-/// addresses just outside them), and two addresses no policy names.
-fn remotes(case: &Case) -> Vec<Ipv4Addr> {
-    let mut out: BTreeSet<Ipv4Addr> = case.pods.iter().filter_map(|p| p.ip).collect();
-    out.extend([Ipv4Addr::new(10, 0, 0, 200), Ipv4Addr::new(172, 16, 0, 1)]);
+/// addresses just outside them), and two addresses of each family no
+/// policy names.
+fn remotes(case: &Case) -> Vec<IpAddr> {
+    let mut out: BTreeSet<IpAddr> = case.pods.iter().flat_map(|p| p.ips.iter().copied()).collect();
+    let unnamed = ["10.0.0.200", "172.16.0.1", "fd00::c8", "2001:db8::1"];
+    out.extend(unnamed.map(|a| a.parse::<IpAddr>().unwrap()));
     fn blocks(v: &Value, out: &mut Vec<String>) {
         match v {
             Value::Object(m) => {
@@ -575,13 +596,26 @@ fn remotes(case: &Case) -> Vec<Ipv4Addr> {
     let mut nets = Vec::new();
     case.standard.iter().chain(&case.weft).for_each(|p| blocks(p, &mut nets));
     for n in nets {
-        let net: Ipv4Net = n.parse().unwrap();
-        let (lo, hi) = (u32::from(net.network()), u32::from(net.broadcast()));
-        out.extend([lo, hi].map(Ipv4Addr::from));
-        out.extend(lo.checked_sub(1).map(Ipv4Addr::from));
-        out.extend(hi.checked_add(1).map(Ipv4Addr::from));
+        let net: IpNet = n.parse().unwrap();
+        let v6 = net.max_prefix_len() == 128;
+        let top = if v6 { u128::MAX } else { u128::from(u32::MAX) };
+        let (lo, hi) = (as_int(net.network()), as_int(net.network()) | as_int(net.hostmask()));
+        out.extend([lo, hi].map(|a| from_int(v6, a)));
+        out.extend(lo.checked_sub(1).map(|a| from_int(v6, a)));
+        out.extend((hi < top).then(|| from_int(v6, hi + 1)));
     }
     out.into_iter().collect()
+}
+
+fn as_int(a: IpAddr) -> u128 {
+    match a {
+        IpAddr::V4(a) => u32::from(a).into(),
+        IpAddr::V6(a) => a.into(),
+    }
+}
+
+fn from_int(v6: bool, n: u128) -> IpAddr {
+    if v6 { IpAddr::V6(n.into()) } else { IpAddr::V4(Ipv4Addr::from(u32::try_from(n).unwrap())) }
 }
 
 /// Every pool port (the numbers of named ports too) and its neighbour, the
@@ -612,7 +646,7 @@ proptest! {
         let compiled = compile(&c, NODE);
         for pp in &compiled {
             prop_assert!(
-                c.pods.iter().any(|p| p.key() == pp.key && p.node == NODE && p.ip == Some(pp.ip)),
+                c.pods.iter().any(|p| p.key() == pp.key && p.node == NODE && p.ips == pp.ips),
                 "{} is no local pod", pp.key
             );
         }

@@ -7,12 +7,13 @@ use super::*;
 
 pub(crate) const NODE: &str = "n1";
 
-pub(crate) fn pod(ns: &str, name: &str, labels: &[(&str, &str)], ip: &str, node: &str) -> PodInfo {
+/// A pod with the addresses `ips` (comma-separated, one per family).
+pub(crate) fn pod(ns: &str, name: &str, labels: &[(&str, &str)], ips: &str, node: &str) -> PodInfo {
     PodInfo {
         namespace: ns.into(),
         name: name.into(),
         labels: labels.iter().map(|(k, v)| ((*k).into(), (*v).into())).collect(),
-        ip: Some(ip.parse().unwrap()),
+        ips: ips.split(',').map(|ip| ip.parse().unwrap()).collect(),
         node: node.into(),
         ports: vec![],
     }
@@ -57,7 +58,7 @@ pub(crate) fn weft_policy(ns: &str, name: &str, spec: Value) -> std::sync::Arc<w
     )
 }
 
-fn ip(s: &str) -> Ipv4Addr {
+fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
 }
 
@@ -206,21 +207,6 @@ fn ip_block_with_except() {
 }
 
 #[test]
-fn ranges_become_minimal_cidrs() {
-    let n = |s: &str| s.parse::<Ipv4Net>().unwrap();
-    assert_eq!(ranges_to_nets(&block_ranges("10.0.0.0/8", &[])), [n("10.0.0.0/8")]);
-    assert_eq!(ranges_to_nets(&block_ranges("0.0.0.0/0", &[])), [n("0.0.0.0/0")]);
-    assert_eq!(
-        ranges_to_nets(&block_ranges("10.0.0.0/30", &["10.0.0.1/32".into()])),
-        [n("10.0.0.0/32"), n("10.0.0.2/31")]
-    );
-    assert_eq!(ranges_to_nets(&block_ranges("10.0.0.0/24", &["10.0.0.0/24".into()])), Vec::<Ipv4Net>::new());
-    assert_eq!(ranges_to_nets(&union_ranges(vec![(5, 5), (4, 4), (6, 7)])), [n("0.0.0.4/30")]);
-    assert_eq!(ranges_to_nets(&block_ranges("255.255.255.254/31", &[])), [n("255.255.255.254/31")]);
-    assert!(block_ranges("fd00::/8", &[]).is_empty(), "IPv6 blocks match nothing here");
-}
-
-#[test]
 fn several_peers_across_rules_and_policies_are_unioned() {
     let mut c = cluster();
     c.standard.push(std_policy(
@@ -319,7 +305,7 @@ fn egress_peers_and_ports() {
 #[test]
 fn only_local_pods_with_addresses_get_chains() {
     let mut c = cluster();
-    c.pods.push(std::sync::Arc::new(PodInfo { ip: None, ..pod("prod", "pending", &[], "0.0.0.0", NODE) }));
+    c.pods.push(std::sync::Arc::new(PodInfo { ips: vec![], ..pod("prod", "pending", &[], "0.0.0.0", NODE) }));
     c.standard.push(std_policy("prod", "p", json!({"podSelector": {}})));
     let keys: Vec<String> = compile(&c, NODE).into_iter().map(|p| p.key).collect();
     assert_eq!(keys, ["prod/web", "prod/db"]);
@@ -438,11 +424,11 @@ fn re_addressed_and_deleted_pods_update_peers_and_chains() {
         json!({"podSelector": {"matchLabels": {"app": "db"}}, "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "web"}}}]}]}),
     ));
     assert!(ing(&c, "prod/db", "10.0.1.1", 1));
-    std::sync::Arc::make_mut(&mut c.pods[0]).ip = Some(ip("10.0.3.7"));
+    std::sync::Arc::make_mut(&mut c.pods[0]).ips = vec![ip("10.0.3.7")];
     assert!(!ing(&c, "prod/db", "10.0.1.1", 1), "the old address is no peer any more");
     assert!(ing(&c, "prod/db", "10.0.3.7", 1));
-    std::sync::Arc::make_mut(&mut c.pods[1]).ip = Some(ip("10.0.1.20"));
-    assert_eq!(compile(&c, NODE)[0].ip, ip("10.0.1.20"), "the chain follows the selected pod's new address");
+    std::sync::Arc::make_mut(&mut c.pods[1]).ips = vec![ip("10.0.1.20")];
+    assert_eq!(compile(&c, NODE)[0].ips, [ip("10.0.1.20")], "the chain follows the selected pod's new address");
     c.pods.remove(0);
     assert!(!ing(&c, "prod/db", "10.0.3.7", 1), "a deleted pod is no peer");
 }
@@ -467,4 +453,80 @@ fn equal_peer_specs_in_two_namespaces_resolve_to_each_namespace_s_pods() {
     for (pod, remote) in [("prod/db", "10.0.1.1"), ("prod/db", "10.0.2.2"), ("dev/tool", "10.0.1.1")] {
         assert!(ing(&c, pod, remote, 80), "{pod} from {remote}");
     }
+}
+
+/// `cluster()` with an IPv6 address on every pod: `fd00::<IPv4's last two octets>`.
+fn dual_stack_cluster() -> Cluster {
+    let mut c = cluster();
+    for p in &mut c.pods {
+        let p = std::sync::Arc::make_mut(p);
+        let IpAddr::V4(v4) = p.ips[0] else { unreachable!() };
+        let [_, _, a, b] = v4.octets();
+        p.ips.push(IpAddr::V6(std::net::Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, u16::from(a), u16::from(b))));
+    }
+    c
+}
+
+#[test]
+fn pod_peers_admit_every_address_of_the_pods_they_select() {
+    let mut c = dual_stack_cluster();
+    c.standard.push(std_policy(
+        "prod",
+        "db-from-web",
+        json!({"podSelector": {"matchLabels": {"app": "db"}},
+               "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "web"}}}]}]}),
+    ));
+    assert!(ing(&c, "prod/db", "10.0.1.1", 5432));
+    assert!(ing(&c, "prod/db", "fd00::1:1", 5432), "prod/web's IPv6 address");
+    assert!(!ing(&c, "prod/db", "fd00::1:3", 5432), "dev/tool's IPv6 address");
+    assert!(!ing(&c, "prod/db", "10.0.1.3", 5432));
+    let compiled = compile(&c, NODE);
+    let db = compiled.iter().find(|p| p.key == "prod/db").unwrap();
+    assert_eq!(db.ips, [ip("10.0.1.2"), ip("fd00::1:2")], "both addresses reach the dispatch maps");
+}
+
+#[test]
+fn an_ip_block_matches_only_addresses_of_its_own_family() {
+    let mut c = dual_stack_cluster();
+    c.standard.push(std_policy(
+        "prod",
+        "blocks",
+        json!({"podSelector": {"matchLabels": {"app": "web"}}, "policyTypes": ["Ingress", "Egress"],
+               "ingress": [{"from": [{"ipBlock": {"cidr": "0.0.0.0/0"}}]}],
+               "egress": [{"to": [{"ipBlock": {"cidr": "::/0", "except": ["fd00::1:0/112"]}}]}]}),
+    ));
+    assert!(ing(&c, "prod/web", "192.0.2.1", 80));
+    assert!(!ing(&c, "prod/web", "2001:db8::1", 80), "0.0.0.0/0 is every IPv4 address, no IPv6 one");
+    assert!(!ing(&c, "prod/web", "::ffff:192.0.2.1", 80), "nor an IPv4-mapped IPv6 one");
+    assert!(eg(&c, "prod/web", "2001:db8::1", 80));
+    assert!(!eg(&c, "prod/web", "fd00::1:2", 80), "the except");
+    assert!(eg(&c, "prod/web", "fd00::2:1", 80));
+    assert!(!eg(&c, "prod/web", "10.0.2.1", 80), "::/0 is no IPv4 address");
+}
+
+#[test]
+fn a_named_egress_port_through_a_block_admits_only_the_addresses_inside_it() {
+    let mut c = dual_stack_cluster();
+    c.standard.push(std_policy(
+        "prod",
+        "to-http",
+        json!({"podSelector": {"matchLabels": {"app": "web"}}, "policyTypes": ["Egress"],
+               "egress": [{"to": [{"ipBlock": {"cidr": "10.0.0.0/8"}}], "ports": [{"port": "http"}]}]}),
+    ));
+    assert!(eg(&c, "prod/web", "10.0.2.1", 9090), "prod/cache names 9090 http");
+    assert!(!eg(&c, "prod/web", "fd00::2:1", 9090), "its IPv6 address is outside the block");
+}
+
+#[test]
+fn a_pod_with_only_an_ipv6_address_is_a_peer_and_gets_chains() {
+    let mut c = cluster();
+    c.pods.push(std::sync::Arc::new(pod("prod", "v6", &[("app", "web")], "fd00::9", NODE)));
+    c.standard.push(std_policy(
+        "prod",
+        "db-from-web",
+        json!({"podSelector": {}, "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "web"}}}]}]}),
+    ));
+    assert!(ing(&c, "prod/db", "fd00::9", 80));
+    assert!(!ing(&c, "prod/v6", "fd00::8", 80));
+    assert!(ing(&c, "prod/v6", "10.0.1.1", 80));
 }

@@ -3,8 +3,11 @@
 //! Layout: the base chain `policy-forward` (filter, forward hook) accepts
 //! replies of admitted connections at once (conntrack), then looks a local
 //! pod's address up as source in the verdict map `policy-egress` and as
-//! destination in `policy-ingress`; each jumps to the pod's chain for that
-//! direction. A pod chain returns what it admits (so egress and then
+//! destination in `policy-ingress` (`policy-egress6` and `policy-ingress6`
+//! for IPv6: a pod is in the maps of each family it has an address of);
+//! each jumps to the pod's chain for that direction. A rule whose peers are
+//! addresses of both families becomes a rule per family, so an IPv4 block
+//! never matches an IPv6 packet nor the other way round. A pod chain returns what it admits (so egress and then
 //! ingress are both checked) and drops the rest. An accept in Weft's chain
 //! only ends Weft's chain: every other table and iptables chain on the hook
 //! still sees the packet, so Weft never admits on anybody's behalf. Traffic
@@ -21,18 +24,33 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use ipnet::Ipv4Net;
+use ipnet::IpNet;
 use nftables::stmt::Statement as NftStatement;
 
 use super::model::{Chain, Direction, Match, Peers, PodPolicy, Verdict};
 use crate::firewall::build::{self, Addr};
-use crate::firewall::ruleset::{self, ChainKind, FILTER, Hook, HookPoint, Key, Part, Rule, Set, SetKind, fnv};
+use crate::firewall::ruleset::{self, ChainKind, FILTER, Family, Hook, HookPoint, Key, Part, Rule, Set, SetKind, fnv};
 
 type Statement = NftStatement<'static>;
 
 pub const OWNER: &str = "policy";
 pub const INGRESS_MAP: &str = "policy-ingress";
 pub const EGRESS_MAP: &str = "policy-egress";
+pub const INGRESS_MAP6: &str = "policy-ingress6";
+pub const EGRESS_MAP6: &str = "policy-egress6";
+
+/// The dispatch map of a direction and family, with the address of the
+/// local pod it looks up (the source of egress, the destination of ingress).
+fn dispatch_map(dir: Direction, family: Family) -> (&'static str, Addr) {
+    match (dir, family) {
+        (Direction::Egress, Family::V4) => (EGRESS_MAP, Addr::Src),
+        (Direction::Egress, Family::V6) => (EGRESS_MAP6, Addr::Src),
+        (Direction::Ingress, Family::V4) => (INGRESS_MAP, Addr::Dst),
+        (Direction::Ingress, Family::V6) => (INGRESS_MAP6, Addr::Dst),
+    }
+}
+
+const FAMILIES: [Family; 2] = [Family::V4, Family::V6];
 /// The origin of drops of packets conntrack finds invalid.
 pub const INVALID: &str = "invalid";
 /// The origin of drops no rule admitted.
@@ -84,7 +102,7 @@ fn counter_name(l: &CounterLabels) -> String {
     format!("{OWNER}-count-{dir}-{}-{:016x}", l.verdict_str(), fnv(&l.policy))
 }
 
-pub fn set_name(nets: &[Ipv4Net]) -> String {
+pub fn set_name(nets: &[IpNet]) -> String {
     let text: String = nets.iter().map(|n| format!("{n},")).collect();
     format!("{OWNER}-set-{:016x}", fnv(&text))
 }
@@ -104,31 +122,45 @@ impl Names<'_> {
         name
     }
 
-    fn set(&mut self, nets: &[Ipv4Net]) -> String {
+    /// A set of `nets`, all of `family`.
+    fn set(&mut self, family: Family, nets: &[IpNet]) -> String {
         let name = set_name(nets);
-        self.sets.entry(name.clone()).or_insert_with(|| Set::nets(nets.iter().copied()));
+        self.sets.entry(name.clone()).or_insert_with(|| Set::nets(family, nets.iter().copied()));
         name
     }
 }
 
-/// The statements matching `m` in direction `dir`.
-fn match_stmts(dir: Direction, m: &Match, names: &mut Names<'_>) -> Vec<Statement> {
+/// The statements of the rules matching `m` in direction `dir`: one rule,
+/// or one per family when its peers are addresses.
+fn match_stmts(dir: Direction, m: &Match, names: &mut Names<'_>) -> Vec<Vec<Statement>> {
     let remote = if dir == Direction::Ingress { Addr::Src } else { Addr::Dst };
-    let mut out = Vec::new();
-    match &m.peers {
-        Peers::Any => {}
-        Peers::Nets(nets) => match nets.as_slice() {
-            [one] => out.push(build::addr_in(remote, *one)),
-            many => out.push(build::addr_in_set(remote, &names.set(many))),
-        },
-    }
-    if let Some(p) = m.proto {
-        out.push(build::l4proto(p));
-        if let Some((lo, hi)) = m.ports {
-            out.push(build::dport(p, lo, hi));
-        }
-    }
-    out
+    let peers: Vec<Option<Statement>> = match &m.peers {
+        Peers::Any => vec![None],
+        Peers::Nets(nets) => FAMILIES
+            .into_iter()
+            .filter_map(|family| {
+                let of_family: Vec<IpNet> = nets.iter().copied().filter(|n| Family::of_net(n) == family).collect();
+                match of_family.as_slice() {
+                    [] => None,
+                    [one] => Some(Some(build::addr_in(remote, *one))),
+                    many => Some(Some(build::addr_in_set(remote, family, &names.set(family, many)))),
+                }
+            })
+            .collect(),
+    };
+    peers
+        .into_iter()
+        .map(|peer| {
+            let mut out: Vec<Statement> = peer.into_iter().collect();
+            if let Some(p) = m.proto {
+                out.push(build::l4proto(p));
+                if let Some((lo, hi)) = m.ports {
+                    out.push(build::dport(p, lo, hi));
+                }
+            }
+            out
+        })
+        .collect()
 }
 
 /// Appends a rule dropping what `stmts` match, counted (and logged, when
@@ -153,8 +185,8 @@ fn chain_rules(dir: Direction, c: &Chain, names: &mut Names<'_>) -> Vec<Rule> {
     let mut out = Vec::new();
     counted_drop(&mut out, names, dir, INVALID, vec![build::ct_state(&["invalid"])]);
     for r in &c.rules {
-        for m in &r.matches {
-            let mut stmts = match_stmts(dir, m, names);
+        let per_family: Vec<Vec<Statement>> = r.matches.iter().flat_map(|m| match_stmts(dir, m, names)).collect();
+        for mut stmts in per_family {
             match r.verdict {
                 Verdict::Allow => {
                     stmts.push(build::count_into(&names.counter(&r.origin, dir, Verdict::Allow)));
@@ -237,17 +269,21 @@ impl Renderer {
     /// With the drop log when `log` is set.
     pub fn new(log: Option<DropLog>) -> Self {
         let mut part = Part::new(OWNER);
-        part.sets.insert(EGRESS_MAP.to_owned(), Set { kind: SetKind::AddrJumps, elements: BTreeMap::new() });
-        part.sets.insert(INGRESS_MAP.to_owned(), Set { kind: SetKind::AddrJumps, elements: BTreeMap::new() });
         let base = Hook { kind: ChainKind::Filter, point: HookPoint::Forward, priority: FILTER };
-        let rules = vec![
-            Rule::new(
-                "replies of admitted connections",
-                vec![build::ct_state(&["established", "related"]), build::accept()],
-            ),
-            Rule::new("egress of local pods", vec![build::addr_vmap(Addr::Src, EGRESS_MAP)]),
-            Rule::new("ingress of local pods", vec![build::addr_vmap(Addr::Dst, INGRESS_MAP)]),
-        ];
+        let mut rules = vec![Rule::new(
+            "replies of admitted connections",
+            vec![build::ct_state(&["established", "related"]), build::accept()],
+        )];
+        // Egress first: a packet between two local pods is checked as the
+        // sender's egress, then as the receiver's ingress.
+        for dir in DIRECTIONS {
+            for family in FAMILIES {
+                let (map, addr) = dispatch_map(dir, family);
+                part.sets.insert(map.to_owned(), Set { kind: SetKind::AddrJumps(family), elements: BTreeMap::new() });
+                let text = format!("{} of local pods", dir.as_str());
+                rules.push(Rule::new(&text, vec![build::addr_vmap(addr, family, map)]));
+            }
+        }
         part.chains.insert(format!("{OWNER}-forward"), ruleset::Chain { hook: Some(base), rules });
         Renderer {
             log,
@@ -265,7 +301,8 @@ impl Renderer {
         let mut desired = std::mem::replace(&mut self.desired, Arc::new(Desired::empty()));
         let d = Arc::make_mut(&mut desired);
         let mut next: HashMap<String, RenderedPod> = HashMap::with_capacity(pods.len());
-        let mut maps: [BTreeMap<Key, Option<String>>; 2] = Default::default();
+        // Per direction (as DIRECTIONS), per family (as FAMILIES).
+        let mut maps: [[BTreeMap<Key, Option<String>>; 2]; 2] = Default::default();
         // Released only once every pod has taken what it uses: a chain that
         // moves from one pod to another never leaves the state.
         let mut released: Vec<String> = Vec::new();
@@ -277,9 +314,11 @@ impl Renderer {
                     DIRECTIONS.map(|dir| chain_of(p, dir).map(|chain| self.acquire(d, dir, chain)))
                 }
             };
-            for (map, name) in maps.iter_mut().zip(&chains) {
-                if let Some(name) = name {
-                    map.insert(Key::addr(p.ip), Some(name.clone()));
+            for (by_family, name) in maps.iter_mut().zip(&chains) {
+                let Some(name) = name else { continue };
+                for ip in &p.ips {
+                    let family = usize::from(Family::of(*ip) == Family::V6);
+                    by_family[family].insert(Key::addr(*ip), Some(name.clone()));
                 }
             }
             let replaced = next.insert(p.key.clone(), RenderedPod { policy: Arc::clone(p), chains });
@@ -290,9 +329,11 @@ impl Renderer {
             self.release(d, &name);
         }
         self.pods = next;
-        let [egress, ingress] = maps;
-        for (map, elements) in [(EGRESS_MAP, egress), (INGRESS_MAP, ingress)] {
-            d.part.sets.insert(map.to_owned(), Set { kind: SetKind::AddrJumps, elements });
+        for (dir, by_family) in DIRECTIONS.into_iter().zip(maps) {
+            for (family, elements) in FAMILIES.into_iter().zip(by_family) {
+                let (map, _) = dispatch_map(dir, family);
+                d.part.sets.insert(map.to_owned(), Set { kind: SetKind::AddrJumps(family), elements });
+            }
         }
         self.desired = desired;
         Arc::clone(&self.desired)

@@ -2,7 +2,8 @@
 //! kept only for tests: the upgrade test creates what an earlier agent
 //! left, and the policy benchmark measures it beside the nftables engine.
 //!
-//! Compiled policy → iptables (filter table) and ipset, pure.
+//! Compiled policy → iptables (filter table) and ipset, pure. IPv4 only,
+//! as that engine was: IPv6 peers and addresses are left out.
 //!
 //! Layout: FORWARD jumps once (first) to `WEFT-FORWARD`, which returns
 //! replies of admitted connections at once (conntrack), then dispatches a
@@ -20,7 +21,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use ipnet::Ipv4Net;
+use ipnet::{IpNet, Ipv4Net};
 
 use super::model::{Chain, Direction, Match, Peers, PodPolicy, Verdict};
 use crate::firewall::ruleset::fnv;
@@ -53,8 +54,9 @@ fn comment(text: &str) -> String {
     format!("-m comment --comment \"{t}\"")
 }
 
-/// One rule line for `m`, with `chain` standing for the chain's name.
-fn match_line(chain: &str, dir: Direction, m: &Match, sets: &mut BTreeMap<String, Vec<Ipv4Net>>) -> String {
+/// One rule line for `m`, with `chain` standing for the chain's name; None
+/// when its peers are IPv6 addresses only.
+fn match_line(chain: &str, dir: Direction, m: &Match, sets: &mut BTreeMap<String, Vec<Ipv4Net>>) -> Option<String> {
     let mut line = format!("-A {chain}");
     let (addr_flag, set_dir) = match dir {
         Direction::Ingress => ("-s", "src"),
@@ -62,11 +64,16 @@ fn match_line(chain: &str, dir: Direction, m: &Match, sets: &mut BTreeMap<String
     };
     let mut set_match = None;
     if let Peers::Nets(nets) = &m.peers {
+        let nets: Vec<Ipv4Net> =
+            nets.iter().filter_map(|n| if let IpNet::V4(n) = n { Some(*n) } else { None }).collect();
+        if nets.is_empty() {
+            return None;
+        }
         if let [one] = nets.as_slice() {
             let _ = write!(line, " {addr_flag} {one}");
         } else {
-            let name = set_name(nets);
-            sets.insert(name.clone(), nets.clone());
+            let name = set_name(&nets);
+            sets.insert(name.clone(), nets);
             set_match = Some(format!(" -m set --match-set {name} {set_dir}"));
         }
     }
@@ -83,7 +90,7 @@ fn match_line(chain: &str, dir: Direction, m: &Match, sets: &mut BTreeMap<String
             let _ = write!(line, " -m {} --dport {lo}:{hi}", p.as_str());
         }
     }
-    line
+    Some(line)
 }
 
 /// The rules of a pod chain, with `chain` as its name.
@@ -95,8 +102,8 @@ fn chain_lines(chain: &str, dir: Direction, c: &Chain, sets: &mut BTreeMap<Strin
             Verdict::Allow => (r.origin.clone(), "RETURN"),
             Verdict::Drop => (format!("{DROP_TAG} {}", r.origin), "DROP"),
         };
-        for m in &r.matches {
-            out.push(format!("{} {} -j {target}", match_line(chain, dir, m, sets), comment(&tag)));
+        for line in r.matches.iter().filter_map(|m| match_line(chain, dir, m, sets)) {
+            out.push(format!("{line} {} -j {target}", comment(&tag)));
         }
     }
     if c.default_deny {
@@ -123,11 +130,10 @@ pub fn render(pods: &[PodPolicy]) -> Desired {
             let rules: Vec<String> = body.iter().map(|l| l.replacen("-A @", &format!("-A {name}"), 1)).collect();
             d.chains.entry(name.clone()).or_insert(rules);
             let flag = if dir == Direction::Egress { "-s" } else { "-d" };
-            dispatch.push(format!(
-                "-A {FORWARD_CHAIN} {flag} {}/32 {} -j {name}",
-                p.ip,
-                comment(&format!("{} {}", p.key, dir.as_str()))
-            ));
+            for ip in p.ips.iter().filter(|ip| ip.is_ipv4()) {
+                let text = comment(&format!("{} {}", p.key, dir.as_str()));
+                dispatch.push(format!("-A {FORWARD_CHAIN} {flag} {ip}/32 {text} -j {name}"));
+            }
         }
     }
     let mut fwd = vec![format!(

@@ -1,12 +1,12 @@
 //! Rendering of the policy part, pure.
 
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 
 use super::*;
 use crate::firewall::ruleset::{Observed, Op, diff};
 use crate::policy::model::{Proto, Rule};
 
-fn net(s: &str) -> Ipv4Net {
+fn net(s: &str) -> IpNet {
     s.parse().unwrap()
 }
 
@@ -14,8 +14,14 @@ fn rule(verdict: Verdict, origin: &str, matches: Vec<Match>) -> Rule {
     Rule { matches, verdict, origin: origin.into() }
 }
 
-fn pod(key: &str, ip: &str, ingress: Option<Chain>, egress: Option<Chain>) -> PodPolicy {
-    PodPolicy { key: key.into(), ip: ip.parse::<Ipv4Addr>().unwrap(), ingress, egress }
+/// A pod with the addresses `ips` (comma-separated).
+fn pod(key: &str, ips: &str, ingress: Option<Chain>, egress: Option<Chain>) -> PodPolicy {
+    PodPolicy {
+        key: key.into(),
+        ips: ips.split(',').map(|ip| ip.parse::<IpAddr>().unwrap()).collect(),
+        ingress,
+        egress,
+    }
 }
 
 fn db_chain() -> Chain {
@@ -146,8 +152,10 @@ fn egress_matches_destinations_and_is_dispatched_by_source() {
     let d = render(&[pod("prod/a", "10.0.1.5", Some(db_chain()), Some(eg))], None);
     let fwd: Vec<String> = d.part.chains["policy-forward"].rules.iter().map(json).collect();
     assert!(fwd[0].contains("established") && fwd[0].ends_with(r#"{"accept":null}]"#), "{}", fwd[0]);
-    assert!(fwd[1].contains(r#""field":"saddr"}},"data":"@policy-egress""#), "{}", fwd[1]);
-    assert!(fwd[2].contains(r#""field":"daddr"}},"data":"@policy-ingress""#), "{}", fwd[2]);
+    assert!(fwd[1].contains(r#""protocol":"ip","field":"saddr"}},"data":"@policy-egress""#), "{}", fwd[1]);
+    assert!(fwd[2].contains(r#""protocol":"ip6","field":"saddr"}},"data":"@policy-egress6""#), "{}", fwd[2]);
+    assert!(fwd[3].contains(r#""protocol":"ip","field":"daddr"}},"data":"@policy-ingress""#), "{}", fwd[3]);
+    assert!(fwd[4].contains(r#""protocol":"ip6","field":"daddr"}},"data":"@policy-ingress6""#), "{}", fwd[4]);
     let pe = pod_chains(&d, "eg");
     assert!(json(&pe[0].rules[1]).contains(r#""field":"daddr"}},"right":"@policy-set-"#), "{}", json(&pe[0].rules[1]));
     let ip = Key::addr("10.0.1.5".parse().unwrap());
@@ -203,6 +211,58 @@ fn a_changed_peer_set_replaces_the_set_and_the_chains_naming_it_only() {
 fn no_policy_leaves_the_base_chain_and_empty_maps() {
     let d = render(&[], None);
     assert_eq!(d.part.chains.len(), 1);
-    assert!(d.part.sets[INGRESS_MAP].elements.is_empty() && d.part.sets[EGRESS_MAP].elements.is_empty());
-    assert_eq!(d.rule_count(), 3);
+    assert_eq!(d.part.sets.len(), 4, "a map per direction and family");
+    assert!(d.part.sets.values().all(|m| m.elements.is_empty()));
+    assert_eq!(d.rule_count(), 5, "replies, then a lookup per direction and family");
+}
+
+#[test]
+fn peers_of_both_families_become_a_rule_per_family_and_pods_enter_the_maps_of_their_families() {
+    let chain = Chain {
+        rules: vec![rule(
+            Verdict::Allow,
+            "prod/allow",
+            vec![Match {
+                peers: Peers::Nets(vec![net("10.0.1.0/30"), net("10.0.2.2/32"), net("fd00::1/128")]),
+                proto: Some(Proto::Tcp),
+                ports: Some((80, 80)),
+            }],
+        )],
+        default_deny: true,
+    };
+    let d = render(&[pod("prod/a", "10.0.1.5,fd00::5", Some(chain), None)], None);
+    let rules: Vec<String> = pod_chains(&d, "in")[0].rules.iter().map(json).collect();
+    assert_eq!(rules.len(), 4, "invalid, IPv4 allow, IPv6 allow, default deny: {rules:#?}");
+    let set = set_name(&[net("10.0.1.0/30"), net("10.0.2.2/32")]);
+    assert!(rules[1].contains(&format!(r#""protocol":"ip","field":"saddr"}}}},"right":"@{set}""#)), "{}", rules[1]);
+    assert!(rules[2].contains(r#""protocol":"ip6","field":"saddr"}},"right":"fd00::1""#), "{}", rules[2]);
+    assert!(rules[1].ends_with(r#"{"return":null}]"#) && rules[2].ends_with(r#"{"return":null}]"#));
+    assert_eq!(d.part.sets[&set].kind, SetKind::Nets(Family::V4));
+    let v4 = &d.part.sets[INGRESS_MAP];
+    let v6 = &d.part.sets[INGRESS_MAP6];
+    assert_eq!((v4.kind, v6.kind), (SetKind::AddrJumps(Family::V4), SetKind::AddrJumps(Family::V6)));
+    assert_eq!(v4.elements.keys().collect::<Vec<_>>(), [&Key::addr("10.0.1.5".parse().unwrap())]);
+    assert_eq!(v6.elements.keys().collect::<Vec<_>>(), [&Key::addr("fd00::5".parse().unwrap())]);
+    assert_eq!(v4.elements.values().next(), v6.elements.values().next(), "one chain for both addresses");
+    assert!(d.part.sets[EGRESS_MAP6].elements.is_empty());
+}
+
+#[test]
+fn a_set_of_ipv6_peers_is_an_ipv6_set() {
+    let peers = vec![net("fd00::1/128"), net("fd00:1::/64")];
+    let chain = Chain {
+        rules: vec![rule(
+            Verdict::Drop,
+            "weft.dev/prod/deny",
+            vec![Match { peers: Peers::Nets(peers.clone()), proto: None, ports: None }],
+        )],
+        default_deny: false,
+    };
+    let d = render(&[pod("prod/a", "fd00::5", None, Some(chain))], None);
+    let set = &d.part.sets[&set_name(&peers)];
+    assert_eq!(set.kind, SetKind::Nets(Family::V6));
+    assert_eq!(set.elements.len(), 2);
+    let rules: Vec<String> = pod_chains(&d, "eg")[0].rules.iter().map(json).collect();
+    assert!(rules[1].contains(r#""protocol":"ip6","field":"daddr"}},"right":"@policy-set-"#), "{}", rules[1]);
+    assert!(d.part.sets[EGRESS_MAP].elements.is_empty() && d.part.sets[EGRESS_MAP6].elements.len() == 1);
 }

@@ -12,10 +12,11 @@
 use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::hash::Hash;
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Pod, PodStatus};
 use k8s_openapi::api::networking::v1::NetworkPolicy as StandardPolicy;
 use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
@@ -78,14 +79,7 @@ pub fn pod_info(pod: &Pod) -> Option<PodInfo> {
     if status.and_then(|s| s.phase.as_deref()).is_some_and(|p| p == "Succeeded" || p == "Failed") {
         return None;
     }
-    let ip = status.and_then(|s| {
-        s.pod_ips
-            .iter()
-            .flatten()
-            .map(|p| p.ip.as_str())
-            .chain(s.pod_ip.as_deref())
-            .find_map(|ip| ip.parse::<std::net::Ipv4Addr>().ok())
-    });
+    let ips = status.map(pod_addresses).unwrap_or_default();
     let ports = spec
         .containers
         .iter()
@@ -103,10 +97,20 @@ pub fn pod_info(pod: &Pod) -> Option<PodInfo> {
         namespace: pod.metadata.namespace.clone()?,
         name: pod.metadata.name.clone()?,
         labels: pod.metadata.labels.clone().unwrap_or_default(),
-        ip,
+        ips,
         node: spec.node_name.clone().unwrap_or_default(),
         ports,
     })
+}
+
+/// A pod's addresses from `podIPs` (else `podIP`): the first valid one of
+/// each family, IPv4 first; anything unparsable is no address.
+fn pod_addresses(status: &PodStatus) -> Vec<IpAddr> {
+    let listed = status.pod_ips.iter().flatten().map(|p| p.ip.as_str()).chain(status.pod_ip.as_deref());
+    let parsed: Vec<IpAddr> = listed.filter_map(|ip| ip.parse().ok()).collect();
+    let v4 = parsed.iter().copied().find(IpAddr::is_ipv4);
+    let v6 = parsed.iter().copied().find(IpAddr::is_ipv6);
+    v4.into_iter().chain(v6).collect()
 }
 
 /// The cluster as the stores see it; invalid Weft policies are left out (logged once per pass).
@@ -156,7 +160,7 @@ pub fn apply(
 impl Report {
     fn of(rules: &Desired, local_pods: usize, wrote: bool) -> Self {
         // Address sets, not the two dispatch maps.
-        let sets = rules.part.sets.values().filter(|s| s.kind == SetKind::Nets).count();
+        let sets = rules.part.sets.values().filter(|s| matches!(s.kind, SetKind::Nets(_))).count();
         Report { wrote, rules: rules.rule_count(), sets, local_pods }
     }
 }
@@ -403,11 +407,12 @@ mod tests {
                 {"name": "http", "containerPort": 8080},
                 {"containerPort": 9000},
                 {"name": "dns", "containerPort": 53, "protocol": "UDP"}]}]},
-            "status": {"podIP": "10.0.0.5", "podIPs": [{"ip": "fd00::5"}, {"ip": "10.0.0.5"}]}
+            "status": {"podIP": "fd00::5", "podIPs": [{"ip": "fd00::5"}, {"ip": "bogus"}, {"ip": "fd00::6"}, {"ip": "10.0.0.5"}]}
         }))
         .unwrap();
         let info = pod_info(&pod).unwrap();
-        assert_eq!(info.ip, Some("10.0.0.5".parse().unwrap()));
+        let addrs: Vec<IpAddr> = ["10.0.0.5", "fd00::5"].map(|a| a.parse().unwrap()).into();
+        assert_eq!(info.ips, addrs, "one address per family, IPv4 first");
         assert_eq!(info.key(), "prod/web");
         assert_eq!(info.node, "n1");
         assert_eq!(
@@ -425,7 +430,7 @@ mod tests {
         assert_eq!(pod_info(&done), None, "a finished pod's address may belong to another pod");
         let mut pending = pod;
         pending.status = None;
-        assert_eq!(pod_info(&pending).unwrap().ip, None);
+        assert!(pod_info(&pending).unwrap().ips.is_empty());
     }
 
     /// Benchmark of the pure part of a pass at the scale of
