@@ -183,3 +183,11 @@ pub fn pod_ip(result: &Value) -> String {
     let addr = result["ips"][0]["address"].as_str().unwrap_or_else(|| panic!("no ips in {result}"));
     addr.split('/').next().unwrap_or(addr).to_owned()
 }
+
+/// The pod's IPv6 address in an ADD result, if it has one.
+pub fn pod_ip6(result: &Value) -> Option<String> {
+    result["ips"].as_array()?.iter().find_map(|ip| {
+        let addr = ip["address"].as_str()?.split('/').next()?;
+        addr.contains(':').then(|| addr.to_owned())
+    })
+}

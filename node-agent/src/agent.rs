@@ -12,7 +12,7 @@ use crate::config::Config;
 use crate::dataplane::link;
 use crate::hostport::HostPorts;
 use crate::hostport::pods::PodCache;
-use crate::ipam::{Ipam, Key};
+use crate::ipam::{Ipam, Ipv6Block, Key};
 use crate::lease::Withdrawal;
 use crate::metrics::Metrics;
 
@@ -40,6 +40,9 @@ pub struct Agent {
     pub locks: KeyLocks,
     /// Set while this node's Subnet lease is withdrawn: no new pods.
     pub lease: Arc<Withdrawal>,
+    /// The node's IPv6 block when the cluster is dual-stack: bridged pods
+    /// get an IPv6 address from it besides their IPv4 one.
+    pub ipv6: Option<Ipv6Block>,
 }
 
 /// The agent's view of the Kubernetes API.
@@ -69,6 +72,7 @@ impl Agent {
             bridge: tokio::sync::Mutex::new(None),
             locks: KeyLocks::default(),
             lease: Arc::default(),
+            ipv6: None,
         }
     }
 
@@ -104,6 +108,9 @@ impl Agent {
         let index =
             deadline(&what, link::ensure_bridge(&self.host, &self.config.bridge, self.ipam.pool().gateway_net()))
                 .await?;
+        if let Some(block) = &self.ipv6 {
+            deadline(&what, link::ensure_bridge_ipv6(&self.host, index, block.gateway_net())).await?;
+        }
         *cached = Some(index);
         Ok(index)
     }

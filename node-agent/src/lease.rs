@@ -11,7 +11,7 @@ use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
 use futures::TryStreamExt;
-use ipnet::Ipv4Net;
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::reflector::ObjectRef;
@@ -41,17 +41,37 @@ pub enum LeaseError {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Lease {
     pub cidr: Ipv4Net,
+    /// The IPv6 block of a dual-stack cluster (`spec.cidrs[1]`).
+    pub cidr6: Option<Ipv6Net>,
     pub backend: Backend,
 }
 
 /// Parses a Subnet's spec; `Err` says why it is unusable.
 pub fn lease_of(subnet: &Subnet) -> Result<Lease, String> {
-    let cidr: Ipv4Net =
-        subnet.spec.cidr.parse().map_err(|e| format!("cidr {:?} is not an IPv4 CIDR: {e}", subnet.spec.cidr))?;
+    let cidr: Ipv4Net = subnet.spec.cidr.parse().map_err(|e| {
+        format!("cidr {:?} is not an IPv4 CIDR (IPv6-only clusters are not supported yet): {e}", subnet.spec.cidr)
+    })?;
     if cidr != cidr.trunc() {
         return Err(format!("cidr {cidr} has host bits set"));
     }
-    Ok(Lease { cidr, backend: subnet.spec.backend })
+    let mut cidr6 = None;
+    for (i, c) in subnet.spec.cidrs.iter().enumerate() {
+        let net: IpNet = c.parse().map_err(|e| format!("cidrs[{i}] {c:?} is not a CIDR: {e}"))?;
+        if net != net.trunc() {
+            return Err(format!("cidrs[{i}] {net} has host bits set"));
+        }
+        match net {
+            IpNet::V4(n) if n == cidr => {}
+            IpNet::V4(n) => return Err(format!("cidrs[{i}] {n} is not cidr {cidr}")),
+            IpNet::V6(_) if cidr6.is_some() => return Err(format!("cidrs[{i}] {net} is a second IPv6 block")),
+            // A pod's IPv6 address has its IPv4 address's host number.
+            IpNet::V6(n) if 128 - n.prefix_len() < 32 - cidr.prefix_len() => {
+                return Err(format!("cidrs[{i}] {n} holds fewer addresses than cidr {cidr}"));
+            }
+            IpNet::V6(n) => cidr6 = Some(n),
+        }
+    }
+    Ok(Lease { cidr, cidr6, backend: subnet.spec.backend })
 }
 
 /// Waits until the Subnet named after `node` exists with a usable spec.
@@ -276,7 +296,31 @@ mod tests {
     }
 
     fn lease() -> Lease {
-        Lease { cidr: "10.244.1.0/24".parse().expect("cidr"), backend: Backend::Vxlan }
+        Lease { cidr: "10.244.1.0/24".parse().expect("cidr"), cidr6: None, backend: Backend::Vxlan }
+    }
+
+    #[test]
+    fn a_dual_stack_lease_takes_its_ipv6_block_from_cidrs() {
+        let with = |cidrs: &[&str]| {
+            let mut s = subnet("10.244.1.0/24", false);
+            s.spec.cidrs = cidrs.iter().map(|c| (*c).to_owned()).collect();
+            lease_of(&s)
+        };
+        assert_eq!(with(&[]).expect("v4").cidr6, None);
+        let dual = with(&["10.244.1.0/24", "fd00:10:244:1::/64"]).expect("dual");
+        assert_eq!(dual.cidr6, Some("fd00:10:244:1::/64".parse().expect("cidr")));
+        let fail = |cidrs: &[&str], why: &str| {
+            let e = with(cidrs).expect_err("unusable");
+            assert!(e.contains(why), "{cidrs:?}: {e}");
+        };
+        fail(&["10.244.1.0/24", "fd00::1/64"], "host bits");
+        fail(&["10.244.2.0/24", "fd00::/64"], "is not cidr 10.244.1.0/24");
+        fail(&["10.244.1.0/24", "fd00::/64", "fd01::/64"], "second IPv6 block");
+        fail(&["10.244.1.0/24", "fd00::/121"], "fewer addresses");
+        fail(&["10.244.1.0/24", "bogus"], "not a CIDR");
+        let mut v6_only = subnet("fd00::/64", false);
+        v6_only.spec.cidrs = vec!["fd00::/64".into()];
+        assert!(lease_of(&v6_only).expect_err("v6-only").contains("IPv6-only"));
     }
 
     fn subnet(cidr: &str, published: bool) -> Subnet {

@@ -34,7 +34,7 @@ use weft_proto::cni::v1::cni_server::CniServer;
 
 use agent::Agent;
 use config::Config;
-use ipam::{Ipam, Pool};
+use ipam::{Ipam, Ipv6Block, Pool};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -70,7 +70,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
         _ => None,
     };
     let lease = match (&subnets, config.pod_cidr) {
-        (_, Some(cidr)) => lease::Lease { cidr, backend: weft_api::subnet::Backend::default() },
+        (_, Some(cidr)) => lease::Lease { cidr, cidr6: None, backend: weft_api::subnet::Backend::default() },
         (Some(api), None) => tokio::select! {
             lease = lease::wait_for(api, &config.node_name) => lease?,
             r = &mut signal => { let _ = stop_tx.send(true); return r; }
@@ -94,7 +94,12 @@ async fn run(config: Config) -> anyhow::Result<()> {
     let kube = client
         .clone()
         .map(|c| agent::KubeAccess { pods: hostport::pods::PodCache::start(c.clone(), &config.node_name), client: c });
-    let agent = Arc::new(Agent::new(config.clone(), ipam, hostports, kube, host, pod_mtu));
+    let mut agent = Agent::new(config.clone(), ipam, hostports, kube, host, pod_mtu);
+    agent.ipv6 = match lease.cidr6 {
+        Some(cidr6) => Some(Ipv6Block::new(cidr6, pool).with_context(|| format!("unusable IPv6 block {cidr6}"))?),
+        None => None,
+    };
+    let agent = Arc::new(agent);
 
     // The bridge first: it holds the gateway address, which ADD needs and
     // which the routes to routed pods come from.

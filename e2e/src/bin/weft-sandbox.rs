@@ -29,6 +29,10 @@ enum Cmd {
         /// An extra flag for every agent, e.g. --agent-arg=--host-port-range=20000-20009 (repeatable).
         #[arg(long = "agent-arg", allow_hyphen_values = true)]
         agent_args: Vec<String>,
+        /// An extra flag for the operator, e.g.
+        /// --operator-arg=--secondary-cluster-cidr=fd00:10:244::/56 for a dual-stack sandbox (repeatable).
+        #[arg(long = "operator-arg", allow_hyphen_values = true)]
+        operator_args: Vec<String>,
     },
     /// Stop everything and remove every namespace the sandbox created.
     Down,
@@ -95,8 +99,8 @@ enum Cmd {
         protocol: String,
         #[arg(long, default_value_t = 1000)]
         timeout_ms: u64,
-        /// IP:PORT
-        target: std::net::SocketAddrV4,
+        /// IP:PORT ([IPv6]:PORT)
+        target: std::net::SocketAddr,
     },
     /// Freeze the kube-apiserver (SIGSTOP): the API stops answering, as in an outage.
     ApiPause,
@@ -129,6 +133,9 @@ enum Cmd {
         pods: Vec<String>,
         #[arg(long, default_value_t = 1000)]
         timeout_ms: u64,
+        /// Which address of each pod to connect to.
+        #[arg(long, value_enum, default_value = "ipv4")]
+        family: probe::Family,
     },
     /// kubectl against the sandbox's apiserver.
     Kubectl {
@@ -160,9 +167,9 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     match cli.command {
-        Cmd::Up { nodes, backend, agent_args } => {
+        Cmd::Up { nodes, backend, agent_args, operator_args } => {
             anyhow::ensure!(["vxlan", "host-gw"].contains(&backend.as_str()), "--backend must be vxlan or host-gw");
-            let state = cluster::up(nodes, &backend, &agent_args)?;
+            let state = cluster::up(nodes, &backend, &agent_args, &operator_args)?;
             print_status(&state);
             println!("\nkubeconfig: {}", state.kubeconfig.display());
             println!("try: e2e/sandbox.sh kubectl get subnets; e2e/sandbox.sh add-pod web -l app=web");
@@ -210,9 +217,9 @@ fn main() -> anyhow::Result<()> {
         Cmd::ApiserverRestart => restart(&State::load()?, Component::Apiserver)?,
         Cmd::ApiResume => signal_apiserver(libc::SIGCONT)?,
         Cmd::Pods => {
-            println!("{:<32} {:<10} {:<16}", "POD", "NODE", "IP");
+            println!("{:<32} {:<10} {:<16} IPV6", "POD", "NODE", "IP");
             for p in PodRecord::all() {
-                println!("{:<32} {:<10} {:<16}", p.key(), p.node, p.ip);
+                println!("{:<32} {:<10} {:<16} {}", p.key(), p.node, p.ip, p.ip6.as_deref().unwrap_or("-"));
             }
         }
         Cmd::Exec { pod, namespace, command } => {
@@ -224,11 +231,11 @@ fn main() -> anyhow::Result<()> {
                 .context("cannot run the command")?;
             std::process::exit(status.code().unwrap_or(1));
         }
-        Cmd::Probe { port, protocol, pods, timeout_ms } => {
+        Cmd::Probe { port, protocol, pods, timeout_ms, family } => {
             let all = PodRecord::all();
             let selected: Vec<PodRecord> =
                 if pods.is_empty() { all } else { all.into_iter().filter(|p| pods.contains(&p.key())).collect() };
-            let m = probe::probe(&selected, port, &protocol, Duration::from_millis(timeout_ms))?;
+            let m = probe::probe(&selected, port, &protocol, family, Duration::from_millis(timeout_ms))?;
             println!("{}", serde_json::to_string_pretty(&m)?);
         }
         Cmd::Kubectl { args } => {

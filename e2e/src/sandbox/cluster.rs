@@ -59,7 +59,7 @@ fn starting_lock() -> anyhow::Result<Option<std::fs::File>> {
 
 /// Starts the supervisor in the background and waits until the cluster is
 /// ready (every node's Subnet Ready and its peers programmed).
-pub fn up(nodes: usize, backend: &str, agent_args: &[String]) -> anyhow::Result<State> {
+pub fn up(nodes: usize, backend: &str, agent_args: &[String], operator_args: &[String]) -> anyhow::Result<State> {
     let _starting = starting_lock()?;
     match try_lock()? {
         // Free: nothing runs, so leftovers of a crashed sandbox may go.
@@ -71,7 +71,8 @@ pub fn up(nodes: usize, backend: &str, agent_args: &[String]) -> anyhow::Result<
     std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let log = dir.join("supervisor.log");
     let _ = std::fs::remove_file(&log);
-    std::fs::write(dir.join("agent-args.json"), serde_json::to_vec(agent_args)?)?;
+    super::ExtraArgs::Agent.save(agent_args)?;
+    super::ExtraArgs::Operator.save(operator_args)?;
     let mut cmd = Command::new(std::env::current_exe()?);
     cmd.args(["supervise", "--nodes", &nodes.to_string(), "--backend", backend]);
     let mut child = super::spawn_detached(cmd, &log)?;

@@ -140,13 +140,31 @@ pub fn existing_namespaces() -> Vec<String> {
         .collect()
 }
 
-/// Extra flags every sandbox agent gets (`weft-sandbox up --agent-arg ...`),
-/// kept in the state directory so restarted and added nodes get them too.
-pub fn agent_args() -> Vec<String> {
-    std::fs::read(state_dir().join("agent-args.json"))
-        .ok()
-        .and_then(|b| serde_json::from_slice(&b).ok())
-        .unwrap_or_default()
+/// Extra flags of the sandbox's programs (`weft-sandbox up --agent-arg ...
+/// --operator-arg ...`), kept in the state directory so restarted and added
+/// nodes and operators get them too.
+#[derive(Debug, Clone, Copy)]
+pub enum ExtraArgs {
+    Agent,
+    Operator,
+}
+
+impl ExtraArgs {
+    fn file(self) -> PathBuf {
+        state_dir().join(match self {
+            ExtraArgs::Agent => "agent-args.json",
+            ExtraArgs::Operator => "operator-args.json",
+        })
+    }
+
+    pub fn save(self, args: &[String]) -> anyhow::Result<()> {
+        let file = self.file();
+        std::fs::write(&file, serde_json::to_vec(args)?).with_context(|| format!("cannot write {}", file.display()))
+    }
+
+    pub fn load(self) -> Vec<String> {
+        std::fs::read(self.file()).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or_default()
+    }
 }
 
 /// Pid of the sandbox's kube-apiserver (for pausing the API in tests).

@@ -70,7 +70,7 @@ pub fn start_agent(node: &NodeInfo, kubeconfig: &Path) -> anyhow::Result<u32> {
         .arg("--state-dir")
         .arg(dir.join("state"))
         .args(["--metrics-addr", "0.0.0.0:9646"])
-        .args(super::agent_args());
+        .args(super::ExtraArgs::Agent.load());
     let pid = super::spawn_detached(cmd, &dir.join("agent.log"))?.id();
     std::fs::write(dir.join("agent.pid"), pid.to_string())?;
     Ok(pid)

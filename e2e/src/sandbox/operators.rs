@@ -42,6 +42,7 @@ pub fn start(replica: &str, kubeconfig: &Path, backend: &str) -> anyhow::Result<
         "--renew-deadline-seconds=3".to_owned(),
         "--retry-period-seconds=1".to_owned(),
     ]);
+    op.args(super::ExtraArgs::Operator.load());
     let log = state_dir().join(format!("operator-{replica}.log"));
     let pid = super::spawn_detached(op, &log)?.id();
     std::fs::write(pidfile(replica), pid.to_string())?;

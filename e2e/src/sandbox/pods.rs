@@ -83,6 +83,9 @@ pub struct PodRecord {
     pub guest_netns: Option<String>,
     pub container_id: String,
     pub ip: String,
+    /// The IPv6 address of a pod in a dual-stack sandbox.
+    #[serde(default)]
+    pub ip6: Option<String>,
     pub ports: Vec<PortSpec>,
     #[serde(default)]
     pub host_ports: Vec<HostPortSpec>,
@@ -217,6 +220,7 @@ pub async fn add(
         // Unique per creation, as a runtime's sandbox IDs are.
         container_id: format!("sbx-{namespace}-{name}-{:08x}", rand::random::<u32>()),
         ip: String::new(),
+        ip6: None,
         ports: ports.to_vec(),
         host_ports: options.host_ports.clone(),
         uid: String::new(),
@@ -247,6 +251,7 @@ pub async fn add(
     }
     let result = out.json();
     rec.ip = crate::cni::pod_ip(&result);
+    rec.ip6 = crate::cni::pod_ip6(&result);
     let finished = async {
         if options.vm {
             wire_vm(&mut rec, &result)?;
@@ -316,8 +321,8 @@ async fn register(state: &State, rec: &mut PodRecord) -> anyhow::Result<()> {
     let client = crate::control_plane::kube_util::client_from(&state.kubeconfig).await?;
     let pods = Api::<Pod>::namespaced(client, &rec.namespace);
     let host_ip = state.node(&rec.node)?.ip.to_string();
-    let status =
-        json!({"status": {"phase": "Running", "podIP": rec.ip, "podIPs": [{"ip": rec.ip}], "hostIP": host_ip}});
+    let pod_ips: Vec<_> = std::iter::once(&rec.ip).chain(&rec.ip6).map(|ip| json!({"ip": ip})).collect();
+    let status = json!({"status": {"phase": "Running", "podIP": rec.ip, "podIPs": pod_ips, "hostIP": host_ip}});
     pods.patch_status(&rec.name, &PatchParams::default(), &Patch::Merge(&status)).await?;
 
     rec.responder_pid = Some(start_responder(rec)?);

@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
@@ -15,16 +15,20 @@ use serde::Serialize;
 
 use super::pods::{PodRecord, PortSpec};
 
-/// Serves `ports` forever, answering each connection or datagram with `name`.
+/// Serves `ports` forever, answering each connection or datagram with `name`,
+/// over IPv4 and IPv6 (one socket on `[::]`, which takes both, or on
+/// 0.0.0.0 where the namespace has no IPv6).
 /// Creates `ready_file` once every socket is bound, so callers can wait for it.
 pub fn respond(name: &str, ports: &[PortSpec], ready_file: Option<&std::path::Path>) -> anyhow::Result<()> {
     let mut threads = Vec::new();
     for p in ports {
         let name = format!("{name}\n");
-        let addr = SocketAddr::from(([0, 0, 0, 0], p.port));
+        let any6 = SocketAddr::from((Ipv6Addr::UNSPECIFIED, p.port));
+        let addr = SocketAddr::from((Ipv4Addr::UNSPECIFIED, p.port));
         match p.protocol.as_str() {
             "tcp" => {
-                let l = TcpListener::bind(addr).with_context(|| format!("listen tcp {addr}"))?;
+                let l = TcpListener::bind(any6).or_else(|_| TcpListener::bind(addr));
+                let l = l.with_context(|| format!("listen tcp {addr}"))?;
                 threads.push(std::thread::spawn(move || {
                     for mut c in l.incoming().flatten() {
                         let _ = c.write_all(name.as_bytes());
@@ -32,7 +36,8 @@ pub fn respond(name: &str, ports: &[PortSpec], ready_file: Option<&std::path::Pa
                 }));
             }
             "udp" => {
-                let s = UdpSocket::bind(addr).with_context(|| format!("bind udp {addr}"))?;
+                let s = UdpSocket::bind(any6).or_else(|_| UdpSocket::bind(addr));
+                let s = s.with_context(|| format!("bind udp {addr}"))?;
                 threads.push(std::thread::spawn(move || {
                     let mut buf = [0u8; 512];
                     while let Ok((_, from)) = s.recv_from(&mut buf) {
@@ -61,8 +66,32 @@ pub struct Matrix {
     pub matrix: BTreeMap<String, BTreeMap<String, bool>>,
 }
 
-/// Tries every ordered pair of `pods` (itself excluded) on `port`/`protocol`.
-pub fn probe(pods: &[PodRecord], port: u16, protocol: &str, timeout: Duration) -> anyhow::Result<Matrix> {
+/// Which of a pod's addresses a probe connects to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Family {
+    Ipv4,
+    Ipv6,
+}
+
+impl Family {
+    /// The pod's address of this family (a pod without one is never reached).
+    pub fn address_of(self, pod: &PodRecord) -> Option<&str> {
+        match self {
+            Family::Ipv4 => Some(&pod.ip),
+            Family::Ipv6 => pod.ip6.as_deref(),
+        }
+    }
+}
+
+/// Tries every ordered pair of `pods` (itself excluded) on `port`/`protocol`,
+/// at their addresses of `family`.
+pub fn probe(
+    pods: &[PodRecord],
+    port: u16,
+    protocol: &str,
+    family: Family,
+    timeout: Duration,
+) -> anyhow::Result<Matrix> {
     if !["tcp", "udp"].contains(&protocol) {
         bail!("protocol {protocol} cannot be probed here (tcp or udp)");
     }
@@ -80,7 +109,10 @@ pub fn probe(pods: &[PodRecord], port: u16, protocol: &str, timeout: Duration) -
                     let row = pods
                         .iter()
                         .filter(|dst| dst.key() != src.key())
-                        .map(|dst| (dst.key(), reach(&dst.ip, port, protocol, timeout).as_deref() == Some(&*dst.key())))
+                        .map(|dst| {
+                            let answer = family.address_of(dst).and_then(|ip| reach(ip, port, protocol, timeout));
+                            (dst.key(), answer.as_deref() == Some(&*dst.key()))
+                        })
                         .collect();
                     Ok((src.key(), row))
                 })
@@ -98,7 +130,7 @@ pub fn probe(pods: &[PodRecord], port: u16, protocol: &str, timeout: Duration) -
 
 /// The name the responder at `ip:port` answered with, if any.
 pub fn reach(ip: &str, port: u16, protocol: &str, timeout: Duration) -> Option<String> {
-    let addr: SocketAddr = format!("{ip}:{port}").parse().ok()?;
+    let addr = SocketAddr::new(ip.parse::<IpAddr>().ok()?, port);
     let mut buf = [0u8; 256];
     let n = match protocol {
         "tcp" => {
@@ -107,7 +139,8 @@ pub fn reach(ip: &str, port: u16, protocol: &str, timeout: Duration) -> Option<S
             c.read(&mut buf).ok()?
         }
         _ => {
-            let s = UdpSocket::bind("0.0.0.0:0").ok()?;
+            let local = if addr.is_ipv6() { "[::]:0" } else { "0.0.0.0:0" };
+            let s = UdpSocket::bind(local).ok()?;
             s.set_read_timeout(Some(timeout)).ok()?;
             s.send_to(b"probe", addr).ok()?;
             s.recv(&mut buf).ok()?

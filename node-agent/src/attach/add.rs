@@ -67,12 +67,18 @@ impl Agent {
         let pool = *self.ipam.pool();
         let address = driver.pod_address(ip, pool.cidr());
         let (host_mac, pod_mac) = (veth_mac(key, false), veth_mac(key, true));
+        // The IPv6 address that goes with the IPv4 one (bridged pods only, for now).
+        let ipv6 = self.ipv6.filter(|_| driver.mode().is_bridge()).map(|b| {
+            let address = ipnet::Ipv6Net::new(b.address_of(ip), b.cidr().prefix_len()).unwrap_or(b.cidr());
+            (address, b.gateway())
+        });
         let spec = AttachSpec {
             host_veth: host_veth.clone(),
             ifname: key.ifname.clone(),
             host: driver.host_side(bridge_index),
             address,
             gateway: pool.gateway(),
+            ipv6,
             mtu,
             host_mac,
             pod_mac,
@@ -121,11 +127,18 @@ impl Agent {
                     sandbox: req.netns.clone(),
                 },
             ],
-            ips: vec![IpConfig { address: address.to_string(), gateway: pool.gateway().to_string(), interface: 1 }],
+            ips: std::iter::once(IpConfig {
+                address: address.to_string(),
+                gateway: pool.gateway().to_string(),
+                interface: 1,
+            })
+            .chain(ipv6.map(|(a, gw)| IpConfig { address: a.to_string(), gateway: gw.to_string(), interface: 1 }))
+            .collect(),
             routes: driver
                 .pod_routes(pool.gateway())
                 .into_iter()
                 .map(|(dst, gw)| Route { dst: dst.to_string(), gw: gw.map(|g| g.to_string()).unwrap_or_default() })
+                .chain(ipv6.map(|(_, gw)| Route { dst: "::/0".into(), gw: gw.to_string() }))
                 .collect(),
             dns: dns_of(&req.config_json),
         })

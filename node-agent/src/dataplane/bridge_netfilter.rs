@@ -1,5 +1,6 @@
 //! Bridge netfilter: frames bridged between two pods on weft0 pass through
-//! iptables only with `net.bridge.bridge-nf-call-iptables` on. NetworkPolicy
+//! iptables only with `net.bridge.bridge-nf-call-iptables` on (IPv6 ones:
+//! `bridge-nf-call-ip6tables`). NetworkPolicy
 //! between pods of one node, hostPort DNAT of a pod reaching its own or a
 //! neighbour's host port, and kube-proxy's service rules all depend on it.
 
@@ -7,13 +8,19 @@ use std::path::Path;
 
 use super::DataplaneError;
 
-const SYSCTL: &str = "/proc/sys/net/bridge/bridge-nf-call-iptables";
+const SYSCTLS: [&str; 2] =
+    ["/proc/sys/net/bridge/bridge-nf-call-iptables", "/proc/sys/net/bridge/bridge-nf-call-ip6tables"];
 
-/// Turns bridge netfilter on in this network namespace. Without it, traffic
-/// between pods on this node would silently bypass policy, so its absence
-/// stops the agent with the fix named. Returns whether it was off.
+/// Turns bridge netfilter on in this network namespace, for both families.
+/// Without it, traffic between pods on this node would silently bypass
+/// policy, so its absence stops the agent with the fix named. Returns
+/// whether either was off.
 pub fn ensure() -> Result<bool, DataplaneError> {
-    ensure_at(Path::new(SYSCTL))
+    let mut was_off = false;
+    for path in SYSCTLS {
+        was_off |= ensure_at(Path::new(path))?;
+    }
+    Ok(was_off)
 }
 
 fn ensure_at(path: &Path) -> Result<bool, DataplaneError> {

@@ -2,11 +2,11 @@
 //! each pod, and what CHECK needs to read back.
 
 use std::collections::HashSet;
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use futures::TryStreamExt;
-use ipnet::Ipv4Net;
-use netlink_packet_route::address::AddressAttribute;
+use ipnet::{Ipv4Net, Ipv6Net};
+use netlink_packet_route::address::{AddressAttribute, AddressFlags, AddressMessage};
 use netlink_packet_route::link::{
     InfoBridgePort, InfoData, InfoKind, InfoPortData, InfoVeth, LinkAttribute, LinkFlags, LinkInfo, LinkMessage,
 };
@@ -118,6 +118,36 @@ async fn has_address(h: &Handle, index: u32, want: Ipv4Net) -> Result<bool, Data
     Ok(addresses(h, index).await?.contains(&want))
 }
 
+/// Puts the IPv6 gateway `gateway` on the bridge with index `index` (a
+/// dual-stack node), without duplicate address detection: the address is
+/// ours by lease, and a tentative one would make pods' first packets fail.
+pub async fn ensure_bridge_ipv6(h: &Handle, index: u32, gateway: Ipv6Net) -> Result<(), DataplaneError> {
+    let mut stream = h.address().get().set_link_index_filter(index).execute();
+    while let Some(msg) = stream.try_next().await.map_err(op("list addresses"))? {
+        let here = msg
+            .attributes
+            .iter()
+            .any(|a| matches!(a, AddressAttribute::Address(IpAddr::V6(ip)) if *ip == gateway.addr()));
+        if here && msg.header.prefix_len == gateway.prefix_len() {
+            return Ok(());
+        }
+    }
+    let mut req = h.address().add(index, gateway.addr().into(), gateway.prefix_len());
+    *req.message_mut() = ipv6_address(index, gateway);
+    match req.execute().await {
+        Ok(()) => Ok(()),
+        Err(e) if errno(&e) == Some(EEXIST) => Ok(()),
+        Err(e) => Err(op(format!("add {gateway} to the bridge"))(e)),
+    }
+}
+
+/// An IPv6 address without duplicate address detection (`nodad`).
+fn ipv6_address(index: u32, net: Ipv6Net) -> AddressMessage {
+    let mut msg = AddressMessageBuilder::<Ipv6Addr>::new().index(index).address(net.addr(), net.prefix_len()).build();
+    msg.attributes.push(AddressAttribute::Flags(AddressFlags::Nodad));
+    msg
+}
+
 /// IPv4 addresses on a link, with their prefix lengths.
 pub async fn addresses(h: &Handle, index: u32) -> Result<Vec<Ipv4Net>, DataplaneError> {
     let mut out = Vec::new();
@@ -159,6 +189,8 @@ pub struct AttachSpec {
     /// The pod's address as its interface carries it (see `Attachment::pod_address`).
     pub address: Ipv4Net,
     pub gateway: Ipv4Addr,
+    /// A dual-stack pod's IPv6 address (on its interface) and gateway.
+    pub ipv6: Option<(Ipv6Net, Ipv6Addr)>,
     pub mtu: u32,
     /// MACs are chosen by the caller so that the result needs no read-back.
     pub host_mac: [u8; 6],
@@ -358,10 +390,20 @@ fn configure_pod(nl: &mut BlockingNetlink, spec: &AttachSpec) -> Result<(), Data
         let gateway = neighbour(index, spec.gateway, spec.host_mac, NeighbourState::Permanent);
         msgs.push((RouteNetlinkMessage::NewNeighbour(gateway), NLM_F_CREATE | NLM_F_REPLACE));
     }
+    let ipv4_msgs = msgs.len();
+    if let Some((address, gateway)) = spec.ipv6 {
+        // On-link: the gateway is reachable at once, whether or not the
+        // address's prefix route is in place yet.
+        let route = RouteMessageBuilder::<Ipv6Addr>::new().gateway(gateway).output_interface(index).onlink();
+        msgs.push((RouteNetlinkMessage::NewAddress(ipv6_address(index, address)), NLM_F_CREATE | NLM_F_EXCL));
+        msgs.push((RouteNetlinkMessage::NewRoute(route.build()), NLM_F_CREATE | NLM_F_EXCL));
+    }
     nl.batch(msgs).map(drop).map_err(|(at, e)| match at {
         0 => kernel_op(format!("add {} to {ifname}", spec.address))(e),
         1 => kernel_op(format!("set {ifname} up"))(e),
         2 => kernel_op(format!("add default route via {} in the pod", spec.gateway))(e),
+        n if n == ipv4_msgs => kernel_op(format!("add the IPv6 address to {ifname}"))(e),
+        n if n > ipv4_msgs => kernel_op("add the IPv6 default route in the pod")(e),
         _ => kernel_op("add the gateway's neighbour entry in the pod")(e),
     })
 }

@@ -7,5 +7,5 @@
 pub mod pool;
 pub mod store;
 
-pub use pool::Pool;
+pub use pool::{Ipv6Block, Pool};
 pub use store::{Ipam, IpamError, Key, Mapping, Record};

@@ -1,15 +1,18 @@
 //! The address pool of one pod CIDR: which addresses may be handed out and
-//! which one comes next.
+//! which one comes next; and the IPv6 block of a dual-stack node, whose
+//! addresses follow the IPv4 ones.
 
 use std::collections::BTreeMap;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum PoolError {
     #[error("pod CIDR {0} is too small: it needs at least a /30 (network, gateway, one pod, broadcast)")]
     TooSmall(Ipv4Net),
+    #[error("IPv6 block {v6} holds fewer addresses than pod CIDR {v4}: a pod's IPv6 address has its IPv4 host number")]
+    Ipv6TooSmall { v6: Ipv6Net, v4: Ipv4Net },
 }
 
 /// Usable addresses of a pod CIDR: everything but the network address, the
@@ -70,9 +73,61 @@ impl Pool {
     }
 }
 
+/// The IPv6 block of a dual-stack node. A pod's IPv6 address has the host
+/// number of its IPv4 address (10.244.1.7 → fd00:10:244:1::7 in
+/// fd00:10:244:1::/64), and so has the gateway: the IPv4 IPAM record is the
+/// record of both, and a pod keeps both addresses or neither.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ipv6Block {
+    cidr: Ipv6Net,
+    v4: Pool,
+}
+
+impl Ipv6Block {
+    pub fn new(cidr: Ipv6Net, v4: Pool) -> Result<Self, PoolError> {
+        let cidr = cidr.trunc();
+        if 128 - cidr.prefix_len() < 32 - v4.cidr.prefix_len() {
+            return Err(PoolError::Ipv6TooSmall { v6: cidr, v4: v4.cidr });
+        }
+        Ok(Self { cidr, v4 })
+    }
+
+    pub fn cidr(&self) -> Ipv6Net {
+        self.cidr
+    }
+
+    /// The IPv6 address of the pod with IPv4 address `ip` (of the pool).
+    pub fn address_of(&self, ip: Ipv4Addr) -> Ipv6Addr {
+        let host = u32::from(ip).wrapping_sub(u32::from(self.v4.cidr.network()));
+        Ipv6Addr::from(u128::from(self.cidr.network()) | u128::from(host))
+    }
+
+    pub fn gateway(&self) -> Ipv6Addr {
+        self.address_of(self.v4.gateway())
+    }
+
+    /// The gateway with the block's prefix length, as it sits on the bridge.
+    pub fn gateway_net(&self) -> Ipv6Net {
+        Ipv6Net::new(self.gateway(), self.cidr.prefix_len()).unwrap_or(self.cidr)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pods_ipv6_address_has_its_ipv4_host_number() {
+        let v4 = pool("10.244.1.0/24");
+        let b = Ipv6Block::new("fd00:10:244:1::/64".parse().unwrap(), v4).unwrap();
+        assert_eq!(b.address_of("10.244.1.7".parse().unwrap()).to_string(), "fd00:10:244:1::7");
+        assert_eq!(b.address_of("10.244.1.254".parse().unwrap()).to_string(), "fd00:10:244:1::fe");
+        assert_eq!(b.gateway_net().to_string(), "fd00:10:244:1::1/64");
+        let tight = Ipv6Block::new("fd00::100/120".parse().unwrap(), v4).unwrap();
+        assert_eq!(tight.address_of("10.244.1.255".parse().unwrap()).to_string(), "fd00::1ff");
+        let e = Ipv6Block::new("fd00::/121".parse().unwrap(), v4).unwrap_err();
+        assert!(e.to_string().contains("fewer addresses"), "{e}");
+    }
 
     fn pool(s: &str) -> Pool {
         Pool::new(s.parse().unwrap()).unwrap()

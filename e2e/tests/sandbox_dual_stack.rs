@@ -1,0 +1,223 @@
+//! A dual-stack node (the operator given an IPv6 cluster CIDR besides the
+//! IPv4 one): the Subnet leases a block of each family, every bridged pod
+//! gets an address of each on its interface with both default routes, the
+//! ADD result lists both, and policy decides IPv6 traffic as it decides
+//! IPv4 traffic (the same probe matrices over both families), while an
+//! `ipBlock` only ever matches addresses of its own family. One node: pods
+//! of other nodes are not reachable over IPv6 yet.
+
+use std::collections::BTreeMap;
+use std::process::Command;
+use std::time::Duration;
+
+use serde_json::Value;
+use weft_e2e::sandbox::testing::{Up, ok, try_apply};
+use weft_e2e::wait;
+
+const IPV6_CLUSTER_CIDR: &str = "fd00:10:244::/56";
+const PODS: [&str; 3] = ["dev/client", "prod/db", "prod/web"];
+const CONVERGE: Duration = Duration::from_secs(60);
+
+fn kubectl(args: &[&str]) -> String {
+    let mut full = vec!["kubectl"];
+    full.extend_from_slice(args);
+    ok(&full)
+}
+
+fn apply(yaml: &str) {
+    let (success, out) = try_apply(yaml);
+    assert!(success, "kubectl apply failed:\n{out}");
+}
+
+fn ip_json(netns: &str, args: &[&str]) -> Value {
+    let out = Command::new("ip").args(["-j", "-n", netns]).args(args).output().expect("ip");
+    assert!(out.status.success(), "ip -n {netns} {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("ip JSON")
+}
+
+/// (IPv4, IPv6) of a pod, from `weft-sandbox pods`.
+fn pod_ips(key: &str) -> (String, String) {
+    let pods = ok(&["pods"]);
+    let line = pods.lines().find(|l| l.starts_with(&format!("{key} "))).unwrap_or_else(|| panic!("no {key}"));
+    let fields: Vec<&str> = line.split_whitespace().collect();
+    (fields[2].to_owned(), fields[3].to_owned())
+}
+
+fn probe(family: &str, protocol: &str, port: u16) -> BTreeMap<(String, String), bool> {
+    let port = port.to_string();
+    let out = ok(&["probe", "--family", family, "--protocol", protocol, "--port", &port, "--timeout-ms", "700"]);
+    let v: Value = serde_json::from_str(&out).expect("probe JSON");
+    let mut m = BTreeMap::new();
+    for (from, row) in v["matrix"].as_object().expect("matrix") {
+        for (to, allowed) in row.as_object().expect("row") {
+            m.insert((from.clone(), to.clone()), allowed.as_bool().expect("bool"));
+        }
+    }
+    m
+}
+
+/// Waits until the probe matrix over `family` equals `expect(from, to)`.
+#[track_caller]
+fn expect_family(step: &str, family: &str, protocol: &str, port: u16, expect: &dyn Fn(&str, &str) -> bool) {
+    let mut want = BTreeMap::new();
+    for f in PODS {
+        for t in PODS.iter().filter(|t| **t != f) {
+            want.insert((f.to_owned(), (*t).to_owned()), expect(f, t));
+        }
+    }
+    let mut last = BTreeMap::new();
+    let converged = wait::try_until(CONVERGE, || {
+        last = probe(family, protocol, port);
+        (last == want).then_some(())
+    });
+    assert!(converged.is_some(), "step {step:?} over {family} ({protocol}/{port}): got {last:?}, want {want:?}");
+    eprintln!("ok: {step} over {family} ({protocol}/{port})");
+}
+
+/// The same expectation over both families.
+#[track_caller]
+fn expect_both(step: &str, protocol: &str, port: u16, expect: impl Fn(&str, &str) -> bool) {
+    for family in ["ipv4", "ipv6"] {
+        expect_family(step, family, protocol, port, &expect);
+    }
+}
+
+fn ns_of(pod: &str) -> &str {
+    pod.split('/').next().unwrap_or_default()
+}
+
+#[test]
+fn dual_stack_pods_get_both_families_and_policy_treats_them_alike() {
+    let secondary = format!("--operator-arg=--secondary-cluster-cidr={IPV6_CLUSTER_CIDR}");
+    let Some(_up) = Up::start(&["--nodes", "1", &secondary], &[]) else { return };
+
+    // The lease: one block of each family.
+    let subnet: Value = serde_json::from_str(&kubectl(&["get", "subnet", "node-1", "-o", "json"])).expect("JSON");
+    let cidrs: Vec<&str> =
+        subnet["spec"]["cidrs"].as_array().expect("cidrs").iter().filter_map(Value::as_str).collect();
+    assert_eq!(cidrs.len(), 2, "{subnet}");
+    assert_eq!(cidrs[0], subnet["spec"]["cidr"].as_str().expect("cidr"));
+    let block6: ipnet::Ipv6Net = cidrs[1].parse().expect("an IPv6 block");
+    assert!(IPV6_CLUSTER_CIDR.parse::<ipnet::Ipv6Net>().expect("cidr").contains(&block6), "{block6}");
+
+    kubectl(&["create", "namespace", "prod"]);
+    kubectl(&["create", "namespace", "dev"]);
+    kubectl(&["label", "namespace", "dev", "team=b"]);
+    for key in PODS {
+        let (ns, name) = key.split_once('/').expect("key");
+        let label = format!("app={name}");
+        ok(&["add-pod", name, "-n", ns, "--node", "node-1", "-l", &label, "-p", "80/tcp", "-p", "dns=53/udp"]);
+    }
+
+    // Addresses: the IPv6 one has the IPv4 one's host number, both are on
+    // eth0 with a default route each, and the Pod's status lists both.
+    let (v4, v6) = pod_ips("prod/db");
+    let v6: std::net::Ipv6Addr = v6.parse().unwrap_or_else(|_| panic!("prod/db has no IPv6 address: {v6}"));
+    assert!(block6.contains(&v6), "{v6} outside {block6}");
+    let host4 = v4.parse::<std::net::Ipv4Addr>().expect("IPv4").octets()[3];
+    assert_eq!(u128::from(v6) & 0xff, u128::from(host4), "{v4} and {v6}");
+    let netns = "weft-sbx-pod-prod-db";
+    let addrs = ip_json(netns, &["-6", "addr", "show", "eth0", "scope", "global"]);
+    // (`ip -j` lists the entries its filter left out as `{}`.)
+    let on_eth0: Vec<&Value> =
+        addrs[0]["addr_info"].as_array().expect("addr_info").iter().filter(|a| a.get("local").is_some()).collect();
+    assert_eq!(on_eth0.len(), 1, "{addrs}");
+    assert_eq!(on_eth0[0]["local"], v6.to_string());
+    assert!(on_eth0[0].get("tentative").is_none(), "no duplicate address detection: {addrs}");
+    let routes = ip_json(netns, &["-6", "route", "show", "default"]);
+    let gateway6 = std::net::Ipv6Addr::from(u128::from(block6.network()) | 1);
+    assert_eq!(routes[0]["gateway"], gateway6.to_string(), "{routes}");
+    let bridge = ip_json("weft-sbx-node-1", &["-6", "addr", "show", "weft0", "scope", "global"]);
+    assert_eq!(bridge[0]["addr_info"][0]["local"], gateway6.to_string(), "the gateway on the bridge: {bridge}");
+    let pod: Value = serde_json::from_str(&kubectl(&["get", "pod", "db", "-n", "prod", "-o", "json"])).expect("JSON");
+    let listed: Vec<&str> =
+        pod["status"]["podIPs"].as_array().expect("podIPs").iter().filter_map(|p| p["ip"].as_str()).collect();
+    assert_eq!(listed, [v4.as_str(), v6.to_string().as_str()]);
+
+    // No policy: everything is open, over both families.
+    expect_both("default allow", "tcp", 80, |_, _| true);
+    expect_both("default allow", "udp", 53, |_, _| true);
+
+    // Pod and namespace selectors admit every address of the pods they select.
+    apply(
+        "
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: db-from-dev, namespace: prod}
+spec:
+  podSelector: {matchLabels: {app: db}}
+  ingress:
+  - from: [{namespaceSelector: {matchLabels: {team: b}}}]
+",
+    );
+    expect_both("namespaceSelector", "tcp", 80, |from, to| to != "prod/db" || ns_of(from) == "dev");
+    expect_both("a TCP-less policy isolates UDP too", "udp", 53, |from, to| to != "prod/db" || ns_of(from) == "dev");
+
+    // An IPv4 ipBlock never matches an IPv6 peer, and the other way round.
+    apply(
+        "
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: db-from-dev, namespace: prod}
+spec:
+  podSelector: {matchLabels: {app: db}}
+  ingress:
+  - from: [{ipBlock: {cidr: 0.0.0.0/0}}]
+",
+    );
+    expect_family("0.0.0.0/0 admits every IPv4 peer", "ipv4", "tcp", 80, &|_, _| true);
+    expect_family("0.0.0.0/0 admits no IPv6 peer", "ipv6", "tcp", 80, &|_, to| to != "prod/db");
+    let (_, client6) = pod_ips("dev/client");
+    apply(&format!(
+        "
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {{name: db-from-dev, namespace: prod}}
+spec:
+  podSelector: {{matchLabels: {{app: db}}}}
+  ingress:
+  - from: [{{ipBlock: {{cidr: '::/0', except: ['{client6}/128']}}}}]
+"
+    ));
+    expect_family("::/0 admits no IPv4 peer", "ipv4", "tcp", 80, &|_, to| to != "prod/db");
+    expect_family("::/0 except the client", "ipv6", "tcp", 80, &|from, to| to != "prod/db" || from != "dev/client");
+
+    // Weft's own policy over IPv6: a Deny of one IPv6 address beats an Allow.
+    kubectl(&["delete", "networkpolicy", "--all", "-n", "prod"]);
+    apply(&format!(
+        "
+apiVersion: weft.dev/v1alpha1
+kind: NetworkPolicy
+metadata: {{name: no-client6, namespace: prod}}
+spec:
+  priority: 100
+  podSelector: {{matchLabels: {{app: web}}}}
+  ingress:
+  - action: Deny
+    peers: [{{ipBlock: {{cidr: '{client6}/128'}}}}]
+  - action: Allow
+    peers: [{{namespaceSelector: {{}}}}]
+"
+    ));
+    expect_family("a Weft Deny of an IPv6 address", "ipv6", "tcp", 80, &|from, to| {
+        to != "prod/web" || from != "dev/client"
+    });
+    expect_family("leaves IPv4 alone", "ipv4", "tcp", 80, &|_, _| true);
+    kubectl(&["delete", "networkpolicies.weft.dev", "--all", "-n", "prod"]);
+    expect_both("policies gone", "tcp", 80, |_, _| true);
+
+    // DEL: nothing of the pods stays on the node.
+    for key in PODS {
+        let (ns, name) = key.split_once('/').expect("key");
+        ok(&["del-pod", name, "-n", ns]);
+    }
+    let links = ip_json("weft-sbx-node-1", &["link", "show"]);
+    let veths: Vec<&str> = links
+        .as_array()
+        .expect("links")
+        .iter()
+        .filter_map(|l| l["ifname"].as_str())
+        .filter(|n| n.starts_with("weftv"))
+        .collect();
+    assert!(veths.is_empty(), "host veths left: {veths:?}");
+}
