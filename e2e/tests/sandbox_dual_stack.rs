@@ -3,8 +3,9 @@
 //! gets an address of each on its interface with both default routes, the
 //! ADD result lists both, and policy decides IPv6 traffic as it decides
 //! IPv4 traffic (the same probe matrices over both families), while an
-//! `ipBlock` only ever matches addresses of its own family. One node: pods
-//! of other nodes are not reachable over IPv6 yet.
+//! `ipBlock` only ever matches addresses of its own family. Two nodes on
+//! the VXLAN backend: prod/db is on the other node than the rest, so every
+//! matrix crosses the overlay over IPv6 too.
 
 use std::collections::BTreeMap;
 use std::process::Command;
@@ -16,6 +17,21 @@ use weft_e2e::wait;
 
 const IPV6_CLUSTER_CIDR: &str = "fd00:10:244::/56";
 const PODS: [&str; 3] = ["dev/client", "prod/db", "prod/web"];
+
+/// Each pod's node.
+fn node_of(pod: &str) -> &'static str {
+    if pod == "prod/db" { "node-2" } else { "node-1" }
+}
+
+/// A node's IPv6 block, from its Subnet.
+fn block6_of(node: &str) -> ipnet::Ipv6Net {
+    let subnet: Value = serde_json::from_str(&kubectl(&["get", "subnet", node, "-o", "json"])).expect("JSON");
+    let cidrs: Vec<&str> =
+        subnet["spec"]["cidrs"].as_array().expect("cidrs").iter().filter_map(Value::as_str).collect();
+    assert_eq!(cidrs.len(), 2, "{subnet}");
+    assert_eq!(cidrs[0], subnet["spec"]["cidr"].as_str().expect("cidr"));
+    cidrs[1].parse().expect("an IPv6 block")
+}
 const CONVERGE: Duration = Duration::from_secs(60);
 
 fn kubectl(args: &[&str]) -> String {
@@ -89,16 +105,12 @@ fn ns_of(pod: &str) -> &str {
 #[test]
 fn dual_stack_pods_get_both_families_and_policy_treats_them_alike() {
     let secondary = format!("--operator-arg=--secondary-cluster-cidr={IPV6_CLUSTER_CIDR}");
-    let Some(_up) = Up::start(&["--nodes", "1", &secondary], &[]) else { return };
+    let Some(_up) = Up::start(&["--nodes", "2", &secondary], &[]) else { return };
 
-    // The lease: one block of each family.
-    let subnet: Value = serde_json::from_str(&kubectl(&["get", "subnet", "node-1", "-o", "json"])).expect("JSON");
-    let cidrs: Vec<&str> =
-        subnet["spec"]["cidrs"].as_array().expect("cidrs").iter().filter_map(Value::as_str).collect();
-    assert_eq!(cidrs.len(), 2, "{subnet}");
-    assert_eq!(cidrs[0], subnet["spec"]["cidr"].as_str().expect("cidr"));
-    let block6: ipnet::Ipv6Net = cidrs[1].parse().expect("an IPv6 block");
+    // The leases: one block of each family per node.
+    let block6 = block6_of(node_of("prod/db"));
     assert!(IPV6_CLUSTER_CIDR.parse::<ipnet::Ipv6Net>().expect("cidr").contains(&block6), "{block6}");
+    assert_ne!(block6_of("node-1"), block6);
 
     kubectl(&["create", "namespace", "prod"]);
     kubectl(&["create", "namespace", "dev"]);
@@ -106,7 +118,8 @@ fn dual_stack_pods_get_both_families_and_policy_treats_them_alike() {
     for key in PODS {
         let (ns, name) = key.split_once('/').expect("key");
         let label = format!("app={name}");
-        ok(&["add-pod", name, "-n", ns, "--node", "node-1", "-l", &label, "-p", "80/tcp", "-p", "dns=53/udp"]);
+        let node = node_of(key);
+        ok(&["add-pod", name, "-n", ns, "--node", node, "-l", &label, "-p", "80/tcp", "-p", "dns=53/udp"]);
     }
 
     // Addresses: the IPv6 one has the IPv4 one's host number, both are on
@@ -127,7 +140,7 @@ fn dual_stack_pods_get_both_families_and_policy_treats_them_alike() {
     let routes = ip_json(netns, &["-6", "route", "show", "default"]);
     let gateway6 = std::net::Ipv6Addr::from(u128::from(block6.network()) | 1);
     assert_eq!(routes[0]["gateway"], gateway6.to_string(), "{routes}");
-    let bridge = ip_json("weft-sbx-node-1", &["-6", "addr", "show", "weft0", "scope", "global"]);
+    let bridge = ip_json("weft-sbx-node-2", &["-6", "addr", "show", "weft0", "scope", "global"]);
     assert_eq!(bridge[0]["addr_info"][0]["local"], gateway6.to_string(), "the gateway on the bridge: {bridge}");
     let pod: Value = serde_json::from_str(&kubectl(&["get", "pod", "db", "-n", "prod", "-o", "json"])).expect("JSON");
     let listed: Vec<&str> =
@@ -211,13 +224,11 @@ spec:
         let (ns, name) = key.split_once('/').expect("key");
         ok(&["del-pod", name, "-n", ns]);
     }
-    let links = ip_json("weft-sbx-node-1", &["link", "show"]);
-    let veths: Vec<&str> = links
-        .as_array()
-        .expect("links")
-        .iter()
-        .filter_map(|l| l["ifname"].as_str())
-        .filter(|n| n.starts_with("weftv"))
-        .collect();
-    assert!(veths.is_empty(), "host veths left: {veths:?}");
+    for node in ["node-1", "node-2"] {
+        let links = ip_json(&format!("weft-sbx-{node}"), &["link", "show"]);
+        let links = links.as_array().expect("links");
+        let veths: Vec<&str> =
+            links.iter().filter_map(|l| l["ifname"].as_str()).filter(|n| n.starts_with("weftv")).collect();
+        assert!(veths.is_empty(), "host veths left on {node}: {veths:?}");
+    }
 }

@@ -215,6 +215,7 @@ async fn setup_overlay(
     let backend = lease.backend;
     let mut cfg = overlay::OverlayConfig::new(&config.node_name, node_ip, lease.cidr, cluster_cidr, backend);
     cfg.vni = config.vni;
+    cfg.pod_cidr6 = lease.cidr6;
     cfg.direct_routing = config.direct_routing;
     cfg.underlay = config.underlay_iface.clone();
     cfg.mtu = config.mtu;
@@ -225,7 +226,8 @@ async fn setup_overlay(
     // and their traffic leaving the cluster is masqueraded (kept so by
     // node_settings::run).
     let pod_cidr = lease.cidr;
-    tokio::task::spawn_blocking(move || node_settings::ensure(pod_cidr, cluster_cidr))
+    let ipv6 = lease.cidr6.is_some();
+    tokio::task::spawn_blocking(move || node_settings::ensure(pod_cidr, cluster_cidr, ipv6))
         .await
         .context("node settings task")?
         .context("cannot set up forwarding and masquerading")?;

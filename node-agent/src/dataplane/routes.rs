@@ -48,26 +48,31 @@ impl Devices {
     }
 }
 
-/// Reads the main table's IPv4 unicast routes and the neighbour and FDB
-/// entries of the VXLAN device.
+/// Reads the main table's unicast routes (both families) and the
+/// neighbour and FDB entries of the VXLAN device.
 pub async fn observe(h: &Handle, devs: &Devices) -> Result<Observed, DataplaneError> {
     let mut out = Observed::default();
-    let mut stream = h.route().get(RouteMessageBuilder::<std::net::Ipv4Addr>::new().build()).execute();
-    while let Some(msg) = stream.try_next().await.map_err(op("list routes"))? {
-        if let Some(r) = observed_route(&msg, devs) {
-            out.routes.insert(r.route.key(), r);
+    let v4 = h.route().get(RouteMessageBuilder::<std::net::Ipv4Addr>::new().build()).execute();
+    let v6 = h.route().get(RouteMessageBuilder::<std::net::Ipv6Addr>::new().build()).execute();
+    for mut stream in [v4, v6] {
+        while let Some(msg) = stream.try_next().await.map_err(op("list routes"))? {
+            if let Some(r) = observed_route(&msg, devs) {
+                out.routes.insert(r.route.key(), r);
+            }
         }
     }
     let Some(vxlan) = devs.vxlan else { return Ok(out) };
 
-    let mut stream = h.neighbours().get().set_address_family(AddressFamily::Inet).execute();
-    while let Some(msg) = stream.try_next().await.map_err(op("list neighbours"))? {
-        if msg.header.ifindex != vxlan {
-            continue;
-        }
-        if let Some(ip) = neigh_dst(&msg) {
-            let permanent = msg.header.state == NeighbourState::Permanent;
-            out.neighs.insert(ip, ObservedNeigh { ip, mac: neigh_lladdr(&msg), permanent });
+    for family in [AddressFamily::Inet, AddressFamily::Inet6] {
+        let mut stream = h.neighbours().get().set_address_family(family).execute();
+        while let Some(msg) = stream.try_next().await.map_err(op("list neighbours"))? {
+            if msg.header.ifindex != vxlan {
+                continue;
+            }
+            if let Some(ip) = neigh_dst(&msg) {
+                let permanent = msg.header.state == NeighbourState::Permanent;
+                out.neighs.insert(ip, ObservedNeigh { ip, mac: neigh_lladdr(&msg), permanent });
+            }
         }
     }
 
@@ -85,7 +90,12 @@ pub async fn observe(h: &Handle, devs: &Devices) -> Result<Observed, DataplaneEr
 
 fn observed_route(msg: &RouteMessage, devs: &Devices) -> Option<ObservedRoute> {
     let h = &msg.header;
-    if h.kind != RouteType::Unicast || h.address_family != AddressFamily::Inet {
+    let unspecified = match h.address_family {
+        AddressFamily::Inet => IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
+        AddressFamily::Inet6 => IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED),
+        _ => return None,
+    };
+    if h.kind != RouteType::Unicast {
         return None;
     }
     let mut table = u32::from(h.table);
@@ -94,7 +104,9 @@ fn observed_route(msg: &RouteMessage, devs: &Devices) -> Option<ObservedRoute> {
         match a {
             RouteAttribute::Table(t) => table = *t,
             RouteAttribute::Destination(RouteAddress::Inet(d)) => dst = Some(IpAddr::V4(*d)),
+            RouteAttribute::Destination(RouteAddress::Inet6(d)) => dst = Some(IpAddr::V6(*d)),
             RouteAttribute::Gateway(RouteAddress::Inet(g)) => via = Some(IpAddr::V4(*g)),
+            RouteAttribute::Gateway(RouteAddress::Inet6(g)) => via = Some(IpAddr::V6(*g)),
             RouteAttribute::Oif(i) => oif = Some(*i),
             RouteAttribute::Priority(p) => metric = *p,
             _ => {}
@@ -103,7 +115,6 @@ fn observed_route(msg: &RouteMessage, devs: &Devices) -> Option<ObservedRoute> {
     if table != u32::from(RouteHeader::RT_TABLE_MAIN) {
         return None;
     }
-    let unspecified = IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED);
     let dst = IpNet::new(dst.unwrap_or(unspecified), h.destination_prefix_length).ok()?;
     let route = Route {
         dst,

@@ -7,10 +7,18 @@ use std::path::Path;
 use super::DataplaneError;
 
 const IP_FORWARD: &str = "/proc/sys/net/ipv4/ip_forward";
+const IPV6_FORWARDING: &str = "/proc/sys/net/ipv6/conf/all/forwarding";
 
 /// Turns IPv4 forwarding on in this network namespace; returns whether it was off.
 pub fn ensure_ipv4_forwarding() -> Result<bool, DataplaneError> {
     ensure_on(Path::new(IP_FORWARD))
+}
+
+/// Turns IPv6 forwarding on (dual-stack nodes); returns whether it was off.
+/// A forwarding interface ignores router advertisements unless its
+/// `accept_ra` is 2: a node that takes its own IPv6 address from them needs that.
+pub fn ensure_ipv6_forwarding() -> Result<bool, DataplaneError> {
+    ensure_on(Path::new(IPV6_FORWARDING))
 }
 
 fn ensure_on(path: &Path) -> Result<bool, DataplaneError> {

@@ -6,7 +6,10 @@
 //! - `fdb <peer VTEP MAC> dev weft.1 dst <peer node IP> self permanent`,
 //!
 //! where the VTEP IP is the network address of the peer's pod CIDR (like
-//! flannel's `.0/32` on `flannel.1`). In host-gw mode each peer gets
+//! flannel's `.0/32` on `flannel.1`). A dual-stack peer's IPv6 block gets
+//! the same route and neighbour entry with the IPv6 block's network address
+//! as VTEP address, over the same device and FDB entry (IPv6 inside VXLAN
+//! over the IPv4 underlay); both nodes must have an IPv6 block. In host-gw mode each peer gets
 //! `route <peer CIDR> via <peer node IP> dev <underlay>`, which only works when
 //! the peer is on the same L2 segment. With `direct_routing`, peers on our L2
 //! segment get the host-gw route and the others the VXLAN entries.
@@ -17,7 +20,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, Ipv4Addr};
 
-use ipnet::{IpNet, Ipv4Net};
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
 use super::entries::{Dev, EntryKey, Fdb, Mac, Neigh, Route, RouteKey};
 
@@ -33,6 +36,8 @@ pub struct Local {
     /// inside this subnet are on our L2 segment.
     pub underlay: Ipv4Net,
     pub pod_cidr: Ipv4Net,
+    /// This node's IPv6 block in a dual-stack cluster.
+    pub pod_cidr6: Option<Ipv6Net>,
     pub cluster_cidr: Ipv4Net,
     pub backend: Backend,
     /// VXLAN mode only: host-gw routes for peers on our L2 segment.
@@ -50,6 +55,8 @@ impl Local {
 pub struct Peer {
     pub node_name: String,
     pub pod_cidr: Ipv4Net,
+    /// The peer's IPv6 block (`spec.cidrs`), in a dual-stack cluster.
+    pub pod_cidr6: Option<Ipv6Net>,
     pub node_ip: Ipv4Addr,
     pub vtep_mac: Option<[u8; 6]>,
     /// The backend the peer runs.
@@ -57,12 +64,14 @@ pub struct Peer {
 }
 
 impl Peer {
-    /// A peer from a Subnet's string fields (`spec.cidr`, `status.nodeIP`,
-    /// `status.vtepMAC`). Malformed or missing data is a per-peer error like
-    /// any other; a missing VTEP MAC is only an error once VXLAN needs it.
+    /// A peer from a Subnet's string fields (`spec.cidr`, `spec.cidrs`,
+    /// `status.nodeIP`, `status.vtepMAC`). Malformed or missing data is a
+    /// per-peer error like any other; a missing VTEP MAC is only an error
+    /// once VXLAN needs it.
     pub fn parse(
         node_name: &str,
         cidr: &str,
+        cidrs: &[String],
         backend: Backend,
         node_ip: Option<&str>,
         vtep_mac: Option<&str>,
@@ -73,6 +82,14 @@ impl Peer {
             IpNet::V4(_) => return Err(malformed("cidr (host bits set)", cidr)),
             IpNet::V6(_) => return Err(PeerError::Unsupported(format!("IPv6 pod CIDR {cidr}"))),
         };
+        let mut pod_cidr6 = None;
+        for c in cidrs {
+            match c.parse::<IpNet>().map_err(|_| malformed("cidrs", c))? {
+                IpNet::V6(n) if n == n.trunc() => pod_cidr6 = Some(n),
+                IpNet::V6(_) => return Err(malformed("cidrs (host bits set)", c)),
+                IpNet::V4(_) => {}
+            }
+        }
         let node_ip = node_ip.ok_or(PeerError::MissingNodeIp)?;
         let node_ip = match node_ip.parse::<IpAddr>().map_err(|_| malformed("nodeIP", node_ip))? {
             IpAddr::V4(ip) => ip,
@@ -82,7 +99,7 @@ impl Peer {
             Some(m) => Some(m.parse::<Mac>().map_err(|_| malformed("vtepMAC", m))?.0),
             None => None,
         };
-        Ok(Peer { node_name: node_name.to_owned(), pod_cidr, node_ip, vtep_mac, backend })
+        Ok(Peer { node_name: node_name.to_owned(), pod_cidr, pod_cidr6, node_ip, vtep_mac, backend })
     }
 }
 
@@ -99,6 +116,8 @@ pub enum PeerError {
     DuplicateNodeName(String),
     #[error("pod CIDR {peer} overlaps this node's pod CIDR {local}")]
     CidrOverlapsLocal { peer: Ipv4Net, local: Ipv4Net },
+    #[error("IPv6 block {peer} overlaps this node's IPv6 block {local}")]
+    Ipv6BlockOverlapsLocal { peer: Ipv6Net, local: Ipv6Net },
     #[error("pod CIDR {peer} overlaps pod CIDR {other_cidr} of node {other}")]
     CidrOverlapsPeer { peer: Ipv4Net, other: String, other_cidr: Ipv4Net },
     #[error("pod CIDR {peer} is outside the cluster CIDR {cluster}")]
@@ -178,7 +197,7 @@ pub fn compute(local: &Local, peers: &[Peer]) -> Desired {
             out.errors.insert(p.node_name.clone(), e);
             continue;
         }
-        add_entries(&mut out, p, path);
+        add_entries(&mut out, p, path, local.pod_cidr6.is_some());
         out.paths.insert(p.node_name.clone(), path);
     }
     out
@@ -188,6 +207,11 @@ pub fn compute(local: &Local, peers: &[Peer]) -> Desired {
 pub fn check_peer(local: &Local, p: &Peer) -> Result<PeerPath, PeerError> {
     if p.pod_cidr.contains(&local.pod_cidr) || local.pod_cidr.contains(&p.pod_cidr) {
         return Err(PeerError::CidrOverlapsLocal { peer: p.pod_cidr, local: local.pod_cidr });
+    }
+    if let (Some(peer), Some(local)) = (p.pod_cidr6, local.pod_cidr6)
+        && (peer.contains(&local) || local.contains(&peer))
+    {
+        return Err(PeerError::Ipv6BlockOverlapsLocal { peer, local });
     }
     if !local.cluster_cidr.contains(&p.pod_cidr) {
         return Err(PeerError::CidrOutsideCluster { peer: p.pod_cidr, cluster: local.cluster_cidr });
@@ -279,21 +303,27 @@ fn duplicate_macs(valid: &[(&Peer, PeerPath)]) -> HashMap<String, PeerError> {
     out
 }
 
-fn add_entries(out: &mut Desired, p: &Peer, path: PeerPath) {
-    let dst = IpNet::V4(p.pod_cidr.trunc());
-    let route = match path {
-        PeerPath::HostGw => Route { dst, metric: 0, via: p.node_ip.into(), dev: Dev::Underlay, onlink: false },
-        PeerPath::Vxlan(mac) => {
-            let vtep: IpAddr = p.pod_cidr.network().into();
-            out.neighs.insert(vtep, Neigh { ip: vtep, mac });
-            out.owners.insert(EntryKey::Neigh(vtep), p.node_name.clone());
-            out.fdb.insert(mac, Fdb { mac, dst: p.node_ip.into() });
-            out.owners.insert(EntryKey::Fdb(mac), p.node_name.clone());
-            Route { dst, metric: 0, via: vtep, dev: Dev::Vxlan, onlink: true }
-        }
-    };
-    out.owners.insert(EntryKey::Route(route.key()), p.node_name.clone());
-    out.routes.insert(route.key(), route);
+/// The entries of a valid peer; its IPv6 block's too when both it and this
+/// node (`local_ipv6`) have one and it is reached over VXLAN (host-gw would
+/// need IPv6 node addresses).
+fn add_entries(out: &mut Desired, p: &Peer, path: PeerPath, local_ipv6: bool) {
+    let blocks = std::iter::once(IpNet::V4(p.pod_cidr.trunc()))
+        .chain(p.pod_cidr6.filter(|_| local_ipv6 && matches!(path, PeerPath::Vxlan(_))).map(IpNet::V6));
+    for dst in blocks {
+        let route = match path {
+            PeerPath::HostGw => Route { dst, metric: 0, via: p.node_ip.into(), dev: Dev::Underlay, onlink: false },
+            PeerPath::Vxlan(mac) => {
+                let vtep = dst.network();
+                out.neighs.insert(vtep, Neigh { ip: vtep, mac });
+                out.owners.insert(EntryKey::Neigh(vtep), p.node_name.clone());
+                out.fdb.insert(mac, Fdb { mac, dst: p.node_ip.into() });
+                out.owners.insert(EntryKey::Fdb(mac), p.node_name.clone());
+                Route { dst, metric: 0, via: vtep, dev: Dev::Vxlan, onlink: true }
+            }
+        };
+        out.owners.insert(EntryKey::Route(route.key()), p.node_name.clone());
+        out.routes.insert(route.key(), route);
+    }
 }
 
 #[cfg(test)]
@@ -305,6 +335,7 @@ mod tests {
             node_name: "n1".into(),
             underlay: "192.168.1.1/24".parse().unwrap(),
             pod_cidr: "10.244.1.0/24".parse().unwrap(),
+            pod_cidr6: None,
             cluster_cidr: "10.244.0.0/16".parse().unwrap(),
             backend,
             direct_routing,
@@ -315,6 +346,7 @@ mod tests {
         Peer {
             node_name: name.into(),
             pod_cidr: cidr.parse().unwrap(),
+            pod_cidr6: None,
             node_ip: ip.parse().unwrap(),
             vtep_mac: mac,
             backend,
@@ -563,12 +595,18 @@ mod tests {
 
     #[test]
     fn peers_parse_from_subnet_strings() {
-        let p =
-            Peer::parse("n2", "10.244.2.0/24", Backend::Vxlan, Some("10.0.0.2"), Some("02:57:0A:00:00:02")).unwrap();
+        let mac = Some("02:57:0A:00:00:02");
+        let p = Peer::parse("n2", "10.244.2.0/24", &[], Backend::Vxlan, Some("10.0.0.2"), mac).unwrap();
         assert_eq!(p, vx("n2", "10.244.2.0/24", "10.0.0.2", [2, 0x57, 10, 0, 0, 2]));
-        let p = Peer::parse("n2", "10.244.2.0/24", Backend::HostGw, Some("10.0.0.2"), None).unwrap();
+        let p = Peer::parse("n2", "10.244.2.0/24", &[], Backend::HostGw, Some("10.0.0.2"), None).unwrap();
         assert_eq!(p.vtep_mac, None);
-        let err = |cidr, ip, mac| Peer::parse("n2", cidr, Backend::Vxlan, ip, mac).unwrap_err();
+        let dual = ["10.244.2.0/24".to_owned(), "fd00:0:0:2::/64".to_owned()];
+        let p = Peer::parse("n2", "10.244.2.0/24", &dual, Backend::Vxlan, Some("10.0.0.2"), mac).unwrap();
+        assert_eq!(p.pod_cidr6, Some("fd00:0:0:2::/64".parse().unwrap()));
+        let bad = ["fd00:0:0:2::1/64".to_owned()];
+        let e = Peer::parse("n2", "10.244.2.0/24", &bad, Backend::Vxlan, Some("10.0.0.2"), mac).unwrap_err();
+        assert!(matches!(e, PeerError::Malformed { field: "cidrs (host bits set)", .. }), "{e}");
+        let err = |cidr, ip, mac| Peer::parse("n2", cidr, &[], Backend::Vxlan, ip, mac).unwrap_err();
         assert_eq!(err("10.244.2.0/24", None, None), PeerError::MissingNodeIp);
         assert!(matches!(err("10.244.2.0", Some("10.0.0.2"), None), PeerError::Malformed { field: "cidr", .. }));
         assert!(matches!(err("10.244.2.0/24", Some("10.0.0"), None), PeerError::Malformed { field: "nodeIP", .. }));
@@ -579,6 +617,37 @@ mod tests {
         assert!(matches!(err("10.244.2.1/24", Some("10.0.0.2"), None), PeerError::Malformed { .. }));
         assert!(matches!(err("fd00::/64", Some("10.0.0.2"), None), PeerError::Unsupported(_)));
         assert!(matches!(err("10.244.2.0/24", Some("fd00::1"), None), PeerError::Unsupported(_)));
+    }
+
+    #[test]
+    fn a_dual_stack_vxlan_peer_gets_an_ipv6_route_and_neighbour_on_the_same_fdb_entry() {
+        let mut l = local(Backend::Vxlan, false);
+        l.pod_cidr6 = Some("fd00:0:0:1::/64".parse().unwrap());
+        let mut p = vx("n2", "10.244.2.0/24", "192.168.1.2", M2);
+        p.pod_cidr6 = Some("fd00:0:0:2::/64".parse().unwrap());
+        let d = compute(&l, std::slice::from_ref(&p));
+        assert!(d.errors.is_empty(), "{:?}", d.errors);
+        let routes: Vec<String> = d.routes.values().map(ToString::to_string).collect();
+        assert_eq!(routes.len(), 2, "{routes:?}");
+        let vtep6: IpAddr = "fd00:0:0:2::".parse().unwrap();
+        let v6 = d.routes.values().find(|r| r.dst.to_string() == "fd00:0:0:2::/64").expect("IPv6 route");
+        assert_eq!((v6.via, v6.dev, v6.onlink), (vtep6, Dev::Vxlan, true));
+        assert_eq!(d.neighs[&vtep6].mac, Mac(M2));
+        assert_eq!(d.fdb.len(), 1, "one FDB entry carries both families");
+
+        // This node single-stack, or the peer reached by host-gw: IPv4 only.
+        let d = compute(&local(Backend::Vxlan, false), std::slice::from_ref(&p));
+        assert_eq!(d.routes.len(), 1);
+        let mut hg_local = local(Backend::HostGw, false);
+        hg_local.pod_cidr6 = l.pod_cidr6;
+        let mut h = hg("n2", "10.244.2.0/24", "192.168.1.2");
+        h.pod_cidr6 = p.pod_cidr6;
+        assert_eq!(compute(&hg_local, &[h]).routes.len(), 1);
+
+        // An IPv6 block overlapping ours is refused like an IPv4 one.
+        p.pod_cidr6 = Some("fd00::/48".parse().unwrap());
+        let d = compute(&l, &[p]);
+        assert!(matches!(d.errors["n2"], PeerError::Ipv6BlockOverlapsLocal { .. }), "{:?}", d.errors);
     }
 
     #[test]

@@ -148,6 +148,7 @@ mod tests {
             node_name: "self".into(),
             underlay: "192.168.0.1/16".parse().unwrap(),
             pod_cidr: "10.255.255.0/24".parse().unwrap(),
+            pod_cidr6: None,
             cluster_cidr: "10.0.0.0/8".parse().unwrap(),
             backend: Backend::Vxlan,
             direct_routing: false,
@@ -159,6 +160,7 @@ mod tests {
         Peer {
             node_name: format!("node-{i}"),
             pod_cidr: format!("10.{}.{}.0/24", 1 + hi, lo).parse().unwrap(),
+            pod_cidr6: None,
             node_ip: Ipv4Addr::new(172, 16, hi, lo.max(1)),
             vtep_mac: Some([0x02, 0x57, 0, 0, hi, lo]),
             backend: Backend::Vxlan,

@@ -247,6 +247,7 @@ impl Cluster {
             .map(|(n, a)| Peer {
                 node_name: n.name.clone(),
                 pod_cidr: n.cidr,
+                pod_cidr6: None,
                 node_ip: n.ip,
                 vtep_mac: a.vtep_mac.map(|m| m.0),
                 backend: a.backend,
@@ -373,6 +374,7 @@ fn vxlan_bad_peer_data_is_reported_not_fatal() {
     peers.push(Peer {
         node_name: "node-bad-mac".into(),
         pod_cidr: "10.244.9.0/24".parse().unwrap(),
+        pod_cidr6: None,
         node_ip: "192.168.50.9".parse().unwrap(),
         vtep_mac: Some([0xff; 6]),
         backend: Backend::Vxlan,
@@ -380,6 +382,7 @@ fn vxlan_bad_peer_data_is_reported_not_fatal() {
     peers.push(Peer {
         node_name: "node-no-vtep".into(),
         pod_cidr: "10.244.10.0/24".parse().unwrap(),
+        pod_cidr6: None,
         node_ip: "192.168.50.10".parse().unwrap(),
         vtep_mac: None,
         backend: Backend::Vxlan,
@@ -460,6 +463,7 @@ fn host_gw_routes_via_node_ips_and_rejects_peers_off_l2() {
     peers.push(Peer {
         node_name: "node-far".into(),
         pod_cidr: "10.244.9.0/24".parse().unwrap(),
+        pod_cidr6: None,
         node_ip: "192.168.60.9".parse().unwrap(),
         vtep_mac: None,
         backend: Backend::HostGw,
@@ -555,6 +559,7 @@ fn peer_changes_are_applied_in_place_and_converge() {
     let peer = |ip: &str, mac: u8| Peer {
         node_name: "node-x".into(),
         pod_cidr: "10.244.7.0/24".parse().unwrap(),
+        pod_cidr6: None,
         node_ip: ip.parse().unwrap(),
         vtep_mac: Some([0x02, 0x57, 0, 0, 0, mac]),
         backend: Backend::Vxlan,
@@ -625,6 +630,7 @@ fn bench_thousand_peers() {
             Peer {
                 node_name: format!("peer-{i}"),
                 pod_cidr: Ipv4Net::new(Ipv4Addr::new(10, hi, lo, 0), 24).unwrap(),
+                pod_cidr6: None,
                 node_ip: Ipv4Addr::new(172, 17, hi, lo),
                 vtep_mac: Some([0x02, 0x57, 0, 0, hi, lo]),
                 backend: Backend::Vxlan,

@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
-use ipnet::{IpNet, Ipv4Net};
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use rtnetlink::Handle;
 
 use crate::dataplane::routes::{self, Devices};
@@ -38,6 +38,8 @@ pub struct OverlayConfig {
     pub node_name: String,
     pub node_ip: Ipv4Addr,
     pub pod_cidr: Ipv4Net,
+    /// This node's IPv6 block in a dual-stack cluster.
+    pub pod_cidr6: Option<Ipv6Net>,
     pub cluster_cidr: Ipv4Net,
     /// Underlay interface name; `None`: the interface carrying `node_ip`.
     pub underlay: Option<String>,
@@ -64,6 +66,7 @@ impl OverlayConfig {
             node_name: node_name.to_owned(),
             node_ip,
             pod_cidr,
+            pod_cidr6: None,
             cluster_cidr,
             underlay: None,
             backend,
@@ -252,6 +255,7 @@ impl Reconciler {
                 node_name: self.cfg.node_name.clone(),
                 underlay: ul.net,
                 pod_cidr: self.cfg.pod_cidr,
+                pod_cidr6: self.cfg.pod_cidr6,
                 cluster_cidr: self.cfg.cluster_cidr,
                 backend: self.cfg.backend,
                 direct_routing: self.cfg.direct_routing,
