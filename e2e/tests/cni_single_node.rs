@@ -76,6 +76,61 @@ fn verbs_follow_the_spec() {
 }
 
 #[test]
+fn dual_stack_pods_get_and_keep_both_addresses() {
+    let Some(mut n) = Node::start_with("dual", "10.201.0.0/24", &["--pod-ipv6-cidr", "fd00:201::/64"], &[]) else {
+        return;
+    };
+    let weft = Weft::new(&n.ns, &n.agent.socket);
+    let pod = Netns::new("pod");
+    let c = Container::new("dual1", &pod);
+
+    // ADD: both addresses with their gateways and default routes, in the
+    // result (both on interface 1, the pod's) and on eth0.
+    let result = weft.add(&c).assert_ok().json();
+    let (ip, ip6) = (cni::pod_ip(&result), cni::pod_ip6(&result).expect("an IPv6 address"));
+    let host = ip.rsplit('.').next().expect("host number");
+    assert_eq!(ip6, format!("fd00:201::{:x}", host.parse::<u8>().expect("number")), "{result}");
+    assert_eq!(result["ips"][1]["gateway"], "fd00:201::1");
+    assert_eq!(result["ips"][1]["interface"], 1);
+    let routes: Vec<&str> =
+        result["routes"].as_array().expect("routes").iter().filter_map(|r| r["dst"].as_str()).collect();
+    assert_eq!(routes, ["0.0.0.0/0", "::/0"]);
+    assert!(pod.ip(&["-6", "-o", "addr", "show", "eth0"]).contains(&format!("{ip6}/64")));
+    assert!(pod.ip(&["-6", "route", "show", "default"]).contains("via fd00:201::1"));
+    assert!(n.ns.ip(&["-6", "-o", "addr", "show", "weft0"]).contains("fd00:201::1/64"), "the gateway on the bridge");
+    let ping6 = std::process::Command::new("ip")
+        .args(["netns", "exec", pod.name(), "ping", "-6", "-c", "1", "-W", "2", "fd00:201::1"])
+        .status()
+        .expect("ping");
+    assert!(ping6.success(), "the pod cannot reach its IPv6 gateway");
+
+    // CHECK passes, and misses the IPv6 address and route like the IPv4 ones.
+    weft.check(&c, &result).assert_ok();
+    pod.ip(&["-6", "route", "del", "default"]);
+    let chk = weft.check(&c, &result);
+    assert_eq!(chk.code(), 103);
+    assert!(chk.msg().contains("no default route via fd00:201::1"), "{}", chk.msg());
+    pod.ip(&["-6", "route", "add", "default", "via", "fd00:201::1", "dev", "eth0", "onlink"]);
+    weft.check(&c, &result).assert_ok();
+    let mut v4_only = result.clone();
+    v4_only["ips"].as_array_mut().expect("ips").truncate(1);
+    let chk = weft.check(&c, &v4_only);
+    assert!(chk.msg().contains(&format!("prevResult does not list address {ip6}/64")), "{}", chk.msg());
+
+    // A restarted agent keeps the pod (verified with both addresses).
+    n.agent.kill9();
+    n.agent.restart(&n.ns);
+    weft.check(&c, &result).assert_ok();
+    pod.ip(&["-6", "addr", "del", &format!("{ip6}/64"), "dev", "eth0"]);
+    let chk = weft.check(&c, &result);
+    assert!(chk.msg().contains(&format!("lacks address {ip6}/64")), "{}", chk.msg());
+
+    weft.del(&c, Some(&result)).assert_ok();
+    assert!(veths(&n.ns).is_empty(), "veth left behind: {:?}", veths(&n.ns));
+    assert!(n.agent.ipam_records().is_empty());
+}
+
+#[test]
 fn shipped_static_cni_needs_no_libraries_and_serves_the_verbs() {
     let plugin = bins::static_cni();
     if !prereq::require("WEFT_STATIC_CNI (built by cni-plugin/build-static.sh; e2e/test.sh sets it)", plugin.is_some())

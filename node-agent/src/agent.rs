@@ -115,6 +115,14 @@ impl Agent {
         Ok(index)
     }
 
+    /// The IPv6 address (with the block's prefix) and gateway of the pod
+    /// whose IPv4 address is `ip`, when it has one (its record's `ipv6`).
+    pub fn pod_ipv6(&self, ip: std::net::Ipv4Addr, has_ipv6: bool) -> Option<(ipnet::Ipv6Net, std::net::Ipv6Addr)> {
+        let block = self.ipv6.filter(|_| has_ipv6)?;
+        let address = ipnet::Ipv6Net::new(block.address_of(ip), block.cidr().prefix_len()).ok()?;
+        Some((address, block.gateway()))
+    }
+
     /// Forgets the bridge's index, so the next ADD checks the kernel again.
     pub async fn forget_bridge(&self) {
         *self.bridge.lock().await = None;

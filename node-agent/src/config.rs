@@ -19,6 +19,10 @@ pub struct Config {
     /// Subnet lease from the operator and serves no CNI request until then.
     #[arg(long, env = "WEFT_POD_CIDR")]
     pub pod_cidr: Option<Ipv4Net>,
+    /// With `--pod-cidr`: a fixed IPv6 block too, for dual-stack pods (a
+    /// pod's IPv6 address has its IPv4 address's host number).
+    #[arg(long, env = "WEFT_POD_IPV6_CIDR", requires = "pod_cidr")]
+    pub pod_ipv6_cidr: Option<ipnet::Ipv6Net>,
     /// Kubeconfig to reach the API; without it the in-cluster config (or
     /// $KUBECONFIG) is used.
     #[arg(long, env = "WEFT_KUBECONFIG")]

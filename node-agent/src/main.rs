@@ -70,7 +70,9 @@ async fn run(config: Config) -> anyhow::Result<()> {
         _ => None,
     };
     let lease = match (&subnets, config.pod_cidr) {
-        (_, Some(cidr)) => lease::Lease { cidr, cidr6: None, backend: weft_api::subnet::Backend::default() },
+        (_, Some(cidr)) => {
+            lease::Lease { cidr, cidr6: config.pod_ipv6_cidr, backend: weft_api::subnet::Backend::default() }
+        }
         (Some(api), None) => tokio::select! {
             lease = lease::wait_for(api, &config.node_name) => lease?,
             r = &mut signal => { let _ = stop_tx.send(true); return r; }

@@ -50,7 +50,10 @@ impl Agent {
             pod_uid: pod_id.uid.clone(),
             host_ports: Vec::new(),
             attachment: driver.mode(),
+            // Bridged pods only, for now.
+            ipv6: self.ipv6.is_some() && driver.mode().is_bridge(),
         };
+        let ipv6_wanted = record.ipv6;
         let ip = self.ipam.reserve(record)?;
         let rollback = Rollback::new(self, key, &host_veth);
         // Host ports go into the same record, so the ADD writes one file.
@@ -67,11 +70,7 @@ impl Agent {
         let pool = *self.ipam.pool();
         let address = driver.pod_address(ip, pool.cidr());
         let (host_mac, pod_mac) = (veth_mac(key, false), veth_mac(key, true));
-        // The IPv6 address that goes with the IPv4 one (bridged pods only, for now).
-        let ipv6 = self.ipv6.filter(|_| driver.mode().is_bridge()).map(|b| {
-            let address = ipnet::Ipv6Net::new(b.address_of(ip), b.cidr().prefix_len()).unwrap_or(b.cidr());
-            (address, b.gateway())
-        });
+        let ipv6 = self.pod_ipv6(ip, ipv6_wanted);
         let spec = AttachSpec {
             host_veth: host_veth.clone(),
             ifname: key.ifname.clone(),

@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use ipnet::Ipv4Net;
+use ipnet::IpNet;
 
 use super::AttachError;
 use super::observe::observe_pod;
@@ -26,8 +26,12 @@ impl Agent {
             ifname: &key.ifname,
             address: driver.pod_address(ip, pool.cidr()),
             gateway: pool.gateway(),
+            ipv6: self.pod_ipv6(ip, record.ipv6),
         };
-        check_prev_result(prev_result, &want.address)?;
+        let v6 = want.ipv6.map(|(a, _)| IpNet::V6(a));
+        for address in std::iter::once(IpNet::V4(want.address)).chain(v6) {
+            check_prev_result(prev_result, &address)?;
+        }
         let host = self.observe_host(ip, &record).await?;
         let netns = if netns.is_empty() { record.netns.as_str() } else { netns };
         let pod = observe_pod(Path::new(netns), &key.ifname).await;
@@ -36,8 +40,8 @@ impl Agent {
     }
 }
 
-/// prevResult must list this attachment's address.
-fn check_prev_result(prev: &[u8], address: &Ipv4Net) -> Result<(), AttachError> {
+/// prevResult must list this attachment's address (each of them).
+fn check_prev_result(prev: &[u8], address: &IpNet) -> Result<(), AttachError> {
     if prev.is_empty() {
         return Err(AttachError::InvalidConfig("CHECK needs prevResult".into()));
     }

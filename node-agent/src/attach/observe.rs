@@ -51,12 +51,13 @@ pub(super) async fn observe_pod(netns: &Path, ifname: &str) -> ObservedPod {
     };
     let read = async {
         let iface = match link::by_name(&pod.handle, ifname).await? {
-            Some(l) => {
-                Some(PodIface { up: link::is_up(&l), addresses: link::addresses(&pod.handle, l.header.index).await? })
-            }
+            Some(l) => Some(PodIface {
+                up: link::is_up(&l),
+                addresses: link::all_addresses(&pod.handle, l.header.index).await?,
+            }),
             None => None,
         };
-        let gateways = link::default_gateways(&pod.handle).await?;
+        let gateways = link::all_default_gateways(&pod.handle).await?;
         Ok::<_, DataplaneError>(ObservedPod::Seen { iface, gateways })
     };
     deadline("read the pod's interface and routes", read)

@@ -2,9 +2,9 @@
 //! it: CHECK's "does it look as ADD left it" and start-up reconciliation's
 //! "keep, keep but report, or release". Reading is `observe`'s job.
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use ipnet::Ipv4Net;
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
 use super::Driver;
 
@@ -36,15 +36,16 @@ pub enum ObservedPod {
     Seen {
         /// The pod's interface, when present.
         iface: Option<PodIface>,
-        /// Gateways of the pod's default routes (main table).
-        gateways: Vec<Ipv4Addr>,
+        /// Gateways of the pod's default routes (main table, both families).
+        gateways: Vec<IpAddr>,
     },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PodIface {
     pub up: bool,
-    pub addresses: Vec<Ipv4Net>,
+    /// Both families.
+    pub addresses: Vec<IpNet>,
 }
 
 /// What a finished ADD leaves, for one attachment.
@@ -53,6 +54,8 @@ pub struct Expected<'a> {
     pub ifname: &'a str,
     pub address: Ipv4Net,
     pub gateway: Ipv4Addr,
+    /// A dual-stack pod's IPv6 address and gateway.
+    pub ipv6: Option<(Ipv6Net, Ipv6Addr)>,
 }
 
 /// CHECK: the attachment looks exactly as ADD left it; `Err` says what differs.
@@ -76,11 +79,15 @@ fn pod_matches(want: &Expected<'_>, pod: &ObservedPod) -> Result<(), String> {
     if !iface.up {
         return Err(format!("interface {ifname} is down"));
     }
-    if !iface.addresses.contains(&want.address) {
-        return Err(format!("interface {ifname} lacks address {} (has {:?})", want.address, iface.addresses));
-    }
-    if !gateways.contains(&want.gateway) {
-        return Err(format!("the pod has no default route via {}", want.gateway));
+    let v6 = want.ipv6.map(|(a, gw)| (IpNet::V6(a), IpAddr::V6(gw)));
+    for (address, gateway) in std::iter::once((IpNet::V4(want.address), IpAddr::V4(want.gateway))).chain(v6) {
+        if !iface.addresses.contains(&address) {
+            let has: Vec<String> = iface.addresses.iter().map(ToString::to_string).collect();
+            return Err(format!("interface {ifname} lacks address {address} (has {has:?})"));
+        }
+        if !gateways.contains(&gateway) {
+            return Err(format!("the pod has no default route via {gateway}"));
+        }
     }
     Ok(())
 }
@@ -149,6 +156,7 @@ pub(crate) mod tests {
             ifname: "eth0",
             address: "10.1.2.7/24".parse().expect("net"),
             gateway: "10.1.2.1".parse().expect("gw"),
+            ipv6: None,
         }
     }
 
@@ -160,7 +168,7 @@ pub(crate) mod tests {
         let down = ObservedHost { up: false, ..host() };
         assert!(compare(&w, Some(&down), &seen()).unwrap_err().contains("is down"));
         let no_route = ObservedPod::Seen {
-            iface: Some(PodIface { up: true, addresses: vec![w.address] }),
+            iface: Some(PodIface { up: true, addresses: vec![IpNet::V4(w.address)] }),
             gateways: vec!["192.168.9.1".parse().expect("gw")],
         };
         assert!(compare(&w, Some(&host()), &no_route).unwrap_err().contains("no default route via 10.1.2.1"));
@@ -168,6 +176,25 @@ pub(crate) mod tests {
         assert!(compare(&w, Some(&host()), &bare).unwrap_err().contains("lacks address 10.1.2.7/24"));
         let unreadable = ObservedPod::Unreadable("permission denied".into());
         assert!(compare(&w, Some(&host()), &unreadable).unwrap_err().contains("permission denied"));
+    }
+
+    #[test]
+    fn a_dual_stack_pod_needs_its_ipv6_address_and_route_too() {
+        let w = Expected { ipv6: Some(("fd00::7/64".parse().expect("net"), "fd00::1".parse().expect("gw"))), ..want() };
+        let v4_only = seen();
+        assert!(compare(&w, Some(&host()), &v4_only).unwrap_err().contains("lacks address fd00::7/64"));
+        let both = |gateways: Vec<IpAddr>| ObservedPod::Seen {
+            iface: Some(PodIface {
+                up: true,
+                addresses: vec!["10.1.2.7/24".parse().expect("net"), "fd00::7/64".parse().expect("net")],
+            }),
+            gateways,
+        };
+        let no_route6 = both(vec!["10.1.2.1".parse().expect("gw")]);
+        assert!(compare(&w, Some(&host()), &no_route6).unwrap_err().contains("no default route via fd00::1"));
+        let ok = both(vec!["10.1.2.1".parse().expect("gw"), "fd00::1".parse().expect("gw")]);
+        assert_eq!(compare(&w, Some(&host()), &ok), Ok(()));
+        assert_eq!(compare(&want(), Some(&host()), &ok), Ok(()), "an IPv4-only record ignores IPv6");
     }
 
     #[test]
@@ -179,7 +206,7 @@ pub(crate) mod tests {
         // A replaced default route, an unreadable namespace, an address
         // moved elsewhere, a veth taken off the bridge: kept and reported.
         let vpn = ObservedPod::Seen {
-            iface: Some(PodIface { up: true, addresses: vec![w.address] }),
+            iface: Some(PodIface { up: true, addresses: vec![IpNet::V4(w.address)] }),
             gateways: vec!["172.16.0.1".parse().expect("gw")],
         };
         let unreadable = ObservedPod::Unreadable("cannot enter".into());

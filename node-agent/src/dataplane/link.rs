@@ -5,7 +5,7 @@ use std::collections::HashSet;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use futures::TryStreamExt;
-use ipnet::{Ipv4Net, Ipv6Net};
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use netlink_packet_route::address::{AddressAttribute, AddressFlags, AddressMessage};
 use netlink_packet_route::link::{
     InfoBridgePort, InfoData, InfoKind, InfoPortData, InfoVeth, LinkAttribute, LinkFlags, LinkInfo, LinkMessage,
@@ -122,15 +122,8 @@ async fn has_address(h: &Handle, index: u32, want: Ipv4Net) -> Result<bool, Data
 /// dual-stack node), without duplicate address detection: the address is
 /// ours by lease, and a tentative one would make pods' first packets fail.
 pub async fn ensure_bridge_ipv6(h: &Handle, index: u32, gateway: Ipv6Net) -> Result<(), DataplaneError> {
-    let mut stream = h.address().get().set_link_index_filter(index).execute();
-    while let Some(msg) = stream.try_next().await.map_err(op("list addresses"))? {
-        let here = msg
-            .attributes
-            .iter()
-            .any(|a| matches!(a, AddressAttribute::Address(IpAddr::V6(ip)) if *ip == gateway.addr()));
-        if here && msg.header.prefix_len == gateway.prefix_len() {
-            return Ok(());
-        }
+    if addresses6(h, index).await?.contains(&gateway) {
+        return Ok(());
     }
     let mut req = h.address().add(index, gateway.addr().into(), gateway.prefix_len());
     *req.message_mut() = ipv6_address(index, gateway);
@@ -150,12 +143,24 @@ fn ipv6_address(index: u32, net: Ipv6Net) -> AddressMessage {
 
 /// IPv4 addresses on a link, with their prefix lengths.
 pub async fn addresses(h: &Handle, index: u32) -> Result<Vec<Ipv4Net>, DataplaneError> {
+    let all = all_addresses(h, index).await?;
+    Ok(all.into_iter().filter_map(|n| if let IpNet::V4(n) = n { Some(n) } else { None }).collect())
+}
+
+/// IPv6 addresses on a link, with their prefix lengths.
+pub async fn addresses6(h: &Handle, index: u32) -> Result<Vec<Ipv6Net>, DataplaneError> {
+    let all = all_addresses(h, index).await?;
+    Ok(all.into_iter().filter_map(|n| if let IpNet::V6(n) = n { Some(n) } else { None }).collect())
+}
+
+/// Addresses of both families on a link, with their prefix lengths.
+pub async fn all_addresses(h: &Handle, index: u32) -> Result<Vec<IpNet>, DataplaneError> {
     let mut out = Vec::new();
     let mut stream = h.address().get().set_link_index_filter(index).execute();
     while let Some(msg) = stream.try_next().await.map_err(op("list addresses"))? {
         for a in &msg.attributes {
-            if let AddressAttribute::Address(std::net::IpAddr::V4(ip)) = a
-                && let Ok(net) = Ipv4Net::new(*ip, msg.header.prefix_len)
+            if let AddressAttribute::Address(ip) = a
+                && let Ok(net) = IpNet::new(*ip, msg.header.prefix_len)
             {
                 out.push(net);
             }
@@ -164,17 +169,22 @@ pub async fn addresses(h: &Handle, index: u32) -> Result<Vec<Ipv4Net>, Dataplane
     Ok(out)
 }
 
-/// Gateways of IPv4 default routes in the main table.
-pub async fn default_gateways(h: &Handle) -> Result<Vec<Ipv4Addr>, DataplaneError> {
+/// Gateways of default routes in the main table, both families.
+pub async fn all_default_gateways(h: &Handle) -> Result<Vec<IpAddr>, DataplaneError> {
     let mut out = Vec::new();
-    let mut stream = h.route().get(RouteMessageBuilder::<Ipv4Addr>::new().build()).execute();
-    while let Some(r) = stream.try_next().await.map_err(op("list routes"))? {
-        if r.header.destination_prefix_length != 0 {
-            continue;
-        }
-        for a in &r.attributes {
-            if let RouteAttribute::Gateway(RouteAddress::Inet(gw)) = a {
-                out.push(*gw);
+    let v4 = h.route().get(RouteMessageBuilder::<Ipv4Addr>::new().build()).execute();
+    let v6 = h.route().get(RouteMessageBuilder::<Ipv6Addr>::new().build()).execute();
+    for mut stream in [v4, v6] {
+        while let Some(r) = stream.try_next().await.map_err(op("list routes"))? {
+            if r.header.destination_prefix_length != 0 {
+                continue;
+            }
+            for a in &r.attributes {
+                match a {
+                    RouteAttribute::Gateway(RouteAddress::Inet(gw)) => out.push(IpAddr::V4(*gw)),
+                    RouteAttribute::Gateway(RouteAddress::Inet6(gw)) => out.push(IpAddr::V6(*gw)),
+                    _ => {}
+                }
             }
         }
     }

@@ -69,6 +69,10 @@ pub struct Record {
     /// How the pod was attached; records from before the choice existed are bridged.
     #[serde(default, skip_serializing_if = "Attachment::is_bridge")]
     pub attachment: Attachment,
+    /// Whether the pod also got the IPv6 address of its IPv4 host number in
+    /// the node's IPv6 block (a dual-stack node).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ipv6: bool,
 }
 
 impl Record {
@@ -287,6 +291,7 @@ mod tests {
             host_veth: "weftv0".into(),
             pod: String::new(),
             attachment: Attachment::default(),
+            ipv6: false,
         }
     }
 
