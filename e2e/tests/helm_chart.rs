@@ -474,6 +474,27 @@ fn template_renders_custom_values() {
 }
 
 #[test]
+fn dual_stack_values_reach_the_operator() {
+    let Some(helm) = Helm::new() else { return };
+    let chart = chart_dir();
+    let chart = chart.to_str().expect("path");
+    let operator_env = |sets: &[&str]| {
+        let mut args = vec!["template", "weft", chart];
+        for s in sets {
+            args.extend(["--set", s]);
+        }
+        let docs = documents(&helm.ok(&args));
+        find(&docs, "Deployment", "-operator")["spec"]["template"]["spec"]["containers"][0].clone()
+    };
+    let c = operator_env(&["network.ipv6ClusterCIDR=fd00:10:244::/56"]);
+    assert_eq!(env(&c, "WEFT_SECONDARY_CLUSTER_CIDR")["value"], "fd00:10:244::/56");
+    assert_eq!(env(&c, "WEFT_SECONDARY_NODE_PREFIX_LENGTH")["value"], "64");
+    let c = operator_env(&[]);
+    let names: Vec<&str> = c["env"].as_sequence().expect("env").iter().filter_map(|e| e["name"].as_str()).collect();
+    assert!(!names.contains(&"WEFT_SECONDARY_CLUSTER_CIDR"), "IPv4 only by default: {names:?}");
+}
+
+#[test]
 fn schema_and_checks_reject_bad_values_with_clear_messages() {
     let Some(helm) = Helm::new() else { return };
     let chart = chart_dir();
@@ -501,6 +522,20 @@ fn schema_and_checks_reject_bad_values_with_clear_messages() {
         ),
         ("operator.leaderElection.enabled=false", "operator.replicas > 1 needs operator.leaderElection.enabled"),
         ("network.hostPortRange.min=40000", "network.hostPortRange.min (40000) must not exceed"),
+        ("network.ipv6ClusterCIDR=10.1.0.0/16", "at '/network/ipv6ClusterCIDR'"),
+        (
+            "network.ipv6ClusterCIDR=fd00::/64",
+            "network.ipv6NodePrefixLength (64) must be longer than the prefix of network.ipv6ClusterCIDR (fd00::/64)",
+        ),
+        (
+            "network.ipv6ClusterCIDR=fd00::/56,network.ipv6NodePrefixLength=121",
+            "network.ipv6NodePrefixLength (121) leaves fewer IPv6 addresses per node",
+        ),
+        ("network.ipv6ClusterCIDR=fd00::/56,network.backend=host-gw", "network.ipv6ClusterCIDR needs backend vxlan"),
+        (
+            "network.ipv6ClusterCIDR=fd00::/56,agent.podAttachment=routed",
+            "network.ipv6ClusterCIDR needs agent.podAttachment bridge",
+        ),
     ] {
         let err = helm.fails(&["template", "rel", chart, "--set", set]);
         assert!(err.contains(expected), "--set {set}: expected {expected:?} in:\n{err}");

@@ -42,6 +42,21 @@ app.kubernetes.io/component: agent
 {{- if le (int $n.nodePrefixLength) $clusterPrefix -}}
 {{- fail (printf "network.nodePrefixLength (%d) must be longer than the prefix of network.clusterCIDR (%s)" (int $n.nodePrefixLength) $n.clusterCIDR) -}}
 {{- end -}}
+{{- with $n.ipv6ClusterCIDR -}}
+{{- $v6Prefix := int (last (splitList "/" .)) -}}
+{{- if le (int $n.ipv6NodePrefixLength) $v6Prefix -}}
+{{- fail (printf "network.ipv6NodePrefixLength (%d) must be longer than the prefix of network.ipv6ClusterCIDR (%s)" (int $n.ipv6NodePrefixLength) .) -}}
+{{- end -}}
+{{- if gt (int $n.ipv6NodePrefixLength) (sub 128 (sub 32 (int $n.nodePrefixLength))) -}}
+{{- fail (printf "network.ipv6NodePrefixLength (%d) leaves fewer IPv6 addresses per node than network.nodePrefixLength (%d) leaves IPv4 ones" (int $n.ipv6NodePrefixLength) (int $n.nodePrefixLength)) -}}
+{{- end -}}
+{{- if ne $n.backend "vxlan" -}}
+{{- fail "network.ipv6ClusterCIDR needs backend vxlan: host-gw would route IPv6 via IPv6 node addresses, which Weft does not use yet" -}}
+{{- end -}}
+{{- if ne $.Values.agent.podAttachment "bridge" -}}
+{{- fail "network.ipv6ClusterCIDR needs agent.podAttachment bridge: routed pods get no IPv6 address yet" -}}
+{{- end -}}
+{{- end -}}
 {{- if gt (int $n.hostPortRange.min) (int $n.hostPortRange.max) -}}
 {{- fail (printf "network.hostPortRange.min (%d) must not exceed network.hostPortRange.max (%d)" (int $n.hostPortRange.min) (int $n.hostPortRange.max)) -}}
 {{- end -}}
