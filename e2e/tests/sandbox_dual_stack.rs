@@ -3,7 +3,8 @@
 //! gets an address of each on its interface with both default routes, the
 //! ADD result lists both, and policy decides IPv6 traffic as it decides
 //! IPv4 traffic (the same probe matrices over both families), while an
-//! `ipBlock` only ever matches addresses of its own family. Two nodes on
+//! `ipBlock` only ever matches addresses of its own family. A VM runtime's
+//! pod (TC redirect to a guest) gets both families from the result. Two nodes on
 //! the VXLAN backend: prod/db is on the other node than the rest, so every
 //! matrix crosses the overlay over IPv6 too.
 
@@ -12,7 +13,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use serde_json::Value;
-use weft_e2e::sandbox::testing::{Up, ok, try_apply};
+use weft_e2e::sandbox::testing::{Up, connect, ok, try_apply};
 use weft_e2e::wait;
 
 const IPV6_CLUSTER_CIDR: &str = "fd00:10:244::/56";
@@ -150,6 +151,25 @@ fn dual_stack_pods_get_both_families_and_policy_treats_them_alike() {
     // No policy: everything is open, over both families.
     expect_both("default allow", "tcp", 80, |_, _| true);
     expect_both("default allow", "udp", 53, |_, _| true);
+
+    // A VM runtime's pod (Kata's tcfilter mode, `add-pod --vm`) takes both
+    // addresses and both default routes from the result alone, and talks
+    // IPv6 through the TC redirect, on its node and across.
+    ok(&["add-pod", "vm", "-n", "dev", "--node", "node-1", "--vm", "-p", "80/tcp"]);
+    let (_, vm6) = pod_ips("dev/vm");
+    let guest = ip_json("weft-sbx-vm-dev-vm", &["-6", "addr", "show", "eth0", "scope", "global"]);
+    assert_eq!(guest[0]["addr_info"][0]["local"], vm6, "the guest holds the IPv6 address: {guest}");
+    let (_, db6) = pod_ips("prod/db");
+    let (_, web6) = pod_ips("prod/web");
+    for (from, target, want) in [
+        ("dev/vm", format!("[{db6}]:80"), "prod/db"),
+        ("dev/vm", format!("[{web6}]:80"), "prod/web"),
+        ("prod/db", format!("[{vm6}]:80"), "dev/vm"),
+    ] {
+        let answer = wait::try_until(CONVERGE, || connect(from, "tcp", &target).filter(|a| a == want));
+        assert!(answer.is_some(), "{from} cannot reach {want} at {target}");
+    }
+    ok(&["del-pod", "vm", "-n", "dev"]);
 
     // Pod and namespace selectors admit every address of the pods they select.
     apply(
