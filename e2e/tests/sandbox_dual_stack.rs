@@ -13,7 +13,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use serde_json::Value;
-use weft_e2e::sandbox::testing::{Up, connect, ok, try_apply};
+use weft_e2e::sandbox::testing::{Up, apply, connect, kubectl, ok, probe_matrix};
 use weft_e2e::wait;
 
 const IPV6_CLUSTER_CIDR: &str = "fd00:10:244::/56";
@@ -35,17 +35,6 @@ fn block6_of(node: &str) -> ipnet::Ipv6Net {
 }
 const CONVERGE: Duration = Duration::from_secs(60);
 
-fn kubectl(args: &[&str]) -> String {
-    let mut full = vec!["kubectl"];
-    full.extend_from_slice(args);
-    ok(&full)
-}
-
-fn apply(yaml: &str) {
-    let (success, out) = try_apply(yaml);
-    assert!(success, "kubectl apply failed:\n{out}");
-}
-
 fn ip_json(netns: &str, args: &[&str]) -> Value {
     let out = Command::new("ip").args(["-j", "-n", netns]).args(args).output().expect("ip");
     assert!(out.status.success(), "ip -n {netns} {args:?}: {}", String::from_utf8_lossy(&out.stderr));
@@ -60,19 +49,6 @@ fn pod_ips(key: &str) -> (String, String) {
     (fields[2].to_owned(), fields[3].to_owned())
 }
 
-fn probe(family: &str, protocol: &str, port: u16) -> BTreeMap<(String, String), bool> {
-    let port = port.to_string();
-    let out = ok(&["probe", "--family", family, "--protocol", protocol, "--port", &port, "--timeout-ms", "700"]);
-    let v: Value = serde_json::from_str(&out).expect("probe JSON");
-    let mut m = BTreeMap::new();
-    for (from, row) in v["matrix"].as_object().expect("matrix") {
-        for (to, allowed) in row.as_object().expect("row") {
-            m.insert((from.clone(), to.clone()), allowed.as_bool().expect("bool"));
-        }
-    }
-    m
-}
-
 /// Waits until the probe matrix over `family` equals `expect(from, to)`.
 #[track_caller]
 fn expect_family(step: &str, family: &str, protocol: &str, port: u16, expect: &dyn Fn(&str, &str) -> bool) {
@@ -84,7 +60,7 @@ fn expect_family(step: &str, family: &str, protocol: &str, port: u16, expect: &d
     }
     let mut last = BTreeMap::new();
     let converged = wait::try_until(CONVERGE, || {
-        last = probe(family, protocol, port);
+        last = probe_matrix(family, protocol, port);
         (last == want).then_some(())
     });
     assert!(converged.is_some(), "step {step:?} over {family} ({protocol}/{port}): got {last:?}, want {want:?}");

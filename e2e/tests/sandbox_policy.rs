@@ -11,41 +11,17 @@ use std::process::Command;
 use std::time::Duration;
 
 use serde_json::Value;
-use weft_e2e::sandbox::testing::{Up, ok, try_apply};
+use weft_e2e::sandbox::testing::{Up, apply, kubectl, ok, probe_matrix, try_apply};
 use weft_e2e::wait;
 
 const CONVERGE: Duration = Duration::from_secs(45);
 const PODS: [&str; 5] = ["dev/client", "dev/web", "prod/api", "prod/db", "prod/web"];
-
-fn kubectl(args: &[&str]) -> String {
-    let mut full = vec!["kubectl"];
-    full.extend_from_slice(args);
-    ok(&full)
-}
-
-#[track_caller]
-fn apply(yaml: &str) {
-    let (success, out) = try_apply(yaml);
-    assert!(success, "kubectl apply failed:\n{out}\n{yaml}");
-}
 
 fn delete_all_policies() {
     for ns in ["prod", "dev"] {
         kubectl(&["delete", "networkpolicies.networking.k8s.io", "--all", "-n", ns]);
         kubectl(&["delete", "networkpolicies.weft.dev", "--all", "-n", ns]);
     }
-}
-
-fn probe(protocol: &str, port: u16) -> BTreeMap<(String, String), bool> {
-    let out = ok(&["probe", "--protocol", protocol, "--port", &port.to_string(), "--timeout-ms", "700"]);
-    let v: Value = serde_json::from_str(&out).expect("probe JSON");
-    let mut m = BTreeMap::new();
-    for (from, row) in v["matrix"].as_object().expect("matrix") {
-        for (to, allowed) in row.as_object().expect("row") {
-            m.insert((from.clone(), to.clone()), allowed.as_bool().expect("bool"));
-        }
-    }
-    m
 }
 
 /// Waits until the probe matrix equals `expect(from, to)` for every ordered pair.
@@ -60,7 +36,7 @@ fn expect_matrix(step: &str, protocol: &str, port: u16, expect: impl Fn(&str, &s
     let mut last = String::new();
     let converged = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         wait::until(step, CONVERGE, || {
-            let got = probe(protocol, port);
+            let got = probe_matrix("ipv4", protocol, port);
             if got == want {
                 return Some(());
             }

@@ -37,6 +37,34 @@ pub fn try_apply(yaml: &str) -> (bool, String) {
     run(&["kubectl", "apply", "-f", &path])
 }
 
+/// `weft-sandbox kubectl args…`, failing the test if it fails.
+#[track_caller]
+pub fn kubectl(args: &[&str]) -> String {
+    ok(&[&["kubectl"], args].concat())
+}
+
+/// `kubectl apply` of a YAML document, failing the test if it fails.
+#[track_caller]
+pub fn apply(yaml: &str) {
+    let (success, out) = try_apply(yaml);
+    assert!(success, "kubectl apply failed:\n{out}\n{yaml}");
+}
+
+/// One probe matrix of every sandbox pod (`weft-sandbox probe`), over the
+/// pods' addresses of `family` (`ipv4` or `ipv6`): (from, to) → reached.
+pub fn probe_matrix(family: &str, protocol: &str, port: u16) -> std::collections::BTreeMap<(String, String), bool> {
+    let port = port.to_string();
+    let out = ok(&["probe", "--family", family, "--protocol", protocol, "--port", &port, "--timeout-ms", "700"]);
+    let v: serde_json::Value = serde_json::from_str(&out).expect("probe JSON");
+    let mut m = std::collections::BTreeMap::new();
+    for (from, row) in v["matrix"].as_object().expect("matrix") {
+        for (to, allowed) in row.as_object().expect("row") {
+            m.insert((from.clone(), to.clone()), allowed.as_bool().expect("bool"));
+        }
+    }
+    m
+}
+
 /// Runs `weft-sandbox args…`, failing the test with its output if it fails.
 #[track_caller]
 pub fn ok(args: &[&str]) -> String {
