@@ -98,6 +98,11 @@ fn dual_stack_pods_get_and_keep_both_addresses() {
     assert!(pod.ip(&["-6", "-o", "addr", "show", "eth0"]).contains(&format!("{ip6}/64")));
     assert!(pod.ip(&["-6", "route", "show", "default"]).contains("via fd00:201::1"));
     assert!(n.ns.ip(&["-6", "-o", "addr", "show", "weft0"]).contains("fd00:201::1/64"), "the gateway on the bridge");
+    // The node knows the pod's MAC for its IPv6 address from the start, as
+    // for its IPv4 one (a previous holder's entry would be stale).
+    let mac = result["interfaces"][1]["mac"].as_str().expect("pod MAC");
+    let neigh = n.ns.ip(&["-6", "neigh", "show", &ip6, "dev", "weft0"]);
+    assert!(neigh.contains(&format!("lladdr {mac}")), "{neigh}");
     let ping6 = std::process::Command::new("ip")
         .args(["netns", "exec", pod.name(), "ping", "-6", "-c", "1", "-W", "2", "fd00:201::1"])
         .status()

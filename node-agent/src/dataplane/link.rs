@@ -264,9 +264,13 @@ pub fn attach(pod: &mut BlockingNetns, spec: &AttachSpec) -> Result<(), Dataplan
         // would teach it. A previous holder of the address (a deleted pod)
         // may have left a still-valid entry with its MAC there; traffic
         // the node routes to the pod (from other nodes) would go to that
-        // MAC for seconds, until the entry aged and was probed again.
-        let neighbour = neighbour(index, spec.address.addr(), spec.pod_mac, NeighbourState::Reachable);
-        requests.push((RouteNetlinkMessage::NewNeighbour(neighbour), NLM_F_CREATE | NLM_F_REPLACE));
+        // MAC for seconds, until the entry aged and was probed again. The
+        // same for a dual-stack pod's IPv6 address.
+        let v6 = spec.ipv6.map(|(a, _)| IpAddr::V6(a.addr()));
+        for ip in std::iter::once(IpAddr::V4(spec.address.addr())).chain(v6) {
+            let neighbour = neighbour(index, ip, spec.pod_mac, NeighbourState::Reachable);
+            requests.push((RouteNetlinkMessage::NewNeighbour(neighbour), NLM_F_CREATE | NLM_F_REPLACE));
+        }
     }
     let mut host = BlockingNetlink::new().map_err(kernel_op("open a netlink socket"))?;
     let answers = host.batch(requests).map_err(|(at, e)| match at {
@@ -279,7 +283,7 @@ pub fn attach(pod: &mut BlockingNetns, spec: &AttachSpec) -> Result<(), Dataplan
             kernel_op(format!("set hairpin mode on {}", spec.host_veth))(e)
         }
         _ if matches!(spec.host, HostSide::Bridge(_)) => {
-            kernel_op(format!("set the node's neighbour entry of {}", spec.address.addr()))(e)
+            kernel_op(format!("set the node's neighbour entries of {}", spec.address.addr()))(e)
         }
         _ => kernel_op(format!("look up {}", spec.host_veth))(e),
     })?;
@@ -306,7 +310,7 @@ pub fn route_to_pod(
     nl.batch(vec![
         (RouteNetlinkMessage::NewRoute(pod_route(ip, host_index, gateway)), NLM_F_CREATE | NLM_F_REPLACE),
         (
-            RouteNetlinkMessage::NewNeighbour(neighbour(host_index, ip, pod_mac, NeighbourState::Permanent)),
+            RouteNetlinkMessage::NewNeighbour(neighbour(host_index, ip.into(), pod_mac, NeighbourState::Permanent)),
             NLM_F_CREATE | NLM_F_REPLACE,
         ),
     ])
@@ -332,12 +336,16 @@ fn pod_route(ip: Ipv4Addr, host_index: u32, gateway: Ipv4Addr) -> RouteMessage {
 /// An IPv4 neighbour entry. Permanent ones: routed pods and their node
 /// never ARP for each other, so neither end depends on arp_ignore or proxy
 /// ARP.
-fn neighbour(index: u32, ip: Ipv4Addr, mac: [u8; 6], state: NeighbourState) -> NeighbourMessage {
+fn neighbour(index: u32, ip: IpAddr, mac: [u8; 6], state: NeighbourState) -> NeighbourMessage {
     let mut m = NeighbourMessage::default();
-    m.header.family = AddressFamily::Inet;
     m.header.ifindex = index;
     m.header.state = state;
-    m.attributes.push(NeighbourAttribute::Destination(NeighbourAddress::Inet(ip)));
+    let (family, address) = match ip {
+        IpAddr::V4(ip) => (AddressFamily::Inet, NeighbourAddress::Inet(ip)),
+        IpAddr::V6(ip) => (AddressFamily::Inet6, NeighbourAddress::Inet6(ip)),
+    };
+    m.header.family = family;
+    m.attributes.push(NeighbourAttribute::Destination(address));
     m.attributes.push(NeighbourAttribute::LinkLayerAddress(mac.to_vec()));
     m
 }
@@ -397,7 +405,7 @@ fn configure_pod(nl: &mut BlockingNetlink, spec: &AttachSpec) -> Result<(), Data
         (RouteNetlinkMessage::NewRoute(route.build()), NLM_F_CREATE | NLM_F_EXCL),
     ];
     if routed {
-        let gateway = neighbour(index, spec.gateway, spec.host_mac, NeighbourState::Permanent);
+        let gateway = neighbour(index, spec.gateway.into(), spec.host_mac, NeighbourState::Permanent);
         msgs.push((RouteNetlinkMessage::NewNeighbour(gateway), NLM_F_CREATE | NLM_F_REPLACE));
     }
     let ipv4_msgs = msgs.len();
