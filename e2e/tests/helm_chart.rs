@@ -533,6 +533,10 @@ fn schema_and_checks_reject_bad_values_with_clear_messages() {
         ),
         ("network.ipv6ClusterCIDR=fd00::/56,network.backend=host-gw", "network.ipv6ClusterCIDR needs backend vxlan"),
         (
+            "network.ipv6ClusterCIDR=fd00::/56,network.directRouting=true",
+            "network.ipv6ClusterCIDR does not work with network.directRouting yet",
+        ),
+        (
             "network.ipv6ClusterCIDR=fd00::/56,agent.podAttachment=routed",
             "network.ipv6ClusterCIDR needs agent.podAttachment bridge",
         ),

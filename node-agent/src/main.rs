@@ -218,6 +218,11 @@ async fn setup_overlay(
     let mut cfg = overlay::OverlayConfig::new(&config.node_name, node_ip, lease.cidr, cluster_cidr, backend);
     cfg.vni = config.vni;
     cfg.pod_cidr6 = lease.cidr6;
+    if config.direct_routing && lease.cidr6.is_some() {
+        tracing::warn!(
+            "direct routing carries IPv4 only: pods of peers on this L2 segment are not reachable over IPv6"
+        );
+    }
     cfg.direct_routing = config.direct_routing;
     cfg.underlay = config.underlay_iface.clone();
     cfg.mtu = config.mtu;

@@ -53,6 +53,9 @@ app.kubernetes.io/component: agent
 {{- if ne $n.backend "vxlan" -}}
 {{- fail "network.ipv6ClusterCIDR needs backend vxlan: host-gw would route IPv6 via IPv6 node addresses, which Weft does not use yet" -}}
 {{- end -}}
+{{- if $n.directRouting -}}
+{{- fail "network.ipv6ClusterCIDR does not work with network.directRouting yet: peers on the same L2 segment would get IPv4 routes only" -}}
+{{- end -}}
 {{- if ne $.Values.agent.podAttachment "bridge" -}}
 {{- fail "network.ipv6ClusterCIDR needs agent.podAttachment bridge: routed pods get no IPv6 address yet" -}}
 {{- end -}}
