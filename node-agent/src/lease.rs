@@ -65,7 +65,7 @@ pub fn lease_of(subnet: &Subnet) -> Result<Lease, String> {
             IpNet::V4(n) => return Err(format!("cidrs[{i}] {n} is not cidr {cidr}")),
             IpNet::V6(_) if cidr6.is_some() => return Err(format!("cidrs[{i}] {net} is a second IPv6 block")),
             // A pod's IPv6 address has its IPv4 address's host number.
-            IpNet::V6(n) if 128 - n.prefix_len() < 32 - cidr.prefix_len() => {
+            IpNet::V6(n) if !crate::ipam::pool::ipv6_block_fits(n, cidr) => {
                 return Err(format!("cidrs[{i}] {n} holds fewer addresses than cidr {cidr}"));
             }
             IpNet::V6(n) => cidr6 = Some(n),

@@ -83,10 +83,15 @@ pub struct Ipv6Block {
     v4: Pool,
 }
 
+/// Whether IPv6 block `v6` has room for every host number of `v4`.
+pub fn ipv6_block_fits(v6: Ipv6Net, v4: Ipv4Net) -> bool {
+    128 - v6.prefix_len() >= 32 - v4.prefix_len()
+}
+
 impl Ipv6Block {
     pub fn new(cidr: Ipv6Net, v4: Pool) -> Result<Self, PoolError> {
         let cidr = cidr.trunc();
-        if 128 - cidr.prefix_len() < 32 - v4.cidr.prefix_len() {
+        if !ipv6_block_fits(cidr, v4.cidr) {
             return Err(PoolError::Ipv6TooSmall { v6: cidr, v4: v4.cidr });
         }
         Ok(Self { cidr, v4 })

@@ -276,28 +276,30 @@ pub fn policy_types(spec: &netv1::NetworkPolicySpec) -> (bool, bool) {
 /// namespace), those inside the block for a block.
 fn peer_addrs(peer: &Peer<'_>, policy_ns: &str, pod: &PodInfo, ns_labels: &BTreeMap<String, String>) -> Vec<IpAddr> {
     match peer {
+        Peer::Block { cidr, except } => {
+            let ranges = addr_ranges::block(cidr, except);
+            pod.ips.iter().copied().filter(|ip| ranges.iter().any(|r| r.contains(*ip))).collect()
+        }
+        _ if peer_matches(peer, policy_ns, pod, ns_labels) => pod.ips.clone(),
+        _ => Vec::new(),
+    }
+}
+
+/// Whether `peer` matches `pod` (some address of it, for a block). Pod
+/// peers are decided by their selectors alone, without allocating: this
+/// runs for every candidate pod of every peer.
+fn peer_matches(peer: &Peer<'_>, policy_ns: &str, pod: &PodInfo, ns_labels: &BTreeMap<String, String>) -> bool {
+    match peer {
         Peer::Pods { ns, pods } => {
             let ns_ok = match ns {
                 None => pod.namespace == policy_ns,
                 Some(sel) => selector::matches(sel, ns_labels),
             };
-            if ns_ok && pods.is_none_or(|sel| selector::matches(sel, &pod.labels)) {
-                pod.ips.clone()
-            } else {
-                Vec::new()
-            }
+            ns_ok && pods.is_none_or(|sel| selector::matches(sel, &pod.labels))
         }
-        Peer::Block { cidr, except } => {
-            let ranges = addr_ranges::block(cidr, except);
-            pod.ips.iter().copied().filter(|ip| ranges.iter().any(|r| r.contains(*ip))).collect()
-        }
-        Peer::Nothing => Vec::new(),
+        Peer::Block { .. } => !peer_addrs(peer, policy_ns, pod, ns_labels).is_empty(),
+        Peer::Nothing => false,
     }
-}
-
-/// Whether `peer` matches `pod` (some address of it, for a block).
-fn peer_matches(peer: &Peer<'_>, policy_ns: &str, pod: &PodInfo, ns_labels: &BTreeMap<String, String>) -> bool {
-    !peer_addrs(peer, policy_ns, pod, ns_labels).is_empty()
 }
 
 /// Read-only view with the lookups compilation needs.
@@ -373,8 +375,8 @@ impl<'a> View<'a> {
                 Peer::Pods { ns, .. } => ranges.extend(
                     self.candidates(*ns, policy_ns)
                         .into_iter()
-                        .flat_map(|pod| self.peer_pod_addrs(p, policy_ns, pod))
-                        .map(Range::of_addr),
+                        .filter(|pod| peer_matches(p, policy_ns, pod, self.ns_labels(&pod.namespace)))
+                        .flat_map(|pod| pod.ips.iter().copied().map(Range::of_addr)),
                 ),
                 Peer::Nothing => {}
             }
