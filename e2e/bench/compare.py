@@ -67,7 +67,8 @@ def main():
     p.add_argument("--pings", type=int, default=200)
     p.add_argument("pairs", nargs="+")
     a = p.parse_args()
-    pairs = [x.split(":") for x in a.pairs]
+    # ADDR last: an IPv6 address keeps its colons.
+    pairs = [x.split(":", 3) for x in a.pairs]
     gbps = {label: [] for label, *_ in pairs}
     rtts = {label: [] for label, *_ in pairs}
     busy = {label: [] for label, *_ in pairs}

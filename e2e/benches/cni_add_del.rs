@@ -4,7 +4,8 @@
 //! Run with `e2e/bench.sh cni` (builds release binaries first). Each plugin is
 //! exec'd as a runtime does, from a process already inside the node's
 //! namespace, so the figures contain no `ip netns exec` overhead. Weft runs
-//! twice, with bridged and with routed pods. The chains take turns every
+//! twice, with bridged and with routed pods, and dual-stack against the same
+//! reference with two `host-local` ranges. The chains take turns every
 //! iteration, each going first in turn, so machine noise hits them alike.
 //! A fourth agent has its `/readyz` hammered all along (about 200 requests a
 //! second, as anything that can reach a node could): its ADDs must not wait
@@ -85,6 +86,20 @@ fn main() {
     let probes = Arc::new(AtomicU64::new(0));
     let hammer = hammer_readyz(&probed_node, Arc::clone(&stop), Arc::clone(&probes));
 
+    // Dual-stack: an IPv4 and an IPv6 address per pod, from one ADD.
+    let dual_node = Netns::new("bench-dual");
+    let dual_pod = Netns::new("bench-dpod");
+    let dual_dir = tempfile::tempdir().expect("tempdir");
+    let dual_agent =
+        Agent::start_with(&dual_node, "10.224.0.0/24", dual_dir.path(), &["--pod-ipv6-cidr", "fd00:224::/64"]);
+    let dual = Case {
+        node: &dual_node,
+        plugin: bins::weft("weft-cni"),
+        pod: &dual_pod,
+        conf: json!({"cniVersion": "1.0.0", "name": "weft", "type": "weft-cni", "agentSocket": dual_agent.socket}),
+        cni_args: String::new(),
+    };
+
     let ref_node = Netns::new("bench-ref");
     let ref_pod = Netns::new("bench-rpod");
     let reference = Case {
@@ -98,14 +113,41 @@ fn main() {
         }),
         cni_args: String::new(),
     };
+    let ref_dual_node = Netns::new("bench-refdual");
+    let ref_dual_pod = Netns::new("bench-rdpod");
+    // Weft adds IPv6 addresses without duplicate address detection (the
+    // agent owns the block); the bridge plugin waits for DAD to settle, which
+    // would measure a one-second kernel timer, not the plugin. Off here too.
+    for ns in [&ref_dual_node, &ref_dual_pod] {
+        for conf in ["all", "default"] {
+            ns.exec("sysctl", &["-qw", &format!("net.ipv6.conf.{conf}.accept_dad=0")]);
+        }
+    }
+    let reference_dual = Case {
+        node: &ref_dual_node,
+        plugin: bins::reference("bridge"),
+        pod: &ref_dual_pod,
+        conf: json!({
+            "cniVersion": "1.0.0", "name": "refnet", "type": "bridge", "bridge": "cni0",
+            "isGateway": true, "ipMasq": false,
+            "ipam": {
+                "type": "host-local",
+                "ranges": [[{"subnet": "10.225.0.0/24"}], [{"subnet": "fd00:225::/64"}]],
+                "dataDir": dir.path().join("host-local-dual"),
+            },
+        }),
+        cni_args: String::new(),
+    };
 
     let cases = [
         ("weft", &weft),
         ("weft, routed pods", &routed),
         ("weft, /readyz hammered", &probed),
         ("bridge + host-local", &reference),
+        ("weft, dual-stack", &dual),
+        ("bridge + host-local, 2 ranges", &reference_dual),
     ];
-    let mut samples: [Samples; 4] = Default::default();
+    let mut samples: [Samples; 6] = Default::default();
     for i in 0..ITERATIONS {
         // Each chain goes first in turn: a DEL's deferred kernel work (RCU
         // callbacks of the veth it removed) lands on whichever comes next.
@@ -116,9 +158,11 @@ fn main() {
     }
     stop.store(true, Ordering::Relaxed);
     let answered = hammer.join().expect("readyz hammer");
-    drop((agent, routed_agent, probed_agent));
+    drop((agent, routed_agent, probed_agent, dual_agent));
     let rows: Vec<(&str, &Samples)> = cases.iter().zip(&samples).map(|((name, _), s)| (*name, s)).collect();
-    print_table(&format!("CNI ADD/DEL latency, {ITERATIONS} iterations each, rotating order (ms)"), &rows);
+    // Two tables from the same interleaved run, each with its own reference last.
+    print_table(&format!("CNI ADD/DEL latency, {ITERATIONS} iterations each, rotating order (ms)"), &rows[..4]);
+    print_table("Dual-stack (IPv4 + IPv6 per pod), same run (ms)", &rows[4..]);
     println!("\n/readyz requests during the run: {} ({answered} answered)", probes.load(Ordering::Relaxed));
 }
 

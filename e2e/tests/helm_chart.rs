@@ -169,6 +169,7 @@ agent:
   runDir: /run/weft-alt
   stateDir: /var/lib/weft-alt
   podAttachment: routed
+  policyDenyAction: drop
   policyDropLog: {enabled: true, group: 77, ratePerSecond: 5}
 cni:
   binDir: /usr/libexec/cni
@@ -290,6 +291,7 @@ fn template_renders_defaults() {
     assert_eq!(env(a, "WEFT_NODE_IP")["valueFrom"]["fieldRef"]["fieldPath"], "status.hostIP");
     assert_eq!(env(a, "WEFT_CLUSTER_CIDR")["value"], "10.244.0.0/16");
     assert_eq!(env(a, "WEFT_POD_ATTACHMENT")["value"], "bridge");
+    assert_eq!(env(a, "WEFT_POLICY_DENY_ACTION")["value"], "reject");
     let names = serde_yaml::to_string(&a["env"]).expect("env");
     assert!(!names.contains("WEFT_POLICY_DROP_LOG"), "the drop log is off by default: {names}");
     let mounts: Vec<&str> =
@@ -456,6 +458,7 @@ fn template_renders_custom_values() {
     assert_eq!(env(a, "WEFT_LOG")["value"], "debug");
     assert_eq!(env(a, "WEFT_POLICY_DROP_LOG_GROUP")["value"], "77");
     assert_eq!(env(a, "WEFT_POLICY_DROP_LOG_RATE")["value"], "5");
+    assert_eq!(env(a, "WEFT_POLICY_DENY_ACTION")["value"], "drop");
     assert_eq!(pod["imagePullSecrets"][0]["name"], "regcred");
     let script = pod["initContainers"][0]["command"][2].as_str().expect("script");
     assert!(script.contains("/host/cni-conf/05-weft.conflist"), "{script}");
@@ -474,24 +477,32 @@ fn template_renders_custom_values() {
 }
 
 #[test]
-fn dual_stack_values_reach_the_operator() {
+fn dual_stack_values_reach_the_operator_and_the_agents() {
     let Some(helm) = Helm::new() else { return };
     let chart = chart_dir();
     let chart = chart.to_str().expect("path");
-    let operator_env = |sets: &[&str]| {
+    let containers = |sets: &[&str]| {
         let mut args = vec!["template", "weft", chart];
         for s in sets {
             args.extend(["--set", s]);
         }
         let docs = documents(&helm.ok(&args));
-        find(&docs, "Deployment", "-operator")["spec"]["template"]["spec"]["containers"][0].clone()
+        let first = |kind, suffix| find(&docs, kind, suffix)["spec"]["template"]["spec"]["containers"][0].clone();
+        (first("Deployment", "-operator"), first("DaemonSet", "-agent"))
     };
-    let c = operator_env(&["network.ipv6ClusterCIDR=fd00:10:244::/56"]);
-    assert_eq!(env(&c, "WEFT_SECONDARY_CLUSTER_CIDR")["value"], "fd00:10:244::/56");
-    assert_eq!(env(&c, "WEFT_SECONDARY_NODE_PREFIX_LENGTH")["value"], "64");
-    let c = operator_env(&[]);
-    let names: Vec<&str> = c["env"].as_sequence().expect("env").iter().filter_map(|e| e["name"].as_str()).collect();
-    assert!(!names.contains(&"WEFT_SECONDARY_CLUSTER_CIDR"), "IPv4 only by default: {names:?}");
+    let (op, agent) = containers(&["network.ipv6ClusterCIDR=fd00:10:244::/56"]);
+    assert_eq!(env(&op, "WEFT_SECONDARY_CLUSTER_CIDR")["value"], "fd00:10:244::/56");
+    assert_eq!(env(&op, "WEFT_SECONDARY_NODE_PREFIX_LENGTH")["value"], "64");
+    assert_eq!(env(&agent, "WEFT_IPV6_CLUSTER_CIDR")["value"], "fd00:10:244::/56");
+    assert_eq!(env(&agent, "WEFT_IPV6_MASQUERADE")["value"], "auto");
+    let (_, agent) = containers(&["network.ipv6ClusterCIDR=2001:db8::/56", "network.ipv6Masquerade=off"]);
+    assert_eq!(env(&agent, "WEFT_IPV6_MASQUERADE")["value"], "off");
+    let names = |c: &Value| -> Vec<String> {
+        c["env"].as_sequence().expect("env").iter().filter_map(|e| e["name"].as_str().map(str::to_owned)).collect()
+    };
+    let (op, agent) = containers(&[]);
+    assert!(!names(&op).contains(&"WEFT_SECONDARY_CLUSTER_CIDR".into()), "IPv4 only by default: {:?}", names(&op));
+    assert!(!names(&agent).iter().any(|n| n.starts_with("WEFT_IPV6")), "{:?}", names(&agent));
 }
 
 #[test]
@@ -509,6 +520,7 @@ fn schema_and_checks_reject_bad_values_with_clear_messages() {
         ("logLevel=loud", "at '/logLevel'"),
         ("agent.podAttachment=macvlan", "at '/agent/podAttachment': value must be one of 'bridge', 'routed'"),
         ("network.typo=1", "additional properties 'typo' not allowed"),
+        ("agent.policyDenyAction=ignore", "at '/agent/policyDenyAction': value must be one of 'reject', 'drop'"),
         ("agent.policyDropLog.group=0", "at '/agent/policyDropLog/group'"),
         ("agent.policyDropLog.ratePerSecond=0", "at '/agent/policyDropLog/ratePerSecond'"),
         ("cni.confFileName=weft.conf", "at '/cni/confFileName'"),
@@ -523,6 +535,7 @@ fn schema_and_checks_reject_bad_values_with_clear_messages() {
         ("operator.leaderElection.enabled=false", "operator.replicas > 1 needs operator.leaderElection.enabled"),
         ("network.hostPortRange.min=40000", "network.hostPortRange.min (40000) must not exceed"),
         ("network.ipv6ClusterCIDR=10.1.0.0/16", "at '/network/ipv6ClusterCIDR'"),
+        ("network.ipv6Masquerade=yes", "at '/network/ipv6Masquerade': value must be one of 'auto', 'on', 'off'"),
         (
             "network.ipv6ClusterCIDR=fd00::/64",
             "network.ipv6NodePrefixLength (64) must be longer than the prefix of network.ipv6ClusterCIDR (fd00::/64)",

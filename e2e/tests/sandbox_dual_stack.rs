@@ -82,7 +82,8 @@ fn ns_of(pod: &str) -> &str {
 #[test]
 fn dual_stack_pods_get_both_families_and_policy_treats_them_alike() {
     let secondary = format!("--operator-arg=--secondary-cluster-cidr={IPV6_CLUSTER_CIDR}");
-    let Some(_up) = Up::start(&["--nodes", "2", &secondary], &[]) else { return };
+    let agents = format!("--agent-arg=--ipv6-cluster-cidr={IPV6_CLUSTER_CIDR}");
+    let Some(_up) = Up::start(&["--nodes", "2", &secondary, &agents], &[]) else { return };
 
     // The leases: one block of each family per node.
     let block6 = block6_of(node_of("prod/db"));
@@ -123,6 +124,18 @@ fn dual_stack_pods_get_both_families_and_policy_treats_them_alike() {
     let listed: Vec<&str> =
         pod["status"]["podIPs"].as_array().expect("podIPs").iter().filter_map(|p| p["ip"].as_str()).collect();
     assert_eq!(listed, [v4.as_str(), v6.to_string().as_str()]);
+
+    // The sandbox has no routable IPv6 (unique local blocks, no IPv6
+    // default route): IPv6 traffic leaving the cluster is masqueraded, and
+    // pod-to-pod IPv6 keeps its source.
+    let nat = Command::new("ip")
+        .args(["netns", "exec", "weft-sbx-node-2", "nft", "list", "chain", "inet", "weft", "masquerade-postrouting"])
+        .output()
+        .expect("nft");
+    let nat = String::from_utf8_lossy(&nat.stdout);
+    let kept = format!("ip6 saddr {block6} ip6 daddr {IPV6_CLUSTER_CIDR}");
+    assert!(nat.contains(&kept), "{nat}");
+    assert!(nat.contains(&format!("ip6 saddr {block6} counter name \"masquerade-masqueraded\" masquerade")), "{nat}");
 
     // No policy: everything is open, over both families.
     expect_both("default allow", "tcp", 80, |_, _| true);

@@ -54,6 +54,16 @@ pub struct Config {
     /// bound for peer routes. Required with a Subnet lease.
     #[arg(long, env = "WEFT_CLUSTER_CIDR")]
     pub cluster_cidr: Option<Ipv4Net>,
+    /// The cluster's IPv6 pod range (dual-stack; the chart's
+    /// network.ipv6ClusterCIDR): IPv6 traffic to it is never masqueraded.
+    /// Without it no IPv6 traffic is masqueraded.
+    #[arg(long, env = "WEFT_IPV6_CLUSTER_CIDR")]
+    pub ipv6_cluster_cidr: Option<ipnet::Ipv6Net>,
+    /// Masquerade IPv6 pod traffic leaving the cluster: `auto` does unless
+    /// the pods' IPv6 block is global unicast (2000::/3) and the node has a
+    /// default IPv6 route and a global address; `on`; `off`.
+    #[arg(long, env = "WEFT_IPV6_MASQUERADE", value_enum, default_value_t = crate::node_settings::Ipv6Masquerade::Auto)]
+    pub ipv6_masquerade: crate::node_settings::Ipv6Masquerade,
     /// VXLAN network identifier.
     #[arg(long, env = "WEFT_VNI", default_value_t = 1)]
     pub vni: u32,
@@ -75,6 +85,12 @@ pub struct Config {
     /// Enforce NetworkPolicies (standard and weft.dev) for this node's pods.
     #[arg(long, env = "WEFT_NETWORK_POLICY", default_value_t = true, action = clap::ArgAction::Set)]
     pub network_policy: bool,
+    /// What a policy's deny does with a packet: `reject` drops it and
+    /// answers (a TCP reset, ICMP "administratively prohibited" otherwise),
+    /// so the client fails at once; `drop` drops it silently, and the
+    /// client waits for its own timeout.
+    #[arg(long, env = "WEFT_POLICY_DENY_ACTION", default_value = "reject")]
+    pub policy_deny_action: crate::policy::render::DenyAction,
     /// Log packets that policy drops: the NFLOG group the drop rules copy
     /// them to, which this agent reads (one log line per packet). Off
     /// without it. Pick a group no other program on the node reads.

@@ -124,8 +124,8 @@ async fn run(config: Config) -> anyhow::Result<()> {
         tracing::info!(%mode, setting, "turned on a node setting {mode} pods need");
     }
     if let (Some(_), Some(cluster_cidr)) = (&subnets, config.cluster_cidr) {
-        let period = config.resync();
-        tokio::spawn(node_settings::run(Arc::clone(&agent), lease.cidr, cluster_cidr, period));
+        let (period, settings) = (config.resync(), node_settings_of(&config, &lease, cluster_cidr)?);
+        tokio::spawn(node_settings::run(Arc::clone(&agent), settings, period));
     }
     agent.metrics.set_ipam_usage(agent.ipam.usage());
     let _ = slot.set(Arc::clone(&agent));
@@ -154,7 +154,8 @@ async fn run(config: Config) -> anyhow::Result<()> {
     {
         let metrics = Arc::clone(&agent.metrics.policy);
         let (node, resync, log) = (config.node_name.clone(), config.resync(), config.drop_log());
-        tokio::spawn(policy::sync::run(client.clone(), node, resync, log, metrics));
+        let deny = config.policy_deny_action;
+        tokio::spawn(policy::sync::run(client.clone(), node, resync, deny, log, metrics));
     }
 
     let listener = bind_socket(&config.socket)?;
@@ -199,6 +200,28 @@ async fn run(config: Config) -> anyhow::Result<()> {
     outcome
 }
 
+/// What node_settings keeps for this lease; refuses an IPv6 block outside
+/// the cluster's IPv6 range.
+fn node_settings_of(
+    config: &Config,
+    lease: &lease::Lease,
+    cluster_cidr: ipnet::Ipv4Net,
+) -> anyhow::Result<node_settings::NodeSettings> {
+    let ipv6 = lease.cidr6.map(|pods| node_settings::Ipv6Settings {
+        pods,
+        cluster: config.ipv6_cluster_cidr,
+        masquerade: config.ipv6_masquerade,
+    });
+    if let Some(v6) = ipv6
+        && let Some(cluster) = v6.cluster
+        && !cluster.contains(&v6.pods)
+    {
+        anyhow::bail!("this node's IPv6 block {} is outside --ipv6-cluster-cidr {cluster}", v6.pods);
+    }
+    let ipv4 = dataplane::masquerade::Ranges { pods: lease.cidr, cluster: cluster_cidr };
+    Ok(node_settings::NodeSettings { ipv4, ipv6 })
+}
+
 /// Creates or adopts the VXLAN device (or checks the underlay for host-gw),
 /// enables forwarding and masquerading, and announces this node in its
 /// Subnet. Returns the reconciler for the peer sync, the pod MTU and what
@@ -232,9 +255,14 @@ async fn setup_overlay(
     // Pods on other nodes are reached through this node's forwarding path,
     // and their traffic leaving the cluster is masqueraded (kept so by
     // node_settings::run).
-    let pod_cidr = lease.cidr;
-    let ipv6 = lease.cidr6.is_some();
-    tokio::task::spawn_blocking(move || node_settings::ensure(pod_cidr, cluster_cidr, ipv6))
+    let settings = node_settings_of(config, lease, cluster_cidr)?;
+    if let Some(v6) = settings.ipv6
+        && v6.cluster.is_none()
+        && v6.masquerade != node_settings::Ipv6Masquerade::Off
+    {
+        tracing::warn!("IPv6 traffic leaving the cluster is not masqueraded: --ipv6-cluster-cidr is not set");
+    }
+    tokio::task::spawn_blocking(move || node_settings::ensure(&settings))
         .await
         .context("node settings task")?
         .context("cannot set up forwarding and masquerading")?;

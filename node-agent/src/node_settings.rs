@@ -1,7 +1,8 @@
 //! The node settings an overlay node needs, kept level-triggered: IPv4
 //! forwarding (pods on other nodes are reached through it; IPv6 forwarding
-//! too on a dual-stack node) and the
-//! masquerade rules for pod traffic leaving the cluster. A `sysctl --system`
+//! too on a dual-stack node) and the masquerade rules for pod traffic
+//! leaving the cluster (IPv6 too where its pods' addresses are not routable
+//! beyond the node, or as `--ipv6-masquerade` says). A `sysctl --system`
 //! or a firewall reload undoes them silently; they are checked at start-up
 //! and every resync period, and put back with a warning and a count in
 //! `weft_agent_node_setting_repairs_total`.
@@ -9,23 +10,83 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 
 use crate::agent::Agent;
-use crate::dataplane::{masquerade, sysctl};
+use crate::dataplane::masquerade::{self, Ranges};
+use crate::dataplane::{ipv6_reach, sysctl};
+
+/// Whether IPv6 pod traffic leaving the cluster is masqueraded (agent flag
+/// `--ipv6-masquerade`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Ipv6Masquerade {
+    /// Masquerade unless the pods' IPv6 block is globally routable (not
+    /// unique local) and the node itself has routable IPv6.
+    #[default]
+    Auto,
+    On,
+    Off,
+}
+
+impl Ipv6Masquerade {
+    /// Whether traffic from `pods` is masqueraded on a node that has
+    /// (`node_routable`) or has not a default IPv6 route and a global address.
+    pub fn applies(self, pods: Ipv6Net, node_routable: bool) -> bool {
+        match self {
+            Ipv6Masquerade::On => true,
+            Ipv6Masquerade::Off => false,
+            Ipv6Masquerade::Auto => !(node_routable && is_global_unicast(pods)),
+        }
+    }
+}
+
+/// 2000::/3: the only IPv6 unicast routed on the internet.
+fn is_global_unicast(net: Ipv6Net) -> bool {
+    net.network().segments()[0] & 0xe000 == 0x2000
+}
+
+/// What this node keeps: its pod blocks, the cluster's ranges, and for a
+/// dual-stack node the IPv6 side.
+#[derive(Debug, Clone, Copy)]
+pub struct NodeSettings {
+    pub ipv4: Ranges<Ipv4Net>,
+    pub ipv6: Option<Ipv6Settings>,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct Ipv6Settings {
+    pub pods: Ipv6Net,
+    /// The cluster's IPv6 range; without it nothing IPv6 is masqueraded
+    /// (pod-to-pod traffic could not be told from traffic leaving).
+    pub cluster: Option<Ipv6Net>,
+    pub masquerade: Ipv6Masquerade,
+}
+
+impl NodeSettings {
+    /// The IPv6 ranges to masquerade, if any, on a node that has
+    /// (`node_routable`) routable IPv6 or not. Pure.
+    pub fn ipv6_masquerade(&self, node_routable: bool) -> Option<Ranges<Ipv6Net>> {
+        let v6 = self.ipv6?;
+        let cluster = v6.cluster?;
+        v6.masquerade.applies(v6.pods, node_routable).then_some(Ranges { pods: v6.pods, cluster })
+    }
+}
 
 /// What an overlay node needs: forwarding, and masquerading of traffic from
-/// `pod_cidr` leaving `cluster_cidr`. Returns the settings that had to be
-/// put back. Blocking (sysctl files, iptables): call off the runtime.
-pub fn ensure(pod_cidr: Ipv4Net, cluster_cidr: Ipv4Net, ipv6: bool) -> anyhow::Result<Vec<&'static str>> {
+/// its pods leaving the cluster. Returns the settings that had to be put
+/// back. Blocking (sysctl and procfs files, nft): call off the runtime.
+pub fn ensure(settings: &NodeSettings) -> anyhow::Result<Vec<&'static str>> {
     let mut repaired = Vec::new();
     if sysctl::ensure_ipv4_forwarding()? {
         repaired.push("ip_forward");
     }
-    if ipv6 && sysctl::ensure_ipv6_forwarding()? {
+    if settings.ipv6.is_some() && sysctl::ensure_ipv6_forwarding()? {
         repaired.push("ipv6_forwarding");
     }
-    if masquerade::ensure(pod_cidr, cluster_cidr)? {
+    // Only asked when it can matter: /proc reads are cheap, but not free.
+    let routable =
+        settings.ipv6.is_some_and(|v6| v6.masquerade == Ipv6Masquerade::Auto) && ipv6_reach::routable_ipv6()?;
+    if masquerade::ensure(settings.ipv4, settings.ipv6_masquerade(routable))? {
         repaired.push("masquerade");
     }
     Ok(repaired)
@@ -33,11 +94,10 @@ pub fn ensure(pod_cidr: Ipv4Net, cluster_cidr: Ipv4Net, ipv6: bool) -> anyhow::R
 
 /// Checks every `period`, for as long as the agent runs (the first check is
 /// start-up's own, in `setup_overlay`).
-pub async fn run(agent: Arc<Agent>, pod_cidr: Ipv4Net, cluster_cidr: Ipv4Net, period: Duration) {
+pub async fn run(agent: Arc<Agent>, settings: NodeSettings, period: Duration) {
     loop {
         tokio::time::sleep(period).await;
-        let ipv6 = agent.ipv6.is_some();
-        match tokio::task::spawn_blocking(move || ensure(pod_cidr, cluster_cidr, ipv6)).await {
+        match tokio::task::spawn_blocking(move || ensure(&settings)).await {
             Ok(Ok(repaired)) => {
                 for setting in repaired {
                     tracing::warn!(setting, "a node setting the overlay needs had been undone; put it back");
@@ -47,5 +107,141 @@ pub async fn run(agent: Arc<Agent>, pod_cidr: Ipv4Net, cluster_cidr: Ipv4Net, pe
             Ok(Err(e)) => tracing::error!(error = %e, "cannot check the overlay's node settings"),
             Err(e) => tracing::error!(error = %e, "the node settings task failed"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(pods6: &str, cluster6: Option<&str>, masquerade: Ipv6Masquerade) -> NodeSettings {
+        NodeSettings {
+            ipv4: Ranges { pods: "10.244.1.0/24".parse().unwrap(), cluster: "10.244.0.0/16".parse().unwrap() },
+            ipv6: Some(Ipv6Settings {
+                pods: pods6.parse().unwrap(),
+                cluster: cluster6.map(|c| c.parse().unwrap()),
+                masquerade,
+            }),
+        }
+    }
+
+    #[test]
+    fn auto_masquerades_unless_both_the_block_and_the_node_are_routable() {
+        use Ipv6Masquerade::Auto;
+        let ula = settings("fd00:10:244:1::/64", Some("fd00:10:244::/56"), Auto);
+        let global = settings("2001:db8:0:1::/64", Some("2001:db8::/56"), Auto);
+        assert!(ula.ipv6_masquerade(false).is_some());
+        assert!(ula.ipv6_masquerade(true).is_some(), "unique local addresses go nowhere beyond the site");
+        assert!(global.ipv6_masquerade(false).is_some(), "the node itself cannot route them");
+        assert_eq!(global.ipv6_masquerade(true), None, "routable pods keep their addresses");
+        let r = ula.ipv6_masquerade(true).unwrap();
+        assert_eq!(
+            (r.pods.to_string(), r.cluster.to_string()),
+            ("fd00:10:244:1::/64".into(), "fd00:10:244::/56".into())
+        );
+    }
+
+    #[test]
+    fn on_and_off_override_what_the_node_has() {
+        for routable in [false, true] {
+            let on = settings("2001:db8:0:1::/64", Some("2001:db8::/56"), Ipv6Masquerade::On);
+            let off = settings("fd00:10:244:1::/64", Some("fd00:10:244::/56"), Ipv6Masquerade::Off);
+            assert!(on.ipv6_masquerade(routable).is_some());
+            assert_eq!(off.ipv6_masquerade(routable), None);
+        }
+    }
+
+    #[test]
+    fn without_the_cluster_range_or_an_ipv6_block_nothing_ipv6_is_masqueraded() {
+        assert_eq!(settings("fd00:10:244:1::/64", None, Ipv6Masquerade::On).ipv6_masquerade(false), None);
+        let v4_only = NodeSettings { ipv6: None, ..settings("fd00::/64", None, Ipv6Masquerade::On) };
+        assert_eq!(v4_only.ipv6_masquerade(false), None);
+    }
+}
+
+/// In namespaces the test creates: pod -- node -- outside, over IPv6, with
+/// an outside that has no route back to pods (only masqueraded traffic
+/// returns). Needs root: skips loudly without it, fails under CI=true.
+#[cfg(test)]
+mod kernel_tests {
+    use std::process::Command;
+
+    use super::*;
+    use crate::test_support::{TestNetns as Ns, require_root};
+
+    fn ip(ns: &Ns, args: &[&str]) {
+        let out = Command::new("ip").args(["-n", ns.name()]).args(args).output().expect("ip");
+        assert!(out.status.success(), "ip {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+
+    fn ping6(from: &Ns, to: &str) -> bool {
+        let args = ["netns", "exec", from.name(), "ping", "-6", "-c1", "-W1", to];
+        Command::new("ip").args(args).output().expect("ping").status.success()
+    }
+
+    /// (node, pod, outside); the pod is fd00/2001:db8 `pods`::2 behind the node's ::1.
+    fn topology(pods: &str) -> (Ns, Ns, Ns) {
+        let (node, pod, outside) = (Ns::new(), Ns::new(), Ns::new());
+        ip(&node, &["link", "add", "vpod", "type", "veth", "peer", "name", "eth0", "netns", pod.name()]);
+        ip(&node, &["link", "add", "ul", "type", "veth", "peer", "name", "eth0", "netns", outside.name()]);
+        ip(&node, &["addr", "add", &format!("{pods}1/64"), "dev", "vpod", "nodad"]);
+        ip(&node, &["addr", "add", "2001:db8:50::1/64", "dev", "ul", "nodad"]);
+        ip(&pod, &["addr", "add", &format!("{pods}2/64"), "dev", "eth0", "nodad"]);
+        ip(&outside, &["addr", "add", "2001:db8:50::254/64", "dev", "eth0", "nodad"]);
+        for (ns, dev) in [(&node, "vpod"), (&node, "ul"), (&pod, "eth0"), (&outside, "eth0")] {
+            ip(ns, &["link", "set", dev, "up"]);
+        }
+        ip(&pod, &["route", "add", "default", "via", &format!("{pods}1")]);
+        (node, pod, outside)
+    }
+
+    fn settings(pods: &str) -> NodeSettings {
+        NodeSettings {
+            ipv4: Ranges { pods: "10.244.1.0/24".parse().unwrap(), cluster: "10.244.0.0/16".parse().unwrap() },
+            ipv6: Some(Ipv6Settings {
+                pods: format!("{pods}/64").parse().unwrap(),
+                cluster: Some(format!("{pods}/56").parse().unwrap()),
+                masquerade: Ipv6Masquerade::Auto,
+            }),
+        }
+    }
+
+    #[test]
+    fn auto_masquerades_ipv6_until_the_node_has_routable_ipv6() {
+        if !require_root() {
+            return;
+        }
+        // Global pod addresses, on a node with a global address but no
+        // default route yet: not routable beyond the node, so masqueraded.
+        let pods = "2001:db8:244:100::";
+        let (node, pod, _outside) = topology(pods);
+        let s = settings(pods);
+        assert!(!node.run(|| ipv6_reach::routable_ipv6().expect("read procfs")));
+        node.run(move || ensure(&s).expect("ensure"));
+        assert!(ping6(&pod, "2001:db8:50::254"), "masqueraded: the outside answers the node's address");
+
+        // A default route: the node routes IPv6, the pods' global addresses
+        // are kept (and the outside, without a route back, cannot answer).
+        ip(&node, &["route", "add", "default", "via", "2001:db8:50::254"]);
+        assert!(node.run(|| ipv6_reach::routable_ipv6().expect("read procfs")));
+        let repaired = node.run(move || ensure(&s).expect("ensure"));
+        assert_eq!(repaired, ["masquerade"], "the IPv6 rules went");
+        assert!(!ping6(&pod, "2001:db8:50::254"), "the pod's own address is kept");
+    }
+
+    #[test]
+    fn unique_local_pod_addresses_are_masqueraded_even_on_a_routable_node() {
+        if !require_root() {
+            return;
+        }
+        let pods = "fd00:10:244:100::";
+        let (node, pod, _outside) = topology(pods);
+        ip(&node, &["route", "add", "default", "via", "2001:db8:50::254"]);
+        let s = settings(pods);
+        node.run(move || ensure(&s).expect("ensure"));
+        assert!(ping6(&pod, "2001:db8:50::254"));
+        let off = NodeSettings { ipv6: s.ipv6.map(|v6| Ipv6Settings { masquerade: Ipv6Masquerade::Off, ..v6 }), ..s };
+        node.run(move || ensure(&off).expect("ensure"));
+        assert!(!ping6(&pod, "2001:db8:50::254"), "off: nothing IPv6 is masqueraded");
     }
 }

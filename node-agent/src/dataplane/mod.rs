@@ -5,6 +5,7 @@ pub mod bridge_netfilter;
 pub mod entries;
 pub mod exec;
 pub mod iptables;
+pub mod ipv6_reach;
 pub mod link;
 pub mod masquerade;
 pub mod netlink_blocking;

@@ -10,6 +10,7 @@ use nftables::expr::{
     BinaryOperation, Expression, Fib, FibFlag, FibResult, Meta, MetaKey, NamedExpression, Payload, PayloadField, Range,
 };
 use nftables::stmt::{self, Counter, Mangle, Match, NAT, NATFamily, NATFlag, Operator, Statement};
+use nftables::types::RejectCode;
 
 use super::nft::net_expr;
 use super::ruleset::{Family, Proto};
@@ -175,6 +176,18 @@ pub fn accept() -> Statement<'static> {
 
 pub fn drop() -> Statement<'static> {
     Statement::Drop(None)
+}
+
+/// `reject with tcp reset`: the packet is dropped and its sender gets a
+/// reset (only for a rule that matches TCP).
+pub fn reject_tcp_reset() -> Statement<'static> {
+    Statement::Reject(Some(stmt::Reject::new(Some(stmt::RejectType::TCPReset), None)))
+}
+
+/// `reject with icmpx admin-prohibited`: the packet is dropped and its
+/// sender gets ICMP (or ICMPv6) "administratively prohibited".
+pub fn reject_prohibited() -> Statement<'static> {
+    Statement::Reject(Some(stmt::Reject::new(Some(stmt::RejectType::ICMPX), Some(RejectCode::AdminProhibited))))
 }
 
 /// `return`: this chain admits; the caller's chain goes on.

@@ -523,8 +523,8 @@ fn masquerade_only_traffic_leaving_the_cluster() {
     assert!(!n1.pod.ping("192.168.50.254"));
 
     let masq = |n: &Node| {
-        let (pod, cluster) = (n.cidr, CLUSTER.parse().unwrap());
-        in_ns(n.ns.path(), move |_| async move { masquerade::ensure(pod, cluster).expect("masquerade") })
+        let ranges = masquerade::Ranges { pods: n.cidr, cluster: CLUSTER.parse().unwrap() };
+        in_ns(n.ns.path(), move |_| async move { masquerade::ensure(ranges, None).expect("masquerade") })
     };
     assert!(masq(n1), "first ensure writes");
     assert!(!masq(n1), "second ensure finds everything in place");

@@ -221,15 +221,9 @@ fn each_policy_direction_and_verdict_has_a_kernel_counter() {
     });
 }
 
-/// With the drop log on, a packet a policy drops on its way through the
-/// node reaches the reader of the NFLOG group with its policy, direction,
-/// addresses and port, and is still dropped (the drop counter counts it).
-#[test]
-fn a_dropped_packet_is_logged_with_its_policy_and_still_dropped() {
-    if !require_root() {
-        return;
-    }
-    // client 10.0.1.1 -- router (the node: Weft's rules) -- pod 10.0.1.2
+/// client 10.0.1.1 -- router (the node: Weft's rules go here) -- pod
+/// 10.0.1.2, each its own namespace: (router, client, pod).
+fn client_router_pod() -> (Ns, Ns, Ns) {
     let (router, client, pod) = (Ns::new(), Ns::new(), Ns::new());
     let ip = |ns: &Ns, args: &[&str]| {
         sh("ip", &[&["-n", ns.name()], args].concat());
@@ -245,7 +239,60 @@ fn a_dropped_packet_is_logged_with_its_policy_and_still_dropped() {
         ip(&router, &["route", "add", addr, "dev", dev]);
     }
     sh("ip", &["netns", "exec", router.name(), "sysctl", "-qw", "net.ipv4.ip_forward=1"]);
+    (router, client, pod)
+}
 
+/// A denied TCP connection is refused at once and a denied UDP datagram
+/// answered with ICMP (reject, the default); with the drop action the
+/// client hears nothing and its connect times out.
+#[test]
+fn a_reject_answers_the_client_and_a_drop_leaves_it_waiting() {
+    if !require_root() {
+        return;
+    }
+    for action in [render::DenyAction::Reject, render::DenyAction::Drop] {
+        let (router, client, _pod) = client_router_pod();
+        let want = render::render_denying(&pods(8080), None, action);
+        let _engine = router.run(move || {
+            let engine = Engine::new(Nft::default());
+            apply(&engine, &want, true, None).expect("apply");
+            engine
+        });
+        // The client's TCP to the pod meets the Weft deny of 10.0.1.1.
+        let (tcp, udp) = client.run(|| {
+            let addr = "10.0.1.2:80".parse().unwrap();
+            let tcp =
+                std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)).map(|_| ()).map_err(|e| e.kind());
+            let socket = std::net::UdpSocket::bind("0.0.0.0:0").expect("bind");
+            socket.connect("10.0.1.2:7").expect("connect");
+            socket.set_read_timeout(Some(Duration::from_secs(2))).expect("timeout");
+            socket.send(b"denied").expect("send");
+            let udp = socket.recv(&mut [0; 16]).map(|_| ()).map_err(|e| e.kind());
+            (tcp, udp)
+        });
+        use std::io::ErrorKind::*;
+        match action {
+            render::DenyAction::Reject => {
+                assert_eq!(tcp, Err(ConnectionRefused), "a reset answers the SYN");
+                assert!(matches!(udp, Err(HostUnreachable | ConnectionRefused)), "ICMP answers: {udp:?}");
+            }
+            render::DenyAction::Drop => {
+                assert_eq!(tcp, Err(TimedOut), "nothing answers the SYN");
+                assert!(matches!(udp, Err(WouldBlock | TimedOut)), "nothing answers: {udp:?}");
+            }
+        }
+    }
+}
+
+/// With the drop log on, a packet a policy drops on its way through the
+/// node reaches the reader of the NFLOG group with its policy, direction,
+/// addresses and port, and is still dropped (the drop counter counts it).
+#[test]
+fn a_dropped_packet_is_logged_with_its_policy_and_still_dropped() {
+    if !require_root() {
+        return;
+    }
+    let (router, client, _pod) = client_router_pod();
     let want = render::render(&pods(8080), Some(render::DropLog { group: 7, per_second: 100 }));
     let labels = want.counters.clone();
     // Bound in the router's namespace, as the agent binds in its node's.

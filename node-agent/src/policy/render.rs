@@ -8,7 +8,10 @@
 //! each jumps to the pod's chain for that direction. A rule whose peers are
 //! addresses of both families becomes a rule per family, so an IPv4 block
 //! never matches an IPv6 packet nor the other way round. A pod chain returns what it admits (so egress and then
-//! ingress are both checked) and drops the rest. An accept in Weft's chain
+//! ingress are both checked) and denies the rest: rejects it by default (a
+//! TCP reset, ICMP "administratively prohibited" for everything else, so a
+//! client fails at once instead of waiting out its timeout) or, with
+//! [`DenyAction::Drop`], drops it silently. An accept in Weft's chain
 //! only ends Weft's chain: every other table and iptables chain on the hook
 //! still sees the packet, so Weft never admits on anybody's behalf. Traffic
 //! between a pod and its own node does not cross the forward hook, so
@@ -29,7 +32,9 @@ use nftables::stmt::Statement as NftStatement;
 
 use super::model::{Chain, Direction, Match, Peers, PodPolicy, Verdict};
 use crate::firewall::build::{self, Addr};
-use crate::firewall::ruleset::{self, ChainKind, FILTER, Family, Hook, HookPoint, Key, Part, Rule, Set, SetKind, fnv};
+use crate::firewall::ruleset::{
+    self, ChainKind, FILTER, Family, Hook, HookPoint, Key, Part, Proto, Rule, Set, SetKind, fnv,
+};
 
 type Statement = NftStatement<'static>;
 
@@ -64,6 +69,44 @@ pub const DEFAULT_DENY: &str = "default-deny";
 pub struct DropLog {
     pub group: u16,
     pub per_second: u32,
+}
+
+/// What a deny does with the packets it matches (agent flag
+/// `--policy-deny-action`). Either way they are counted as dropped.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DenyAction {
+    /// Dropped and answered: a TCP reset for TCP, ICMP "administratively
+    /// prohibited" for the rest.
+    #[default]
+    Reject,
+    /// Dropped silently: the client waits for its own timeout.
+    Drop,
+}
+
+impl std::str::FromStr for DenyAction {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "reject" => Ok(DenyAction::Reject),
+            "drop" => Ok(DenyAction::Drop),
+            other => Err(format!("unknown deny action {other:?}: expected reject or drop")),
+        }
+    }
+}
+
+/// The endings of the rules a deny becomes: each an optional extra match
+/// and the verdict. Rejecting without a protocol matched takes two rules,
+/// a reset for TCP and ICMP for the rest.
+fn deny_endings(action: DenyAction, proto: Option<Proto>) -> Vec<(Option<Statement>, Statement)> {
+    match (action, proto) {
+        (DenyAction::Drop, _) => vec![(None, build::drop())],
+        (DenyAction::Reject, Some(Proto::Tcp)) => vec![(None, build::reject_tcp_reset())],
+        (DenyAction::Reject, Some(_)) => vec![(None, build::reject_prohibited())],
+        (DenyAction::Reject, None) => {
+            vec![(Some(build::l4proto(Proto::Tcp)), build::reject_tcp_reset()), (None, build::reject_prohibited())]
+        }
+    }
 }
 
 /// What a named counter counts.
@@ -112,6 +155,7 @@ struct Names<'a> {
     sets: &'a mut BTreeMap<String, Set>,
     counters: &'a mut BTreeMap<String, CounterLabels>,
     log: Option<DropLog>,
+    deny: DenyAction,
 }
 
 impl Names<'_> {
@@ -163,9 +207,16 @@ fn match_stmts(dir: Direction, m: &Match, names: &mut Names<'_>) -> Vec<Vec<Stat
         .collect()
 }
 
-/// Appends a rule dropping what `stmts` match, counted (and logged, when
-/// the drop log is on).
-fn counted_drop(out: &mut Vec<Rule>, names: &mut Names<'_>, dir: Direction, origin: &str, mut stmts: Vec<Statement>) {
+/// Appends the rules denying what `stmts` match (`proto`: the protocol they
+/// match, if any) with `action`, counted (and logged, when the drop log is on).
+fn counted_deny(
+    out: &mut Vec<Rule>,
+    names: &mut Names<'_>,
+    (dir, origin): (Direction, &str),
+    stmts: Vec<Statement>,
+    proto: Option<Proto>,
+    action: DenyAction,
+) {
     let counter = names.counter(origin, dir, Verdict::Drop);
     if let Some(log) = names.log {
         // A rule of its own: an exceeded limit ends the rule it is in, and
@@ -175,30 +226,42 @@ fn counted_drop(out: &mut Vec<Rule>, names: &mut Names<'_>, dir: Direction, orig
         logged.push(build::log_to_group(log.group, &counter));
         out.push(Rule::new(&format!("{origin} drop log"), logged));
     }
-    stmts.push(build::count_into(&counter));
-    stmts.push(build::drop());
-    out.push(Rule::new(&format!("{origin} drop"), stmts));
+    for (extra, verdict) in deny_endings(action, proto) {
+        let text = match (action, &extra) {
+            (DenyAction::Drop, _) => format!("{origin} drop"),
+            (DenyAction::Reject, Some(_)) => format!("{origin} reject tcp"),
+            (DenyAction::Reject, None) => format!("{origin} reject"),
+        };
+        let mut rule = stmts.clone();
+        rule.extend(extra);
+        rule.push(build::count_into(&counter));
+        rule.push(verdict);
+        out.push(Rule::new(&text, rule));
+    }
 }
 
 /// The rules of one pod chain.
 fn chain_rules(dir: Direction, c: &Chain, names: &mut Names<'_>) -> Vec<Rule> {
-    let mut out = Vec::new();
-    counted_drop(&mut out, names, dir, INVALID, vec![build::ct_state(&["invalid"])]);
+    let (mut out, deny) = (Vec::new(), names.deny);
+    // Invalid packets are nobody's connection: nothing to answer.
+    let invalid = vec![build::ct_state(&["invalid"])];
+    counted_deny(&mut out, names, (dir, INVALID), invalid, None, DenyAction::Drop);
     for r in &c.rules {
-        let per_family: Vec<Vec<Statement>> = r.matches.iter().flat_map(|m| match_stmts(dir, m, names)).collect();
-        for mut stmts in per_family {
-            match r.verdict {
-                Verdict::Allow => {
-                    stmts.push(build::count_into(&names.counter(&r.origin, dir, Verdict::Allow)));
-                    stmts.push(build::ret());
-                    out.push(Rule::new(&r.origin, stmts));
+        for m in &r.matches {
+            for mut stmts in match_stmts(dir, m, names) {
+                match r.verdict {
+                    Verdict::Allow => {
+                        stmts.push(build::count_into(&names.counter(&r.origin, dir, Verdict::Allow)));
+                        stmts.push(build::ret());
+                        out.push(Rule::new(&r.origin, stmts));
+                    }
+                    Verdict::Drop => counted_deny(&mut out, names, (dir, &r.origin), stmts, m.proto, deny),
                 }
-                Verdict::Drop => counted_drop(&mut out, names, dir, &r.origin, stmts),
             }
         }
     }
     if c.default_deny {
-        counted_drop(&mut out, names, dir, DEFAULT_DENY, Vec::new());
+        counted_deny(&mut out, names, (dir, DEFAULT_DENY), Vec::new(), None, deny);
     }
     out
 }
@@ -212,9 +275,9 @@ struct RenderedChain {
     counters: BTreeMap<String, CounterLabels>,
 }
 
-fn render_chain(dir: Direction, chain: &Chain, log: Option<DropLog>) -> RenderedChain {
+fn render_chain(dir: Direction, chain: &Chain, log: Option<DropLog>, deny: DenyAction) -> RenderedChain {
     let (mut sets, mut counters) = (BTreeMap::new(), BTreeMap::new());
-    let rules = chain_rules(dir, chain, &mut Names { sets: &mut sets, counters: &mut counters, log });
+    let rules = chain_rules(dir, chain, &mut Names { sets: &mut sets, counters: &mut counters, log, deny });
     let ids: String = rules.iter().map(|r| r.id()).collect();
     let tag = if dir == Direction::Ingress { "in" } else { "eg" };
     RenderedChain { name: format!("{OWNER}-{tag}-{:016x}", fnv(&ids)), rules, sets, counters }
@@ -254,6 +317,7 @@ struct ChainUse {
 /// test holds it to.
 pub struct Renderer {
     log: Option<DropLog>,
+    deny: DenyAction,
     /// Shared with the caller; patched in place when the caller has let
     /// go of it, copied first otherwise.
     desired: Arc<Desired>,
@@ -287,6 +351,7 @@ impl Renderer {
         part.chains.insert(format!("{OWNER}-forward"), ruleset::Chain { hook: Some(base), rules });
         Renderer {
             log,
+            deny: DenyAction::default(),
             desired: Arc::new(Desired { part, counters: BTreeMap::new() }),
             pods: HashMap::new(),
             chains: HashMap::new(),
@@ -294,6 +359,12 @@ impl Renderer {
             set_refs: HashMap::new(),
             counter_refs: HashMap::new(),
         }
+    }
+
+    /// Denies with `action` instead of the default (reject).
+    pub fn with_deny_action(mut self, action: DenyAction) -> Self {
+        self.deny = action;
+        self
     }
 
     /// The kernel state for `pods` (local pods under policy).
@@ -349,7 +420,7 @@ impl Renderer {
             u.refs += 1;
             return name.clone();
         }
-        let r = render_chain(dir, chain, self.log);
+        let r = render_chain(dir, chain, self.log, self.deny);
         self.by_content[i].insert(chain.clone(), r.name.clone());
         if let Some(u) = self.chains.get_mut(&r.name) {
             // Other content, the same rules.
@@ -422,8 +493,14 @@ impl Desired {
 /// log when `log` is set, rendered from scratch.
 #[cfg(test)]
 pub fn render(pods: &[PodPolicy], log: Option<DropLog>) -> Desired {
+    render_denying(pods, log, DenyAction::default())
+}
+
+/// [`render`] with the deny action `deny`.
+#[cfg(test)]
+pub fn render_denying(pods: &[PodPolicy], log: Option<DropLog>, deny: DenyAction) -> Desired {
     let pods: Vec<Arc<PodPolicy>> = pods.iter().cloned().map(Arc::new).collect();
-    let mut renderer = Renderer::new(log);
+    let mut renderer = Renderer::new(log).with_deny_action(deny);
     let desired = renderer.render(&pods);
     drop(renderer);
     Arc::unwrap_or_clone(desired)

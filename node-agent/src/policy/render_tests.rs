@@ -50,6 +50,11 @@ fn db_chain() -> Chain {
     }
 }
 
+/// The named counter a rendered rule counts into.
+fn counter_of(rule: &str) -> &str {
+    rule.split(r#"{"counter":""#).nth(1).and_then(|r| r.split('"').next()).expect("counter")
+}
+
 fn json(r: &crate::firewall::ruleset::Rule) -> String {
     serde_json::to_string(&r.stmts).unwrap()
 }
@@ -64,16 +69,30 @@ fn pod_chain_has_invalid_drop_weft_rules_standard_rules_and_default_deny() {
     let chains = pod_chains(&d, "in");
     assert_eq!(chains.len(), 1);
     let rules: Vec<String> = chains[0].rules.iter().map(json).collect();
-    assert_eq!(rules.len(), 6, "invalid, the Weft deny, three allows, default deny: {rules:#?}");
+    assert_eq!(
+        rules.len(),
+        8,
+        "invalid, the Weft deny (TCP, rest), three allows, default deny (TCP, rest): {rules:#?}"
+    );
+    // Invalid packets are dropped, never answered.
     assert!(rules[0].contains(r#""invalid""#) && rules[0].ends_with(r#"{"drop":null}]"#), "{}", rules[0]);
-    assert!(rules[1].contains(r#""right":"10.0.1.1""#) && rules[1].ends_with(r#"{"drop":null}]"#), "{}", rules[1]);
+    // A deny of any protocol: a reset for TCP, ICMP for the rest, one counter.
+    let (tcp, rest) = (&rules[1], &rules[2]);
+    assert!(tcp.contains(r#""right":"10.0.1.1""#) && tcp.contains(r#""key":"l4proto"}},"right":"tcp""#), "{tcp}");
+    assert!(tcp.ends_with(r#"{"reject":{"type":"tcp reset"}}]"#), "{tcp}");
+    assert!(rest.contains(r#""right":"10.0.1.1""#) && !rest.contains("l4proto"), "{rest}");
+    assert!(rest.ends_with(r#"{"reject":{"type":"icmpx","expr":"admin-prohibited"}}]"#), "{rest}");
+    assert_eq!(counter_of(tcp), counter_of(rest));
+    let rules: Vec<String> = [&rules[..2], &rules[3..]].concat();
+    assert!(rules[6].ends_with(r#"{"reject":{"type":"icmpx","expr":"admin-prohibited"}}]"#), "{}", rules[6]);
+    assert!(!rules[6].contains("match"), "{}", rules[6]);
     // Two peers: an address set, matched as the source of ingress.
     let set = set_name(&[net("10.0.1.0/30"), net("10.0.2.2/32")]);
     assert!(rules[2].contains(&format!(r#""field":"saddr"}}}},"right":"@{set}""#)), "{}", rules[2]);
     assert!(rules[2].contains(r#""field":"dport"}},"right":5432"#) && rules[2].ends_with(r#"{"return":null}]"#));
     assert!(rules[3].contains(r#"{"range":[8000,8080]}"#), "{}", rules[3]);
     assert!(rules[4].contains(r#""protocol":"sctp","field":"dport"}},"right":9"#), "{}", rules[4]);
-    assert!(rules[5].ends_with(r#"{"drop":null}]"#) && !rules[5].contains("match"), "{}", rules[5]);
+    assert!(rules[5].ends_with(r#"{"reject":{"type":"tcp reset"}}]"#), "{}", rules[5]);
     assert_eq!(d.part.sets[&set].elements.len(), 2);
     assert_eq!(
         d.part.sets[INGRESS_MAP].elements[&Key::addr("10.0.1.5".parse().unwrap())].as_deref(),
@@ -85,10 +104,11 @@ fn pod_chain_has_invalid_drop_weft_rules_standard_rules_and_default_deny() {
 #[test]
 fn with_the_drop_log_each_drop_is_preceded_by_a_limited_copy_to_the_group_and_nothing_else_changes() {
     let pods = [pod("prod/db", "10.0.1.5", Some(db_chain()), None)];
-    let plain: Vec<String> = pod_chains(&render(&pods, None), "in")[0].rules.iter().map(json).collect();
+    let plain: Vec<String> =
+        pod_chains(&render_denying(&pods, None, DenyAction::Drop), "in")[0].rules.iter().map(json).collect();
     assert!(plain.iter().all(|r| !r.contains(r#""log""#)), "off by default: {plain:#?}");
 
-    let d = render(&pods, Some(DropLog { group: 7, per_second: 5 }));
+    let d = render_denying(&pods, Some(DropLog { group: 7, per_second: 5 }), DenyAction::Drop);
     let logged: Vec<String> = pod_chains(&d, "in")[0].rules.iter().map(json).collect();
     // invalid, the Weft deny and the default deny each get a log rule first.
     assert_eq!(logged.len(), plain.len() + 3, "{logged:#?}");
@@ -98,7 +118,7 @@ fn with_the_drop_log_each_drop_is_preceded_by_a_limited_copy_to_the_group_and_no
         let rule = &logged[i];
         if rule.contains(r#""log""#) {
             let drop = &logged[i + 1];
-            let counter = drop.split(r#"{"counter":""#).nth(1).and_then(|r| r.split('"').next()).expect("counter");
+            let counter = counter_of(drop);
             assert!(counter.starts_with("policy-count-in-dropped-"), "{drop}");
             assert!(rule.contains(&format!(r#""prefix":"{counter}""#)) && rule.contains(r#""group":7"#), "{rule}");
             assert!(rule.contains(r#""limit":{"rate":5,"rate_unit":"packets","per":"second","burst":5}"#), "{rule}");
@@ -112,6 +132,43 @@ fn with_the_drop_log_each_drop_is_preceded_by_a_limited_copy_to_the_group_and_no
         i += 1;
     }
     assert_eq!(d.counters, render(&pods, None).counters, "the same counters");
+}
+
+#[test]
+fn with_the_drop_action_each_deny_is_one_silent_drop() {
+    let pods = [pod("prod/db", "10.0.1.5", Some(db_chain()), None)];
+    let d = render_denying(&pods, None, DenyAction::Drop);
+    let rules: Vec<String> = pod_chains(&d, "in")[0].rules.iter().map(json).collect();
+    assert_eq!(rules.len(), 6, "invalid, the Weft deny, three allows, default deny: {rules:#?}");
+    for i in [0, 1, 5] {
+        assert!(rules[i].ends_with(r#"{"drop":null}]"#) && !rules[i].contains("reject"), "{}", rules[i]);
+    }
+    assert_eq!(d.counters, render(&pods, None).counters, "the same counters either way");
+}
+
+#[test]
+fn a_deny_of_one_protocol_is_answered_as_that_protocol_is() {
+    let deny = |proto| Chain {
+        rules: vec![rule(Verdict::Drop, "weft.dev/prod/deny", vec![Match { peers: Peers::Any, proto, ports: None }])],
+        default_deny: false,
+    };
+    let ending = |proto| {
+        let d = render(&[pod("prod/db", "10.0.1.5", Some(deny(proto)), None)], None);
+        let rules: Vec<String> = pod_chains(&d, "in")[0].rules.iter().map(json).collect();
+        assert_eq!(rules.len(), 2, "invalid, the deny: {rules:#?}");
+        rules[1].rsplit(r#"{"counter""#).next().unwrap().to_owned()
+    };
+    assert!(ending(Some(Proto::Tcp)).contains(r#"{"reject":{"type":"tcp reset"}}"#));
+    for proto in [Proto::Udp, Proto::Sctp] {
+        assert!(ending(Some(proto)).contains(r#""expr":"admin-prohibited""#), "{proto:?}");
+    }
+}
+
+#[test]
+fn deny_actions_parse_from_their_flag_values() {
+    assert_eq!("reject".parse::<DenyAction>(), Ok(DenyAction::Reject));
+    assert_eq!("drop".parse::<DenyAction>(), Ok(DenyAction::Drop));
+    assert!("DROP".parse::<DenyAction>().unwrap_err().contains("expected reject or drop"));
 }
 
 #[test]
@@ -232,7 +289,7 @@ fn peers_of_both_families_become_a_rule_per_family_and_pods_enter_the_maps_of_th
     };
     let d = render(&[pod("prod/a", "10.0.1.5,fd00::5", Some(chain), None)], None);
     let rules: Vec<String> = pod_chains(&d, "in")[0].rules.iter().map(json).collect();
-    assert_eq!(rules.len(), 4, "invalid, IPv4 allow, IPv6 allow, default deny: {rules:#?}");
+    assert_eq!(rules.len(), 5, "invalid, IPv4 allow, IPv6 allow, default deny (TCP, rest): {rules:#?}");
     let set = set_name(&[net("10.0.1.0/30"), net("10.0.2.2/32")]);
     assert!(rules[1].contains(&format!(r#""protocol":"ip","field":"saddr"}}}},"right":"@{set}""#)), "{}", rules[1]);
     assert!(rules[2].contains(r#""protocol":"ip6","field":"saddr"}},"right":"fd00::1""#), "{}", rules[2]);

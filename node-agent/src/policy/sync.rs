@@ -181,11 +181,13 @@ struct Compute {
     compiler: Incremental,
     renderer: render::Renderer,
     log: Option<render::DropLog>,
+    deny: render::DenyAction,
 }
 
 impl Compute {
-    fn new(node: &str, log: Option<render::DropLog>) -> Self {
-        Compute { compiler: Incremental::new(node), renderer: render::Renderer::new(log), log }
+    fn new(node: &str, log: Option<render::DropLog>, deny: render::DenyAction) -> Self {
+        let renderer = render::Renderer::new(log).with_deny_action(deny);
+        Compute { compiler: Incremental::new(node), renderer, log, deny }
     }
 
     /// `full`: compile and render everything, as the resync does, so that
@@ -193,7 +195,7 @@ impl Compute {
     fn want(&mut self, cluster: &Cluster, full: bool) -> Want {
         if full {
             self.compiler.reset();
-            self.renderer = render::Renderer::new(self.log);
+            self.renderer = render::Renderer::new(self.log).with_deny_action(self.deny);
         }
         let started = Instant::now();
         let compiled = self.compiler.compile(cluster);
@@ -204,11 +206,13 @@ impl Compute {
     }
 }
 
-/// Runs for the agent's lifetime; `drop_log`: log dropped packets (off when `None`).
+/// Runs for the agent's lifetime; `deny`: what denies do with packets;
+/// `drop_log`: log dropped packets (off when `None`).
 pub async fn run(
     client: Client,
     node: String,
     resync: Duration,
+    deny: render::DenyAction,
     drop_log: Option<render::DropLog>,
     metrics: Arc<PolicyMetrics>,
 ) {
@@ -240,7 +244,7 @@ pub async fn run(
     // Whether rules were ever applied (then the iptables-era ones are gone).
     let mut cleaned_up = false;
     let engine = Arc::new(Engine::new(Nft::default()));
-    let mut compute = Some(Compute::new(&node, drop_log));
+    let mut compute = Some(Compute::new(&node, drop_log, deny));
     let labels: drop_log::Labels = Arc::new(std::sync::Mutex::new(Default::default()));
     tokio::spawn(read_counters(Arc::clone(&engine), Arc::clone(&labels), Arc::clone(&metrics)));
     if let Some(log) = drop_log
@@ -257,7 +261,7 @@ pub async fn run(
         m.policies.get_or_create(&KindLabels { kind: "weft" }).set(cluster.weft.len() as i64);
         let full = tokio::time::Instant::now() >= kernel_due;
         // Lost if the task panics: the next pass starts over.
-        let mut c = compute.take().unwrap_or_else(|| Compute::new(&node, drop_log));
+        let mut c = compute.take().unwrap_or_else(|| Compute::new(&node, drop_log, deny));
         let Want { rules, local_pods, recompiled, took } = match tokio::task::spawn_blocking(move || {
             let want = c.want(&cluster, full);
             (c, want)
@@ -385,7 +389,7 @@ mod tests {
         use crate::policy::model::tests::{NODE, cluster, std_policy};
         let mut c = cluster();
         c.standard = vec![std_policy("prod", "db", json!({"podSelector": {"matchLabels": {"app": "db"}}}))];
-        let mut compute = Compute::new(NODE, None);
+        let mut compute = Compute::new(NODE, None, render::DenyAction::default());
         let first = compute.want(&c, true).rules.expect("the first pass has rules");
         assert!(compute.want(&c, false).rules.is_none(), "nothing changed");
         let again = compute.want(&c, true).rules.expect("the resync looks for tampering");
