@@ -137,6 +137,16 @@ fn dual_stack_pods_get_both_families_and_policy_treats_them_alike() {
     assert!(nat.contains(&kept), "{nat}");
     assert!(nat.contains(&format!("ip6 saddr {block6} counter name \"masquerade-masqueraded\" masquerade")), "{nat}");
 
+    // The overlay converged: no pass fought the kernel over an entry (an
+    // IPv6 route whose metric differed from the kernel's was deleted and
+    // re-added every few milliseconds, and traffic saw "no route").
+    for node in ["node-1", "node-2"] {
+        let path = weft_e2e::sandbox::state_dir().join(node).join("agent.log");
+        let log = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let failed: Vec<&str> = log.lines().filter(|l| l.contains("overlay operation failed")).take(3).collect();
+        assert!(failed.is_empty(), "{node}: {failed:#?}");
+    }
+
     // No policy: everything is open, over both families.
     expect_both("default allow", "tcp", 80, |_, _| true);
     expect_both("default allow", "udp", 53, |_, _| true);

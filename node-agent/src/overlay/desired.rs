@@ -303,6 +303,16 @@ fn duplicate_macs(valid: &[(&Peer, PeerPath)]) -> HashMap<String, PeerError> {
     out
 }
 
+/// The metric the kernel gives a route added without one: 0 for IPv4, 1024
+/// (IP6_RT_PRIO_USER) for IPv6. Desired routes carry it, so that what the
+/// kernel lists equals what we want and a converged node plans nothing.
+fn default_metric(dst: &IpNet) -> u32 {
+    match dst {
+        IpNet::V4(_) => 0,
+        IpNet::V6(_) => 1024,
+    }
+}
+
 /// The entries of a valid peer; its IPv6 block's too when both it and this
 /// node (`local_ipv6`) have one and it is reached over VXLAN (host-gw would
 /// need IPv6 node addresses).
@@ -310,15 +320,16 @@ fn add_entries(out: &mut Desired, p: &Peer, path: PeerPath, local_ipv6: bool) {
     let blocks = std::iter::once(IpNet::V4(p.pod_cidr.trunc()))
         .chain(p.pod_cidr6.filter(|_| local_ipv6 && matches!(path, PeerPath::Vxlan(_))).map(IpNet::V6));
     for dst in blocks {
+        let metric = default_metric(&dst);
         let route = match path {
-            PeerPath::HostGw => Route { dst, metric: 0, via: p.node_ip.into(), dev: Dev::Underlay, onlink: false },
+            PeerPath::HostGw => Route { dst, metric, via: p.node_ip.into(), dev: Dev::Underlay, onlink: false },
             PeerPath::Vxlan(mac) => {
                 let vtep = dst.network();
                 out.neighs.insert(vtep, Neigh { ip: vtep, mac });
                 out.owners.insert(EntryKey::Neigh(vtep), p.node_name.clone());
                 out.fdb.insert(mac, Fdb { mac, dst: p.node_ip.into() });
                 out.owners.insert(EntryKey::Fdb(mac), p.node_name.clone());
-                Route { dst, metric: 0, via: vtep, dev: Dev::Vxlan, onlink: true }
+                Route { dst, metric, via: vtep, dev: Dev::Vxlan, onlink: true }
             }
         };
         out.owners.insert(EntryKey::Route(route.key()), p.node_name.clone());

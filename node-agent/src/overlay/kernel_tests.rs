@@ -507,6 +507,33 @@ fn direct_routing_mixes_host_gw_and_vxlan_across_a_router() {
     assert!(routes.contains("10.244.3.0/24 via 10.244.3.0 dev weft.1 onlink"), "{routes}");
 }
 
+/// IPv6 blocks are routed over VXLAN beside the IPv4 ones, and a second
+/// pass finds nothing to do (the kernel lists IPv6 routes with metric 1024;
+/// a desired route without it was deleted and re-added on every pass).
+#[test]
+fn ipv6_blocks_are_routed_over_vxlan_and_converge() {
+    if !require_root() {
+        return;
+    }
+    let c = Cluster::new(&[50, 50]);
+    let announced = c.announce(Backend::Vxlan, false);
+    let block6 = |i: usize| -> ipnet::Ipv6Net { format!("fd00:10:244:{}::/64", i + 1).parse().unwrap() };
+    let mut peers = c.peers(&announced);
+    for (i, p) in peers.iter_mut().enumerate() {
+        p.pod_cidr6 = Some(block6(i));
+    }
+    for (i, n) in c.nodes.iter().enumerate() {
+        let mut cfg = n.config(Backend::Vxlan, false);
+        cfg.pod_cidr6 = Some(block6(i));
+        let first = reconcile(n, cfg.clone(), peers.clone());
+        assert_clean(&first, 1);
+        assert_eq!(first.ops_planned, 5, "a route and a neighbour per family, one FDB entry");
+        assert_eq!(reconcile(n, cfg, peers.clone()).ops_planned, 0, "converged on {}", n.name);
+    }
+    let routes = c.nodes[0].ns.ip(&["-6", "route", "show", "proto", "0x57"]);
+    assert!(routes.contains("fd00:10:244:2::/64 via fd00:10:244:2:: dev weft.1"), "{routes}");
+}
+
 #[test]
 fn masquerade_only_traffic_leaving_the_cluster() {
     if !require_root() {
