@@ -54,6 +54,11 @@ pub struct HostPortAllocationSpec {
     #[serde(rename = "nodeIP")]
     #[schemars(length(min = 2, max = 45))]
     pub node_ip: String,
+    /// The node's IPv6 address, when the pod has an IPv6 address: its
+    /// ports are forwarded over IPv6 as well.
+    #[serde(default, rename = "nodeIPv6", skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 2, max = 45))]
+    pub node_ipv6: Option<String>,
     /// Claimed ports.
     #[schemars(length(min = 1, max = 256))]
     pub ports: Vec<HostPort>,

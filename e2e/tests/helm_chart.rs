@@ -289,6 +289,7 @@ fn template_renders_defaults() {
     let a = &pod["containers"][0];
     assert_eq!(env(a, "WEFT_NODE_NAME")["valueFrom"]["fieldRef"]["fieldPath"], "spec.nodeName");
     assert_eq!(env(a, "WEFT_NODE_IP")["valueFrom"]["fieldRef"]["fieldPath"], "status.hostIP");
+    assert_eq!(env(a, "WEFT_NODE_IPS")["valueFrom"]["fieldRef"]["fieldPath"], "status.hostIPs");
     assert_eq!(env(a, "WEFT_CLUSTER_CIDR")["value"], "10.244.0.0/16");
     assert_eq!(env(a, "WEFT_POD_ATTACHMENT")["value"], "bridge");
     assert_eq!(env(a, "WEFT_POLICY_DENY_ACTION")["value"], "reject");

@@ -31,6 +31,11 @@ pub struct Config {
     /// the next hop and tunnel endpoint other nodes use.
     #[arg(long, env = "WEFT_NODE_IP")]
     pub node_ip: Option<std::net::Ipv4Addr>,
+    /// All of this node's IPs, comma-separated (the DaemonSet passes
+    /// status.hostIPs): the IPv6 one is the address host ports of
+    /// dual-stack pods are published on for IPv6.
+    #[arg(long, env = "WEFT_NODE_IPS", value_delimiter = ',')]
+    pub node_ips: Vec<std::net::IpAddr>,
     /// Unix socket for weft-cni (created with mode 0600).
     #[arg(long, env = "WEFT_AGENT_SOCKET", default_value = weft_proto::DEFAULT_AGENT_SOCKET)]
     pub socket: PathBuf,
@@ -107,6 +112,14 @@ pub struct Config {
 }
 
 impl Config {
+    /// This node's IPv6 address: the first of `--node-ips`.
+    pub fn node_ipv6(&self) -> Option<std::net::Ipv6Addr> {
+        self.node_ips.iter().find_map(|ip| match ip {
+            std::net::IpAddr::V6(v6) => Some(*v6),
+            std::net::IpAddr::V4(_) => None,
+        })
+    }
+
     /// The policy drop log, if it is on.
     pub fn drop_log(&self) -> Option<crate::policy::render::DropLog> {
         self.policy_drop_log_group

@@ -92,15 +92,16 @@ async fn run(config: Config) -> anyhow::Result<()> {
 
     let ipam_dir = config.state_dir.join("ipam");
     let ipam = tokio::task::block_in_place(|| Ipam::open(pool, &ipam_dir)).context("cannot load IPAM state")?;
-    let hostports = host_ports(&config, &pool, &ipam);
+    let ipv6 = match lease.cidr6 {
+        Some(cidr6) => Some(Ipv6Block::new(cidr6, pool).with_context(|| format!("unusable IPv6 block {cidr6}"))?),
+        None => None,
+    };
+    let hostports = host_ports(&config, &pool, ipv6.as_ref(), &ipam);
     let kube = client
         .clone()
         .map(|c| agent::KubeAccess { pods: hostport::pods::PodCache::start(c.clone(), &config.node_name), client: c });
     let mut agent = Agent::new(config.clone(), ipam, hostports, kube, host, pod_mtu);
-    agent.ipv6 = match lease.cidr6 {
-        Some(cidr6) => Some(Ipv6Block::new(cidr6, pool).with_context(|| format!("unusable IPv6 block {cidr6}"))?),
-        None => None,
-    };
+    agent.ipv6 = ipv6;
     let agent = Arc::new(agent);
 
     // The bridge first: it holds the gateway address, which ADD needs and
@@ -110,10 +111,10 @@ async fn run(config: Config) -> anyhow::Result<()> {
     agent.metrics.set_host_port_usage(agent.hostports.usage());
     tokio::spawn(sync_host_ports(Arc::clone(&agent)));
     tokio::spawn(attach::repair::run(Arc::clone(&agent)));
-    if let (Some(c), Some(node_ip)) = (&client, config.node_ip) {
-        let resync = config.resync();
-        let hp = Arc::clone(&agent.hostports);
-        tokio::spawn(hostport::publish::run(c.clone(), config.node_name.clone(), node_ip.to_string(), hp, resync));
+    if let (Some(c), Some(ipv4)) = (&client, config.node_ip) {
+        let (resync, hp) = (config.resync(), Arc::clone(&agent.hostports));
+        let node = hostport::publish::NodeAddresses { name: config.node_name.clone(), ipv4, ipv6: config.node_ipv6() };
+        tokio::spawn(hostport::publish::run(c.clone(), node, hp, resync));
     }
     // Bridged pods need bridge netfilter (policy between local pods), routed
     // ones forwarding; the repair loop keeps it so.
@@ -278,13 +279,18 @@ async fn setup_overlay(
 
 /// The host ports in the IPAM records; warns when the range collides with
 /// the node's ephemeral ports (outgoing connections could take a port first).
-fn host_ports(config: &Config, pool: &Pool, ipam: &Ipam) -> hostport::HostPorts {
+fn host_ports(config: &Config, pool: &Pool, ipv6: Option<&Ipv6Block>, ipam: &Ipam) -> hostport::HostPorts {
     let range = config.host_port_range;
     if let Some(eph) = hostport::range::ephemeral_range().filter(|e| e.overlaps(&range)) {
         tracing::warn!(%range, ephemeral = %eph, "the host port range overlaps the node's ephemeral port range");
     }
-    let existing = ipam.all().iter().filter_map(|(ip, r)| hostport::Allocation::from_record(*ip, r)).collect();
-    hostport::HostPorts::new(range, pool.cidr(), existing)
+    let existing = ipam
+        .all()
+        .iter()
+        .filter_map(|(ip, r)| hostport::Allocation::from_record(*ip, ipv6.map(|b| b.address_of(*ip)), r))
+        .collect();
+    let pods = hostport::PodBlocks { ipv4: pool.cidr(), ipv6: ipv6.map(Ipv6Block::cidr) };
+    hostport::HostPorts::new(range, pods, existing)
 }
 
 /// Rewrites the host port rules whenever someone else changed them (a

@@ -17,7 +17,9 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use serde_json::json;
-use weft_api::host_port::{ADDRESSES_ANNOTATION, HostPortAllocation, HostPortAllocationStatus, NodePoolStatus};
+use weft_api::host_port::{
+    ADDRESSES_ANNOTATION, HostPort, HostPortAllocation, HostPortAllocationStatus, NodePoolStatus,
+};
 
 use crate::leader::{NotLeader, Term};
 use crate::metrics::Metrics;
@@ -86,16 +88,29 @@ fn error_policy(error: &Error) -> Duration {
     Duration::from_secs(1)
 }
 
+/// Where a port is reachable, as `ip:port` (an IPv6 address in brackets):
+/// its host IP if it has one, else the node's IP and, for a dual-stack
+/// pod, the node's IPv6 address.
+fn reachable_at(a: &HostPortAllocation, p: &HostPort) -> Vec<String> {
+    let ips: Vec<&str> = match &p.host_ip {
+        Some(ip) => vec![ip.as_str()],
+        None => std::iter::once(a.spec.node_ip.as_str()).chain(a.spec.node_ipv6.as_deref()).collect(),
+    };
+    ips.into_iter()
+        .map(|ip| if ip.contains(':') { format!("[{ip}]:{}", p.host_port) } else { format!("{ip}:{}", p.host_port) })
+        .collect()
+}
+
 /// The annotation value for a pod's allocations: `containerPort/PROTOCOL` →
-/// `nodeIP:hostPort`, as JSON with sorted keys.
+/// `nodeIP:hostPort` (the first address; the status lists them all), as
+/// JSON with sorted keys.
 pub fn addresses_annotation(allocs: &[&HostPortAllocation]) -> String {
     let map: BTreeMap<String, String> = allocs
         .iter()
         .flat_map(|a| {
-            a.spec.ports.iter().map(|p| {
-                let proto = p.protocol.as_str();
-                let ip = p.host_ip.clone().unwrap_or_else(|| a.spec.node_ip.clone());
-                (format!("{}/{proto}", p.container_port), format!("{ip}:{}", p.host_port))
+            a.spec.ports.iter().filter_map(|p| {
+                let first = reachable_at(a, p).into_iter().next()?;
+                Some((format!("{}/{}", p.container_port, p.protocol.as_str()), first))
             })
         })
         .collect();
@@ -249,10 +264,7 @@ fn status_for(
         .spec
         .ports
         .iter()
-        .map(|p| {
-            let ip = p.host_ip.clone().unwrap_or_else(|| a.spec.node_ip.clone());
-            format!("{ip}:{}/{}", p.host_port, p.protocol.as_str())
-        })
+        .flat_map(|p| reachable_at(a, p).into_iter().map(|at| format!("{at}/{}", p.protocol.as_str())))
         .collect();
     let (status, reason, message) = match annotated {
         Ok(()) => ("True", "Annotated", format!("pod annotation {ADDRESSES_ANNOTATION} lists these ports")),
@@ -313,6 +325,19 @@ mod tests {
         assert_eq!(s.node_pool.as_ref().map(|p| p.summary.as_str()), Some("2/10"));
         assert!(same_status(Some(&s), &status_for(&a, 2, 10, &Ok(()))));
         assert!(!same_status(Some(&s), &status_for(&a, 3, 10, &Ok(()))));
+    }
+
+    #[test]
+    fn a_dual_stack_pod_is_listed_at_both_node_addresses() {
+        let mut a = alloc(
+            "n1",
+            json!([{"protocol": "TCP", "containerPort": 80, "hostPort": 20000},
+                   {"protocol": "UDP", "containerPort": 53, "hostPort": 20001, "hostIP": "fd00:250::99"}]),
+        );
+        a.spec.node_ipv6 = Some("fd00:250::11".into());
+        let s = status_for(&a, 2, 10, &Ok(()));
+        assert_eq!(s.addresses, vec!["10.250.0.11:20000/TCP", "[fd00:250::11]:20000/TCP", "[fd00:250::99]:20001/UDP"]);
+        assert_eq!(addresses_annotation(&[&a]), r#"{"53/UDP":"[fd00:250::99]:20001","80/TCP":"10.250.0.11:20000"}"#);
     }
 
     #[test]

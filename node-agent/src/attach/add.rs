@@ -56,8 +56,9 @@ impl Agent {
         let ipv6_wanted = record.ipv6;
         let ip = self.ipam.reserve(record)?;
         let rollback = Rollback::new(self, key, &host_veth);
+        let ipv6 = self.pod_ipv6(ip, ipv6_wanted);
         // Host ports go into the same record, so the ADD writes one file.
-        let ports = match self.hostports.reserve(key, &pod_id, ip, &wanted) {
+        let ports = match self.hostports.reserve(key, &pod_id, (ip, ipv6.map(|(a, _)| a.addr())), &wanted) {
             Ok(ports) => ports,
             Err(e) => {
                 rollback.undo().await;
@@ -70,7 +71,6 @@ impl Agent {
         let pool = *self.ipam.pool();
         let address = driver.pod_address(ip, pool.cidr());
         let (host_mac, pod_mac) = (veth_mac(key, false), veth_mac(key, true));
-        let ipv6 = self.pod_ipv6(ip, ipv6_wanted);
         let spec = AttachSpec {
             host_veth: host_veth.clone(),
             ifname: key.ifname.clone(),

@@ -3,7 +3,7 @@
 //! ip to …`) and nothing is ever rendered into nft's text language.
 
 use std::collections::HashSet;
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 
 use ipnet::IpNet;
 use nftables::expr::{
@@ -125,11 +125,13 @@ pub fn has_mark_bits(bits: u32) -> Statement<'static> {
     )
 }
 
-/// `dnat ip to <ip>:<port>` (needs a protocol match before it).
-pub fn dnat(ip: Ipv4Addr, port: u16) -> Statement<'static> {
+/// `dnat ip|ip6 to <ip>:<port>`, by the address's family (needs a protocol
+/// match before it). In the inet table it does nothing to a packet of the
+/// other family, which goes on to the next rule.
+pub fn dnat(ip: IpAddr, port: u16) -> Statement<'static> {
     Statement::DNAT(Some(NAT {
         addr: Some(Expression::String(ip.to_string().into())),
-        family: Some(NATFamily::IP),
+        family: Some(if ip.is_ipv4() { NATFamily::IP } else { NATFamily::IP6 }),
         port: Some(Expression::Number(u32::from(port))),
         flags: None,
     }))

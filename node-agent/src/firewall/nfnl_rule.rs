@@ -7,9 +7,9 @@
 //! (`nft --debug=netlink`), so that nft lists the rules as it would list
 //! its own; a kernel test compares the two listings.
 
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 
-use ipnet::Ipv4Net;
+use ipnet::IpNet;
 use nftables::expr::{BinaryOperation, Expression, Meta, MetaKey, NamedExpression, Payload, PayloadField};
 use nftables::stmt::{Mangle, Match, NAT, NATFamily, Operator, Statement};
 
@@ -49,6 +49,7 @@ const NFTA_NAT_REG_ADDR_MIN: u16 = 3;
 const NFTA_NAT_REG_PROTO_MIN: u16 = 5;
 const NFT_NAT_DNAT: u32 = 1;
 const NFPROTO_IPV4: u8 = 2;
+const NFPROTO_IPV6: u8 = 10;
 const NFT_REG_1: u32 = 1;
 const NFT_REG_2: u32 = 2;
 /// libnftnl's rule comment in the rule's user data (type, length, value).
@@ -102,29 +103,40 @@ fn immediate(b: &mut Vec<u8>, reg: u32, bytes: &[u8]) {
     });
 }
 
-/// `ip saddr|daddr <net>` (header offset 12 or 16), behind nft's implicit
-/// `meta nfproto ipv4` (the table is inet). A prefix on a byte boundary
-/// compares only its bytes, as nft does; another one is masked first.
-fn ip_addr_is(b: &mut Vec<u8>, offset: u32, net: Ipv4Net) -> Option<()> {
+/// An address's bytes and its family's `nfproto`.
+fn family_bytes(ip: IpAddr) -> (u8, Vec<u8>) {
+    match ip {
+        IpAddr::V4(a) => (NFPROTO_IPV4, a.octets().to_vec()),
+        IpAddr::V6(a) => (NFPROTO_IPV6, a.octets().to_vec()),
+    }
+}
+
+/// `ip|ip6 saddr|daddr <net>` (header offset `offset`), behind nft's
+/// implicit `meta nfproto ipv4|ipv6` (the table is inet). A prefix on a
+/// byte boundary compares only its bytes, as nft does; another one is
+/// masked first.
+fn ip_addr_is(b: &mut Vec<u8>, offset: u32, net: IpNet) -> Option<()> {
     let net = net.trunc();
     let len = net.prefix_len();
     if len == 0 {
         return None;
     }
+    let (nfproto, octets) = family_bytes(net.addr());
     meta_load(b, NFT_META_NFPROTO);
-    cmp_eq(b, &[NFPROTO_IPV4]);
-    let bytes = if len.is_multiple_of(8) { u32::from(len / 8) } else { 4 };
+    cmp_eq(b, &[nfproto]);
+    let whole = octets.len();
+    let bytes = if len.is_multiple_of(8) { usize::from(len / 8) } else { whole };
     expr(b, "payload", |b| {
         u32_attr(b, NFTA_PAYLOAD_DREG, NFT_REG_1);
         u32_attr(b, NFTA_PAYLOAD_BASE, NFT_PAYLOAD_NETWORK_HEADER);
         u32_attr(b, NFTA_PAYLOAD_OFFSET, offset);
-        u32_attr(b, NFTA_PAYLOAD_LEN, bytes);
+        u32_attr(b, NFTA_PAYLOAD_LEN, bytes as u32);
     });
-    let octets = net.addr().octets();
-    if bytes == 4 && len < 32 {
-        bitwise(b, &net.netmask().octets(), &[0; 4]);
+    if bytes == whole && usize::from(len) < whole * 8 {
+        let (_, mask) = family_bytes(net.netmask());
+        bitwise(b, &mask, &vec![0; whole]);
     }
-    cmp_eq(b, &octets[..bytes as usize]);
+    cmp_eq(b, &octets[..bytes]);
     Some(())
 }
 
@@ -140,11 +152,11 @@ fn is_meta(e: &Expression<'_>, key: MetaKey) -> bool {
 }
 
 /// The address or prefix of `e` (as `net_expr` builds them).
-fn net_of(e: &Expression<'_>) -> Option<Ipv4Net> {
+fn net_of(e: &Expression<'_>) -> Option<IpNet> {
     match e {
-        Expression::String(s) => s.parse::<Ipv4Addr>().ok().map(Ipv4Net::from),
+        Expression::String(s) => s.parse::<IpAddr>().ok().map(IpNet::from),
         Expression::Named(NamedExpression::Prefix(p)) => {
-            Ipv4Net::new(text(&p.addr)?.parse().ok()?, u8::try_from(p.len).ok()?).ok()
+            IpNet::new(text(&p.addr)?.parse().ok()?, u8::try_from(p.len).ok()?).ok()
         }
         _ => None,
     }
@@ -155,14 +167,17 @@ fn statement(b: &mut Vec<u8>, s: &Statement<'_>) -> Option<()> {
     match s {
         Statement::Match(Match { left, right, op: Operator::EQ }) => match left {
             Expression::Named(NamedExpression::Payload(Payload::PayloadField(PayloadField { protocol, field })))
-                if protocol == "ip" =>
+                if protocol == "ip" || protocol == "ip6" =>
             {
-                let offset = match field.as_ref() {
-                    "saddr" => 12,
-                    "daddr" => 16,
+                let net = net_of(right)?;
+                let offset = match (net, field.as_ref()) {
+                    (IpNet::V4(_), "saddr") if protocol == "ip" => 12,
+                    (IpNet::V4(_), "daddr") if protocol == "ip" => 16,
+                    (IpNet::V6(_), "saddr") if protocol == "ip6" => 8,
+                    (IpNet::V6(_), "daddr") if protocol == "ip6" => 24,
                     _ => return None,
                 };
-                ip_addr_is(b, offset, net_of(right)?)
+                ip_addr_is(b, offset, net)
             }
             l if is_meta(l, MetaKey::L4proto) => {
                 let proto = Proto::from_nft(text(right)?)?;
@@ -189,15 +204,20 @@ fn statement(b: &mut Vec<u8>, s: &Statement<'_>) -> Option<()> {
             });
             Some(())
         }
-        Statement::DNAT(Some(NAT { addr: Some(addr), family: Some(NATFamily::IP), port: Some(port), flags: None })) => {
-            let ip: Ipv4Addr = text(addr)?.parse().ok()?;
+        Statement::DNAT(Some(NAT { addr: Some(addr), family: Some(family), port: Some(port), flags: None })) => {
+            let ip: IpAddr = text(addr)?.parse().ok()?;
+            let (nfproto, octets) = family_bytes(ip);
+            let wanted = if ip.is_ipv4() { NATFamily::IP } else { NATFamily::IP6 };
+            if *family != wanted {
+                return None;
+            }
             let Expression::Number(port) = port else { return None };
             let port = u16::try_from(*port).ok()?;
-            immediate(b, NFT_REG_1, &ip.octets());
+            immediate(b, NFT_REG_1, &octets);
             immediate(b, NFT_REG_2, &port.to_be_bytes());
             expr(b, "nat", |b| {
                 u32_attr(b, NFTA_NAT_TYPE, NFT_NAT_DNAT);
-                u32_attr(b, NFTA_NAT_FAMILY, u32::from(NFPROTO_IPV4));
+                u32_attr(b, NFTA_NAT_FAMILY, u32::from(nfproto));
                 u32_attr(b, NFTA_NAT_REG_ADDR_MIN, NFT_REG_1);
                 u32_attr(b, NFTA_NAT_REG_PROTO_MIN, NFT_REG_2);
             });
@@ -233,12 +253,14 @@ mod tests {
 
     #[test]
     fn host_port_statements_are_encoded_and_others_are_left_to_nft() {
-        let net = |s: &str| s.parse::<Ipv4Net>().unwrap();
+        let net = |s: &str| s.parse::<IpNet>().unwrap();
         let ok = [
             vec![build::addr_in(Addr::Src, net("10.244.1.0/24")), build::set_mark_bits(0x2000)],
             vec![build::addr_in(Addr::Dst, net("192.0.2.7/32")), build::l4proto(Proto::Udp)],
             vec![build::l4proto(Proto::Tcp), build::dnat("10.244.1.5".parse().unwrap(), 8080)],
             vec![build::addr_in(Addr::Src, net("10.244.0.0/13"))],
+            vec![build::addr_in(Addr::Src, net("fd00:10:244:1::/64")), build::set_mark_bits(0x2000)],
+            vec![build::l4proto(Proto::Tcp), build::dnat("fd00:10:244:1::5".parse().unwrap(), 8080)],
         ];
         for stmts in ok {
             assert!(encode(&Rule::new("x", stmts.clone())).is_some(), "{stmts:?}");
@@ -250,14 +272,14 @@ mod tests {
 
     #[test]
     fn a_prefix_off_a_byte_boundary_is_masked_and_the_comment_is_user_data() {
-        let rule = Rule::new("pod a", vec![build::addr_in(Addr::Src, "10.240.0.0/12".parse::<Ipv4Net>().unwrap())]);
+        let rule = Rule::new("pod a", vec![build::addr_in(Addr::Src, "10.240.0.0/12".parse::<IpNet>().unwrap())]);
         let bytes = encode(&rule).unwrap();
         let has = |needle: &[u8]| bytes.windows(needle.len()).any(|w| w == needle);
         assert!(has(b"bitwise\0") && has(&[255, 240, 0, 0]), "mask 255.240.0.0");
         let mut comment = vec![NFTNL_UDATA_RULE_COMMENT, (rule.comment.len() + 1) as u8];
         comment.extend(rule.comment.as_bytes());
         assert!(has(&comment), "comment in user data");
-        let whole = Rule::new("pod a", vec![build::addr_in(Addr::Src, "10.244.0.0/16".parse::<Ipv4Net>().unwrap())]);
+        let whole = Rule::new("pod a", vec![build::addr_in(Addr::Src, "10.244.0.0/16".parse::<IpNet>().unwrap())]);
         let bytes = encode(&whole).unwrap();
         assert!(!bytes.windows(8).any(|w| w == b"bitwise\0"), "a /16 compares two bytes");
     }
@@ -272,8 +294,9 @@ mod tests {
         let ns = crate::test_support::TestNetns::new();
         ns.run(|| {
             use super::super::nfnl::{Change, Conn};
-            let net = |s: &str| s.parse::<Ipv4Net>().unwrap();
-            let pod: Ipv4Addr = "10.244.1.5".parse().unwrap();
+            let net = |s: &str| s.parse::<IpNet>().unwrap();
+            let pod: IpAddr = "10.244.1.5".parse().unwrap();
+            let pod6: IpAddr = "fd00:10:244:1::5".parse().unwrap();
             let rules = [
                 (
                     "ip saddr 10.244.1.0/24 meta mark set meta mark | 0x00002000",
@@ -289,6 +312,23 @@ mod tests {
                     ],
                 ),
                 ("meta l4proto tcp dnat ip to 10.244.1.5:80", vec![build::l4proto(Proto::Tcp), build::dnat(pod, 80)]),
+                (
+                    "ip6 saddr fd00:10:244:1::/64 meta mark set meta mark | 0x00002000",
+                    vec![build::addr_in(Addr::Src, net("fd00:10:244:1::/64")), build::set_mark_bits(0x2000)],
+                ),
+                (
+                    "ip6 daddr fd00:250::11 ip6 saddr fd00:10:240::/44 meta l4proto udp dnat ip6 to [fd00:10:244:1::5]:8080",
+                    vec![
+                        build::addr_in(Addr::Dst, net("fd00:250::11/128")),
+                        build::addr_in(Addr::Src, net("fd00:10:240::/44")),
+                        build::l4proto(Proto::Udp),
+                        build::dnat(pod6, 8080),
+                    ],
+                ),
+                (
+                    "meta l4proto tcp dnat ip6 to [fd00:10:244:1::5]:80",
+                    vec![build::l4proto(Proto::Tcp), build::dnat(pod6, 80)],
+                ),
             ];
             let rules: Vec<(&str, Rule)> = rules.into_iter().map(|(t, s)| (t, Rule::new("pod a", s))).collect();
             let mut script = String::from("add table inet t\nadd chain inet t a\n");
@@ -312,6 +352,7 @@ mod tests {
             };
             let (by_nft, by_netlink) = (listed("a"), listed("b"));
             assert!(by_nft.contains("dnat ip to 10.244.1.5:8080"), "{by_nft}");
+            assert!(by_nft.contains("dnat ip6 to [fd00:10:244:1::5]:8080"), "{by_nft}");
             assert_eq!(by_netlink, by_nft);
         });
     }

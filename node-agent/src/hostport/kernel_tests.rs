@@ -12,7 +12,7 @@ use std::time::Instant;
 use nix::sched::{CloneFlags, setns};
 use weft_api::Protocol;
 
-use super::{HostPorts, PodIdentity, Wanted, rules, rules_iptables_old};
+use super::{HostPorts, PodBlocks, PodIdentity, Wanted, rules, rules_iptables_old};
 use crate::ipam::Key;
 use crate::test_support::require_root;
 
@@ -88,10 +88,14 @@ fn add_release_and_sync_write_exactly_our_rules() {
     ns.sh("iptables", &["-t", "nat", "-A", "OTHER", "-p", "tcp", "--dport", "20000", "-j", "RETURN"]);
     ns.sh("nft", &["add table ip other; add chain ip other pre { type nat hook prerouting priority -100; }; add rule ip other pre tcp dport 20000 counter"]);
     let port = ns.run(async move || {
-        let hp = HostPorts::new("20000-20099".parse().unwrap(), "10.244.1.0/24".parse().unwrap(), vec![]);
+        let hp = HostPorts::new(
+            "20000-20099".parse().unwrap(),
+            PodBlocks { ipv4: "10.244.1.0/24".parse().unwrap(), ipv6: None },
+            vec![],
+        );
         hp.sync().await.unwrap();
         let ip = "10.244.1.5".parse().unwrap();
-        let a = hp.reserve(&key(1), &pod(1), ip, &[auto(Protocol::Tcp, 80), auto(Protocol::Udp, 53)]).unwrap();
+        let a = hp.reserve(&key(1), &pod(1), (ip, None), &[auto(Protocol::Tcp, 80), auto(Protocol::Udp, 53)]).unwrap();
         hp.program(a.as_ref()).await.unwrap();
         let a = a.unwrap();
         assert_eq!(a.ports.len(), 2);
@@ -127,6 +131,100 @@ fn add_release_and_sync_write_exactly_our_rules() {
     assert_eq!(weft.matches("vmap @hostport-ports").count(), 2, "one lookup each from prerouting and output:\n{weft}");
 }
 
+/// Runs `f` on a new thread inside namespace `ns`.
+fn spawn_in<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) -> std::thread::JoinHandle<T> {
+    let path = format!("/run/netns/{ns}");
+    std::thread::spawn(move || {
+        let file = File::open(&path).expect("open netns");
+        setns(&file, CloneFlags::CLONE_NEWNET).expect("setns");
+        f()
+    })
+}
+
+/// A dual-stack pod's host port over IPv6 as over IPv4: a client reaches
+/// it at the node's addresses of both families (keeping its own source),
+/// and the pod reaches itself through the node's IPv6 address (hairpin:
+/// masqueraded, so the answer comes back through the node).
+#[test]
+fn a_dual_stack_pod_is_reached_at_both_node_addresses_and_from_itself() {
+    if !require_root() {
+        return;
+    }
+    let (node, client, pod_ns) = (Ns::new("node6"), Ns::new("client6"), Ns::new("pod6"));
+    let ip = |ns: &Ns, args: &[&str]| {
+        let ok = Command::new("ip").args(["-n", &ns.0]).args(args).status().is_ok_and(|s| s.success());
+        assert!(ok, "ip -n {} {args:?}", ns.0);
+    };
+    // (namespace, its end, the node's end, its addresses, the node's addresses)
+    let links = [
+        (&pod_ns, "p", ["10.244.1.5/24", "fd00:10:244:1::5/64"], ["10.244.1.1/24", "fd00:10:244:1::1/64"]),
+        (&client, "c", ["10.250.0.2/24", "fd00:250::2/64"], ["10.250.0.11/24", "fd00:250::11/64"]),
+    ];
+    for (ns, peer, own, node_side) in links {
+        ip(ns, &["link", "add", "eth0", "type", "veth", "peer", "name", peer, "netns", &node.0]);
+        for (n, dev, addrs) in [(ns, "eth0", own), (&node, peer, node_side)] {
+            for a in addrs {
+                let no_dad = if a.contains(':') { &["nodad"][..] } else { &[] };
+                ip(n, &[&["addr", "add", a, "dev", dev][..], no_dad].concat());
+            }
+            ip(n, &["link", "set", dev, "up"]);
+        }
+    }
+    ip(&pod_ns, &["route", "add", "default", "via", "10.244.1.1"]);
+    ip(&pod_ns, &["-6", "route", "add", "default", "via", "fd00:10:244:1::1"]);
+    node.sh("sysctl", &["-qw", "net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1"]);
+
+    let port = node.run(async move || {
+        let blocks =
+            PodBlocks { ipv4: "10.244.1.0/24".parse().unwrap(), ipv6: Some("fd00:10:244:1::/64".parse().unwrap()) };
+        let hp = HostPorts::new("20000-20099".parse().unwrap(), blocks, vec![]);
+        let ips = ("10.244.1.5".parse().unwrap(), Some("fd00:10:244:1::5".parse().unwrap()));
+        let a = hp.reserve(&key(1), &pod(1), ips, &[auto(Protocol::Tcp, 8080)]).unwrap();
+        hp.program(a.as_ref()).await.unwrap();
+        hp.check(&key(1)).await.unwrap();
+        assert!(!hp.sync().await.unwrap(), "converged");
+        a.unwrap().ports[0].host_port
+    });
+
+    // The pod answers each connection with the address it came from.
+    let listener = spawn_in(&pod_ns.0, || std::net::TcpListener::bind("[::]:8080").expect("listen"));
+    let listener = listener.join().expect("listener");
+    let server = std::thread::spawn(move || {
+        for conn in listener.incoming().take(3) {
+            let mut conn = conn.expect("accept");
+            let peer = conn.peer_addr().expect("peer").ip().to_canonical();
+            let _ = std::io::Write::write_all(&mut conn, peer.to_string().as_bytes());
+        }
+    });
+    let ask = |ns: &Ns, target: String| {
+        spawn_in(&ns.0, move || {
+            let addr: std::net::SocketAddr = target.parse().expect("address");
+            // Fresh links: until neighbour discovery settles a connect may
+            // be told "no route to host".
+            let deadline = Instant::now() + std::time::Duration::from_secs(10);
+            let mut conn = loop {
+                match std::net::TcpStream::connect_timeout(&addr, std::time::Duration::from_secs(5)) {
+                    Ok(conn) => break conn,
+                    Err(e) if Instant::now() > deadline => panic!("connect {target}: {e}"),
+                    Err(_) => std::thread::sleep(std::time::Duration::from_millis(50)),
+                }
+            };
+            conn.set_read_timeout(Some(std::time::Duration::from_secs(5))).expect("timeout");
+            let mut seen = String::new();
+            std::io::Read::read_to_string(&mut conn, &mut seen).expect("read");
+            seen
+        })
+        .join()
+        .expect("client")
+    };
+    assert_eq!(ask(&client, format!("[fd00:250::11]:{port}")), "fd00:250::2", "over IPv6, the source is kept");
+    assert_eq!(ask(&client, format!("10.250.0.11:{port}")), "10.250.0.2", "over IPv4");
+    assert_eq!(ask(&pod_ns, format!("[fd00:250::11]:{port}")), "fd00:10:244:1::1", "hairpin: through the node");
+    server.join().expect("server");
+    let weft = node.weft();
+    assert!(weft.contains("dnat ip6 to [fd00:10:244:1::5]:8080"), "{weft}");
+}
+
 #[test]
 fn names_over_the_comment_limit_are_written_and_converge() {
     if !require_root() {
@@ -134,10 +232,14 @@ fn names_over_the_comment_limit_are_written_and_converge() {
     }
     let ns = Ns::new("long");
     ns.run(async move || {
-        let hp = HostPorts::new("20000-20099".parse().unwrap(), "10.244.1.0/24".parse().unwrap(), vec![]);
+        let hp = HostPorts::new(
+            "20000-20099".parse().unwrap(),
+            PodBlocks { ipv4: "10.244.1.0/24".parse().unwrap(), ipv6: None },
+            vec![],
+        );
         // The longest names Kubernetes allows: 63 + 253 characters.
         let long = PodIdentity { namespace: "n".repeat(63), name: "p".repeat(253), uid: String::new() };
-        let a = hp.reserve(&key(1), &long, "10.244.1.5".parse().unwrap(), &[auto(Protocol::Tcp, 80)]).unwrap();
+        let a = hp.reserve(&key(1), &long, ("10.244.1.5".parse().unwrap(), None), &[auto(Protocol::Tcp, 80)]).unwrap();
         hp.program(a.as_ref()).await.unwrap();
         hp.check(&key(1)).await.unwrap();
         assert!(!hp.sync().await.unwrap(), "a sync after the ADD rewrote the rules: the comment does not converge");
@@ -178,12 +280,16 @@ fn thousand_host_port_allocations() {
         return;
     }
     let new = Ns::new("bench-nft").run(async move || {
-        let hp = HostPorts::new("20000-29999".parse().unwrap(), "10.244.0.0/16".parse().unwrap(), vec![]);
+        let hp = HostPorts::new(
+            "20000-29999".parse().unwrap(),
+            PodBlocks { ipv4: "10.244.0.0/16".parse().unwrap(), ipv6: None },
+            vec![],
+        );
         hp.sync().await.unwrap();
         let mut each = Vec::new();
         for i in 0..1000 {
             let ip = std::net::Ipv4Addr::from(0x0af4_0000u32 + i as u32 + 2);
-            let a = hp.reserve(&key(i), &pod(i), ip, &[auto(Protocol::Tcp, 80)]).unwrap();
+            let a = hp.reserve(&key(i), &pod(i), (ip, None), &[auto(Protocol::Tcp, 80)]).unwrap();
             let started = Instant::now();
             hp.program(a.as_ref()).await.unwrap();
             each.push(started.elapsed());
@@ -195,10 +301,14 @@ fn thousand_host_port_allocations() {
             releases.push(started.elapsed());
         }
         // Restart on an empty table: one full sync programs everything.
-        let hp = HostPorts::new("20000-29999".parse().unwrap(), "10.244.0.0/16".parse().unwrap(), vec![]);
+        let hp = HostPorts::new(
+            "20000-29999".parse().unwrap(),
+            PodBlocks { ipv4: "10.244.0.0/16".parse().unwrap(), ipv6: None },
+            vec![],
+        );
         for i in 0..1000 {
             let ip = std::net::Ipv4Addr::from(0x0af4_0000u32 + i as u32 + 2);
-            hp.reserve(&key(i), &pod(i), ip, &[auto(Protocol::Tcp, 80)]).unwrap();
+            hp.reserve(&key(i), &pod(i), (ip, None), &[auto(Protocol::Tcp, 80)]).unwrap();
         }
         let started = Instant::now();
         assert!(hp.sync().await.unwrap());

@@ -21,10 +21,9 @@ pub mod rules;
 mod rules_iptables_old;
 pub mod store;
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::sync::{Arc, Mutex};
 
-use ipnet::Ipv4Net;
 use weft_api::Protocol;
 
 use crate::firewall::nft::Nft;
@@ -33,6 +32,7 @@ use crate::firewall::{Engine, FirewallError};
 use crate::ipam::Key;
 pub use range::PortRange;
 pub use request::Wanted;
+pub use rules::PodBlocks;
 pub use store::{Allocation, StoreError};
 
 #[derive(Debug, thiserror::Error)]
@@ -57,7 +57,7 @@ pub struct PodIdentity {
 
 pub struct HostPorts {
     store: store::Store,
-    pod_cidr: Ipv4Net,
+    pods: PodBlocks,
     engine: Arc<Engine<Nft>>,
     /// The host port part as the records want it, kept up to date one host
     /// port at a time. Locked by one firewall write at a time (in a
@@ -69,11 +69,11 @@ pub struct HostPorts {
 
 impl HostPorts {
     /// `existing`: the allocations in the IPAM records.
-    pub fn new(range: PortRange, pod_cidr: Ipv4Net, existing: Vec<Allocation>) -> Self {
-        let part = rules::part(&existing, pod_cidr);
+    pub fn new(range: PortRange, pods: PodBlocks, existing: Vec<Allocation>) -> Self {
+        let part = rules::part(&existing, pods);
         Self {
             store: store::Store::new(range, existing),
-            pod_cidr,
+            pods,
             engine: Arc::new(Engine::new(Nft::default())),
             part: Arc::new(Mutex::new(part)),
             changed: tokio::sync::Notify::new(),
@@ -93,17 +93,23 @@ impl HostPorts {
         self.store.usage()
     }
 
-    /// Takes host ports for `wanted` for the pod at `pod_ip` (all or
-    /// nothing; nothing is written). `None` when nothing was asked for.
+    /// Takes host ports for `wanted` for the pod at `pod_ip` (and
+    /// `pod_ipv6` on a dual-stack node): all or nothing, nothing is
+    /// written. `None` when nothing was asked for.
     pub fn reserve(
         &self,
         key: &Key,
         pod: &PodIdentity,
-        pod_ip: Ipv4Addr,
+        (pod_ip, pod_ipv6): (Ipv4Addr, Option<Ipv6Addr>),
         wanted: &[Wanted],
     ) -> Result<Option<Allocation>, HostPortError> {
         if wanted.is_empty() {
             return Ok(None);
+        }
+        let pod_ipv6 = pod_ipv6.filter(|_| self.pods.ipv6.is_some());
+        if let Some(ip) = wanted.iter().filter_map(|w| w.host_ip).find(|ip| ip.is_ipv6() && pod_ipv6.is_none()) {
+            let why = format!("hostIP {ip} is an IPv6 address, and this pod has no IPv6 address to forward it to");
+            return Err(request::RequestError::PortMappings(why).into());
         }
         let draft = Allocation {
             container_id: key.container_id.clone(),
@@ -112,6 +118,7 @@ impl HostPorts {
             pod_name: pod.name.clone(),
             pod_uid: pod.uid.clone(),
             pod_ip,
+            pod_ipv6,
             ports: Vec::new(),
         };
         Ok(Some(self.store.allocate(key, draft, wanted, range::in_use)?))
@@ -152,7 +159,7 @@ impl HostPorts {
     /// writes the difference: only what changed when the kernel is known to
     /// hold the part as last applied, else (or with `full`) after reading it.
     async fn write(&self, ports: Vec<rules::Port>, full: bool) -> Result<bool, HostPortError> {
-        let (engine, part, pod_cidr) = (self.engine.clone(), self.part.clone(), self.pod_cidr);
+        let (engine, part, pods) = (self.engine.clone(), self.part.clone(), self.pods);
         // Only the allocations on the host ports concerned: an ADD costs the
         // same whatever the number of host ports on the node.
         let allocations = match full {
@@ -162,10 +169,10 @@ impl HostPorts {
         let wrote = tokio::task::spawn_blocking(move || {
             let mut part = part.lock().unwrap_or_else(|p| p.into_inner());
             if full {
-                *part = rules::part(&allocations, pod_cidr);
+                *part = rules::part(&allocations, pods);
                 engine.sync(&part)
             } else {
-                rules::refresh(&mut part, &ports, &allocations, pod_cidr);
+                rules::refresh(&mut part, &ports, &allocations, pods);
                 engine.update(&part)
             }
         })
@@ -181,7 +188,7 @@ impl HostPorts {
             .await
             .map_err(|e| e.to_string())?
             .map_err(|e| e.to_string())?;
-        match rules::missing(&observed, &alloc, self.pod_cidr) {
+        match rules::missing(&observed, &alloc, self.pods) {
             None => Ok(()),
             Some(problem) => Err(problem),
         }

@@ -29,12 +29,13 @@ pub fn object_name(a: &Allocation) -> String {
     format!("{pod}-{h:08x}")
 }
 
-fn desired(a: &Allocation, node: &str, node_ip: &str, hp: &HostPorts) -> HostPortAllocationSpec {
+fn desired(a: &Allocation, node: &NodeAddresses, hp: &HostPorts) -> HostPortAllocationSpec {
     let range = hp.range();
     HostPortAllocationSpec {
         pod_ref: PodRef { name: a.pod_name.clone(), uid: (!a.pod_uid.is_empty()).then(|| a.pod_uid.clone()) },
-        node_name: node.to_owned(),
-        node_ip: node_ip.to_owned(),
+        node_name: node.name.clone(),
+        node_ip: node.ipv4.to_string(),
+        node_ipv6: a.pod_ipv6.and(node.ipv6).map(|ip| ip.to_string()),
         ports: a
             .ports
             .iter()
@@ -51,10 +52,19 @@ fn desired(a: &Allocation, node: &str, node_ip: &str, hp: &HostPorts) -> HostPor
     }
 }
 
+/// The node, as its allocations name it.
+#[derive(Debug, Clone)]
+pub struct NodeAddresses {
+    pub name: String,
+    pub ipv4: std::net::Ipv4Addr,
+    /// Published for pods with an IPv6 address.
+    pub ipv6: Option<std::net::Ipv6Addr>,
+}
+
 /// Runs forever: after every change of the records, and every `resync`.
-pub async fn run(client: kube::Client, node: String, node_ip: String, hp: Arc<HostPorts>, resync: Duration) {
+pub async fn run(client: kube::Client, node: NodeAddresses, hp: Arc<HostPorts>, resync: Duration) {
     loop {
-        let wait = match publish_once(&client, &node, &node_ip, &hp).await {
+        let wait = match publish_once(&client, &node, &hp).await {
             Ok(()) => resync,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot publish HostPortAllocations; retrying");
@@ -68,7 +78,8 @@ pub async fn run(client: kube::Client, node: String, node_ip: String, hp: Arc<Ho
     }
 }
 
-async fn publish_once(client: &kube::Client, node: &str, node_ip: &str, hp: &HostPorts) -> Result<(), kube::Error> {
+async fn publish_once(client: &kube::Client, addresses: &NodeAddresses, hp: &HostPorts) -> Result<(), kube::Error> {
+    let node = addresses.name.as_str();
     let all = Api::<HostPortAllocation>::all(client.clone());
     // Label values are at most 63 characters; longer node names list everything.
     let params = if node.len() <= 63 {
@@ -87,7 +98,7 @@ async fn publish_once(client: &kube::Client, node: &str, node_ip: &str, hp: &Hos
     let mut wanted = std::collections::HashSet::new();
     for a in hp.all().into_iter().filter(|a| !a.pod_name.is_empty() && !a.pod_namespace.is_empty()) {
         let name = object_name(&a);
-        let spec = desired(&a, node, node_ip, hp);
+        let spec = desired(&a, addresses, hp);
         let id = (a.pod_namespace.clone(), name.clone());
         wanted.insert(id.clone());
         if existing.get(&id).is_some_and(|o| o.spec == spec) {
@@ -158,14 +169,19 @@ mod tests {
 
     #[test]
     fn specs_carry_the_record_and_names_are_stable() {
-        let hp = HostPorts::new("20000-20009".parse().unwrap(), "10.244.1.0/24".parse().unwrap(), vec![]);
-        let a = Allocation {
+        let blocks = crate::hostport::PodBlocks {
+            ipv4: "10.244.1.0/24".parse().unwrap(),
+            ipv6: Some("fd00:10:244:1::/64".parse().unwrap()),
+        };
+        let hp = HostPorts::new("20000-20009".parse().unwrap(), blocks, vec![]);
+        let mut a = Allocation {
             container_id: "abc".into(),
             ifname: "eth0".into(),
             pod_namespace: "default".into(),
             pod_name: "web".into(),
             pod_uid: "u-1".into(),
             pod_ip: "10.244.1.5".parse().unwrap(),
+            pod_ipv6: None,
             ports: vec![Mapping {
                 protocol: weft_api::Protocol::Udp,
                 container_port: 53,
@@ -175,7 +191,15 @@ mod tests {
                 auto: true,
             }],
         };
-        let spec = desired(&a, "node-1", "10.250.0.11", &hp);
+        let node = NodeAddresses {
+            name: "node-1".into(),
+            ipv4: "10.250.0.11".parse().unwrap(),
+            ipv6: Some("fd00:250::11".parse().unwrap()),
+        };
+        let spec = desired(&a, &node, &hp);
+        assert_eq!((spec.node_ip.as_str(), spec.node_ipv6), ("10.250.0.11", None), "the pod has no IPv6 address");
+        a.pod_ipv6 = Some("fd00:10:244:1::5".parse().unwrap());
+        assert_eq!(desired(&a, &node, &hp).node_ipv6.as_deref(), Some("fd00:250::11"));
         assert_eq!(spec.ports[0].host_port, 20001);
         assert_eq!(spec.pod_ref.uid.as_deref(), Some("u-1"));
         assert_eq!(spec.port_range.map(|r| (r.first, r.last)), Some((20000, 20009)));

@@ -66,16 +66,21 @@ pub fn ephemeral_range() -> Option<PortRange> {
 /// reading /proc/net/{tcp,udp} walks the kernel's whole socket hash tables
 /// (milliseconds on a big host).
 pub fn in_use(protocol: Protocol, port: u16) -> bool {
-    let addr = std::net::SocketAddr::from(([0, 0, 0, 0], port));
-    let result = match protocol {
-        // std sets SO_REUSEADDR: only a listener (or a socket bound without
-        // it) makes this fail, not TIME_WAIT leftovers.
-        Protocol::Tcp => std::net::TcpListener::bind(addr).map(drop),
-        Protocol::Udp => std::net::UdpSocket::bind(addr).map(drop),
-        // Not probed (no SCTP sockets without kernel support).
-        Protocol::Sctp => Ok(()),
-    };
-    matches!(result, Err(e) if e.kind() == std::io::ErrorKind::AddrInUse)
+    // IPv4 first; then IPv6, for a listener bound to IPv6 only (a node
+    // without IPv6 refuses the bind with another error: not in use).
+    let unspecified: [std::net::IpAddr; 2] = [[0u8; 4].into(), [0u16; 8].into()];
+    unspecified.into_iter().any(|ip| {
+        let addr = std::net::SocketAddr::new(ip, port);
+        let result = match protocol {
+            // std sets SO_REUSEADDR: only a listener (or a socket bound
+            // without it) makes this fail, not TIME_WAIT leftovers.
+            Protocol::Tcp => std::net::TcpListener::bind(addr).map(drop),
+            Protocol::Udp => std::net::UdpSocket::bind(addr).map(drop),
+            // Not probed (no SCTP sockets without kernel support).
+            Protocol::Sctp => Ok(()),
+        };
+        matches!(result, Err(e) if e.kind() == std::io::ErrorKind::AddrInUse)
+    })
 }
 
 #[cfg(test)]
@@ -106,5 +111,16 @@ mod tests {
         drop(u);
         assert!(!in_use(Protocol::Tcp, port), "a closed listener leaves the port free");
         assert!(!in_use(Protocol::Udp, uport));
+        // A listener on IPv6 alone leaves the IPv4 bind free: seen all the same.
+        use nix::sys::socket::{self as so, sockopt};
+        use std::os::fd::AsRawFd;
+        let fd = so::socket(so::AddressFamily::Inet6, so::SockType::Stream, so::SockFlag::empty(), None).unwrap();
+        so::setsockopt(&fd, sockopt::Ipv6V6Only, &true).unwrap();
+        let any6 = so::SockaddrIn6::from("[::]:0".parse::<std::net::SocketAddrV6>().unwrap());
+        so::bind(fd.as_raw_fd(), &any6).unwrap();
+        so::listen(&fd, so::Backlog::new(1).unwrap()).unwrap();
+        let port6 = so::getsockname::<so::SockaddrIn6>(fd.as_raw_fd()).unwrap().port();
+        assert!(std::net::TcpListener::bind(("0.0.0.0", port6)).is_ok(), "IPv4 is free");
+        assert!(in_use(Protocol::Tcp, port6));
     }
 }

@@ -2,7 +2,7 @@
 //! annotation (container ports by number/protocol or by name) and fixed
 //! ones from the runtime's `portMappings` (the pod spec's `hostPort`).
 
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 
 use k8s_openapi::api::core::v1::Pod;
 use serde::Deserialize;
@@ -24,7 +24,7 @@ pub struct Wanted {
     /// `None`: pick a free port from the node's range.
     pub host_port: Option<u16>,
     /// Only traffic to this address is forwarded; `None`: every local address.
-    pub host_ip: Option<Ipv4Addr>,
+    pub host_ip: Option<IpAddr>,
     /// The container port's name, when it was asked for by name.
     pub name: Option<String>,
 }
@@ -133,8 +133,9 @@ pub fn from_runtime_config(config_json: &[u8]) -> Result<Vec<Wanted>, RequestErr
             Some(p) => protocol_of(p).ok_or_else(|| bad(format!("protocol {p:?} must be tcp, udp or sctp")))?,
         };
         let host_ip = match m.host_ip.as_deref() {
-            None | Some("") | Some("0.0.0.0") => None,
-            Some(ip) => Some(ip.parse().map_err(|_| bad(format!("hostIP {ip:?} is not an IPv4 address")))?),
+            // The unspecified address of either family: every local address.
+            None | Some("") | Some("0.0.0.0") | Some("::") => None,
+            Some(ip) => Some(ip.parse().map_err(|_| bad(format!("hostIP {ip:?} is not an IP address")))?),
         };
         wanted.push(Wanted {
             protocol,
@@ -223,10 +224,16 @@ mod tests {
     fn port_mappings_are_fixed_ports() {
         let conf = br#"{"runtimeConfig":{"portMappings":[
             {"hostPort":8080,"containerPort":80,"protocol":"tcp"},
-            {"hostPort":5353,"containerPort":53,"protocol":"udp","hostIP":"10.0.0.1"}]}}"#;
+            {"hostPort":5353,"containerPort":53,"protocol":"udp","hostIP":"10.0.0.1"},
+            {"hostPort":5354,"containerPort":53,"protocol":"udp","hostIP":"fd00:250::11"},
+            {"hostPort":8081,"containerPort":80,"hostIP":"::"}]}}"#;
         let w = from_runtime_config(conf).unwrap();
         assert_eq!(w[0].host_port, Some(8080));
         assert_eq!((w[1].protocol, w[1].host_ip), (Protocol::Udp, Some("10.0.0.1".parse().unwrap())));
+        assert_eq!(w[2].host_ip, Some("fd00:250::11".parse().unwrap()));
+        assert_eq!(w[3].host_ip, None, "the unspecified IPv6 address is every address");
+        let bad = br#"{"runtimeConfig":{"portMappings":[{"hostPort":1,"containerPort":80,"hostIP":"fd00::1::2"}]}}"#;
+        assert!(from_runtime_config(bad).unwrap_err().to_string().contains("is not an IP address"));
         assert_eq!(from_runtime_config(b"{}").unwrap(), vec![]);
         let bad = br#"{"runtimeConfig":{"portMappings":[{"hostPort":0,"containerPort":80}]}}"#;
         assert!(from_runtime_config(bad).unwrap_err().to_string().contains("hostPort 0"));

@@ -5,9 +5,9 @@
 //!   local pods) and `hostport-output` (the node itself) for packets to a
 //!   local address: one lookup whatever the number of host ports.
 //! - `hostport-<proto>-<port>`, one chain per host port: for each mapping
-//!   on it, a mark for traffic from this node's pods and the DNAT to
-//!   `podIP:containerPort` (restricted to the mapping's host IP if it has
-//!   one).
+//!   on it and each address family the pod has, a mark for traffic from
+//!   this node's pods and the DNAT to `podIP:containerPort` (restricted to
+//!   the mapping's host IP if it has one, and then to that IP's family).
 //! - `hostport-postrouting` masquerades marked traffic, so a pod reaching a
 //!   host port on its own node (another pod, or itself: hairpin) gets
 //!   replies through the node, not straight over the bridge from an address
@@ -16,8 +16,9 @@
 //! Adding or releasing a host port changes one map element and one chain.
 
 use std::collections::BTreeMap;
+use std::net::IpAddr;
 
-use ipnet::Ipv4Net;
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
 use super::store::{Allocation, Mapping};
 use crate::firewall::build::{self, Addr};
@@ -29,6 +30,13 @@ pub const OWNER: &str = "hostport";
 pub const MAP: &str = "hostport-ports";
 /// The mark for host port traffic from local pods (the bit portmap uses).
 const MARK: u32 = 0x2000;
+
+/// This node's pod blocks: traffic from them to a host port is marked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PodBlocks {
+    pub ipv4: Ipv4Net,
+    pub ipv6: Option<Ipv6Net>,
+}
 
 /// A host port: protocol and port.
 pub type Port = (Proto, u16);
@@ -48,20 +56,31 @@ fn text(a: &Allocation) -> String {
     format!("{}/{} {short}", a.pod_namespace, a.pod_name)
 }
 
-/// The two rules of one mapping.
-fn mapping_rules(a: &Allocation, m: &Mapping, pod_cidr: Ipv4Net) -> [Rule; 2] {
-    let to_host_ip = || m.host_ip.map(|ip| build::addr_in(Addr::Dst, Ipv4Net::from(ip)));
+/// The rules of one mapping: a mark and a DNAT per family it is forwarded
+/// over (IPv4 first). A host IP of one family forwards only that family;
+/// IPv6 needs the pod's IPv6 address and the node's IPv6 block.
+fn mapping_rules(a: &Allocation, m: &Mapping, pods: PodBlocks) -> Vec<Rule> {
+    let ipv4 = Some((IpAddr::V4(a.pod_ip), IpNet::V4(pods.ipv4)));
+    let ipv6 = a.pod_ipv6.zip(pods.ipv6).map(|(ip, block)| (IpAddr::V6(ip), IpNet::V6(block)));
     let proto = Proto::from(m.protocol);
-    let mut mark = Vec::from_iter(to_host_ip());
-    mark.extend([build::addr_in(Addr::Src, pod_cidr.trunc()), build::set_mark_bits(MARK)]);
-    let mut dnat = Vec::from_iter(to_host_ip());
-    dnat.extend([build::l4proto(proto), build::dnat(a.pod_ip, m.container_port)]);
-    [Rule::new(&text(a), mark), Rule::new(&text(a), dnat)]
+    let mut rules = Vec::new();
+    for (pod_ip, block) in [ipv4, ipv6].into_iter().flatten() {
+        if m.host_ip.is_some_and(|h| h.is_ipv4() != pod_ip.is_ipv4()) {
+            continue;
+        }
+        let to_host_ip = || m.host_ip.map(|ip| build::addr_in(Addr::Dst, IpNet::from(ip)));
+        let mut mark = Vec::from_iter(to_host_ip());
+        mark.extend([build::addr_in(Addr::Src, block.trunc()), build::set_mark_bits(MARK)]);
+        let mut dnat = Vec::from_iter(to_host_ip());
+        dnat.extend([build::l4proto(proto), build::dnat(pod_ip, m.container_port)]);
+        rules.extend([Rule::new(&text(a), mark), Rule::new(&text(a), dnat)]);
+    }
+    rules
 }
 
 /// The chain of host port `k` for the mappings on it (in record order).
-fn port_chain<'a>(on_port: impl Iterator<Item = (&'a Allocation, &'a Mapping)>, pod_cidr: Ipv4Net) -> Chain {
-    Chain { hook: None, rules: on_port.flat_map(|(a, m)| mapping_rules(a, m, pod_cidr)).collect() }
+fn port_chain<'a>(on_port: impl Iterator<Item = (&'a Allocation, &'a Mapping)>, pods: PodBlocks) -> Chain {
+    Chain { hook: None, rules: on_port.flat_map(|(a, m)| mapping_rules(a, m, pods)).collect() }
 }
 
 /// The part with its base chains and map but no host port.
@@ -78,17 +97,17 @@ fn base() -> Part {
 }
 
 /// The whole part for `allocations`.
-pub fn part(allocations: &[Allocation], pod_cidr: Ipv4Net) -> Part {
+pub fn part(allocations: &[Allocation], pods: PodBlocks) -> Part {
     let mut p = base();
     let ports: Vec<Port> = allocations.iter().flat_map(|a| a.ports.iter().map(port)).collect();
-    refresh(&mut p, &ports, allocations, pod_cidr);
+    refresh(&mut p, &ports, allocations, pods);
     p
 }
 
 /// Brings the chains and map elements of host ports `ports` in `p` in line
 /// with `allocations` (the others are left as they are): what an ADD or a
 /// release changes, without rebuilding every host port's rules.
-pub fn refresh(p: &mut Part, ports: &[Port], allocations: &[Allocation], pod_cidr: Ipv4Net) {
+pub fn refresh(p: &mut Part, ports: &[Port], allocations: &[Allocation], pods: PodBlocks) {
     let mut by_port: BTreeMap<Port, Vec<(&Allocation, &Mapping)>> = ports.iter().map(|k| (*k, Vec::new())).collect();
     for a in allocations {
         for m in &a.ports {
@@ -105,14 +124,14 @@ pub fn refresh(p: &mut Part, ports: &[Port], allocations: &[Allocation], pod_cid
             p.chains.remove(&name);
         } else {
             map.elements.insert(k, Some(name.clone()));
-            p.chains.insert(name, port_chain(on_port.into_iter(), pod_cidr));
+            p.chains.insert(name, port_chain(on_port.into_iter(), pods));
         }
     }
 }
 
 /// What CHECK wants to see for one allocation: each of its host ports
 /// mapped to its chain, and that chain holding the mapping's rules.
-pub fn missing(observed: &crate::firewall::ruleset::Observed, a: &Allocation, pod_cidr: Ipv4Net) -> Option<String> {
+pub fn missing(observed: &crate::firewall::ruleset::Observed, a: &Allocation, pods: PodBlocks) -> Option<String> {
     let map = observed.sets.get(MAP);
     for m in &a.ports {
         let hp = port(m);
@@ -121,7 +140,7 @@ pub fn missing(observed: &crate::firewall::ruleset::Observed, a: &Allocation, po
             return Some(format!("host port {}/{} is not in the nftables map {MAP}", m.host_port, m.protocol.as_str()));
         }
         let have = observed.chains.get(&name).map(|c| c.rule_ids.as_slice()).unwrap_or_default();
-        if let Some(r) = mapping_rules(a, m, pod_cidr).iter().find(|r| !have.iter().any(|h| h == r.id())) {
+        if let Some(r) = mapping_rules(a, m, pods).iter().find(|r| !have.iter().any(|h| h == r.id())) {
             return Some(format!("host port rule missing from nftables chain {name}: {}", r.comment));
         }
     }
@@ -134,8 +153,12 @@ pub mod tests {
     use crate::firewall::ruleset::{Op, diff};
     use weft_api::Protocol;
 
-    fn cidr() -> Ipv4Net {
-        "10.244.1.0/24".parse().unwrap()
+    fn cidr() -> PodBlocks {
+        PodBlocks { ipv4: "10.244.1.0/24".parse().unwrap(), ipv6: None }
+    }
+
+    fn dual_stack() -> PodBlocks {
+        PodBlocks { ipv6: Some("fd00:10:244:1::/64".parse().unwrap()), ..cidr() }
     }
 
     pub fn alloc(id: &str, ip: &str, ports: &[(Protocol, u16, u16)]) -> Allocation {
@@ -146,6 +169,7 @@ pub mod tests {
             pod_name: id.into(),
             pod_uid: String::new(),
             pod_ip: ip.parse().unwrap(),
+            pod_ipv6: None,
             ports: ports
                 .iter()
                 .map(|&(protocol, container_port, host_port)| Mapping {
@@ -244,6 +268,35 @@ pub mod tests {
                 json(r)
             );
         }
+    }
+
+    #[test]
+    fn a_dual_stack_pod_is_forwarded_over_both_families_and_a_host_ip_keeps_to_its_own() {
+        let mut a = alloc("a", "10.244.1.5", &[(Protocol::Tcp, 80, 8080), (Protocol::Udp, 53, 8053)]);
+        a.pod_ipv6 = Some("fd00:10:244:1::5".parse().unwrap());
+        a.ports[1].host_ip = Some("fd00:250::11".parse().unwrap());
+        let p = part(std::slice::from_ref(&a), dual_stack());
+        let tcp: Vec<String> = p.chains["hostport-tcp-8080"].rules.iter().map(json).collect();
+        assert_eq!(tcp.len(), 4, "{tcp:#?}");
+        assert!(tcp[1].contains(r#""dnat":{"addr":"10.244.1.5","family":"ip","port":80}"#), "{}", tcp[1]);
+        assert!(
+            tcp[2].contains(r#""protocol":"ip6","field":"saddr""#) && tcp[2].contains("fd00:10:244:1::"),
+            "{}",
+            tcp[2]
+        );
+        assert!(tcp[3].contains(r#""dnat":{"addr":"fd00:10:244:1::5","family":"ip6","port":80}"#), "{}", tcp[3]);
+        // The IPv6 host IP: IPv6 only, to that address.
+        let udp: Vec<String> = p.chains["hostport-udp-8053"].rules.iter().map(json).collect();
+        assert_eq!(udp.len(), 2, "{udp:#?}");
+        assert!(udp.iter().all(|r| r.contains(r#""field":"daddr"}},"right":"fd00:250::11""#)), "{udp:#?}");
+        assert!(udp[1].contains(r#""family":"ip6""#), "{}", udp[1]);
+        // A pod without an IPv6 address (or a node without a block) is IPv4 only.
+        assert_eq!(part(std::slice::from_ref(&a), cidr()).chains["hostport-tcp-8080"].rules.len(), 2);
+        a.pod_ipv6 = None;
+        let p = part(std::slice::from_ref(&a), dual_stack());
+        assert_eq!(p.chains["hostport-tcp-8080"].rules.len(), 2);
+        assert!(p.chains["hostport-udp-8053"].rules.is_empty(), "an IPv6 host IP and no IPv6 pod address");
+        assert!(diff(&p.as_observed(), &p).is_empty());
     }
 
     #[test]

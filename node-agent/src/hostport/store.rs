@@ -4,7 +4,7 @@
 //! restarts and DEL never needs the API to know what to remove.
 
 use std::collections::HashMap;
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Mutex;
 
 use serde::{Deserialize, Serialize};
@@ -27,12 +27,17 @@ pub struct Allocation {
     #[serde(default)]
     pub pod_uid: String,
     pub pod_ip: Ipv4Addr,
+    /// The pod's IPv6 address, on a dual-stack node: its ports are
+    /// forwarded over IPv6 too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_ipv6: Option<Ipv6Addr>,
     pub ports: Vec<Mapping>,
 }
 
 impl Allocation {
     /// The host ports an IPAM record holds, if any.
-    pub fn from_record(ip: Ipv4Addr, r: &crate::ipam::Record) -> Option<Allocation> {
+    /// `ipv6`: the pod's IPv6 address, when its record says it has one.
+    pub fn from_record(ip: Ipv4Addr, ipv6: Option<Ipv6Addr>, r: &crate::ipam::Record) -> Option<Allocation> {
         if r.host_ports.is_empty() {
             return None;
         }
@@ -44,6 +49,7 @@ impl Allocation {
             pod_name: name.to_owned(),
             pod_uid: r.pod_uid.clone(),
             pod_ip: ip,
+            pod_ipv6: ipv6.filter(|_| r.ipv6),
             ports: r.host_ports.clone(),
         })
     }
@@ -66,7 +72,7 @@ pub enum StoreError {
 /// name an address and the addresses differ.
 type PortKey = (Protocol, u16);
 
-fn addresses_overlap(a: Option<Ipv4Addr>, b: Option<Ipv4Addr>) -> bool {
+fn addresses_overlap(a: Option<IpAddr>, b: Option<IpAddr>) -> bool {
     a.is_none() || b.is_none() || a == b
 }
 
@@ -74,7 +80,7 @@ fn addresses_overlap(a: Option<Ipv4Addr>, b: Option<Ipv4Addr>) -> bool {
 struct Inner {
     by_key: HashMap<Key, Allocation>,
     /// Who uses each port, on which address.
-    taken: HashMap<PortKey, Vec<(Option<Ipv4Addr>, Key)>>,
+    taken: HashMap<PortKey, Vec<(Option<IpAddr>, Key)>>,
     /// Per protocol, where the next automatic search starts, so freed ports
     /// are not reused at once.
     cursor: HashMap<Protocol, u16>,
@@ -116,7 +122,7 @@ impl Store {
         bound: impl Fn(Protocol, u16) -> bool,
     ) -> Result<Allocation, StoreError> {
         let mut inner = self.lock();
-        let picked_overlaps = |picked: &[Mapping], k: PortKey, ip: Option<Ipv4Addr>| {
+        let picked_overlaps = |picked: &[Mapping], k: PortKey, ip: Option<IpAddr>| {
             picked.iter().any(|m| (m.protocol, m.host_port) == k && addresses_overlap(m.host_ip, ip))
         };
         // Fixed ports first, so that automatic ones never take them.
@@ -206,7 +212,7 @@ impl Inner {
     }
 
     /// Who already uses port `k` on an address overlapping `ip`.
-    fn owner(&self, k: PortKey, ip: Option<Ipv4Addr>) -> Option<String> {
+    fn owner(&self, k: PortKey, ip: Option<IpAddr>) -> Option<String> {
         let (_, owner) = self.taken.get(&k)?.iter().find(|(used, _)| addresses_overlap(*used, ip))?;
         Some(match self.by_key.get(owner) {
             Some(a) => format!("pod {}/{}", a.pod_namespace, a.pod_name),
@@ -242,6 +248,7 @@ mod tests {
             pod_name: id.into(),
             pod_uid: String::new(),
             pod_ip: "10.244.1.2".parse().unwrap(),
+            pod_ipv6: None,
             ports: vec![],
         }
     }
@@ -348,10 +355,15 @@ mod tests {
         use proptest::prelude::*;
 
         const SMALL: PortRange = PortRange { first: 30000, last: 30007 };
-        const IPS: [Option<Ipv4Addr>; 3] = [None, Some(Ipv4Addr::new(10, 0, 0, 1)), Some(Ipv4Addr::new(10, 0, 0, 2))];
+        const IPS: [Option<IpAddr>; 4] = [
+            None,
+            Some(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1))),
+            Some(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 2))),
+            Some(IpAddr::V6(Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, 1))),
+        ];
 
         fn wanted() -> impl Strategy<Value = Wanted> {
-            (any::<bool>(), prop::option::of(0u16..10), 0usize..3).prop_map(|(udp, fixed, ip)| Wanted {
+            (any::<bool>(), prop::option::of(0u16..10), 0usize..IPS.len()).prop_map(|(udp, fixed, ip)| Wanted {
                 protocol: if udp { Protocol::Udp } else { Protocol::Tcp },
                 container_port: 80,
                 // Fixed ports partly outside the range, as spec hostPorts may be.

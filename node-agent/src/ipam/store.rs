@@ -42,7 +42,7 @@ pub struct Mapping {
     pub container_port: u16,
     pub host_port: u16,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub host_ip: Option<Ipv4Addr>,
+    pub host_ip: Option<std::net::IpAddr>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
     /// Picked from the range (annotation) rather than fixed (pod spec hostPort).
@@ -372,13 +372,13 @@ mod tests {
         drop(a);
         let b = ipam(dir.path(), "10.1.0.0/24");
         let (ip2, r) = b.get(&Key { container_id: "c1".into(), ifname: "eth0".into() }).unwrap();
-        let alloc = Allocation::from_record(ip2, &r).unwrap();
+        let alloc = Allocation::from_record(ip2, None, &r).unwrap();
         assert_eq!(
             (alloc.pod_namespace.as_str(), alloc.pod_name.as_str(), alloc.pod_uid.as_str()),
             ("default", "web", "uid-1")
         );
         assert_eq!((alloc.pod_ip, alloc.ports), (ip, vec![mapping]));
-        assert!(Allocation::from_record(ip2, &record("c2")).is_none(), "no host ports, no allocation");
+        assert!(Allocation::from_record(ip2, None, &record("c2")).is_none(), "no host ports, no allocation");
     }
 
     #[test]
