@@ -3,8 +3,9 @@
 //! gets an address of each on its interface with both default routes, the
 //! ADD result lists both, and policy decides IPv6 traffic as it decides
 //! IPv4 traffic (the same probe matrices over both families), while an
-//! `ipBlock` only ever matches addresses of its own family. A VM runtime's
-//! pod (TC redirect to a guest) gets both families from the result. Two nodes on
+//! `ipBlock` only ever matches addresses of its own family. Host ports
+//! answer on the node's IPv6 address too. A VM runtime's pod (TC redirect
+//! to a guest) gets both families from the result. Two nodes on
 //! the VXLAN backend: prod/db is on the other node than the rest, so every
 //! matrix crosses the overlay over IPv6 too.
 
@@ -73,6 +74,19 @@ fn expect_both(step: &str, protocol: &str, port: u16, expect: impl Fn(&str, &str
     for family in ["ipv4", "ipv6"] {
         expect_family(step, family, protocol, port, &expect);
     }
+}
+
+/// The addresses (`ip:port/PROTO`) the HostPortAllocation of `pod` lists,
+/// once it lists `count` per port.
+fn host_port_addresses(pod: &str, count: usize) -> Vec<String> {
+    wait::until(&format!("the host port addresses of {pod}"), CONVERGE, || {
+        let all: Value = serde_json::from_str(&kubectl(&["get", "hostportallocations", "-A", "-o", "json"])).ok()?;
+        let mine = all["items"].as_array()?.iter().find(|a| a["spec"]["podRef"]["name"] == pod)?;
+        let ports = mine["spec"]["ports"].as_array()?.len();
+        let listed: Vec<String> =
+            mine["status"]["addresses"].as_array()?.iter().filter_map(|a| a.as_str().map(str::to_owned)).collect();
+        (listed.len() == ports * count).then_some(listed)
+    })
 }
 
 fn ns_of(pod: &str) -> &str {
@@ -151,10 +165,49 @@ fn dual_stack_pods_get_both_families_and_policy_treats_them_alike() {
     expect_both("default allow", "tcp", 80, |_, _| true);
     expect_both("default allow", "udp", 53, |_, _| true);
 
+    // Host ports answer on the node's IPv6 address too: from the other
+    // node, the pod's own node, a pod on each node and the pod itself
+    // (hairpin), and the allocation lists both node addresses.
+    ok(&[
+        "add-pod",
+        "hp",
+        "--node",
+        "node-1",
+        "-p",
+        "http=8080/tcp",
+        "-p",
+        "dns=53/udp",
+        "-a",
+        "weft.dev/host-ports=http, dns",
+    ]);
+    let node1_v6 = weft_e2e::sandbox::node_ipv6(weft_e2e::sandbox::node_ip(1));
+    let listed = host_port_addresses("hp", 2);
+    let at = |proto: &str| {
+        let suffix = format!("/{proto}");
+        let v6: Vec<&String> =
+            listed.iter().filter(|a| a.starts_with(&format!("[{node1_v6}]:")) && a.ends_with(&suffix)).collect();
+        assert_eq!(v6.len(), 1, "{listed:?}");
+        v6[0].trim_end_matches(&suffix).to_owned()
+    };
+    let (http6, dns6) = (at("TCP"), at("UDP"));
+    for from in ["node-2", "node-1", "dev/client", "prod/db", "default/hp"] {
+        for (protocol, target) in [("tcp", &http6), ("udp", &dns6)] {
+            let answer = wait::try_until(CONVERGE, || connect(from, protocol, target).filter(|a| a == "default/hp"));
+            assert!(answer.is_some(), "{from} cannot reach the host port {target}/{protocol}");
+        }
+    }
+    ok(&["del-pod", "hp"]);
+
     // A VM runtime's pod (Kata's tcfilter mode, `add-pod --vm`) takes both
     // addresses and both default routes from the result alone, and talks
-    // IPv6 through the TC redirect, on its node and across.
-    ok(&["add-pod", "vm", "-n", "dev", "--node", "node-1", "--vm", "-p", "80/tcp"]);
+    // IPv6 through the TC redirect, on its node and across; its host port
+    // answers on the node's IPv6 address.
+    kubectl(&["label", "namespace", "dev", "weft.dev/host-ports=allowed"]);
+    ok(&["add-pod", "vm", "-n", "dev", "--node", "node-1", "--vm", "-p", "80/tcp", "-a", "weft.dev/host-ports=80"]);
+    let vm_port6 = host_port_addresses("vm", 2).into_iter().find(|a| a.starts_with('[')).expect("an IPv6 address");
+    let vm_port6 = vm_port6.trim_end_matches("/TCP").to_owned();
+    let answer = wait::try_until(CONVERGE, || connect("node-2", "tcp", &vm_port6).filter(|a| a == "dev/vm"));
+    assert!(answer.is_some(), "node-2 cannot reach the VM pod's host port {vm_port6}");
     let (_, vm6) = pod_ips("dev/vm");
     let guest = ip_json("weft-sbx-vm-dev-vm", &["-6", "addr", "show", "eth0", "scope", "global"]);
     assert_eq!(guest[0]["addr_info"][0]["local"], vm6, "the guest holds the IPv6 address: {guest}");

@@ -49,6 +49,16 @@ pub fn node_ip(index: usize) -> Ipv4Addr {
     Ipv4Addr::new(10, 250, 0, 10 + index as u8)
 }
 
+/// A node's IPv6 address on the underlay (unique local, no default
+/// route): its IPv4 address's last byte in `fd00:250::/64`, so
+/// 10.250.0.11 is fd00:250::b.
+pub fn node_ipv6(ipv4: Ipv4Addr) -> std::net::Ipv6Addr {
+    std::net::Ipv6Addr::new(0xfd00, 0x250, 0, 0, 0, 0, 0, u16::from(ipv4.octets()[3]))
+}
+
+/// The underlay's IPv6 prefix length.
+pub const UNDERLAY_PREFIX6: u8 = 64;
+
 /// What `up` leaves for the other commands.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct State {

@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
-use super::{CLUSTER_CIDR, NodeInfo, State, UNDERLAY_NS, UNDERLAY_PREFIX, ip, state_dir};
+use super::{CLUSTER_CIDR, NodeInfo, State, UNDERLAY_NS, UNDERLAY_PREFIX, UNDERLAY_PREFIX6, ip, state_dir};
 use crate::bins;
 
 /// Creates `netns` (loopback up) with a veth to the underlay bridge carrying `addr`.
@@ -37,6 +37,10 @@ pub async fn add(client: &kube::Client, index: usize, kubeconfig: &Path) -> anyh
     let netns = super::node_ns(&name);
     let node_ip = super::node_ip(index);
     attach_to_underlay(&netns, &format!("n{index}"), node_ip)?;
+    // Dual-stack underlay: host ports of dual-stack pods answer on it. No
+    // duplicate address detection: the address is usable at once.
+    let ipv6 = format!("{}/{UNDERLAY_PREFIX6}", super::node_ipv6(node_ip));
+    ip(&["-n", &netns, "addr", "add", &ipv6, "dev", "eth0", "nodad"])?;
     register(&Api::<Node>::all(client.clone()), &name, node_ip).await?;
     let dir = state_dir().join(&name);
     std::fs::create_dir_all(&dir)?;
@@ -46,12 +50,17 @@ pub async fn add(client: &kube::Client, index: usize, kubeconfig: &Path) -> anyh
 }
 
 async fn register(api: &Api<Node>, name: &str, addr: Ipv4Addr) -> anyhow::Result<()> {
+    let addr6 = super::node_ipv6(addr);
     let node: Node = serde_json::from_value(json!({
         "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, "weft.dev/sandbox": "true"}},
     }))?;
     api.create(&PostParams::default(), &node).await.with_context(|| format!("registering Node {name}"))?;
     let status = json!({"status": {
-        "addresses": [{"type": "InternalIP", "address": addr.to_string()}, {"type": "Hostname", "address": name}],
+        "addresses": [
+            {"type": "InternalIP", "address": addr.to_string()},
+            {"type": "InternalIP", "address": addr6.to_string()},
+            {"type": "Hostname", "address": name},
+        ],
         "conditions": [{"type": "Ready", "status": "True", "reason": "SandboxNode", "message": "a weft sandbox node"}],
     }});
     api.patch_status(name, &PatchParams::default(), &Patch::Merge(&status)).await?;
@@ -62,7 +71,9 @@ async fn register(api: &Api<Node>, name: &str, addr: Ipv4Addr) -> anyhow::Result
 pub fn start_agent(node: &NodeInfo, kubeconfig: &Path) -> anyhow::Result<u32> {
     let dir = state_dir().join(&node.name);
     let mut cmd = super::cluster::in_ns(&node.netns, &bins::weft("weft-agent"));
+    let node_ips = format!("{},{}", node.ip, super::node_ipv6(node.ip));
     cmd.args(["--node-name", &node.name, "--node-ip", &node.ip.to_string(), "--cluster-cidr", CLUSTER_CIDR])
+        .args(["--node-ips", &node_ips])
         .arg("--kubeconfig")
         .arg(kubeconfig)
         .arg("--socket")
