@@ -105,6 +105,11 @@ pub struct SubnetStatus {
     #[serde(rename = "nodeIP", default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 45))]
     pub node_ip: Option<String>,
+    /// The node's IPv6 address on a dual-stack node: host-gw's next hop
+    /// for the node's IPv6 block.
+    #[serde(rename = "nodeIPv6", default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 45))]
+    pub node_ipv6: Option<String>,
     /// VXLAN tunnel endpoint IP (vxlan backend only).
     #[serde(rename = "vtepIP", default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 45))]

@@ -5,9 +5,10 @@
 //! IPv4 traffic (the same probe matrices over both families), while an
 //! `ipBlock` only ever matches addresses of its own family. Host ports
 //! answer on the node's IPv6 address too. A VM runtime's pod (TC redirect
-//! to a guest) gets both families from the result. Two nodes on
-//! the VXLAN backend: prod/db is on the other node than the rest, so every
-//! matrix crosses the overlay over IPv6 too.
+//! to a guest) gets both families from the result. Two nodes, on the VXLAN
+//! backend and on host-gw (IPv6 blocks routed to the nodes' IPv6
+//! addresses): prod/db is on the other node than the rest, so every matrix
+//! crosses between nodes over IPv6 too.
 
 use std::collections::BTreeMap;
 use std::process::Command;
@@ -94,10 +95,19 @@ fn ns_of(pod: &str) -> &str {
 }
 
 #[test]
-fn dual_stack_pods_get_both_families_and_policy_treats_them_alike() {
+fn dual_stack_over_vxlan() {
+    dual_stack_pods_get_both_families_and_policy_treats_them_alike("vxlan");
+}
+
+#[test]
+fn dual_stack_over_host_gw() {
+    dual_stack_pods_get_both_families_and_policy_treats_them_alike("host-gw");
+}
+
+fn dual_stack_pods_get_both_families_and_policy_treats_them_alike(backend: &str) {
     let secondary = format!("--operator-arg=--secondary-cluster-cidr={IPV6_CLUSTER_CIDR}");
     let agents = format!("--agent-arg=--ipv6-cluster-cidr={IPV6_CLUSTER_CIDR}");
-    let Some(_up) = Up::start(&["--nodes", "2", &secondary, &agents], &[]) else { return };
+    let Some(_up) = Up::start(&["--nodes", "2", "--backend", backend, &secondary, &agents], &[]) else { return };
 
     // The leases: one block of each family per node.
     let block6 = block6_of(node_of("prod/db"));
@@ -150,6 +160,15 @@ fn dual_stack_pods_get_both_families_and_policy_treats_them_alike() {
     let kept = format!("ip6 saddr {block6} ip6 daddr {IPV6_CLUSTER_CIDR}");
     assert!(nat.contains(&kept), "{nat}");
     assert!(nat.contains(&format!("ip6 saddr {block6} counter name \"masquerade-masqueraded\" masquerade")), "{nat}");
+
+    // Each node publishes its IPv6 address; host-gw routes the other
+    // node's IPv6 block to it.
+    let node2_v6 = weft_e2e::sandbox::node_ipv6(weft_e2e::sandbox::node_ip(2));
+    let subnet: Value = serde_json::from_str(&kubectl(&["get", "subnet", "node-2", "-o", "json"])).expect("JSON");
+    assert_eq!(subnet["status"]["nodeIPv6"], node2_v6.to_string(), "{subnet}");
+    let routes = ip_json("weft-sbx-node-1", &["-6", "route", "show", &block6.to_string()]);
+    let want = if backend == "host-gw" { node2_v6.to_string() } else { block6.network().to_string() };
+    assert_eq!(routes[0]["gateway"], want, "{routes}");
 
     // The overlay converged: no pass fought the kernel over an entry (an
     // IPv6 route whose metric differed from the kernel's was deleted and

@@ -99,6 +99,7 @@ pub async fn wait_for(api: &Api<Subnet>, node: &str) -> Result<Lease, LeaseError
 #[derive(Debug, Clone)]
 pub struct NodeFacts {
     pub node_ip: String,
+    pub node_ipv6: Option<String>,
     pub vtep_ip: Option<String>,
     pub vtep_mac: Option<String>,
 }
@@ -128,6 +129,9 @@ async fn publish_status(
             "lastTransitionTime": now,
         }],
     });
+    if let Some(ip) = &facts.node_ipv6 {
+        st["nodeIPv6"] = json!(ip);
+    }
     if let Some(ip) = &facts.vtep_ip {
         st["vtepIP"] = json!(ip);
     }
@@ -186,6 +190,7 @@ pub fn standing(subnet: Option<&Subnet>, lease: &Lease, facts: &NodeFacts) -> St
     }
     let status = subnet.status.clone().unwrap_or_default();
     let published = status.node_ip.as_deref() == Some(facts.node_ip.as_str())
+        && status.node_ipv6 == facts.node_ipv6
         && status.vtep_ip == facts.vtep_ip
         && status.vtep_mac == facts.vtep_mac
         && status.conditions.iter().any(|c| c.type_ == CONDITION_READY && c.status == "True");
@@ -292,7 +297,7 @@ mod tests {
     use weft_api::subnet::{SubnetSpec, SubnetStatus};
 
     fn facts() -> NodeFacts {
-        NodeFacts { node_ip: "10.0.0.2".into(), vtep_ip: Some("10.244.1.0".into()), vtep_mac: None }
+        NodeFacts { node_ip: "10.0.0.2".into(), node_ipv6: None, vtep_ip: Some("10.244.1.0".into()), vtep_mac: None }
     }
 
     fn lease() -> Lease {
@@ -338,6 +343,7 @@ mod tests {
         if published {
             s.status = Some(SubnetStatus {
                 node_ip: Some("10.0.0.2".into()),
+                node_ipv6: None,
                 vtep_ip: Some("10.244.1.0".into()),
                 vtep_mac: None,
                 conditions: vec![Condition {

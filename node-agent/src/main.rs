@@ -242,9 +242,12 @@ async fn setup_overlay(
     let mut cfg = overlay::OverlayConfig::new(&config.node_name, node_ip, lease.cidr, cluster_cidr, backend);
     cfg.vni = config.vni;
     cfg.pod_cidr6 = lease.cidr6;
-    if config.direct_routing && lease.cidr6.is_some() {
+    cfg.cluster_cidr6 = config.ipv6_cluster_cidr;
+    // host-gw peers route this node's IPv6 block to its IPv6 address.
+    let node_ipv6 = config.node_ipv6().filter(|_| lease.cidr6.is_some());
+    if lease.cidr6.is_some() && node_ipv6.is_none() && backend == weft_api::Backend::HostGw {
         tracing::warn!(
-            "direct routing carries IPv4 only: pods of peers on this L2 segment are not reachable over IPv6"
+            "this node's IPv6 block is unreachable from other nodes: host-gw needs its IPv6 address (--node-ips)"
         );
     }
     cfg.direct_routing = config.direct_routing;
@@ -270,6 +273,7 @@ async fn setup_overlay(
 
     let facts = lease::NodeFacts {
         node_ip: node_ip.to_string(),
+        node_ipv6: node_ipv6.map(|ip| ip.to_string()),
         vtep_ip: local.vtep_ip.map(|ip| ip.to_string()),
         vtep_mac: local.vtep_mac.map(|m| m.to_string()),
     };

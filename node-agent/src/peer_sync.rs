@@ -45,7 +45,7 @@ pub async fn run(api: Api<Subnet>, reconciler: Arc<Reconciler>, node: String, re
                 &s.spec.cidr,
                 &s.spec.cidrs,
                 s.spec.backend,
-                status.and_then(|st| st.node_ip.as_deref()),
+                (status.and_then(|st| st.node_ip.as_deref()), status.and_then(|st| st.node_ipv6.as_deref())),
                 status.and_then(|st| st.vtep_mac.as_deref()),
             ) {
                 Ok(p) => peers.push(p),

@@ -50,12 +50,6 @@ app.kubernetes.io/component: agent
 {{- if gt (int $n.ipv6NodePrefixLength) (sub 128 (sub 32 (int $n.nodePrefixLength))) -}}
 {{- fail (printf "network.ipv6NodePrefixLength (%d) leaves fewer IPv6 addresses per node than network.nodePrefixLength (%d) leaves IPv4 ones" (int $n.ipv6NodePrefixLength) (int $n.nodePrefixLength)) -}}
 {{- end -}}
-{{- if ne $n.backend "vxlan" -}}
-{{- fail "network.ipv6ClusterCIDR needs backend vxlan: host-gw would route IPv6 via IPv6 node addresses, which Weft does not use yet" -}}
-{{- end -}}
-{{- if $n.directRouting -}}
-{{- fail "network.ipv6ClusterCIDR does not work with network.directRouting yet: peers on the same L2 segment would get IPv4 routes only" -}}
-{{- end -}}
 {{- if ne $.Values.agent.podAttachment "bridge" -}}
 {{- fail "network.ipv6ClusterCIDR needs agent.podAttachment bridge: routed pods get no IPv6 address yet" -}}
 {{- end -}}

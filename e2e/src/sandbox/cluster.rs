@@ -88,19 +88,27 @@ pub fn down() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Removes every sandbox namespace and the state directory.
-pub fn cleanup_leftovers() {
+/// Stops the sandbox's own processes: pod responders, every node's agent
+/// (found by its directory, so also those of a start that failed before
+/// the state was written) and the operators.
+fn stop_processes() {
     for pod in super::pods::PodRecord::all() {
         pod.stop_responder();
     }
-    if let Ok(state) = State::load() {
-        for n in &state.nodes {
-            super::nodes::stop_agent(&n.name);
+    for entry in std::fs::read_dir(state_dir()).into_iter().flatten().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with("node-") {
+            super::nodes::stop_agent(&name);
         }
     }
     for replica in super::operators::REPLICAS {
         super::operators::stop(replica, true);
     }
+}
+
+/// Removes every sandbox namespace and the state directory.
+pub fn cleanup_leftovers() {
+    stop_processes();
     for ns in super::existing_namespaces() {
         let _ = ip(&["netns", "del", &ns]);
     }
@@ -118,6 +126,7 @@ pub async fn supervise(nodes: usize, backend: &str) -> anyhow::Result<()> {
         Err(e) => {
             // Keep the log (the caller shows it); everything else goes.
             eprintln!("sandbox start failed: {e:#}");
+            stop_processes();
             for ns in super::existing_namespaces() {
                 let _ = ip(&["netns", "del", &ns]);
             }

@@ -11,14 +11,18 @@
 //! as VTEP address, over the same device and FDB entry (IPv6 inside VXLAN
 //! over the IPv4 underlay); both nodes must have an IPv6 block. In host-gw mode each peer gets
 //! `route <peer CIDR> via <peer node IP> dev <underlay>`, which only works when
-//! the peer is on the same L2 segment. With `direct_routing`, peers on our L2
-//! segment get the host-gw route and the others the VXLAN entries.
+//! the peer is on the same L2 segment, and a dual-stack peer that publishes
+//! its IPv6 node address also `route <peer IPv6 block> via <peer node IPv6>
+//! dev <underlay> onlink` (on the same segment, whatever prefix the IPv6
+//! addresses have). With `direct_routing`, peers on our L2 segment get the
+//! host-gw routes and the others the VXLAN entries; a direct peer without
+//! an IPv6 node address has its IPv6 block reached over VXLAN.
 //!
 //! Bad peer data never panics and never blocks other peers: it yields a
 //! per-peer [`PeerError`] for the caller to report (Subnet conditions).
 
 use std::collections::{BTreeMap, HashMap};
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
@@ -58,6 +62,9 @@ pub struct Peer {
     /// The peer's IPv6 block (`spec.cidrs`), in a dual-stack cluster.
     pub pod_cidr6: Option<Ipv6Net>,
     pub node_ip: Ipv4Addr,
+    /// The peer's IPv6 node address (`status.nodeIPv6`): host-gw's next hop
+    /// for its IPv6 block.
+    pub node_ipv6: Option<Ipv6Addr>,
     pub vtep_mac: Option<[u8; 6]>,
     /// The backend the peer runs.
     pub backend: Backend,
@@ -65,15 +72,15 @@ pub struct Peer {
 
 impl Peer {
     /// A peer from a Subnet's string fields (`spec.cidr`, `spec.cidrs`,
-    /// `status.nodeIP`, `status.vtepMAC`). Malformed or missing data is a
-    /// per-peer error like any other; a missing VTEP MAC is only an error
-    /// once VXLAN needs it.
+    /// `status.nodeIP`, `status.nodeIPv6`, `status.vtepMAC`). Malformed or
+    /// missing data is a per-peer error like any other; a missing VTEP MAC
+    /// is only an error once VXLAN needs it.
     pub fn parse(
         node_name: &str,
         cidr: &str,
         cidrs: &[String],
         backend: Backend,
-        node_ip: Option<&str>,
+        (node_ip, node_ipv6): (Option<&str>, Option<&str>),
         vtep_mac: Option<&str>,
     ) -> Result<Self, PeerError> {
         let malformed = |field: &'static str, value: &str| PeerError::Malformed { field, value: value.to_owned() };
@@ -95,11 +102,18 @@ impl Peer {
             IpAddr::V4(ip) => ip,
             IpAddr::V6(_) => return Err(PeerError::Unsupported(format!("IPv6 node IP {node_ip}"))),
         };
+        let node_ipv6 = match node_ipv6 {
+            Some(text) => match text.parse::<Ipv6Addr>() {
+                Ok(ip) if !(ip.is_unspecified() || ip.is_loopback() || ip.is_multicast()) => Some(ip),
+                _ => return Err(malformed("nodeIPv6", text)),
+            },
+            None => None,
+        };
         let vtep_mac = match vtep_mac {
             Some(m) => Some(m.parse::<Mac>().map_err(|_| malformed("vtepMAC", m))?.0),
             None => None,
         };
-        Ok(Peer { node_name: node_name.to_owned(), pod_cidr, pod_cidr6, node_ip, vtep_mac, backend })
+        Ok(Peer { node_name: node_name.to_owned(), pod_cidr, pod_cidr6, node_ip, node_ipv6, vtep_mac, backend })
     }
 }
 
@@ -313,17 +327,31 @@ fn default_metric(dst: &IpNet) -> u32 {
     }
 }
 
+/// How a dual-stack peer's IPv6 block is reached, when it is: as its IPv4
+/// CIDR, except that host-gw needs the peer's IPv6 node address (a peer
+/// of direct routing without one is reached over VXLAN instead).
+fn ipv6_path(p: &Peer, path: PeerPath) -> Option<PeerPath> {
+    match path {
+        PeerPath::HostGw if p.node_ipv6.is_some() => Some(PeerPath::HostGw),
+        PeerPath::HostGw if p.backend == Backend::Vxlan => vtep_mac(p).ok().map(PeerPath::Vxlan),
+        PeerPath::HostGw => None,
+        vxlan => Some(vxlan),
+    }
+}
+
 /// The entries of a valid peer; its IPv6 block's too when both it and this
-/// node (`local_ipv6`) have one and it is reached over VXLAN (host-gw would
-/// need IPv6 node addresses).
+/// node (`local_ipv6`) have one and it can be reached ([`ipv6_path`]).
 fn add_entries(out: &mut Desired, p: &Peer, path: PeerPath, local_ipv6: bool) {
-    let blocks = std::iter::once(IpNet::V4(p.pod_cidr.trunc()))
-        .chain(p.pod_cidr6.filter(|_| local_ipv6 && matches!(path, PeerPath::Vxlan(_))).map(IpNet::V6));
-    for dst in blocks {
+    let ipv4 = Some((IpNet::V4(p.pod_cidr.trunc()), path));
+    let ipv6 = p.pod_cidr6.filter(|_| local_ipv6).and_then(|b| Some((IpNet::V6(b), ipv6_path(p, path)?)));
+    for (dst, path) in [ipv4, ipv6].into_iter().flatten() {
         let metric = default_metric(&dst);
-        let route = match path {
-            PeerPath::HostGw => Route { dst, metric, via: p.node_ip.into(), dev: Dev::Underlay, onlink: false },
-            PeerPath::Vxlan(mac) => {
+        let route = match (path, p.node_ipv6) {
+            (PeerPath::HostGw, Some(next_hop)) if dst.addr().is_ipv6() => {
+                Route { dst, metric, via: next_hop.into(), dev: Dev::Underlay, onlink: true }
+            }
+            (PeerPath::HostGw, _) => Route { dst, metric, via: p.node_ip.into(), dev: Dev::Underlay, onlink: false },
+            (PeerPath::Vxlan(mac), _) => {
                 let vtep = dst.network();
                 out.neighs.insert(vtep, Neigh { ip: vtep, mac });
                 out.owners.insert(EntryKey::Neigh(vtep), p.node_name.clone());
@@ -359,6 +387,7 @@ mod tests {
             pod_cidr: cidr.parse().unwrap(),
             pod_cidr6: None,
             node_ip: ip.parse().unwrap(),
+            node_ipv6: None,
             vtep_mac: mac,
             backend,
         }
@@ -607,17 +636,17 @@ mod tests {
     #[test]
     fn peers_parse_from_subnet_strings() {
         let mac = Some("02:57:0A:00:00:02");
-        let p = Peer::parse("n2", "10.244.2.0/24", &[], Backend::Vxlan, Some("10.0.0.2"), mac).unwrap();
+        let p = Peer::parse("n2", "10.244.2.0/24", &[], Backend::Vxlan, (Some("10.0.0.2"), None), mac).unwrap();
         assert_eq!(p, vx("n2", "10.244.2.0/24", "10.0.0.2", [2, 0x57, 10, 0, 0, 2]));
-        let p = Peer::parse("n2", "10.244.2.0/24", &[], Backend::HostGw, Some("10.0.0.2"), None).unwrap();
+        let p = Peer::parse("n2", "10.244.2.0/24", &[], Backend::HostGw, (Some("10.0.0.2"), None), None).unwrap();
         assert_eq!(p.vtep_mac, None);
         let dual = ["10.244.2.0/24".to_owned(), "fd00:0:0:2::/64".to_owned()];
-        let p = Peer::parse("n2", "10.244.2.0/24", &dual, Backend::Vxlan, Some("10.0.0.2"), mac).unwrap();
+        let p = Peer::parse("n2", "10.244.2.0/24", &dual, Backend::Vxlan, (Some("10.0.0.2"), None), mac).unwrap();
         assert_eq!(p.pod_cidr6, Some("fd00:0:0:2::/64".parse().unwrap()));
         let bad = ["fd00:0:0:2::1/64".to_owned()];
-        let e = Peer::parse("n2", "10.244.2.0/24", &bad, Backend::Vxlan, Some("10.0.0.2"), mac).unwrap_err();
+        let e = Peer::parse("n2", "10.244.2.0/24", &bad, Backend::Vxlan, (Some("10.0.0.2"), None), mac).unwrap_err();
         assert!(matches!(e, PeerError::Malformed { field: "cidrs (host bits set)", .. }), "{e}");
-        let err = |cidr, ip, mac| Peer::parse("n2", cidr, &[], Backend::Vxlan, ip, mac).unwrap_err();
+        let err = |cidr, ip, mac| Peer::parse("n2", cidr, &[], Backend::Vxlan, (ip, None), mac).unwrap_err();
         assert_eq!(err("10.244.2.0/24", None, None), PeerError::MissingNodeIp);
         assert!(matches!(err("10.244.2.0", Some("10.0.0.2"), None), PeerError::Malformed { field: "cidr", .. }));
         assert!(matches!(err("10.244.2.0/24", Some("10.0.0"), None), PeerError::Malformed { field: "nodeIP", .. }));
@@ -628,6 +657,11 @@ mod tests {
         assert!(matches!(err("10.244.2.1/24", Some("10.0.0.2"), None), PeerError::Malformed { .. }));
         assert!(matches!(err("fd00::/64", Some("10.0.0.2"), None), PeerError::Unsupported(_)));
         assert!(matches!(err("10.244.2.0/24", Some("fd00::1"), None), PeerError::Unsupported(_)));
+        let with_v6 = |v6| Peer::parse("n2", "10.244.2.0/24", &[], Backend::HostGw, (Some("10.0.0.2"), Some(v6)), None);
+        assert_eq!(with_v6("fd00:250::2").unwrap().node_ipv6, Some("fd00:250::2".parse().unwrap()));
+        for bad in ["10.0.0.2", "::", "ff02::1", "fd00::zz"] {
+            assert!(matches!(with_v6(bad), Err(PeerError::Malformed { field: "nodeIPv6", .. })), "{bad}");
+        }
     }
 
     #[test]
@@ -646,14 +680,39 @@ mod tests {
         assert_eq!(d.neighs[&vtep6].mac, Mac(M2));
         assert_eq!(d.fdb.len(), 1, "one FDB entry carries both families");
 
-        // This node single-stack, or the peer reached by host-gw: IPv4 only.
+        // This node single-stack, or the peer reached by host-gw without
+        // an IPv6 node address: IPv4 only.
         let d = compute(&local(Backend::Vxlan, false), std::slice::from_ref(&p));
         assert_eq!(d.routes.len(), 1);
         let mut hg_local = local(Backend::HostGw, false);
         hg_local.pod_cidr6 = l.pod_cidr6;
         let mut h = hg("n2", "10.244.2.0/24", "192.168.1.2");
         h.pod_cidr6 = p.pod_cidr6;
-        assert_eq!(compute(&hg_local, &[h]).routes.len(), 1);
+        assert_eq!(compute(&hg_local, std::slice::from_ref(&h)).routes.len(), 1);
+
+        // With its IPv6 node address: routed to it on the underlay, on-link.
+        h.node_ipv6 = Some("fd00:250::2".parse().unwrap());
+        let d = compute(&hg_local, std::slice::from_ref(&h));
+        let v6 = d.routes.values().find(|r| r.dst.to_string() == "fd00:0:0:2::/64").expect("IPv6 host-gw route");
+        assert_eq!(
+            (v6.via, v6.dev, v6.onlink, v6.metric),
+            (IpAddr::from(h.node_ipv6.unwrap()), Dev::Underlay, true, 1024)
+        );
+        assert!(d.neighs.is_empty() && d.fdb.is_empty());
+
+        // Direct routing: a peer on our segment takes host-gw for IPv6 when
+        // it publishes an IPv6 node address, else VXLAN for IPv6 only.
+        let mut direct = local(Backend::Vxlan, true);
+        direct.pod_cidr6 = l.pod_cidr6;
+        let d = compute(&direct, std::slice::from_ref(&p));
+        let v4 = d.routes.values().find(|r| r.dst.addr().is_ipv4()).expect("IPv4 route");
+        let v6 = d.routes.values().find(|r| r.dst.addr().is_ipv6()).expect("IPv6 route");
+        assert_eq!((v4.dev, v6.dev, v6.via), (Dev::Underlay, Dev::Vxlan, vtep6));
+        assert_eq!((d.neighs.len(), d.fdb.len()), (1, 1));
+        p.node_ipv6 = h.node_ipv6;
+        let d = compute(&direct, std::slice::from_ref(&p));
+        assert!(d.routes.values().all(|r| r.dev == Dev::Underlay) && d.routes.len() == 2, "{:?}", d.routes);
+        assert!(d.neighs.is_empty() && d.fdb.is_empty());
 
         // An IPv6 block overlapping ours is refused like an IPv4 one.
         p.pod_cidr6 = Some("fd00::/48".parse().unwrap());

@@ -2,7 +2,8 @@
 //!
 //! Ownership decides what may be replaced or deleted:
 //! - a route is Weft's when it carries [`RTPROT_WEFT`] and either leaves
-//!   through the VXLAN device or points into the cluster CIDR;
+//!   through the VXLAN device or points into the cluster's ranges
+//!   ([`ClusterRanges`]);
 //! - neighbour and FDB entries are Weft's when they are on the VXLAN device
 //!   (the kernel layer only reports those), except the all-zeros FDB entry,
 //!   which is the device's default destination, and non-permanent neighbour
@@ -14,7 +15,7 @@
 //! The work is one pass over each map, and the number of operations equals
 //! the number of entries that differ: one changed peer costs at most 3.
 
-use ipnet::IpNet;
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
 use super::desired::Desired;
 use super::entries::{Dev, Entry, EntryKey, Fdb, Neigh, RTPROT_WEFT};
@@ -42,13 +43,31 @@ pub struct Plan {
     pub conflicts: Vec<Conflict>,
 }
 
+/// Where Weft's routes point: the cluster's IPv4 CIDR and its IPv6 one.
+/// Without the IPv6 one (an agent not told it) every IPv6 destination
+/// counts, so that host-gw IPv6 routes stay manageable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClusterRanges {
+    pub ipv4: Ipv4Net,
+    pub ipv6: Option<Ipv6Net>,
+}
+
+impl ClusterRanges {
+    fn contains(&self, dst: &IpNet) -> bool {
+        match dst {
+            IpNet::V4(n) => self.ipv4.contains(n),
+            IpNet::V6(n) => self.ipv6.is_none_or(|c| c.contains(n)),
+        }
+    }
+}
+
 /// Whether an observed route was created by Weft and may be changed.
-pub fn route_is_ours(r: &ObservedRoute, cluster_cidr: &IpNet) -> bool {
-    r.proto == RTPROT_WEFT && (r.route.dev == Dev::Vxlan || cluster_cidr.contains(&r.route.dst))
+pub fn route_is_ours(r: &ObservedRoute, cluster: &ClusterRanges) -> bool {
+    r.proto == RTPROT_WEFT && (r.route.dev == Dev::Vxlan || cluster.contains(&r.route.dst))
 }
 
 /// Computes the operations turning `observed` into `desired`.
-pub fn diff(desired: &Desired, observed: &Observed, cluster_cidr: &IpNet) -> Plan {
+pub fn diff(desired: &Desired, observed: &Observed, cluster_cidr: &ClusterRanges) -> Plan {
     let mut plan = Plan::default();
     let mut route_dels = Vec::new();
     let mut neigh_dels = Vec::new();
@@ -139,8 +158,8 @@ mod tests {
     use super::*;
     use crate::overlay::desired::{self, Backend, Local, Peer};
 
-    fn cluster() -> IpNet {
-        "10.0.0.0/8".parse().unwrap()
+    fn cluster() -> ClusterRanges {
+        ClusterRanges { ipv4: "10.0.0.0/8".parse().unwrap(), ipv6: Some("fd00:10::/48".parse().unwrap()) }
     }
 
     fn local() -> Local {
@@ -162,6 +181,7 @@ mod tests {
             pod_cidr: format!("10.{}.{}.0/24", 1 + hi, lo).parse().unwrap(),
             pod_cidr6: None,
             node_ip: Ipv4Addr::new(172, 16, hi, lo.max(1)),
+            node_ipv6: None,
             vtep_mac: Some([0x02, 0x57, 0, 0, hi, lo]),
             backend: Backend::Vxlan,
         }
@@ -306,6 +326,24 @@ mod tests {
         insert(&mut o, metric);
         let plan = diff(&d, &o, &cluster());
         assert_eq!(count(&plan), (0, 0, 3), "{:?}", plan.ops);
+    }
+
+    /// host-gw IPv6 routes leave through the underlay: ours when they point
+    /// into the IPv6 cluster range (any IPv6 destination when it is not
+    /// known), never outside it.
+    #[test]
+    fn ipv6_routes_on_the_underlay_are_ours_inside_the_ipv6_range() {
+        let v6 = |dst: &str| foreign_route(dst, Dev::Underlay, RTPROT_WEFT);
+        let known = cluster();
+        assert!(route_is_ours(&v6("fd00:10:0:2::/64"), &known));
+        assert!(!route_is_ours(&v6("2001:db8::/64"), &known));
+        let unknown = ClusterRanges { ipv6: None, ..known };
+        assert!(route_is_ours(&v6("2001:db8::/64"), &unknown));
+        let mut o = Observed::default();
+        insert(&mut o, v6("fd00:10:0:9::/64"));
+        insert(&mut o, v6("2001:db8::/64"));
+        let plan = diff(&Desired::default(), &o, &known);
+        assert_eq!(count(&plan), (0, 0, 1), "only the stale one inside the range goes: {:?}", plan.ops);
     }
 
     #[test]

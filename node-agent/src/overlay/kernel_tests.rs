@@ -227,6 +227,21 @@ impl Cluster {
         Self { _underlay: underlay, nodes }
     }
 
+    /// Makes the nodes dual-stack: node i+1 gets fd00:250::<i+1>/64 on the
+    /// underlay and the IPv6 block `block6(i)` (::1 on its bridge, ::2 on
+    /// its pod, which routes IPv6 through it), and forwards IPv6.
+    fn add_ipv6(&self) {
+        for (i, n) in self.nodes.iter().enumerate() {
+            let block = block6(i);
+            let host = |h: u128| std::net::Ipv6Addr::from(u128::from(block.network()) | h);
+            n.ns.ip(&["addr", "add", &format!("{}/64", node_ipv6(i)), "dev", "ul", "nodad"]);
+            n.ns.ip(&["addr", "add", &format!("{}/64", host(1)), "dev", "weft0", "nodad"]);
+            n.pod.ip(&["addr", "add", &format!("{}/64", host(2)), "dev", "eth0", "nodad"]);
+            n.pod.ip(&["-6", "route", "add", "default", "via", &host(1).to_string()]);
+            n.ns.sh("sysctl", &["-qw", "net.ipv6.conf.all.forwarding=1"]);
+        }
+    }
+
     /// What each node announces (VTEP MAC etc.), from a first `ensure_local`.
     fn announce(&self, backend: Backend, direct_routing: bool) -> Vec<LocalVtep> {
         self.nodes
@@ -249,11 +264,27 @@ impl Cluster {
                 pod_cidr: n.cidr,
                 pod_cidr6: None,
                 node_ip: n.ip,
+                node_ipv6: None,
                 vtep_mac: a.vtep_mac.map(|m| m.0),
                 backend: a.backend,
             })
             .collect()
     }
+}
+
+/// Node i's IPv6 block, in [`Cluster::add_ipv6`].
+fn block6(i: usize) -> ipnet::Ipv6Net {
+    format!("fd00:10:244:{}::/64", i + 1).parse().unwrap()
+}
+
+/// Node i's IPv6 underlay address, in [`Cluster::add_ipv6`].
+fn node_ipv6(i: usize) -> std::net::Ipv6Addr {
+    format!("fd00:250::{}", i + 1).parse().unwrap()
+}
+
+/// The address of node i's pod in its IPv6 block.
+fn pod_ipv6(i: usize) -> String {
+    std::net::Ipv6Addr::from(u128::from(block6(i).network()) | 2).to_string()
 }
 
 /// One reconcile of node `n` by a fresh Reconciler (as after a restart).
@@ -376,6 +407,7 @@ fn vxlan_bad_peer_data_is_reported_not_fatal() {
         pod_cidr: "10.244.9.0/24".parse().unwrap(),
         pod_cidr6: None,
         node_ip: "192.168.50.9".parse().unwrap(),
+        node_ipv6: None,
         vtep_mac: Some([0xff; 6]),
         backend: Backend::Vxlan,
     });
@@ -384,6 +416,7 @@ fn vxlan_bad_peer_data_is_reported_not_fatal() {
         pod_cidr: "10.244.10.0/24".parse().unwrap(),
         pod_cidr6: None,
         node_ip: "192.168.50.10".parse().unwrap(),
+        node_ipv6: None,
         vtep_mac: None,
         backend: Backend::Vxlan,
     });
@@ -465,6 +498,7 @@ fn host_gw_routes_via_node_ips_and_rejects_peers_off_l2() {
         pod_cidr: "10.244.9.0/24".parse().unwrap(),
         pod_cidr6: None,
         node_ip: "192.168.60.9".parse().unwrap(),
+        node_ipv6: None,
         vtep_mac: None,
         backend: Backend::HostGw,
     });
@@ -516,8 +550,8 @@ fn ipv6_blocks_are_routed_over_vxlan_and_converge() {
         return;
     }
     let c = Cluster::new(&[50, 50]);
+    c.add_ipv6();
     let announced = c.announce(Backend::Vxlan, false);
-    let block6 = |i: usize| -> ipnet::Ipv6Net { format!("fd00:10:244:{}::/64", i + 1).parse().unwrap() };
     let mut peers = c.peers(&announced);
     for (i, p) in peers.iter_mut().enumerate() {
         p.pod_cidr6 = Some(block6(i));
@@ -528,10 +562,49 @@ fn ipv6_blocks_are_routed_over_vxlan_and_converge() {
         let first = reconcile(n, cfg.clone(), peers.clone());
         assert_clean(&first, 1);
         assert_eq!(first.ops_planned, 5, "a route and a neighbour per family, one FDB entry");
-        assert_eq!(reconcile(n, cfg, peers.clone()).ops_planned, 0, "converged on {}", n.name);
+        let second = reconcile(n, cfg, peers.clone());
+        assert_clean(&second, 1);
+        assert_eq!(second.ops_planned, 0, "converged on {}", n.name);
     }
     let routes = c.nodes[0].ns.ip(&["-6", "route", "show", "proto", "0x57"]);
     assert!(routes.contains("fd00:10:244:2::/64 via fd00:10:244:2:: dev weft.1"), "{routes}");
+    assert!(c.nodes[0].pod.ping(&pod_ipv6(1)), "IPv6 pod to pod over VXLAN");
+    assert!(tcp_works(&c.nodes[1].pod, &c.nodes[0].pod, &format!("[{}]", pod_ipv6(0))), "TCP over IPv6");
+}
+
+/// host-gw routes a dual-stack peer's IPv6 block to the peer's IPv6 node
+/// address on the underlay; pods talk over IPv6, and a second pass finds
+/// nothing to do.
+#[test]
+fn ipv6_blocks_are_routed_over_host_gw_to_the_peers_ipv6_address() {
+    if !require_root() {
+        return;
+    }
+    let c = Cluster::new(&[50, 50]);
+    c.add_ipv6();
+    let announced = c.announce(Backend::HostGw, false);
+    let mut peers = c.peers(&announced);
+    for (i, p) in peers.iter_mut().enumerate() {
+        p.pod_cidr6 = Some(block6(i));
+        p.node_ipv6 = Some(node_ipv6(i));
+    }
+    for (i, n) in c.nodes.iter().enumerate() {
+        let mut cfg = n.config(Backend::HostGw, false);
+        cfg.pod_cidr6 = Some(block6(i));
+        cfg.cluster_cidr6 = Some("fd00:10:244::/48".parse().unwrap());
+        let first = reconcile(n, cfg.clone(), peers.clone());
+        assert_clean(&first, 1);
+        assert_eq!(first.ops_planned, 2, "a route per family");
+        // (A second pass that took our IPv6 route for someone else's would
+        // report a conflict here.)
+        let second = reconcile(n, cfg, peers.clone());
+        assert_clean(&second, 1);
+        assert_eq!(second.ops_planned, 0, "converged on {}", n.name);
+    }
+    let routes = c.nodes[0].ns.ip(&["-6", "route", "show", "proto", "0x57"]);
+    assert!(routes.contains("fd00:10:244:2::/64 via fd00:250::2 dev ul"), "{routes}");
+    assert!(c.nodes[0].pod.ping(&pod_ipv6(1)), "IPv6 pod to pod over host-gw");
+    assert!(tcp_works(&c.nodes[1].pod, &c.nodes[0].pod, &format!("[{}]", pod_ipv6(0))), "TCP over IPv6");
 }
 
 #[test]
@@ -588,6 +661,7 @@ fn peer_changes_are_applied_in_place_and_converge() {
         pod_cidr: "10.244.7.0/24".parse().unwrap(),
         pod_cidr6: None,
         node_ip: ip.parse().unwrap(),
+        node_ipv6: None,
         vtep_mac: Some([0x02, 0x57, 0, 0, 0, mac]),
         backend: Backend::Vxlan,
     };
@@ -659,6 +733,7 @@ fn bench_thousand_peers() {
                 pod_cidr: Ipv4Net::new(Ipv4Addr::new(10, hi, lo, 0), 24).unwrap(),
                 pod_cidr6: None,
                 node_ip: Ipv4Addr::new(172, 17, hi, lo),
+                node_ipv6: None,
                 vtep_mac: Some([0x02, 0x57, 0, 0, hi, lo]),
                 backend: Backend::Vxlan,
             }

@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
-use ipnet::{IpNet, Ipv4Net, Ipv6Net};
+use ipnet::{Ipv4Net, Ipv6Net};
 use rtnetlink::Handle;
 
 use crate::dataplane::routes::{self, Devices};
@@ -41,6 +41,9 @@ pub struct OverlayConfig {
     /// This node's IPv6 block in a dual-stack cluster.
     pub pod_cidr6: Option<Ipv6Net>,
     pub cluster_cidr: Ipv4Net,
+    /// The cluster's IPv6 range (`--ipv6-cluster-cidr`): IPv6 routes into
+    /// it are Weft's.
+    pub cluster_cidr6: Option<Ipv6Net>,
     /// Underlay interface name; `None`: the interface carrying `node_ip`.
     pub underlay: Option<String>,
     pub backend: Backend,
@@ -68,6 +71,7 @@ impl OverlayConfig {
             pod_cidr,
             pod_cidr6: None,
             cluster_cidr,
+            cluster_cidr6: None,
             underlay: None,
             backend,
             direct_routing: false,
@@ -263,7 +267,8 @@ impl Reconciler {
             peers,
         );
         let have = routes::observe(&self.handle, &devs).await.map_err(OverlayError::Observe)?;
-        let plan = diff::diff(&want, &have, &IpNet::V4(self.cfg.cluster_cidr));
+        let cluster = diff::ClusterRanges { ipv4: self.cfg.cluster_cidr, ipv6: self.cfg.cluster_cidr6 };
+        let plan = diff::diff(&want, &have, &cluster);
 
         let mut peer_errors: BTreeMap<String, PeerIssue> =
             want.errors.iter().map(|(n, e)| (n.clone(), PeerIssue::Invalid(e.clone()))).collect();
