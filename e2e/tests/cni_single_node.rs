@@ -332,6 +332,63 @@ fn routed_attachment_reaches_pods_without_the_bridge_and_is_adopted() {
     drop(agent);
 }
 
+/// Routed dual-stack pods carry their IPv6 address as a /128 too, with an
+/// on-link default route via the IPv6 gateway; the node routes each /128 to
+/// its host veth, both sides' neighbour entries are permanent, and CHECK
+/// and the repair loop treat the IPv6 route like the IPv4 one.
+#[test]
+fn routed_dual_stack_pods_carry_their_ipv6_address_alone() {
+    let args = ["--pod-attachment", "routed", "--pod-ipv6-cidr", "fd00:214::/64", "--resync-seconds", "1"];
+    let Some(n) = Node::start_with("routed6", "10.214.0.0/24", &args, &[]) else {
+        return;
+    };
+    let weft = Weft::new(&n.ns, &n.agent.socket);
+    let (p1, p2) = (Netns::new("pod"), Netns::new("pod"));
+    let (c1, c2) = (Container::new("routed61", &p1), Container::new("routed62", &p2));
+    let r1 = weft.add(&c1).assert_ok().json();
+    let r2 = weft.add(&c2).assert_ok().json();
+    let (a1, a2) = (cni::pod_ip6(&r1).expect("IPv6"), cni::pod_ip6(&r2).expect("IPv6"));
+
+    assert_eq!(r1["ips"][1]["address"], format!("{a1}/128"), "{r1}");
+    assert_eq!(r1["ips"][1]["gateway"], "fd00:214::1");
+    let routes: Vec<String> = r1["routes"]
+        .as_array()
+        .expect("routes")
+        .iter()
+        .map(|r| format!("{} {}", r["dst"].as_str().unwrap_or(""), r["gw"].as_str().unwrap_or("")))
+        .collect();
+    assert_eq!(routes, ["10.214.0.1/32 ", "0.0.0.0/0 10.214.0.1", "fd00:214::1/128 ", "::/0 fd00:214::1"]);
+    assert!(p1.ip(&["-6", "-o", "addr", "show", "eth0", "scope", "global"]).contains(&format!("{a1}/128")));
+    let default = p1.ip(&["-6", "route", "show", "default"]);
+    assert!(default.contains("via fd00:214::1 dev eth0") && default.contains("onlink"), "{default}");
+    let host = r1["interfaces"][0]["name"].as_str().expect("host veth").to_owned();
+    let route = n.ns.ip(&["-6", "route", "show", &format!("{a1}/128")]);
+    assert!(route.contains(&format!("dev {host} ")) && route.contains("src fd00:214::1"), "{route}");
+    assert!(p1.ip(&["-6", "neigh", "show", "fd00:214::1"]).contains("PERMANENT"));
+    assert!(n.ns.ip(&["-6", "neigh", "show", &a1]).contains("PERMANENT"));
+    assert!(p1.ping(&a2) && p2.ping(&a1), "routed pods cannot reach each other over IPv6");
+    assert!(n.ns.ping(&a1) && p1.ping("fd00:214::1"), "pod and node cannot reach each other over IPv6");
+
+    // CHECK misses the node's IPv6 route; the next resync puts it back.
+    weft.check(&c1, &r1).assert_ok();
+    n.ns.ip(&["-6", "route", "del", &format!("{a1}/128")]);
+    let chk = weft.check(&c1, &r1);
+    assert_eq!(chk.code(), 103, "{}", chk.stdout);
+    assert!(chk.msg().contains("no route to"), "{}", chk.msg());
+    wait::until("the periodic resync to restore the IPv6 route", Duration::from_secs(15), || {
+        weft.check(&c1, &r1).success.then_some(())
+    });
+    assert!(p2.ping(&a1), "pod unreachable over IPv6 after its route was restored");
+
+    for c in [&c1, &c2] {
+        weft.del(c, None).assert_ok();
+    }
+    assert!(veths(&n.ns).is_empty(), "veth left behind: {:?}", veths(&n.ns));
+    let routes = n.ns.ip(&["-6", "route"]);
+    assert!(!routes.contains(&a1) && !routes.contains(&a2), "{routes}");
+    assert!(n.agent.ipam_records().is_empty());
+}
+
 #[test]
 fn del_without_netns_and_after_the_netns_is_gone() {
     let Some(n) = node("delns", "10.201.0.0/24") else { return };

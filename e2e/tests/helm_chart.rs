@@ -499,7 +499,7 @@ fn dual_stack_values_reach_the_operator_and_the_agents() {
     let (_, agent) = containers(&["network.ipv6ClusterCIDR=2001:db8::/56", "network.ipv6Masquerade=off"]);
     assert_eq!(env(&agent, "WEFT_IPV6_MASQUERADE")["value"], "off");
     // host-gw and direct routing route IPv6 blocks to the nodes' IPv6 addresses.
-    for routing in ["network.backend=host-gw", "network.directRouting=true"] {
+    for routing in ["network.backend=host-gw", "network.directRouting=true", "agent.podAttachment=routed"] {
         let (_, agent) = containers(&["network.ipv6ClusterCIDR=fd00:10:244::/56", routing]);
         assert_eq!(env(&agent, "WEFT_NODE_IPS")["valueFrom"]["fieldRef"]["fieldPath"], "status.hostIPs", "{routing}");
     }
@@ -549,10 +549,6 @@ fn schema_and_checks_reject_bad_values_with_clear_messages() {
         (
             "network.ipv6ClusterCIDR=fd00::/56,network.ipv6NodePrefixLength=121",
             "network.ipv6NodePrefixLength (121) leaves fewer IPv6 addresses per node",
-        ),
-        (
-            "network.ipv6ClusterCIDR=fd00::/56,agent.podAttachment=routed",
-            "network.ipv6ClusterCIDR needs agent.podAttachment bridge",
         ),
     ] {
         let err = helm.fails(&["template", "rel", chart, "--set", set]);

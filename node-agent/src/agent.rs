@@ -115,12 +115,27 @@ impl Agent {
         Ok(index)
     }
 
-    /// The IPv6 address (with the block's prefix) and gateway of the pod
-    /// whose IPv4 address is `ip`, when it has one (its record's `ipv6`).
-    pub fn pod_ipv6(&self, ip: std::net::Ipv4Addr, has_ipv6: bool) -> Option<(ipnet::Ipv6Net, std::net::Ipv6Addr)> {
+    /// (address, gateway) of each family of the pod whose IPv4 address is
+    /// `ip` and whose record is `record`.
+    pub fn addresses_with_gateways(
+        &self,
+        ip: std::net::Ipv4Addr,
+        record: &crate::ipam::Record,
+    ) -> Vec<(std::net::IpAddr, std::net::IpAddr)> {
+        let v6 = self.pod_ipv6(ip, record.ipv6, record.attachment).map(|(a, gw)| (a.addr().into(), gw.into()));
+        std::iter::once((ip.into(), self.ipam.pool().gateway().into())).chain(v6).collect()
+    }
+
+    /// The IPv6 address (as a pod of `mode` carries it) and gateway of the
+    /// pod whose IPv4 address is `ip`, when it has one (its record's `ipv6`).
+    pub fn pod_ipv6(
+        &self,
+        ip: std::net::Ipv4Addr,
+        has_ipv6: bool,
+        mode: Attachment,
+    ) -> Option<(ipnet::Ipv6Net, std::net::Ipv6Addr)> {
         let block = self.ipv6.filter(|_| has_ipv6)?;
-        let address = ipnet::Ipv6Net::new(block.address_of(ip), block.cidr().prefix_len()).ok()?;
-        Some((address, block.gateway()))
+        Some((crate::attach::driver(mode).pod_address6(block.address_of(ip), block.cidr()), block.gateway()))
     }
 
     /// Forgets the bridge's index, so the next ADD checks the kernel again.

@@ -119,9 +119,10 @@ async fn run(config: Config) -> anyhow::Result<()> {
     // Bridged pods need bridge netfilter (policy between local pods), routed
     // ones forwarding; the repair loop keeps it so.
     let mode = agent.attachment();
-    if let Some(setting) =
-        attach::driver(mode).ensure_node_settings().with_context(|| format!("node settings for {mode} pods"))?
-    {
+    let settings = attach::driver(mode)
+        .ensure_node_settings(agent.ipv6.is_some())
+        .with_context(|| format!("node settings for {mode} pods"))?;
+    for setting in settings {
         tracing::info!(%mode, setting, "turned on a node setting {mode} pods need");
     }
     if let (Some(_), Some(cluster_cidr)) = (&subnets, config.cluster_cidr) {

@@ -50,9 +50,6 @@ app.kubernetes.io/component: agent
 {{- if gt (int $n.ipv6NodePrefixLength) (sub 128 (sub 32 (int $n.nodePrefixLength))) -}}
 {{- fail (printf "network.ipv6NodePrefixLength (%d) leaves fewer IPv6 addresses per node than network.nodePrefixLength (%d) leaves IPv4 ones" (int $n.ipv6NodePrefixLength) (int $n.nodePrefixLength)) -}}
 {{- end -}}
-{{- if ne $.Values.agent.podAttachment "bridge" -}}
-{{- fail "network.ipv6ClusterCIDR needs agent.podAttachment bridge: routed pods get no IPv6 address yet" -}}
-{{- end -}}
 {{- end -}}
 {{- if gt (int $n.hostPortRange.min) (int $n.hostPortRange.max) -}}
 {{- fail (printf "network.hostPortRange.min (%d) must not exceed network.hostPortRange.max (%d)" (int $n.hostPortRange.min) (int $n.hostPortRange.max)) -}}

@@ -50,13 +50,12 @@ impl Agent {
             pod_uid: pod_id.uid.clone(),
             host_ports: Vec::new(),
             attachment: driver.mode(),
-            // Bridged pods only, for now.
-            ipv6: self.ipv6.is_some() && driver.mode().is_bridge(),
+            ipv6: self.ipv6.is_some(),
         };
         let ipv6_wanted = record.ipv6;
         let ip = self.ipam.reserve(record)?;
         let rollback = Rollback::new(self, key, &host_veth);
-        let ipv6 = self.pod_ipv6(ip, ipv6_wanted);
+        let ipv6 = self.pod_ipv6(ip, ipv6_wanted, driver.mode());
         // Host ports go into the same record, so the ADD writes one file.
         let ports = match self.hostports.reserve(key, &pod_id, (ip, ipv6.map(|(a, _)| a.addr())), &wanted) {
             Ok(ports) => ports,
@@ -133,11 +132,10 @@ impl Agent {
             })
             .chain(ipv6.map(|(a, gw)| IpConfig { address: a.to_string(), gateway: gw.to_string(), interface: 1 }))
             .collect(),
-            routes: driver
-                .pod_routes(pool.gateway())
-                .into_iter()
+            routes: std::iter::once(pool.gateway().into())
+                .chain(ipv6.map(|(_, gw)| gw.into()))
+                .flat_map(|gateway| driver.pod_routes(gateway))
                 .map(|(dst, gw)| Route { dst: dst.to_string(), gw: gw.map(|g| g.to_string()).unwrap_or_default() })
-                .chain(ipv6.map(|(_, gw)| Route { dst: "::/0".into(), gw: gw.to_string() }))
                 .collect(),
             dns: dns_of(&req.config_json),
         })

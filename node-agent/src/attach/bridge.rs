@@ -1,7 +1,7 @@
 //! Bridged pods: the host veth is a port of the node bridge, which carries
 //! the gateway address; pods share the pod CIDR as one L2 segment.
 
-use ipnet::Ipv4Net;
+use ipnet::IpNet;
 
 use super::Driver;
 use super::observed::ObservedHost;
@@ -16,8 +16,8 @@ impl Driver for Bridge {
         Attachment::Bridge
     }
 
-    fn pod_prefix(&self, pod_cidr: Ipv4Net) -> u8 {
-        pod_cidr.prefix_len()
+    fn pod_prefix(&self, block: IpNet) -> u8 {
+        block.prefix_len()
     }
 
     fn host_side(&self, bridge_index: u32) -> HostSide {
@@ -40,8 +40,8 @@ impl Driver for Bridge {
 
     /// Pods of this node reach each other over the bridge: iptables (policy,
     /// host ports) sees that traffic only through bridge netfilter.
-    fn ensure_node_settings(&self) -> Result<Option<&'static str>, DataplaneError> {
-        Ok(bridge_netfilter::ensure()?.then_some("bridge_netfilter"))
+    fn ensure_node_settings(&self, _ipv6: bool) -> Result<Vec<&'static str>, DataplaneError> {
+        Ok(bridge_netfilter::ensure()?.then_some("bridge_netfilter").into_iter().collect())
     }
 }
 

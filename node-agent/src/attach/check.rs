@@ -26,7 +26,7 @@ impl Agent {
             ifname: &key.ifname,
             address: driver.pod_address(ip, pool.cidr()),
             gateway: pool.gateway(),
-            ipv6: self.pod_ipv6(ip, record.ipv6),
+            ipv6: self.pod_ipv6(ip, record.ipv6, record.attachment),
         };
         let v6 = want.ipv6.map(|(a, _)| IpNet::V6(a));
         for address in std::iter::once(IpNet::V4(want.address)).chain(v6) {

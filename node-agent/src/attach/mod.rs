@@ -30,10 +30,10 @@ mod startup;
 mod status;
 
 use std::future::Future;
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::time::Duration;
 
-use ipnet::Ipv4Net;
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
 pub use error::AttachError;
 pub use ordering::KeyLocks;
@@ -54,34 +54,50 @@ pub const KERNEL_TIMEOUT: Duration = Duration::from_secs(10);
 pub trait Driver: Send + Sync {
     fn mode(&self) -> Attachment;
 
-    /// The prefix length of the pod's address on its interface.
-    fn pod_prefix(&self, pod_cidr: Ipv4Net) -> u8;
+    /// The prefix length of the pod's address on its interface, for an
+    /// address of `block` (the pod CIDR or the IPv6 block).
+    fn pod_prefix(&self, block: IpNet) -> u8;
 
     /// Where ADD puts the host end of the veth, given the bridge's index.
     fn host_side(&self, bridge_index: u32) -> HostSide;
 
-    /// Whether the node reaches the pod by a /32 route on the host veth,
-    /// which the repair loop puts back when it goes.
+    /// Whether the node reaches the pod by a /32 (and /128) route on the
+    /// host veth, which the repair loop puts back when it goes.
     fn routes_to_pod(&self) -> bool;
 
     /// What the host end must look like besides existing and being up;
     /// `Err` says what differs.
     fn check_host(&self, host: &ObservedHost) -> Result<(), String>;
 
-    /// Turns on the node setting pods of this mode need; checked at start-up
-    /// and every resync. Returns its name when it had to be turned on.
-    fn ensure_node_settings(&self) -> Result<Option<&'static str>, DataplaneError>;
+    /// Turns on the node settings pods of this mode need (`ipv6`: pods get
+    /// IPv6 addresses too); checked at start-up and every resync. Returns
+    /// the names of those that had to be turned on.
+    fn ensure_node_settings(&self, ipv6: bool) -> Result<Vec<&'static str>, DataplaneError>;
 
-    /// The routes a runtime sets on the pod's interface, in order, as the
-    /// CNI result lists them: (destination, gateway; `None`: on-link).
-    fn pod_routes(&self, gateway: Ipv4Addr) -> Vec<(Ipv4Net, Option<Ipv4Addr>)> {
-        vec![(Ipv4Net::default(), Some(gateway))]
+    /// The routes of one family a runtime sets on the pod's interface, in
+    /// order, as the CNI result lists them: (destination, gateway; `None`:
+    /// on-link).
+    fn pod_routes(&self, gateway: IpAddr) -> Vec<(IpNet, Option<IpAddr>)> {
+        vec![(default_route(gateway), Some(gateway))]
     }
 
     /// The pod's address as its interface carries it.
     fn pod_address(&self, ip: Ipv4Addr, pod_cidr: Ipv4Net) -> Ipv4Net {
         // A prefix from `pod_prefix` is at most 32.
-        Ipv4Net::new(ip, self.pod_prefix(pod_cidr)).unwrap_or_else(|_| Ipv4Net::from(ip))
+        Ipv4Net::new(ip, self.pod_prefix(pod_cidr.into())).unwrap_or_else(|_| Ipv4Net::from(ip))
+    }
+
+    /// The pod's IPv6 address as its interface carries it.
+    fn pod_address6(&self, ip: Ipv6Addr, block: Ipv6Net) -> Ipv6Net {
+        Ipv6Net::new(ip, self.pod_prefix(block.into())).unwrap_or_else(|_| Ipv6Net::from(ip))
+    }
+}
+
+/// `0.0.0.0/0` or `::/0`, by the family of `gateway`.
+pub fn default_route(gateway: IpAddr) -> IpNet {
+    match gateway {
+        IpAddr::V4(_) => IpNet::V4(Ipv4Net::default()),
+        IpAddr::V6(_) => IpNet::V6(Ipv6Net::default()),
     }
 }
 
@@ -136,6 +152,10 @@ mod tests {
         assert_eq!(driver(Attachment::Bridge).pod_address(ip, cidr).to_string(), "10.1.2.7/24");
         assert_eq!(driver(Attachment::Routed).pod_address(ip, cidr).to_string(), "10.1.2.7/32");
         assert_eq!(driver(Attachment::Routed).mode(), Attachment::Routed);
+        let (ip6, block): (Ipv6Addr, Ipv6Net) =
+            ("fd00:0:0:2::7".parse().expect("ip"), "fd00:0:0:2::/64".parse().expect("block"));
+        assert_eq!(driver(Attachment::Bridge).pod_address6(ip6, block).to_string(), "fd00:0:0:2::7/64");
+        assert_eq!(driver(Attachment::Routed).pod_address6(ip6, block).to_string(), "fd00:0:0:2::7/128");
     }
 
     /// A runtime that configures the interface from the result alone (a VM
@@ -143,16 +163,17 @@ mod tests {
     /// a /32 pod reaches its gateway only by the on-link route before it.
     #[test]
     fn routed_pods_list_the_route_to_their_gateway_first() {
-        let gw: Ipv4Addr = "10.1.2.1".parse().expect("gw");
-        let show = |mode| -> Vec<String> {
+        let show = |mode, gw: &str| -> Vec<String> {
             driver(mode)
-                .pod_routes(gw)
+                .pod_routes(gw.parse().expect("gw"))
                 .iter()
                 .map(|(dst, via)| format!("{dst} via {}", via.map(|g| g.to_string()).unwrap_or("link".into())))
                 .collect()
         };
-        assert_eq!(show(Attachment::Bridge), ["0.0.0.0/0 via 10.1.2.1"]);
-        assert_eq!(show(Attachment::Routed), ["10.1.2.1/32 via link", "0.0.0.0/0 via 10.1.2.1"]);
+        assert_eq!(show(Attachment::Bridge, "10.1.2.1"), ["0.0.0.0/0 via 10.1.2.1"]);
+        assert_eq!(show(Attachment::Routed, "10.1.2.1"), ["10.1.2.1/32 via link", "0.0.0.0/0 via 10.1.2.1"]);
+        assert_eq!(show(Attachment::Bridge, "fd00::1"), ["::/0 via fd00::1"]);
+        assert_eq!(show(Attachment::Routed, "fd00::1"), ["fd00::1/128 via link", "::/0 via fd00::1"]);
     }
 
     #[tokio::test]

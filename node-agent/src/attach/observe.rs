@@ -24,10 +24,11 @@ impl Agent {
             return Ok(None);
         };
         let bridge = deadline("look up the bridge", link::by_name(&self.host, &self.config.bridge)).await?;
-        let node_route = driver(record.attachment).routes_to_pod()
-            && deadline("list the node's routes", link::pod_routes(&self.host))
-                .await?
-                .contains(&(ip, veth.header.index));
+        let node_route = driver(record.attachment).routes_to_pod() && {
+            let present = deadline("list the node's routes", link::pod_routes(&self.host)).await?;
+            let index = veth.header.index;
+            self.addresses_with_gateways(ip, record).iter().all(|(a, _)| present.contains(&(*a, index)))
+        };
         Ok(Some(ObservedHost {
             name: record.host_veth.clone(),
             ip,

@@ -1,7 +1,7 @@
 //! The node's side of its attachments, kept level-triggered: at start-up and
 //! every resync period the bridge is set up again if it went (with its
 //! gateway address), the node settings the pods' mode needs are turned back
-//! on, and a finished routed pod whose /32 route is missing gets it back
+//! on, and a finished routed pod whose /32 (or /128) route is missing gets it back
 //! with its neighbour entry (a route someone deleted, or the routes the
 //! kernel flushed along with weft0's gateway address, their source).
 //! Health checks only observe; repairs happen here.
@@ -30,7 +30,6 @@ impl Agent {
             move |source| AttachError::Kernel { what, source }
         };
         let present = link::pod_routes(&self.host).await.map_err(kernel("list the node's routes"))?;
-        let gateway = ipam.pool().gateway();
         // Repairs are rare and each takes the kernel microseconds: the
         // blocking socket ADD uses serves here as well.
         let mut nl = BlockingNetlink::new().map_err(kernel_op("open a netlink socket")).map_err(kernel("repair"))?;
@@ -43,11 +42,12 @@ impl Agent {
                 continue;
             };
             let index = veth.header.index;
-            if present.contains(&(ip, index)) {
+            let addresses = self.addresses_with_gateways(ip, &record);
+            if addresses.iter().all(|(a, _)| present.contains(&(*a, index))) {
                 continue;
             }
             let pod_mac = veth_mac(&record.key(), true);
-            match link::route_to_pod(&mut nl, index, ip, gateway, pod_mac) {
+            match link::route_to_pod(&mut nl, index, &addresses, pod_mac) {
                 Ok(()) => {
                     tracing::warn!(container = %record.container_id, %ip, veth = %record.host_veth, "restored the missing route to a routed pod");
                     restored += 1;
@@ -68,10 +68,12 @@ impl Agent {
     pub async fn repair_node_side(&self) -> Result<(), AttachError> {
         self.ensure_bridge(true).await?;
         let mode = self.attachment();
-        let repaired = off_thread("check node settings", move || driver(mode).ensure_node_settings()).await?.map_err(
-            |source: DataplaneError| AttachError::Kernel { what: format!("node settings for {mode} pods"), source },
-        )?;
-        if let Some(setting) = repaired {
+        let ipv6 = self.ipv6.is_some();
+        let repaired =
+            off_thread("check node settings", move || driver(mode).ensure_node_settings(ipv6)).await?.map_err(
+                |source: DataplaneError| AttachError::Kernel { what: format!("node settings for {mode} pods"), source },
+            )?;
+        for setting in repaired {
             tracing::warn!(%mode, setting, "a node setting {mode} pods need had been turned off; turned it back on");
             self.metrics.node_setting_repaired(setting);
         }

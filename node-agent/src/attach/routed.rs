@@ -1,12 +1,13 @@
 //! Routed pods: the host veth has no master. The pod carries its address as
-//! a /32 with an on-link default route via the gateway; the node reaches it
-//! by a /32 route on the host veth. Both ends know each other's MAC from the
-//! start (permanent neighbour entries), so nothing depends on the node's ARP
-//! settings, and every packet saves the bridge hop at both ends.
+//! a /32 (its IPv6 address as a /128) with an on-link default route via the
+//! gateway; the node reaches it by a /32 (/128) route on the host veth. Both
+//! ends know each other's MAC from the start (permanent neighbour entries),
+//! so nothing depends on the node's ARP or neighbour discovery settings, and
+//! every packet saves the bridge hop at both ends.
 
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 
-use ipnet::Ipv4Net;
+use ipnet::IpNet;
 
 use super::Driver;
 use super::observed::ObservedHost;
@@ -21,15 +22,16 @@ impl Driver for Routed {
         Attachment::Routed
     }
 
-    fn pod_prefix(&self, _pod_cidr: Ipv4Net) -> u8 {
-        32
+    fn pod_prefix(&self, block: IpNet) -> u8 {
+        block.max_prefix_len()
     }
 
     /// The pod's own namespace reaches the gateway by an on-link default
     /// route; a runtime that sets the interface up from the result instead
-    /// (a VM guest) needs the gateway's /32 before the default route via it.
-    fn pod_routes(&self, gateway: Ipv4Addr) -> Vec<(Ipv4Net, Option<Ipv4Addr>)> {
-        vec![(Ipv4Net::from(gateway), None), (Ipv4Net::default(), Some(gateway))]
+    /// (a VM guest) needs the gateway's /32 (/128) before the default route
+    /// via it.
+    fn pod_routes(&self, gateway: IpAddr) -> Vec<(IpNet, Option<IpAddr>)> {
+        vec![(IpNet::from(gateway), None), (super::default_route(gateway), Some(gateway))]
     }
 
     fn host_side(&self, _bridge_index: u32) -> HostSide {
@@ -44,9 +46,14 @@ impl Driver for Routed {
         if host.node_route { Ok(()) } else { Err(format!("the node has no route to {} via {}", host.ip, host.name)) }
     }
 
-    /// Routed pods reach even each other through the node's forwarding path.
-    fn ensure_node_settings(&self) -> Result<Option<&'static str>, DataplaneError> {
-        Ok(sysctl::ensure_ipv4_forwarding()?.then_some("ip_forward"))
+    /// Routed pods reach even each other through the node's forwarding path,
+    /// over IPv6 too when they have it.
+    fn ensure_node_settings(&self, ipv6: bool) -> Result<Vec<&'static str>, DataplaneError> {
+        let mut repaired = Vec::from_iter(sysctl::ensure_ipv4_forwarding()?.then_some("ip_forward"));
+        if ipv6 && sysctl::ensure_ipv6_forwarding()? {
+            repaired.push("ipv6_forwarding");
+        }
+        Ok(repaired)
     }
 }
 

@@ -41,7 +41,7 @@ impl Agent {
                 ifname: &record.ifname,
                 address: driver.pod_address(ip, pool.cidr()),
                 gateway: pool.gateway(),
-                ipv6: self.pod_ipv6(ip, record.ipv6),
+                ipv6: self.pod_ipv6(ip, record.ipv6, record.attachment),
             };
             let host = self.observe_host(ip, &record).await?;
             // Without a host veth the pod's side needs no reading.

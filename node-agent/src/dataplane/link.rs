@@ -292,45 +292,67 @@ pub fn attach(pod: &mut BlockingNetns, spec: &AttachSpec) -> Result<(), Dataplan
         let Some(RouteNetlinkMessage::NewLink(link)) = answers.first() else {
             return Err(DataplaneError::Unexpected(format!("{} did not appear on the node", spec.host_veth)));
         };
-        route_to_pod(&mut host, link.header.index, spec.address.addr(), spec.gateway, spec.pod_mac)?;
+        route_to_pod(&mut host, link.header.index, &spec.addresses_with_gateways(), spec.pod_mac)?;
     }
     Ok(())
 }
 
+impl AttachSpec {
+    /// (pod address, gateway) of each family the pod has.
+    pub fn addresses_with_gateways(&self) -> Vec<(IpAddr, IpAddr)> {
+        let v6 = self.ipv6.map(|(a, gw)| (IpAddr::V6(a.addr()), IpAddr::V6(gw)));
+        std::iter::once((IpAddr::V4(self.address.addr()), IpAddr::V4(self.gateway))).chain(v6).collect()
+    }
+}
+
 /// The node's side of a routed pod on the host veth with index
-/// `host_index`: its /32 route and neighbour entry, in one datagram. Both
-/// replace what is there, so ADD and the repair of a missing route share it.
+/// `host_index`: for each (pod address, gateway) its /32 or /128 route and
+/// its neighbour entry, in one datagram. They replace what is there, so ADD
+/// and the repair of a missing route share it.
 pub fn route_to_pod(
     nl: &mut BlockingNetlink,
     host_index: u32,
-    ip: Ipv4Addr,
-    gateway: Ipv4Addr,
+    addresses: &[(IpAddr, IpAddr)],
     pod_mac: [u8; 6],
 ) -> Result<(), DataplaneError> {
-    nl.batch(vec![
-        (RouteNetlinkMessage::NewRoute(pod_route(ip, host_index, gateway)), NLM_F_CREATE | NLM_F_REPLACE),
-        (
-            RouteNetlinkMessage::NewNeighbour(neighbour(host_index, ip.into(), pod_mac, NeighbourState::Permanent)),
-            NLM_F_CREATE | NLM_F_REPLACE,
-        ),
-    ])
-    .map(drop)
-    .map_err(|(at, e)| match at {
-        0 => kernel_op(format!("add the route to {ip} via link {host_index}"))(e),
-        _ => kernel_op(format!("add the neighbour entry of {ip} on link {host_index}"))(e),
+    let mut msgs = Vec::new();
+    for &(ip, gateway) in addresses {
+        msgs.push((RouteNetlinkMessage::NewRoute(pod_route(ip, host_index, gateway)), NLM_F_CREATE | NLM_F_REPLACE));
+        let neighbour = neighbour(host_index, ip, pod_mac, NeighbourState::Permanent);
+        msgs.push((RouteNetlinkMessage::NewNeighbour(neighbour), NLM_F_CREATE | NLM_F_REPLACE));
+    }
+    nl.batch(msgs).map(drop).map_err(|(at, e)| {
+        let ip = addresses.get(at / 2).map(|(ip, _)| ip.to_string()).unwrap_or_default();
+        match at % 2 {
+            0 => kernel_op(format!("add the route to {ip} via link {host_index}"))(e),
+            _ => kernel_op(format!("add the neighbour entry of {ip} on link {host_index}"))(e),
+        }
     })
 }
 
 /// The node's route to a routed pod: `ip/32 dev <host veth> scope link src
-/// <gateway>`, so the node talks to its pods from the gateway address as it
-/// does over the bridge.
-fn pod_route(ip: Ipv4Addr, host_index: u32, gateway: Ipv4Addr) -> RouteMessage {
-    RouteMessageBuilder::<Ipv4Addr>::new()
-        .destination_prefix(ip, 32)
-        .output_interface(host_index)
-        .scope(RouteScope::Link)
-        .pref_source(gateway)
-        .build()
+/// <gateway>` (`ip/128 … src <gateway>` for IPv6), so the node talks to its
+/// pods from the gateway address as it does over the bridge.
+fn pod_route(ip: IpAddr, host_index: u32, gateway: IpAddr) -> RouteMessage {
+    match (ip, gateway) {
+        (IpAddr::V6(ip), IpAddr::V6(gateway)) => RouteMessageBuilder::<Ipv6Addr>::new()
+            .destination_prefix(ip, 128)
+            .output_interface(host_index)
+            .pref_source(gateway)
+            .build(),
+        (ip, gateway) => {
+            let v4 = |a: IpAddr| match a {
+                IpAddr::V4(a) => a,
+                IpAddr::V6(_) => Ipv4Addr::UNSPECIFIED,
+            };
+            RouteMessageBuilder::<Ipv4Addr>::new()
+                .destination_prefix(v4(ip), 32)
+                .output_interface(host_index)
+                .scope(RouteScope::Link)
+                .pref_source(v4(gateway))
+                .build()
+        }
+    }
 }
 
 /// An IPv4 neighbour entry. Permanent ones: routed pods and their node
@@ -350,21 +372,26 @@ fn neighbour(index: u32, ip: IpAddr, mac: [u8; 6], state: NeighbourState) -> Nei
     m
 }
 
-/// The main table's /32 routes as (destination, output link) pairs.
-pub async fn pod_routes(h: &Handle) -> Result<HashSet<(Ipv4Addr, u32)>, DataplaneError> {
+/// The main table's /32 and /128 routes as (destination, output link) pairs.
+pub async fn pod_routes(h: &Handle) -> Result<HashSet<(IpAddr, u32)>, DataplaneError> {
     let mut out = HashSet::new();
-    let mut stream = h.route().get(RouteMessageBuilder::<Ipv4Addr>::new().build()).execute();
-    while let Some(r) = stream.try_next().await.map_err(op("list routes"))? {
-        if r.header.destination_prefix_length != 32 {
-            continue;
-        }
-        let dst = r.attributes.iter().find_map(|a| match a {
-            RouteAttribute::Destination(RouteAddress::Inet(d)) => Some(*d),
-            _ => None,
-        });
-        let oif = r.attributes.iter().find_map(|a| if let RouteAttribute::Oif(i) = a { Some(*i) } else { None });
-        if let (Some(dst), Some(oif)) = (dst, oif) {
-            out.insert((dst, oif));
+    let requests = [RouteMessageBuilder::<Ipv4Addr>::new().build(), RouteMessageBuilder::<Ipv6Addr>::new().build()];
+    for request in requests {
+        let mut stream = h.route().get(request).execute();
+        while let Some(r) = stream.try_next().await.map_err(op("list routes"))? {
+            let dst = r.attributes.iter().find_map(|a| match a {
+                RouteAttribute::Destination(RouteAddress::Inet(d)) if r.header.destination_prefix_length == 32 => {
+                    Some(IpAddr::V4(*d))
+                }
+                RouteAttribute::Destination(RouteAddress::Inet6(d)) if r.header.destination_prefix_length == 128 => {
+                    Some(IpAddr::V6(*d))
+                }
+                _ => None,
+            });
+            let oif = r.attributes.iter().find_map(|a| if let RouteAttribute::Oif(i) = a { Some(*i) } else { None });
+            if let (Some(dst), Some(oif)) = (dst, oif) {
+                out.insert((dst, oif));
+            }
         }
     }
     Ok(out)
@@ -411,17 +438,23 @@ fn configure_pod(nl: &mut BlockingNetlink, spec: &AttachSpec) -> Result<(), Data
     let ipv4_msgs = msgs.len();
     if let Some((address, gateway)) = spec.ipv6 {
         // On-link: the gateway is reachable at once, whether or not the
-        // address's prefix route is in place yet.
+        // address's prefix route is in place yet (a routed pod's /128 has
+        // none).
         let route = RouteMessageBuilder::<Ipv6Addr>::new().gateway(gateway).output_interface(index).onlink();
         msgs.push((RouteNetlinkMessage::NewAddress(ipv6_address(index, address)), NLM_F_CREATE | NLM_F_EXCL));
         msgs.push((RouteNetlinkMessage::NewRoute(route.build()), NLM_F_CREATE | NLM_F_EXCL));
+        if routed {
+            let gateway = neighbour(index, gateway.into(), spec.host_mac, NeighbourState::Permanent);
+            msgs.push((RouteNetlinkMessage::NewNeighbour(gateway), NLM_F_CREATE | NLM_F_REPLACE));
+        }
     }
     nl.batch(msgs).map(drop).map_err(|(at, e)| match at {
         0 => kernel_op(format!("add {} to {ifname}", spec.address))(e),
         1 => kernel_op(format!("set {ifname} up"))(e),
         2 => kernel_op(format!("add default route via {} in the pod", spec.gateway))(e),
         n if n == ipv4_msgs => kernel_op(format!("add the IPv6 address to {ifname}"))(e),
-        n if n > ipv4_msgs => kernel_op("add the IPv6 default route in the pod")(e),
+        n if n == ipv4_msgs + 1 => kernel_op("add the IPv6 default route in the pod")(e),
+        n if n > ipv4_msgs => kernel_op("add the IPv6 gateway's neighbour entry in the pod")(e),
         _ => kernel_op("add the gateway's neighbour entry in the pod")(e),
     })
 }
