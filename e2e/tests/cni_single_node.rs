@@ -366,6 +366,9 @@ fn routed_dual_stack_pods_carry_their_ipv6_address_alone() {
     assert!(route.contains(&format!("dev {host} ")) && route.contains("src fd00:214::1"), "{route}");
     assert!(p1.ip(&["-6", "neigh", "show", "fd00:214::1"]).contains("PERMANENT"));
     assert!(n.ns.ip(&["-6", "neigh", "show", &a1]).contains("PERMANENT"));
+    // The host end answers for the gateway (a VM guest resolves it itself).
+    let proxy = n.ns.ip(&["-6", "neigh", "show", "proxy", "dev", &host]);
+    assert!(proxy.contains("fd00:214::1"), "{proxy}");
     assert!(p1.ping(&a2) && p2.ping(&a1), "routed pods cannot reach each other over IPv6");
     assert!(n.ns.ping(&a1) && p1.ping("fd00:214::1"), "pod and node cannot reach each other over IPv6");
 

@@ -104,10 +104,25 @@ fn dual_stack_over_host_gw() {
     dual_stack_pods_get_both_families_and_policy_treats_them_alike("host-gw");
 }
 
+/// Routed pods (a /128 besides the /32) over host-gw.
+#[test]
+fn dual_stack_routed_over_host_gw() {
+    dual_stack_pods_get_both_families_and_policy_treats_them_alike("host-gw+routed");
+}
+
+/// `backend`: `vxlan`, `host-gw`, or `host-gw+routed` (routed pods).
 fn dual_stack_pods_get_both_families_and_policy_treats_them_alike(backend: &str) {
     let secondary = format!("--operator-arg=--secondary-cluster-cidr={IPV6_CLUSTER_CIDR}");
     let agents = format!("--agent-arg=--ipv6-cluster-cidr={IPV6_CLUSTER_CIDR}");
-    let Some(_up) = Up::start(&["--nodes", "2", "--backend", backend, &secondary, &agents], &[]) else { return };
+    let (backend, routed) = match backend.strip_suffix("+routed") {
+        Some(b) => (b, true),
+        None => (backend, false),
+    };
+    let mut args = vec!["--nodes", "2", "--backend", backend, &secondary, &agents];
+    if routed {
+        args.push("--agent-arg=--pod-attachment=routed");
+    }
+    let Some(_up) = Up::start(&args, &[]) else { return };
 
     // The leases: one block of each family per node.
     let block6 = block6_of(node_of("prod/db"));
@@ -138,6 +153,7 @@ fn dual_stack_pods_get_both_families_and_policy_treats_them_alike(backend: &str)
         addrs[0]["addr_info"].as_array().expect("addr_info").iter().filter(|a| a.get("local").is_some()).collect();
     assert_eq!(on_eth0.len(), 1, "{addrs}");
     assert_eq!(on_eth0[0]["local"], v6.to_string());
+    assert_eq!(on_eth0[0]["prefixlen"], if routed { 128 } else { 64 }, "{addrs}");
     assert!(on_eth0[0].get("tentative").is_none(), "no duplicate address detection: {addrs}");
     let routes = ip_json(netns, &["-6", "route", "show", "default"]);
     let gateway6 = std::net::Ipv6Addr::from(u128::from(block6.network()) | 1);

@@ -10,7 +10,9 @@ use netlink_packet_route::address::{AddressAttribute, AddressFlags, AddressMessa
 use netlink_packet_route::link::{
     InfoBridgePort, InfoData, InfoKind, InfoPortData, InfoVeth, LinkAttribute, LinkFlags, LinkInfo, LinkMessage,
 };
-use netlink_packet_route::neighbour::{NeighbourAddress, NeighbourAttribute, NeighbourMessage, NeighbourState};
+use netlink_packet_route::neighbour::{
+    NeighbourAddress, NeighbourAttribute, NeighbourFlags, NeighbourMessage, NeighbourState,
+};
 use netlink_packet_route::route::{RouteAddress, RouteAttribute, RouteMessage, RouteScope};
 use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 use rtnetlink::packet_core::{NLM_F_CREATE, NLM_F_EXCL, NLM_F_REPLACE};
@@ -293,6 +295,9 @@ pub fn attach(pod: &mut BlockingNetns, spec: &AttachSpec) -> Result<(), Dataplan
             return Err(DataplaneError::Unexpected(format!("{} did not appear on the node", spec.host_veth)));
         };
         route_to_pod(&mut host, link.header.index, &spec.addresses_with_gateways(), spec.pod_mac)?;
+        if spec.ipv6.is_some() {
+            super::sysctl::enable_proxy_ndp(&spec.host_veth)?;
+        }
     }
     Ok(())
 }
@@ -307,8 +312,9 @@ impl AttachSpec {
 
 /// The node's side of a routed pod on the host veth with index
 /// `host_index`: for each (pod address, gateway) its /32 or /128 route and
-/// its neighbour entry, in one datagram. They replace what is there, so ADD
-/// and the repair of a missing route share it.
+/// its neighbour entry, and for IPv6 the gateway's proxy entry, in one
+/// datagram. They replace what is there, so ADD and the repair of a
+/// missing route share it.
 pub fn route_to_pod(
     nl: &mut BlockingNetlink,
     host_index: u32,
@@ -316,18 +322,36 @@ pub fn route_to_pod(
     pod_mac: [u8; 6],
 ) -> Result<(), DataplaneError> {
     let mut msgs = Vec::new();
+    let mut what = Vec::new();
     for &(ip, gateway) in addresses {
-        msgs.push((RouteNetlinkMessage::NewRoute(pod_route(ip, host_index, gateway)), NLM_F_CREATE | NLM_F_REPLACE));
-        let neighbour = neighbour(host_index, ip, pod_mac, NeighbourState::Permanent);
-        msgs.push((RouteNetlinkMessage::NewNeighbour(neighbour), NLM_F_CREATE | NLM_F_REPLACE));
-    }
-    nl.batch(msgs).map(drop).map_err(|(at, e)| {
-        let ip = addresses.get(at / 2).map(|(ip, _)| ip.to_string()).unwrap_or_default();
-        match at % 2 {
-            0 => kernel_op(format!("add the route to {ip} via link {host_index}"))(e),
-            _ => kernel_op(format!("add the neighbour entry of {ip} on link {host_index}"))(e),
+        msgs.push(RouteNetlinkMessage::NewRoute(pod_route(ip, host_index, gateway)));
+        what.push(format!("add the route to {ip} via link {host_index}"));
+        msgs.push(RouteNetlinkMessage::NewNeighbour(neighbour(host_index, ip, pod_mac, NeighbourState::Permanent)));
+        what.push(format!("add the neighbour entry of {ip} on link {host_index}"));
+        if let IpAddr::V6(gateway) = gateway {
+            msgs.push(RouteNetlinkMessage::NewNeighbour(gateway_proxy(host_index, gateway)));
+            what.push(format!("add the proxy entry of {gateway} on link {host_index}"));
         }
-    })
+    }
+    let msgs = msgs.into_iter().map(|m| (m, NLM_F_CREATE | NLM_F_REPLACE)).collect();
+    nl.batch(msgs)
+        .map(drop)
+        .map_err(|(at, e)| kernel_op(what.get(at).cloned().unwrap_or_else(|| "route to a pod".into()))(e))
+}
+
+/// `ip -6 neigh add proxy <gateway> dev <host veth>`: the host end answers
+/// neighbour solicitations for the IPv6 gateway, which is an address of the
+/// bridge. The pod's own kernel never asks (its entry for the gateway is
+/// permanent), but a VM guest behind a TC redirect sets itself up from the
+/// CNI result and resolves the gateway itself. IPv4 needs nothing of the
+/// kind: Linux answers ARP for any of the node's addresses on any link.
+fn gateway_proxy(index: u32, gateway: Ipv6Addr) -> NeighbourMessage {
+    let mut m = NeighbourMessage::default();
+    m.header.family = AddressFamily::Inet6;
+    m.header.ifindex = index;
+    m.header.flags = NeighbourFlags::Proxy;
+    m.attributes.push(NeighbourAttribute::Destination(NeighbourAddress::Inet6(gateway)));
+    m
 }
 
 /// The node's route to a routed pod: `ip/32 dev <host veth> scope link src

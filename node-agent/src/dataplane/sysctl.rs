@@ -21,6 +21,13 @@ pub fn ensure_ipv6_forwarding() -> Result<bool, DataplaneError> {
     ensure_on(Path::new(IPV6_FORWARDING))
 }
 
+/// Lets link `ifname` answer neighbour solicitations for its proxy entries
+/// (a routed pod's host veth, for the IPv6 gateway). `ifname` is a name
+/// the agent made, never input.
+pub fn enable_proxy_ndp(ifname: &str) -> Result<(), DataplaneError> {
+    ensure_on(&Path::new("/proc/sys/net/ipv6/conf").join(ifname).join("proxy_ndp")).map(drop)
+}
+
 fn ensure_on(path: &Path) -> Result<bool, DataplaneError> {
     let fail = |e: std::io::Error| DataplaneError::Unexpected(format!("{}: {e}", path.display()));
     if std::fs::read_to_string(path).map_err(fail)?.trim() == "1" {
