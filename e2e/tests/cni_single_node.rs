@@ -410,6 +410,26 @@ fn del_without_netns_and_after_the_netns_is_gone() {
 #[test]
 fn gc_keeps_valid_attachments_and_frees_the_rest() {
     let Some(n) = node("gc", "10.202.0.0/24") else { return };
+    gc_keeps_valid_attachments(&n, "10.202.0.1");
+}
+
+/// GC of routed dual-stack pods: the freed pods' /32 and /128 routes go
+/// with them, the kept pods' stay.
+#[test]
+fn gc_of_routed_dual_stack_pods_frees_both_families() {
+    let args = ["--pod-attachment", "routed", "--pod-ipv6-cidr", "fd00:202::/64"];
+    let Some(n) = Node::start_with("gc6", "10.217.0.0/24", &args, &[]) else { return };
+    let _pods = gc_keeps_valid_attachments(&n, "10.217.0.1");
+    let routes = n.ns.ip(&["-6", "route", "show", "root", "fd00:202::/64"]);
+    let pod_routes: Vec<&str> = routes.lines().filter(|l| l.starts_with("fd00:202::") && !l.contains("/64")).collect();
+    assert_eq!(pod_routes.len(), 1, "one pod left, one /128 route:\n{routes}");
+    assert!(n.ns.ip(&["-4", "route"]).lines().filter(|l| l.contains("10.217.0.") && !l.contains('/')).count() == 1);
+}
+
+/// Four pods, GC keeping two, a stray veth removed; then GC keeping one
+/// under the older draft key. `gateway`: the pods' IPv4 gateway. Returns
+/// the pods' namespaces (the one kept lives as long as they do).
+fn gc_keeps_valid_attachments(n: &Node, gateway: &str) -> Vec<Netns> {
     let weft = Weft::new(&n.ns, &n.agent.socket);
     let pods: Vec<Netns> = (0..4).map(|_| Netns::new("pod")).collect();
     let cs: Vec<Container> = pods.iter().enumerate().map(|(i, p)| Container::new(format!("gc{i}"), p)).collect();
@@ -423,13 +443,14 @@ fn gc_keeps_valid_attachments_and_frees_the_rest() {
     left.sort();
     assert_eq!(left.len(), 2, "{left:?}");
     assert_eq!(n.agent.ipam_records().len(), 2);
-    assert!(pods[0].ping("10.202.0.1") && pods[2].ping("10.202.0.1"), "valid pods lost connectivity");
+    assert!(pods[0].ping(gateway) && pods[2].ping(gateway), "valid pods lost connectivity");
     assert!(!pods[1].links().contains(&"eth0".to_owned()));
     // The older draft key works too.
     let mut conf = weft.conf.clone();
     conf["cni.dev/attachments"] = json!([{"containerID": cs[0].id, "ifname": "eth0"}]);
     cni::exec_raw(&n.ns, &weft.plugin, &[("CNI_COMMAND", "GC")], conf.to_string().as_bytes()).assert_ok();
     assert_eq!(n.agent.ipam_records().len(), 1);
+    pods
 }
 
 #[test]
@@ -530,6 +551,29 @@ fn hundred_concurrent_adds_then_dels() {
 #[test]
 fn kill9_during_add_burst_leaks_nothing() {
     let Some(mut n) = node("crash", "10.206.0.0/24") else { return };
+    kill9_during_add_burst(&mut n);
+}
+
+/// The same with routed dual-stack pods: afterwards no /32 or /128 route
+/// to a pod is left on the node.
+#[test]
+fn kill9_during_a_routed_dual_stack_add_burst_leaks_nothing() {
+    let args = ["--pod-attachment", "routed", "--pod-ipv6-cidr", "fd00:206::/64"];
+    let Some(mut n) = Node::start_with("crash6", "10.218.0.0/24", &args, &[]) else { return };
+    kill9_during_add_burst(&mut n);
+    let leftover: Vec<String> = [n.ns.ip(&["-4", "route"]), n.ns.ip(&["-6", "route"])]
+        .iter()
+        .flat_map(|r| {
+            r.lines().filter(|l| l.starts_with("10.218.0.") || l.starts_with("fd00:206::")).map(str::to_owned)
+        })
+        .filter(|l| !l.contains("/64") && !l.contains("/24"))
+        .collect();
+    assert!(leftover.is_empty(), "routes to pods left behind: {leftover:?}");
+}
+
+/// 60 concurrent ADDs, the agent killed with SIGKILL in the middle, a
+/// restart, retries and DELs: nothing leaks.
+fn kill9_during_add_burst(n: &mut Node) {
     let pods: Vec<Netns> = (0..60).map(|_| Netns::new("p")).collect();
     let cs: Vec<Container> = pods.iter().enumerate().map(|(i, p)| Container::new(format!("crash{i}"), p)).collect();
     let weft = Weft::new(&n.ns, &n.agent.socket);
