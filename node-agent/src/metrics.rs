@@ -120,7 +120,7 @@ impl Default for Metrics {
         let node_setting_repairs = Family::<SettingLabels, Counter>::default();
         registry.register(
             "node_setting_repairs",
-            "Node settings (ip_forward, masquerade, bridge_netfilter) found undone and put back, by setting",
+            "Node settings (ip_forward, ipv6_forwarding, masquerade, bridge_netfilter) found undone and put back, by setting",
             node_setting_repairs.clone(),
         );
         let policy = std::sync::Arc::new(crate::policy::metrics::PolicyMetrics::register(&mut registry));

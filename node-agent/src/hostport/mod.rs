@@ -198,3 +198,30 @@ impl HostPorts {
 fn udp_ports(a: &Allocation) -> Vec<u16> {
     a.ports.iter().filter(|m| m.protocol == Protocol::Udp).map(|m| m.host_port).collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_ipv6_host_ip_needs_a_pod_with_an_ipv6_address() {
+        let blocks =
+            PodBlocks { ipv4: "10.244.1.0/24".parse().unwrap(), ipv6: Some("fd00:10:244:1::/64".parse().unwrap()) };
+        let hp = HostPorts::new("20000-20009".parse().unwrap(), blocks, vec![]);
+        let wanted = [Wanted {
+            protocol: Protocol::Tcp,
+            container_port: 80,
+            host_port: Some(20001),
+            host_ip: Some("fd00:250::b".parse().unwrap()),
+            name: None,
+        }];
+        let key = Key { container_id: "c1".into(), ifname: "eth0".into() };
+        let pod = PodIdentity::default();
+        let err = hp.reserve(&key, &pod, ("10.244.1.5".parse().unwrap(), None), &wanted).unwrap_err();
+        assert!(err.to_string().contains("hostIP fd00:250::b is an IPv6 address, and this pod has no IPv6"), "{err}");
+        assert!(hp.all().is_empty(), "nothing was taken");
+        let ipv6 = "fd00:10:244:1::5".parse().unwrap();
+        let a = hp.reserve(&key, &pod, ("10.244.1.5".parse().unwrap(), Some(ipv6)), &wanted).unwrap().unwrap();
+        assert_eq!((a.pod_ipv6, a.ports[0].host_port), (Some(ipv6), 20001));
+    }
+}
