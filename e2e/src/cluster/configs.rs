@@ -156,8 +156,13 @@ impl ProxyMode {
 }
 
 /// kube-proxy's configuration. conntrack sizes stay at the kernel's (a node
-/// namespace cannot change the host-wide table size).
-pub fn kube_proxy_yaml(node: &NodeInfo, kubeconfig: &Path, mode: ProxyMode) -> String {
+/// namespace cannot change the host-wide table size). `ipv6_cluster`: the
+/// pods' IPv6 range of a dual-stack cluster.
+pub fn kube_proxy_yaml(node: &NodeInfo, kubeconfig: &Path, mode: ProxyMode, ipv6_cluster: Option<&str>) -> String {
+    let cluster_cidr = match ipv6_cluster {
+        Some(v6) => format!("{CLUSTER_CIDR},{v6}"),
+        None => CLUSTER_CIDR.to_owned(),
+    };
     format!(
         r#"apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
@@ -165,7 +170,7 @@ clientConnection:
   kubeconfig: {kubeconfig}
 hostnameOverride: {name}
 bindAddress: 0.0.0.0
-clusterCIDR: {CLUSTER_CIDR}
+clusterCIDR: {cluster_cidr}
 mode: {mode}
 metricsBindAddress: 127.0.0.1:10249
 healthzBindAddress: 127.0.0.1:10256
@@ -220,10 +225,11 @@ mod tests {
         assert!(y.contains("address: 10.251.0.12\n"), "{y}");
         assert!(y.contains("cgroupRoot: /weft-k8s/node-2\n"), "{y}");
         assert!(y.contains("failCgroupV1: false"));
-        let p = kube_proxy_yaml(&n2, Path::new("/kp"), ProxyMode::Nftables);
+        let p = kube_proxy_yaml(&n2, Path::new("/kp"), ProxyMode::Nftables, None);
         assert!(p.contains("hostnameOverride: node-2\n") && p.contains("mode: nftables\n"), "{p}");
-        let p = kube_proxy_yaml(&n2, Path::new("/kp"), ProxyMode::Iptables);
+        let p = kube_proxy_yaml(&n2, Path::new("/kp"), ProxyMode::Iptables, Some("fd00:10:244::/56"));
         assert!(p.contains("mode: iptables\n"), "{p}");
+        assert!(p.contains(&format!("clusterCIDR: {CLUSTER_CIDR},fd00:10:244::/56\n")), "{p}");
         let c = containerd_toml();
         assert!(c.contains(PAUSE_IMAGE) && c.contains("restrict_oom_score_adj = true"));
     }

@@ -183,6 +183,8 @@ pub fn create(node: &NodeInfo) -> anyhow::Result<()> {
     // Service IPs are routed before kube-proxy's DNAT sees them, so a node
     // needs a default route. Nothing behind it forwards: traffic stays here.
     ip(&["-n", &node.netns, "route", "add", "default", "via", &CP_IP.to_string()])?;
+    let cp6 = crate::sandbox::node_ipv6(CP_IP).to_string();
+    ip(&["-n", &node.netns, "-6", "route", "add", "default", "via", &cp6])?;
 
     let ns_dir = ensure_ns_dir()?;
     let ns_file = ns_dir.join(&node.name);
@@ -303,8 +305,10 @@ pub struct Credentials {
     pub certs_dir: PathBuf,
 }
 
-/// Starts kubelet and kube-proxy with the node's credentials.
-pub fn start_kubelet_and_proxy(node: &NodeInfo, creds: &Credentials) -> anyhow::Result<()> {
+/// Starts kubelet and kube-proxy with the node's credentials; in a
+/// dual-stack cluster (`ipv6_cluster`: its pods' IPv6 range) with both node
+/// addresses.
+pub fn start_kubelet_and_proxy(node: &NodeInfo, creds: &Credentials, ipv6_cluster: Option<&str>) -> anyhow::Result<()> {
     let tools = crate::control_plane::tools_dir();
     let dir = node.dir();
     let cert = |stem: &str| (creds.certs_dir.join(format!("{stem}.crt")), creds.certs_dir.join(format!("{stem}.key")));
@@ -325,7 +329,10 @@ pub fn start_kubelet_and_proxy(node: &NodeInfo, creds: &Credentials) -> anyhow::
             format!("--config={}", kubelet_cfg.display()),
             format!("--kubeconfig={}", kubelet_kc.display()),
             format!("--hostname-override={}", node.name),
-            format!("--node-ip={}", node.ip),
+            match ipv6_cluster {
+                Some(_) => format!("--node-ip={},{}", node.ip, crate::sandbox::node_ipv6(node.ip)),
+                None => format!("--node-ip={}", node.ip),
+            },
             "--v=1".into(),
         ],
     )?;
@@ -338,7 +345,7 @@ pub fn start_kubelet_and_proxy(node: &NodeInfo, creds: &Credentials) -> anyhow::
     )?;
     let proxy_cfg = dir.join("kube-proxy.yaml");
     let mode = configs::ProxyMode::from_env().map_err(|e| anyhow::anyhow!(e))?;
-    std::fs::write(&proxy_cfg, configs::kube_proxy_yaml(node, &proxy_kc, mode))?;
+    std::fs::write(&proxy_cfg, configs::kube_proxy_yaml(node, &proxy_kc, mode, ipv6_cluster))?;
     start_daemon(node, "kube-proxy", &tools.join("kube-proxy"), &[format!("--config={}", proxy_cfg.display())])?;
     Ok(())
 }

@@ -156,6 +156,8 @@ fn client_identities() -> Vec<ClientIdentity> {
 
 async fn build(opts: &UpOptions) -> anyhow::Result<Parts> {
     let started = Instant::now();
+    let ipv6_cluster = ipv6_cluster_cidr(&opts.helm_sets);
+    let dual_stack = ipv6_cluster.is_some();
     let dir = state_dir();
     std::fs::create_dir_all(&dir)?;
     ip(&["netns", "add", UNDERLAY_NS])?;
@@ -179,7 +181,13 @@ async fn build(opts: &UpOptions) -> anyhow::Result<Parts> {
             kubelet_client: Some("apiserver-kubelet-client".into()),
             // Kubelets act as their node only; exec and logs reach them by IP.
             node_authorization: true,
-            extra_apiserver_args: vec!["--kubelet-preferred-address-types=InternalIP,Hostname".into()],
+            extra_apiserver_args: [
+                Some("--kubelet-preferred-address-types=InternalIP,Hostname".to_owned()),
+                dual_stack.then(|| format!("--service-cluster-ip-range=10.96.0.0/16,{SERVICE_CIDR6}")),
+            ]
+            .into_iter()
+            .flatten()
+            .collect(),
         })
     })
     .await??;
@@ -223,7 +231,7 @@ async fn build(opts: &UpOptions) -> anyhow::Result<Parts> {
     };
     let mut nodes = Vec::new();
     for i in 1..=opts.nodes {
-        nodes.push(add_node(i, &creds, &opts.images)?);
+        nodes.push(add_node(i, &creds, &opts.images, ipv6_cluster.as_deref())?);
     }
     let client = cp.client().await?;
     wait_registered(&client, &nodes).await?;
@@ -271,13 +279,19 @@ async fn build(opts: &UpOptions) -> anyhow::Result<Parts> {
     Ok((cp, children))
 }
 
-/// Makes node `index` and starts its daemons.
-pub fn add_node(index: usize, creds: &node::Credentials, images: &[PathBuf]) -> anyhow::Result<NodeInfo> {
+/// Makes node `index` and starts its daemons (`ipv6_cluster`: see
+/// [`ipv6_cluster_cidr`]).
+pub fn add_node(
+    index: usize,
+    creds: &node::Credentials,
+    images: &[PathBuf],
+    ipv6_cluster: Option<&str>,
+) -> anyhow::Result<NodeInfo> {
     anyhow::ensure!((1..=MAX_NODES).contains(&index), "node index {index} is outside 1..={MAX_NODES}");
     let info = NodeInfo::new(index);
     node::create(&info).with_context(|| format!("creating {}", info.name))?;
     node::start_containerd(&info, images)?;
-    node::start_kubelet_and_proxy(&info, creds)?;
+    node::start_kubelet_and_proxy(&info, creds, ipv6_cluster)?;
     Ok(info)
 }
 
@@ -351,7 +365,8 @@ pub async fn add_to_running() -> anyhow::Result<NodeInfo> {
         .find(|i| !state.nodes.iter().any(|n| n.index == *i))
         .with_context(|| format!("the cluster already has {MAX_NODES} nodes"))?;
     let (creds, images) = (state.credentials.clone(), state.images.clone());
-    let info = tokio::task::spawn_blocking(move || add_node(index, &creds, &images)).await??;
+    let ipv6_cluster = ipv6_cluster_cidr(&state.helm_values);
+    let info = tokio::task::spawn_blocking(move || add_node(index, &creds, &images, ipv6_cluster.as_deref())).await??;
     state.nodes.push(info.clone());
     state.save()?;
     let client = control_plane::kube_util::client_from(&state.kubeconfig).await?;
@@ -393,6 +408,17 @@ pub fn helm(kubeconfig: &Path, args: &[String]) -> anyhow::Result<String> {
         );
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The IPv6 Service range of a dual-stack cluster.
+pub const SERVICE_CIDR6: &str = "fd00:96::/112";
+
+/// The pods' IPv6 range when the chart is given one (`--set
+/// network.ipv6ClusterCIDR=…`): the cluster is then dual-stack, with both
+/// node addresses on each kubelet, both Service ranges and kube-proxy
+/// proxying both families.
+pub fn ipv6_cluster_cidr(helm_sets: &[String]) -> Option<String> {
+    helm_sets.iter().rev().find_map(|s| s.strip_prefix("network.ipv6ClusterCIDR=").map(str::to_owned))
 }
 
 /// The chart's values for this cluster: the images built here, never pulled.

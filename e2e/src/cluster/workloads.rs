@@ -110,6 +110,8 @@ pub fn placement(namespace: &str, pod: &str) -> Option<(String, String)> {
 pub fn dial(namespace: &str, from: &str, protocol: &str, target: &str) -> Option<String> {
     let (ip, node) = placement(namespace, from)?;
     let (host, port) = target.rsplit_once(':')?;
+    // netexec joins host and port itself: an IPv6 address goes bare.
+    let host = host.trim_start_matches('[').trim_end_matches(']');
     let url =
         format!("http://{ip}:{HTTP_PORT}/dial?request=hostname&protocol={protocol}&host={host}&port={port}&tries=1");
     let (ok, out) = node_exec(&node, &["curl", "-s", "--max-time", "6", &url]);

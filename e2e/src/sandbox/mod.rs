@@ -49,9 +49,10 @@ pub fn node_ip(index: usize) -> Ipv4Addr {
     Ipv4Addr::new(10, 250, 0, 10 + index as u8)
 }
 
-/// A node's IPv6 address on the underlay (unique local, no default
-/// route): its IPv4 address's last byte in `fd00:250::/64`, so
-/// 10.250.0.11 is fd00:250::b.
+/// The IPv6 address beside an IPv4 one on the underlay (unique local, no
+/// default route): the IPv4 address's last byte in `fd00:250::/64`, so
+/// 10.250.0.11 is fd00:250::b (the sandbox's and the real-node cluster's
+/// underlays are separate namespaces).
 pub fn node_ipv6(ipv4: Ipv4Addr) -> std::net::Ipv6Addr {
     std::net::Ipv6Addr::new(0xfd00, 0x250, 0, 0, 0, 0, 0, u16::from(ipv4.octets()[3]))
 }

@@ -19,7 +19,9 @@ pub fn attach_to_underlay(netns: &str, tag: &str, addr: Ipv4Addr) -> anyhow::Res
 }
 
 /// Creates `netns` (loopback up) with a veth to bridge `br0` of namespace
-/// `underlay` carrying `addr` on the underlay's prefix.
+/// `underlay` carrying `addr` on the underlay's prefix, and its IPv6
+/// counterpart ([`super::node_ipv6`]): the underlay is dual-stack. No
+/// duplicate address detection: the IPv6 address is usable at once.
 pub fn attach_to_bridge(underlay: &str, netns: &str, tag: &str, addr: Ipv4Addr) -> anyhow::Result<()> {
     ip(&["netns", "add", netns])?;
     ip(&["-n", netns, "link", "set", "lo", "up"])?;
@@ -27,6 +29,8 @@ pub fn attach_to_bridge(underlay: &str, netns: &str, tag: &str, addr: Ipv4Addr) 
     ip(&["-n", underlay, "link", "add", &port, "type", "veth", "peer", "name", "eth0", "netns", netns])?;
     ip(&["-n", underlay, "link", "set", &port, "master", "br0", "up"])?;
     ip(&["-n", netns, "addr", "add", &format!("{addr}/{UNDERLAY_PREFIX}"), "dev", "eth0"])?;
+    let ipv6 = format!("{}/{UNDERLAY_PREFIX6}", super::node_ipv6(addr));
+    ip(&["-n", netns, "addr", "add", &ipv6, "dev", "eth0", "nodad"])?;
     ip(&["-n", netns, "link", "set", "eth0", "up"])?;
     Ok(())
 }
@@ -37,10 +41,6 @@ pub async fn add(client: &kube::Client, index: usize, kubeconfig: &Path) -> anyh
     let netns = super::node_ns(&name);
     let node_ip = super::node_ip(index);
     attach_to_underlay(&netns, &format!("n{index}"), node_ip)?;
-    // Dual-stack underlay: host ports of dual-stack pods answer on it. No
-    // duplicate address detection: the address is usable at once.
-    let ipv6 = format!("{}/{UNDERLAY_PREFIX6}", super::node_ipv6(node_ip));
-    ip(&["-n", &netns, "addr", "add", &ipv6, "dev", "eth0", "nodad"])?;
     register(&Api::<Node>::all(client.clone()), &name, node_ip).await?;
     let dir = state_dir().join(&name);
     std::fs::create_dir_all(&dir)?;

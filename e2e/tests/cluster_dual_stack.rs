@@ -1,0 +1,81 @@
+//! Weft dual-stack on real nodes: kubelets with both node addresses, both
+//! Service ranges, kube-proxy proxying both families, Weft installed by its
+//! chart with `network.ipv6ClusterCIDR`. Pods get both addresses (in their
+//! status, from weft-cni's result), reach each other across nodes over IPv6
+//! (TCP and UDP, VXLAN), an IPv6 Service through kube-proxy reaches its pod,
+//! and a spec `hostPort` answers on the node's IPv6 address.
+
+use std::time::Duration;
+
+use weft_e2e::cluster::testing::{Cluster, apply, eventually, kubectl_ok};
+use weft_e2e::cluster::workloads::{HTTP_PORT, TestPod, http_hostname, namespace, udp_hostname};
+
+const IPV6_CLUSTER_CIDR: &str = "fd00:10:244::/56";
+const HOST_PORT: u16 = 18090;
+
+/// A pod's addresses (`status.podIPs`), IPv4 first.
+fn pod_ips(ns: &str, name: &str) -> Vec<String> {
+    let out = kubectl_ok(&["get", "pod", "-n", ns, name, "-o", "jsonpath={.status.podIPs[*].ip}"]);
+    out.split_whitespace().map(str::to_owned).collect()
+}
+
+#[test]
+fn dual_stack_pods_services_and_host_ports_on_real_nodes() {
+    let set = format!("network.ipv6ClusterCIDR={IPV6_CLUSTER_CIDR}");
+    let Some(cluster) = Cluster::shared(&["--backend", "vxlan", "--set", &set]) else { return };
+    let node2 = cluster.state.nodes.iter().find(|n| n.name == "node-2").expect("node-2");
+    let node2_v6 = weft_e2e::sandbox::node_ipv6(node2.ip).to_string();
+
+    // The node reports both addresses; its agent publishes the IPv6 one.
+    let internal =
+        kubectl_ok(&["get", "node", "node-2", "-o", "jsonpath={.status.addresses[?(@.type=='InternalIP')].address}"]);
+    assert_eq!(internal.split_whitespace().collect::<Vec<_>>(), [node2.ip.to_string(), node2_v6.clone()]);
+    let published = kubectl_ok(&["get", "subnet", "node-2", "-o", "jsonpath={.status.nodeIPv6}"]);
+    assert_eq!(published.trim(), node2_v6);
+
+    let ns = "weft-dual-stack";
+    namespace(ns, &[]);
+    let pod = |name, node, host_port| TestPod { namespace: ns, name, node, labels: &[], annotations: &[], host_port };
+    pod("a", "node-1", None).run();
+    pod("c", "node-2", Some(HOST_PORT)).run();
+    kubectl_ok(&["label", "pod", "-n", ns, "c", "app=c"]);
+    let (a, c) = (pod_ips(ns, "a"), pod_ips(ns, "c"));
+    let cluster6: ipnet::Ipv6Net = IPV6_CLUSTER_CIDR.parse().expect("cidr");
+    for ips in [&a, &c] {
+        assert_eq!(ips.len(), 2, "{ips:?}");
+        let v6: std::net::Ipv6Addr = ips[1].parse().unwrap_or_else(|_| panic!("no IPv6 address: {ips:?}"));
+        assert!(cluster6.contains(&v6), "{v6} outside {IPV6_CLUSTER_CIDR}");
+    }
+
+    // Across nodes over IPv6, both ways, TCP and UDP.
+    for (from, to, target6) in [("a", "c", &c[1]), ("c", "a", &a[1])] {
+        let answer = eventually(&format!("{from} → {to} over IPv6 TCP"), Duration::from_secs(60), || {
+            http_hostname(ns, from, &format!("[{target6}]:{HTTP_PORT}"))
+        });
+        assert_eq!(answer, to);
+        let answer = eventually(&format!("{from} → {to} over IPv6 UDP"), Duration::from_secs(30), || {
+            udp_hostname(ns, from, target6)
+        });
+        assert_eq!(answer, to);
+    }
+
+    // An IPv6-only Service through kube-proxy.
+    apply(&format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: c6, namespace: {ns}}}\n\
+         spec:\n  ipFamilyPolicy: SingleStack\n  ipFamilies: [IPv6]\n  selector: {{app: c}}\n\
+         \x20 ports: [{{port: 80, targetPort: {HTTP_PORT}}}]\n"
+    ));
+    let service_ip = kubectl_ok(&["get", "svc", "-n", ns, "c6", "-o", "jsonpath={.spec.clusterIP}"]);
+    let service_ip = service_ip.trim();
+    assert!(service_ip.starts_with("fd00:96::"), "an IPv6 cluster IP: {service_ip}");
+    let answer = eventually("the IPv6 Service to answer", Duration::from_secs(60), || {
+        http_hostname(ns, "a", &format!("[{service_ip}]:80"))
+    });
+    assert_eq!(answer, "c");
+
+    // c's spec hostPort on node-2's IPv6 address, from a pod on node-1.
+    let answer = eventually("the host port on node-2's IPv6 address", Duration::from_secs(60), || {
+        http_hostname(ns, "a", &format!("[{node2_v6}]:{HOST_PORT}"))
+    });
+    assert_eq!(answer, "c");
+}
