@@ -1,7 +1,8 @@
 //! The agent against the real apiserver: it serves no CNI request until its
 //! node's Subnet lease exists, then uses the lease's CIDR for pods and
-//! publishes its node facts in the Subnet's status (again when wiped); a
-//! withdrawn lease stops new pods and is let go once its pods are gone.
+//! publishes its node facts in the Subnet's status (again when wiped); an
+//! IPv6 block added to the lease makes it restart to use it; a withdrawn
+//! lease stops new pods and is let go once its pods are gone.
 
 use std::net::SocketAddr;
 use std::process::{Child, Stdio};
@@ -58,22 +59,26 @@ fn agent_waits_for_its_lease_then_uses_it_and_publishes_its_facts() {
 
     let name = unique_name("lease-node");
     let socket = dir.path().join("agent.sock");
-    let log = std::fs::File::create(dir.path().join("agent.log")).expect("log");
-    let mut agent = Killed(
-        node.command(bins::weft("weft-agent"))
-            .args(["--node-name", &name, "--node-ip", "10.251.0.2", "--cluster-cidr", "10.252.0.0/16"])
-            .arg("--kubeconfig")
-            .arg(&kubeconfig)
-            .arg("--socket")
-            .arg(&socket)
-            .arg("--state-dir")
-            .arg(dir.path().join("state"))
-            .args(["--metrics-addr", "127.0.0.1:9646"])
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("weft-agent"),
-    );
+    let start_agent = || {
+        let log =
+            std::fs::OpenOptions::new().create(true).append(true).open(dir.path().join("agent.log")).expect("log");
+        Killed(
+            node.command(bins::weft("weft-agent"))
+                .args(["--node-name", &name, "--node-ip", "10.251.0.2", "--cluster-cidr", "10.252.0.0/16"])
+                .arg("--kubeconfig")
+                .arg(&kubeconfig)
+                .arg("--socket")
+                .arg(&socket)
+                .arg("--state-dir")
+                .arg(dir.path().join("state"))
+                .args(["--metrics-addr", "127.0.0.1:9646"])
+                .stdout(Stdio::null())
+                .stderr(log)
+                .spawn()
+                .expect("weft-agent"),
+        )
+    };
+    let mut agent = start_agent();
     let agent_log = || std::fs::read_to_string(dir.path().join("agent.log")).unwrap_or_default();
 
     // Without a lease: /readyz says why, and weft-cni gets STATUS 50 / ADD 11.
@@ -117,6 +122,27 @@ fn agent_waits_for_its_lease_then_uses_it_and_publishes_its_facts() {
         let st = rt.block_on(subnets.get(&name)).ok()?.status?;
         (st.node_ip.as_deref() == Some("10.251.0.2") && st.vtep_mac.is_some()).then_some(())
     });
+
+    // Dual-stack turned on: the lease gains an IPv6 block. The agent exits
+    // to take it (a DaemonSet restarts it); restarted, it gives new pods an
+    // IPv6 address too, and the running pod keeps its own.
+    let extend = json!({"spec": {"cidrs": ["10.252.7.0/24", "fd00:252:7::/64"]}});
+    rt.block_on(subnets.patch(&name, &PatchParams::default(), &Patch::Merge(&extend))).expect("add an IPv6 block");
+    let exit = wait::until("the agent to exit for the IPv6 block", Duration::from_secs(30), || {
+        agent.0.try_wait().ok().flatten()
+    });
+    assert!(!exit.success(), "the agent exits with an error so that it is restarted");
+    assert!(agent_log().contains("now also leases the IPv6 block fd00:252:7::/64"), "{}", agent_log());
+    drop(agent);
+    agent = start_agent();
+    wait::until("STATUS ok after the restart", Duration::from_secs(30), || weft.status().success.then_some(()));
+    weft.check(&c, &result).assert_ok();
+    let pod6 = Netns::new("leasepod6");
+    let c6 = Container::new("lease6", &pod6);
+    let result6 = weft.add(&c6).assert_ok().json();
+    let ip6 = cni::pod_ip6(&result6).unwrap_or_else(|| panic!("no IPv6 address: {result6}"));
+    assert!(ip6.starts_with("fd00:252:7::"), "{result6}");
+    weft.del(&c6, None).assert_ok();
 
     // The lease withdrawn while a pod uses it: no new pods, said everywhere,
     // and the block stays reserved (finalizer) until the pod is gone.

@@ -1,7 +1,8 @@
 //! NetworkPolicy truth tables in the sandbox cluster: namespaces and pods
-//! with labels across three nodes, policies applied with kubectl, and the
-//! probe's allow/deny matrix compared with the expected one after each step
-//! (waiting for convergence with a deadline, never a fixed sleep).
+//! with labels across three dual-stack nodes, policies applied with
+//! kubectl, and the probe's allow/deny matrix over IPv4 and over IPv6
+//! compared with the same expected one after each step (waiting for
+//! convergence with a deadline, never a fixed sleep).
 //!
 //! SCTP cannot be probed here (the kernel has no SCTP); SCTP rules are
 //! checked at rule level in the agent's unit and kernel tests.
@@ -15,6 +16,7 @@ use weft_e2e::sandbox::testing::{Up, apply, kubectl, ok, probe_matrix, try_apply
 use weft_e2e::wait;
 
 const CONVERGE: Duration = Duration::from_secs(45);
+const IPV6_CLUSTER_CIDR: &str = "fd00:10:244::/56";
 const PODS: [&str; 5] = ["dev/client", "dev/web", "prod/api", "prod/db", "prod/web"];
 
 fn delete_all_policies() {
@@ -24,9 +26,17 @@ fn delete_all_policies() {
     }
 }
 
-/// Waits until the probe matrix equals `expect(from, to)` for every ordered pair.
+/// Waits until the probe matrix over each family equals `expect(from, to)`
+/// for every ordered pair.
 #[track_caller]
 fn expect_matrix(step: &str, protocol: &str, port: u16, expect: impl Fn(&str, &str) -> bool) {
+    for family in ["ipv4", "ipv6"] {
+        expect_family(step, family, protocol, port, &expect);
+    }
+}
+
+#[track_caller]
+fn expect_family(step: &str, family: &str, protocol: &str, port: u16, expect: &impl Fn(&str, &str) -> bool) {
     let mut want = BTreeMap::new();
     for f in PODS {
         for t in PODS.iter().filter(|t| **t != f) {
@@ -36,7 +46,7 @@ fn expect_matrix(step: &str, protocol: &str, port: u16, expect: impl Fn(&str, &s
     let mut last = String::new();
     let converged = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         wait::until(step, CONVERGE, || {
-            let got = probe_matrix("ipv4", protocol, port);
+            let got = probe_matrix(family, protocol, port);
             if got == want {
                 return Some(());
             }
@@ -49,8 +59,8 @@ fn expect_matrix(step: &str, protocol: &str, port: u16, expect: impl Fn(&str, &s
             None
         })
     }));
-    assert!(converged.is_ok(), "step {step:?} ({protocol}/{port}) did not converge; differences:\n{last}");
-    eprintln!("ok: {step} ({protocol}/{port})");
+    assert!(converged.is_ok(), "step {step:?} ({family}, {protocol}/{port}) did not converge; differences:\n{last}");
+    eprintln!("ok: {step} ({family}, {protocol}/{port})");
 }
 
 fn allowed(v: bool) -> &'static str {
@@ -61,12 +71,23 @@ fn ns_of(pod: &str) -> &str {
     pod.split('/').next().unwrap_or_default()
 }
 
+/// A pod's IPv4 address.
 fn pod_ip(key: &str) -> String {
+    pod_field(key, 2)
+}
+
+/// A pod's IPv6 address.
+fn pod_ip6(key: &str) -> String {
+    pod_field(key, 3)
+}
+
+/// Field `n` of the pod's line in `weft-sandbox pods`.
+fn pod_field(key: &str, n: usize) -> String {
     ok(&["pods"])
         .lines()
         .find(|l| l.starts_with(&format!("{key} ")))
-        .and_then(|l| l.split_whitespace().nth(2))
-        .unwrap_or_else(|| panic!("no IP for {key}"))
+        .and_then(|l| l.split_whitespace().nth(n))
+        .unwrap_or_else(|| panic!("no field {n} for {key}"))
         .to_owned()
 }
 
@@ -108,8 +129,10 @@ spec:
 #[test]
 fn standard_and_weft_policies_follow_the_truth_table() {
     // With the drop log on (it is off by default).
+    let secondary = format!("--operator-arg=--secondary-cluster-cidr={IPV6_CLUSTER_CIDR}");
+    let agents = format!("--agent-arg=--ipv6-cluster-cidr={IPV6_CLUSTER_CIDR}");
     let Some(_up) = Up::start(
-        &["--nodes", "3", "--agent-arg=--policy-drop-log-group=100"],
+        &["--nodes", "3", "--agent-arg=--policy-drop-log-group=100", &secondary, &agents],
         &[("curl", std::path::Path::new("/usr/bin/curl").is_file())],
     ) else {
         return;
@@ -196,8 +219,9 @@ spec:
         ns_of(to) != "prod" || (to == "prod/db" && (ns_of(from) == "dev" || from == "prod/web"))
     });
 
-    // ipBlock with except, on prod/api; the other policies stay (union with deny-all).
-    let client_ip = pod_ip("dev/client");
+    // ipBlock with except, on prod/api; the other policies stay (union with
+    // deny-all). One block per family, so both matrices expect the same.
+    let (client_ip, client_ip6) = (pod_ip("dev/client"), pod_ip6("dev/client"));
     apply(&format!(
         "
 apiVersion: networking.k8s.io/v1
@@ -206,7 +230,9 @@ metadata: {{name: api-from-cluster, namespace: prod}}
 spec:
   podSelector: {{matchLabels: {{app: api}}}}
   ingress:
-  - from: [{{ipBlock: {{cidr: 10.244.0.0/16, except: [{client_ip}/32]}}}}]
+  - from:
+    - {{ipBlock: {{cidr: 10.244.0.0/16, except: [{client_ip}/32]}}}}
+    - {{ipBlock: {{cidr: '{IPV6_CLUSTER_CIDR}', except: ['{client_ip6}/128']}}}}
 "
     ));
     expect_matrix("ipBlock except", "tcp", 80, |from, to| match to {

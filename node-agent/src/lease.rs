@@ -171,6 +171,18 @@ pub enum Standing {
     Held { publish: bool },
     /// The block is being taken back; the reason, for humans.
     Withdrawn(String),
+    /// The Subnet now also leases an IPv6 block (dual-stack turned on): the
+    /// agent restarts to give new pods addresses from it.
+    Extended(String),
+}
+
+/// Why [`hold`] stopped holding the lease in use.
+#[derive(Debug, PartialEq, Eq)]
+pub enum LeaseEnd {
+    /// Withdrawn, and let go once no pod used it.
+    LetGo(String),
+    /// Extended by an IPv6 block.
+    Extended(String),
 }
 
 /// Judges the Subnet (None: it does not exist) against the lease in use.
@@ -187,6 +199,11 @@ pub fn standing(subnet: Option<&Subnet>, lease: &Lease, facts: &NodeFacts) -> St
             "Subnet {name} now leases {} but this node's pods use {}",
             subnet.spec.cidr, lease.cidr
         ));
+    }
+    if lease.cidr6.is_none()
+        && let Some(block) = lease_of(subnet).ok().and_then(|l| l.cidr6)
+    {
+        return Standing::Extended(format!("Subnet {name} now also leases the IPv6 block {block}"));
     }
     let status = subnet.status.clone().unwrap_or_default();
     let published = status.node_ip.as_deref() == Some(facts.node_ip.as_str())
@@ -209,10 +226,11 @@ pub struct Holder {
     pub resync: Duration,
 }
 
-/// Watches this node's Subnet until the lease has been withdrawn and let go
-/// (returns why), keeping the published facts in place meanwhile.
-/// `addresses_in_use` counts the pod addresses this node still hands out.
-pub async fn hold(h: Holder, addresses_in_use: impl Fn() -> usize) -> String {
+/// Watches this node's Subnet until the lease has been withdrawn and let go,
+/// or extended by an IPv6 block (returns which and why), keeping the
+/// published facts in place meanwhile. `addresses_in_use` counts the pod
+/// addresses this node still hands out.
+pub async fn hold(h: Holder, addresses_in_use: impl Fn() -> usize) -> LeaseEnd {
     let changed = Arc::new(tokio::sync::Notify::new());
     let config = watcher::Config::default().fields(&format!("metadata.name={}", h.node));
     let store = weft_api::watch::reflect(
@@ -229,6 +247,7 @@ pub async fn hold(h: Holder, addresses_in_use: impl Fn() -> usize) -> String {
     loop {
         let subnet = store.get(&ObjectRef::new(&h.node));
         match standing(subnet.as_deref(), &h.lease, &h.facts) {
+            Standing::Extended(why) => return LeaseEnd::Extended(why),
             Standing::Held { publish: republish } => {
                 if h.withdrawal.set(None) {
                     tracing::warn!(node = %h.node, cidr = %h.lease.cidr, "this node's Subnet lease is held again");
@@ -260,7 +279,7 @@ pub async fn hold(h: Holder, addresses_in_use: impl Fn() -> usize) -> String {
                 }
                 if in_use == 0 {
                     match let_go(&h.api, subnet.as_deref()).await {
-                        Ok(()) => return why,
+                        Ok(()) => return LeaseEnd::LetGo(why),
                         Err(e) => tracing::error!(error = %e, "cannot let go of the withdrawn lease; retrying"),
                     }
                 } else if told_in_use != Some(in_use) {
@@ -387,6 +406,20 @@ mod tests {
             matches!(&moved, Standing::Withdrawn(why) if why.contains("now leases 10.244.9.0/24") && why.contains("use 10.244.1.0/24")),
             "{moved:?}"
         );
+    }
+
+    #[test]
+    fn an_ipv6_block_added_to_the_lease_in_use_extends_it() {
+        let mut dual = subnet("10.244.1.0/24", true);
+        dual.spec.cidrs = vec!["10.244.1.0/24".into(), "fd00:10:244:1::/64".into()];
+        let s = standing(Some(&dual), &lease(), &facts());
+        assert!(matches!(&s, Standing::Extended(why) if why.contains("IPv6 block fd00:10:244:1::/64")), "{s:?}");
+        // Already in use: held as before.
+        let in_use = Lease { cidr6: Some("fd00:10:244:1::/64".parse().expect("cidr")), ..lease() };
+        assert_eq!(standing(Some(&dual), &in_use, &facts()), Standing::Held { publish: false });
+        // An unusable block changes nothing.
+        dual.spec.cidrs[1] = "fd00::1/64".into();
+        assert_eq!(standing(Some(&dual), &lease(), &facts()), Standing::Held { publish: false });
     }
 
     #[test]

@@ -134,7 +134,8 @@ async fn run(config: Config) -> anyhow::Result<()> {
 
     // Resolves when the lease has been withdrawn and let go: the agent then
     // exits, and its restart waits for the node's new lease.
-    let mut lease_gone: std::pin::Pin<Box<dyn Future<Output = String> + Send>> = Box::pin(std::future::pending());
+    let mut lease_gone: std::pin::Pin<Box<dyn Future<Output = lease::LeaseEnd> + Send>> =
+        Box::pin(std::future::pending());
     if let (Some(api), Some((reconciler, _, facts))) = (&subnets, overlay) {
         let resync = config.resync();
         tokio::spawn(peer_sync::run(api.clone(), reconciler, config.node_name.clone(), resync));
@@ -187,9 +188,14 @@ async fn run(config: Config) -> anyhow::Result<()> {
 
     let outcome = tokio::select! {
         r = &mut signal => r,
-        why = &mut lease_gone => Err(anyhow::anyhow!(
-            "{why}; no pod uses the old block any more and it was let go: exiting so that the restart takes this node's new lease"
-        )),
+        end = &mut lease_gone => Err(match end {
+            lease::LeaseEnd::LetGo(why) => anyhow::anyhow!(
+                "{why}; no pod uses the old block any more and it was let go: exiting so that the restart takes this node's new lease"
+            ),
+            lease::LeaseEnd::Extended(why) => anyhow::anyhow!(
+                "{why}: exiting so that the restart gives new pods IPv6 addresses too (running pods keep theirs)"
+            ),
+        }),
     };
     tracing::info!("shutting down");
     let _ = stop_tx.send(true);
