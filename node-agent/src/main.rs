@@ -88,7 +88,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
         Some(api) => Some(setup_overlay(&config, &lease, host.clone(), api).await?),
         None => None,
     };
-    let pod_mtu = config.mtu.or(overlay.as_ref().map(|(_, mtu, _)| *mtu)).unwrap_or(1500);
+    let pod_mtu = config.mtu.or(overlay.as_ref().map(|o| o.pod_mtu)).unwrap_or(1500);
 
     let ipam_dir = config.state_dir.join("ipam");
     let ipam = tokio::task::block_in_place(|| Ipam::open(pool, &ipam_dir)).context("cannot load IPAM state")?;
@@ -127,7 +127,8 @@ async fn run(config: Config) -> anyhow::Result<()> {
     }
     if let (Some(_), Some(cluster_cidr)) = (&subnets, config.cluster_cidr) {
         let (period, settings) = (config.resync(), node_settings_of(&config, &lease, cluster_cidr)?);
-        tokio::spawn(node_settings::run(Arc::clone(&agent), settings, period));
+        let routable = overlay.as_ref().and_then(|o| o.ipv6_routable);
+        tokio::spawn(node_settings::run(Arc::clone(&agent), settings, period, routable));
     }
     agent.metrics.set_ipam_usage(agent.ipam.usage());
     let _ = slot.set(Arc::clone(&agent));
@@ -136,7 +137,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
     // exits, and its restart waits for the node's new lease.
     let mut lease_gone: std::pin::Pin<Box<dyn Future<Output = lease::LeaseEnd> + Send>> =
         Box::pin(std::future::pending());
-    if let (Some(api), Some((reconciler, _, facts))) = (&subnets, overlay) {
+    if let (Some(api), Some(OverlayStart { reconciler, facts, .. })) = (&subnets, overlay) {
         let resync = config.resync();
         tokio::spawn(peer_sync::run(api.clone(), reconciler, config.node_name.clone(), resync));
         let holder = lease::Holder {
@@ -230,16 +231,25 @@ fn node_settings_of(
     Ok(node_settings::NodeSettings { ipv4, ipv6 })
 }
 
+/// What [`setup_overlay`] leaves for the rest of start-up.
+struct OverlayStart {
+    reconciler: Arc<overlay::Reconciler>,
+    pod_mtu: u32,
+    /// What was announced in the Subnet.
+    facts: lease::NodeFacts,
+    /// Whether the node had routable IPv6 (`auto` IPv6 masquerading).
+    ipv6_routable: Option<bool>,
+}
+
 /// Creates or adopts the VXLAN device (or checks the underlay for host-gw),
 /// enables forwarding and masquerading, and announces this node in its
-/// Subnet. Returns the reconciler for the peer sync, the pod MTU and what
-/// was announced.
+/// Subnet.
 async fn setup_overlay(
     config: &Config,
     lease: &lease::Lease,
     host: rtnetlink::Handle,
     api: &Api<Subnet>,
-) -> anyhow::Result<(Arc<overlay::Reconciler>, u32, lease::NodeFacts)> {
+) -> anyhow::Result<OverlayStart> {
     let node_ip =
         config.node_ip.context("--node-ip (WEFT_NODE_IP) is required when the pod CIDR comes from a Subnet lease")?;
     let cluster_cidr = config
@@ -273,7 +283,7 @@ async fn setup_overlay(
     {
         tracing::warn!("IPv6 traffic leaving the cluster is not masqueraded: --ipv6-cluster-cidr is not set");
     }
-    tokio::task::spawn_blocking(move || node_settings::ensure(&settings))
+    let pass = tokio::task::spawn_blocking(move || node_settings::ensure(&settings, None))
         .await
         .context("node settings task")?
         .context("cannot set up forwarding and masquerading")?;
@@ -285,7 +295,7 @@ async fn setup_overlay(
         vtep_mac: local.vtep_mac.map(|m| m.to_string()),
     };
     lease::publish(api, &config.node_name, &facts).await?;
-    Ok((reconciler, local.pod_mtu, facts))
+    Ok(OverlayStart { reconciler, pod_mtu: local.pod_mtu, facts, ipv6_routable: pass.ipv6_routable })
 }
 
 /// The host ports in the IPAM records; warns when the range collides with

@@ -72,10 +72,21 @@ impl NodeSettings {
     }
 }
 
+/// What one [`ensure`] did.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Pass {
+    /// The settings someone had undone and that were put back.
+    pub repaired: Vec<&'static str>,
+    /// Whether the node has routable IPv6, when `auto` asked.
+    pub ipv6_routable: Option<bool>,
+}
+
 /// What an overlay node needs: forwarding, and masquerading of traffic from
-/// its pods leaving the cluster. Returns the settings that had to be put
-/// back. Blocking (sysctl and procfs files, nft): call off the runtime.
-pub fn ensure(settings: &NodeSettings) -> anyhow::Result<Vec<&'static str>> {
+/// its pods leaving the cluster. `last_routable`: the previous pass's
+/// answer, so that a changed `auto` decision is not taken for a repair, and
+/// kept when the node's routes cannot be read. Blocking (sysctl and procfs
+/// files, nft): call off the runtime.
+pub fn ensure(settings: &NodeSettings, last_routable: Option<bool>) -> anyhow::Result<Pass> {
     let mut repaired = Vec::new();
     if sysctl::ensure_ipv4_forwarding()? {
         repaired.push("ip_forward");
@@ -84,22 +95,38 @@ pub fn ensure(settings: &NodeSettings) -> anyhow::Result<Vec<&'static str>> {
         repaired.push("ipv6_forwarding");
     }
     // Only asked when it can matter: /proc reads are cheap, but not free.
-    let routable =
-        settings.ipv6.is_some_and(|v6| v6.masquerade == Ipv6Masquerade::Auto) && ipv6_reach::routable_ipv6()?;
-    if masquerade::ensure(settings.ipv4, settings.ipv6_masquerade(routable))? {
+    let auto = settings.ipv6.is_some_and(|v6| v6.masquerade == Ipv6Masquerade::Auto);
+    let ipv6_routable = auto.then(|| match ipv6_reach::routable_ipv6() {
+        Ok(routable) => routable,
+        // The IPv4 rules are checked all the same; IPv6 keeps its last
+        // decision (masquerading when there is none).
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot tell whether this node has routable IPv6; keeping the last decision");
+            last_routable.unwrap_or(false)
+        }
+    });
+    let decided_again = last_routable.is_some() && ipv6_routable != last_routable;
+    if decided_again {
+        let now = if ipv6_routable == Some(true) { "no longer masqueraded" } else { "masqueraded" };
+        tracing::info!("this node's routable IPv6 changed: IPv6 traffic leaving the cluster is {now} from now on");
+    }
+    let wrote = masquerade::ensure(settings.ipv4, settings.ipv6_masquerade(ipv6_routable.unwrap_or(false)))?;
+    if wrote && !decided_again {
         repaired.push("masquerade");
     }
-    Ok(repaired)
+    Ok(Pass { repaired, ipv6_routable })
 }
 
 /// Checks every `period`, for as long as the agent runs (the first check is
-/// start-up's own, in `setup_overlay`).
-pub async fn run(agent: Arc<Agent>, settings: NodeSettings, period: Duration) {
+/// start-up's own, in `setup_overlay`: `first_routable` is its answer).
+pub async fn run(agent: Arc<Agent>, settings: NodeSettings, period: Duration, first_routable: Option<bool>) {
+    let mut last_routable = first_routable;
     loop {
         tokio::time::sleep(period).await;
-        match tokio::task::spawn_blocking(move || ensure(&settings)).await {
-            Ok(Ok(repaired)) => {
-                for setting in repaired {
+        match tokio::task::spawn_blocking(move || ensure(&settings, last_routable)).await {
+            Ok(Ok(pass)) => {
+                last_routable = pass.ipv6_routable;
+                for setting in pass.repaired {
                     tracing::warn!(setting, "a node setting the overlay needs had been undone; put it back");
                     agent.metrics.node_setting_repaired(setting);
                 }
@@ -217,16 +244,22 @@ mod kernel_tests {
         let (node, pod, _outside) = topology(pods);
         let s = settings(pods);
         assert!(!node.run(|| ipv6_reach::routable_ipv6().expect("read procfs")));
-        node.run(move || ensure(&s).expect("ensure"));
+        let first = node.run(move || ensure(&s, None).expect("ensure"));
+        assert_eq!(first.ipv6_routable, Some(false));
         assert!(ping6(&pod, "2001:db8:50::254"), "masqueraded: the outside answers the node's address");
 
         // A default route: the node routes IPv6, the pods' global addresses
         // are kept (and the outside, without a route back, cannot answer).
         ip(&node, &["route", "add", "default", "via", "2001:db8:50::254"]);
         assert!(node.run(|| ipv6_reach::routable_ipv6().expect("read procfs")));
-        let repaired = node.run(move || ensure(&s).expect("ensure"));
-        assert_eq!(repaired, ["masquerade"], "the IPv6 rules went");
+        let pass = node.run(move || ensure(&s, Some(false)).expect("ensure"));
+        // The rules changed because the decision did: not a repair.
+        assert_eq!(pass, Pass { repaired: vec![], ipv6_routable: Some(true) }, "the IPv6 rules went");
         assert!(!ping6(&pod, "2001:db8:50::254"), "the pod's own address is kept");
+        // Rules removed behind our back are a repair.
+        assert!(node.run(masquerade::remove).expect("remove"));
+        let pass = node.run(move || ensure(&s, Some(true)).expect("ensure"));
+        assert_eq!(pass.repaired, ["masquerade"]);
     }
 
     #[test]
@@ -238,10 +271,10 @@ mod kernel_tests {
         let (node, pod, _outside) = topology(pods);
         ip(&node, &["route", "add", "default", "via", "2001:db8:50::254"]);
         let s = settings(pods);
-        node.run(move || ensure(&s).expect("ensure"));
+        node.run(move || ensure(&s, None).expect("ensure"));
         assert!(ping6(&pod, "2001:db8:50::254"));
         let off = NodeSettings { ipv6: s.ipv6.map(|v6| Ipv6Settings { masquerade: Ipv6Masquerade::Off, ..v6 }), ..s };
-        node.run(move || ensure(&off).expect("ensure"));
+        node.run(move || ensure(&off, None).expect("ensure"));
         assert!(!ping6(&pod, "2001:db8:50::254"), "off: nothing IPv6 is masqueraded");
     }
 }
