@@ -122,8 +122,8 @@ impl Agent {
         ip: std::net::Ipv4Addr,
         record: &crate::ipam::Record,
     ) -> Vec<(std::net::IpAddr, std::net::IpAddr)> {
-        let v6 = self.pod_ipv6(ip, record.ipv6, record.attachment).map(|(a, gw)| (a.addr().into(), gw.into()));
-        std::iter::once((ip.into(), self.ipam.pool().gateway().into())).chain(v6).collect()
+        let ipv6 = self.pod_ipv6(ip, record.ipv6, record.attachment).map(|(a, gw)| (a.addr(), gw));
+        link::addresses_with_gateways((ip, self.ipam.pool().gateway()), ipv6)
     }
 
     /// The IPv6 address (as a pod of `mode` carries it) and gateway of the

@@ -294,7 +294,9 @@ pub fn attach(pod: &mut BlockingNetns, spec: &AttachSpec) -> Result<(), Dataplan
         let Some(RouteNetlinkMessage::NewLink(link)) = answers.first() else {
             return Err(DataplaneError::Unexpected(format!("{} did not appear on the node", spec.host_veth)));
         };
-        route_to_pod(&mut host, link.header.index, &spec.addresses_with_gateways(), spec.pod_mac)?;
+        let ipv6 = spec.ipv6.map(|(a, gw)| (a.addr(), gw));
+        let addresses = addresses_with_gateways((spec.address.addr(), spec.gateway), ipv6);
+        route_to_pod(&mut host, link.header.index, &addresses, spec.pod_mac)?;
         if spec.ipv6.is_some() {
             super::sysctl::enable_proxy_ndp(&spec.host_veth)?;
         }
@@ -302,12 +304,14 @@ pub fn attach(pod: &mut BlockingNetns, spec: &AttachSpec) -> Result<(), Dataplan
     Ok(())
 }
 
-impl AttachSpec {
-    /// (pod address, gateway) of each family the pod has.
-    pub fn addresses_with_gateways(&self) -> Vec<(IpAddr, IpAddr)> {
-        let v6 = self.ipv6.map(|(a, gw)| (IpAddr::V6(a.addr()), IpAddr::V6(gw)));
-        std::iter::once((IpAddr::V4(self.address.addr()), IpAddr::V4(self.gateway))).chain(v6).collect()
-    }
+/// (pod address, gateway) of each family a pod has, as [`route_to_pod`]
+/// takes them.
+pub fn addresses_with_gateways(
+    ipv4: (Ipv4Addr, Ipv4Addr),
+    ipv6: Option<(Ipv6Addr, Ipv6Addr)>,
+) -> Vec<(IpAddr, IpAddr)> {
+    let v6 = ipv6.map(|(a, gw)| (IpAddr::V6(a), IpAddr::V6(gw)));
+    std::iter::once((IpAddr::V4(ipv4.0), IpAddr::V4(ipv4.1))).chain(v6).collect()
 }
 
 /// The node's side of a routed pod on the host veth with index
