@@ -2,7 +2,8 @@
 //! started by `up` that writes a JSON state file once everything is ready,
 //! and is stopped by `down` with SIGTERM.
 
-use std::path::Path;
+use std::fs::File;
+use std::path::{Path, PathBuf};
 use std::process::Child;
 use std::time::{Duration, Instant};
 
@@ -11,6 +12,63 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::control_plane::process;
+
+/// The two flocks beside a state directory `<dir>`: `<dir>.lock`, held by
+/// the supervisor for its whole life (one per machine), and
+/// `<dir>.starting.lock`, held by `up` while it starts a supervisor and by
+/// `down` while it removes one, so that neither cleans up the other's state.
+/// A supervisor that crashed leaves its state but holds no lock: `up` then
+/// removes the leftovers, and nobody needs to wait for them.
+pub struct MachineLocks {
+    state_dir: PathBuf,
+}
+
+impl MachineLocks {
+    pub fn new(state_dir: PathBuf) -> MachineLocks {
+        MachineLocks { state_dir }
+    }
+
+    /// The supervisor's lock without waiting; `Ok(None)` when it is held.
+    pub fn try_supervisor(&self) -> anyhow::Result<Option<File>> {
+        flock(&self.state_dir.with_extension("lock"), false)
+    }
+
+    /// The starting lock, waiting for whoever holds it.
+    pub fn starting(&self) -> anyhow::Result<File> {
+        flock(&self.state_dir.with_extension("starting.lock"), true)?.context("flock returned without the lock")
+    }
+
+    /// Whether a supervisor runs or is being started or stopped right now.
+    /// (Probing takes each lock for a moment; an `up` that meets the probe
+    /// fails as if it had lost a race, and its caller retries.)
+    pub fn taken(&self) -> bool {
+        let free = |path: PathBuf| matches!(flock(&path, false), Ok(Some(_)));
+        !(free(self.state_dir.with_extension("starting.lock")) && free(self.state_dir.with_extension("lock")))
+    }
+}
+
+/// Opens `path` and takes an exclusive flock on it, waiting for it when
+/// `wait`; `Ok(None)` when it is held and we may not wait. The lock lasts as
+/// long as the returned file is open.
+fn flock(path: &Path, wait: bool) -> anyhow::Result<Option<File>> {
+    use std::os::fd::AsRawFd;
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .with_context(|| format!("cannot open {}", path.display()))?;
+    let mode = if wait { libc::LOCK_EX } else { libc::LOCK_EX | libc::LOCK_NB };
+    // SAFETY: flock on a descriptor we own; released when the file is closed.
+    if unsafe { libc::flock(file.as_raw_fd(), mode) } == 0 {
+        return Ok(Some(file));
+    }
+    let e = std::io::Error::last_os_error();
+    if e.kind() == std::io::ErrorKind::WouldBlock {
+        return Ok(None);
+    }
+    Err(e).with_context(|| format!("cannot lock {}", path.display()))
+}
 
 /// Reads a state file; `missing` says what to do when it does not exist.
 pub fn load_state<T: DeserializeOwned>(path: &Path, missing: &str) -> anyhow::Result<T> {
@@ -63,5 +121,33 @@ pub fn stop(pid: u32, timeout: Duration) {
         while alive() && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(100));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn leftovers_without_a_lock_do_not_take_the_machine_but_a_held_lock_does() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let state = dir.path().join("sandbox");
+        // What a supervisor killed with SIGKILL leaves: its state, no lock.
+        std::fs::create_dir_all(&state).expect("state dir");
+        std::fs::write(state.join("state.json"), "{}").expect("state file");
+        std::fs::write(state.join("supervisor.log"), "").expect("log");
+        let locks = MachineLocks::new(state);
+        assert!(!locks.taken());
+
+        let supervisor = locks.try_supervisor().expect("lock").expect("free");
+        assert!(locks.taken(), "a running supervisor takes the machine");
+        assert!(locks.try_supervisor().expect("lock").is_none(), "one supervisor at a time");
+        drop(supervisor);
+        assert!(!locks.taken());
+
+        let starting = locks.starting().expect("lock");
+        assert!(locks.taken(), "an `up` or `down` in progress takes the machine");
+        drop(starting);
+        assert!(!locks.taken());
     }
 }

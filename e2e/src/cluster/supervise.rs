@@ -16,14 +16,14 @@ use weft_api::subnet::Subnet;
 use super::{CLUSTER_CIDR, CP_IP, CP_NS, FORWARD_PORT, IMAGE_TAG, NodeInfo, State, UNDERLAY_NS, node, state_dir};
 use crate::control_plane::pki::ClientIdentity;
 use crate::control_plane::{self, ControlPlane, Options, process};
-use crate::sandbox::cluster::flock;
 use crate::sandbox::ip;
 
 /// Nodes that can exist at once (client certificates are issued up front).
 pub const MAX_NODES: usize = 9;
 
-fn lock_path() -> PathBuf {
-    state_dir().with_extension("lock")
+/// The cluster's supervisor and starting locks (one cluster per machine).
+pub fn locks() -> crate::supervisor::MachineLocks {
+    crate::supervisor::MachineLocks::new(state_dir())
 }
 
 /// How `up` is asked to build the cluster.
@@ -40,8 +40,8 @@ pub struct UpOptions {
 /// Starts the supervisor in the background and waits until the cluster is
 /// ready: every node Ready, Weft's pods running, every Subnet Ready.
 pub fn up(opts: &UpOptions) -> anyhow::Result<State> {
-    let _starting = flock(&state_dir().with_extension("starting.lock"), true)?;
-    match flock(&lock_path(), false)? {
+    let _starting = locks().starting()?;
+    match locks().try_supervisor()? {
         Some(_probe) => {}
         None => bail!("a cluster is already up or starting on this machine; `e2e/cluster.sh down` first"),
     }
@@ -63,6 +63,7 @@ pub fn up(opts: &UpOptions) -> anyhow::Result<State> {
 
 /// Stops the supervisor (which tears everything down) and removes leftovers.
 pub fn down() -> anyhow::Result<()> {
+    let _starting = locks().starting()?;
     if let Ok(state) = State::load() {
         crate::supervisor::stop(state.supervisor_pid, Duration::from_secs(120));
     }
@@ -95,7 +96,7 @@ pub fn cleanup_leftovers() {
 
 /// The supervisor: builds everything, writes the state, waits for SIGTERM.
 pub async fn supervise(opts: UpOptions) -> anyhow::Result<()> {
-    let Some(_lock) = flock(&lock_path(), false)? else {
+    let Some(_lock) = locks().try_supervisor()? else {
         bail!("a cluster is already up or starting on this machine");
     };
     let started = Instant::now();

@@ -103,8 +103,10 @@ impl Cluster {
         }
         let cluster = SHARED.get_or_init(|| {
             // A person's cluster, or another binary's still going down.
+            // Leftovers of a cluster whose supervisor died hold no lock: `up`
+            // removes them.
             wait::until("no other cluster to be up", Duration::from_secs(300), || {
-                (!run(&["status"]).0 && super::existing_namespaces().is_empty()).then_some(())
+                (!super::supervise::locks().taken()).then_some(())
             });
             let mut full = vec!["up"];
             full.extend_from_slice(args);

@@ -16,52 +16,16 @@ use weft_api::subnet::Subnet;
 use super::{CP_IP, CP_NS, FORWARD_PORT, NodeInfo, State, UNDERLAY_NS, ip, state_dir};
 use crate::control_plane::{self, Component, ControlPlane, Options, process};
 
-/// Held by the supervisor for its whole life: one sandbox per machine, and a
-/// second `up` can never tear down a sandbox that is still starting.
-fn lock_path() -> std::path::PathBuf {
-    state_dir().with_extension("lock")
-}
-
-/// Opens `path` and takes an exclusive flock on it, waiting for it when
-/// `wait`; `Ok(None)` when it is held and we may not wait. The lock lasts as
-/// long as the returned file is open.
-pub fn flock(path: &Path, wait: bool) -> anyhow::Result<Option<std::fs::File>> {
-    use std::os::fd::AsRawFd;
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(path)
-        .with_context(|| format!("cannot open {}", path.display()))?;
-    let mode = if wait { libc::LOCK_EX } else { libc::LOCK_EX | libc::LOCK_NB };
-    // SAFETY: flock on a descriptor we own; released when the file is closed.
-    if unsafe { libc::flock(file.as_raw_fd(), mode) } == 0 {
-        return Ok(Some(file));
-    }
-    let e = std::io::Error::last_os_error();
-    if e.kind() == std::io::ErrorKind::WouldBlock {
-        return Ok(None);
-    }
-    Err(e).with_context(|| format!("cannot lock {}", path.display()))
-}
-
-/// Takes the sandbox lock without waiting; `Ok(None)` when someone holds it.
-fn try_lock() -> anyhow::Result<Option<std::fs::File>> {
-    flock(&lock_path(), false)
-}
-
-/// Held by `up` while it starts a supervisor: two `up`s at the same moment
-/// would otherwise both find the machine free and clean up each other's
-/// state directory. The second waits, then finds the sandbox up.
-fn starting_lock() -> anyhow::Result<Option<std::fs::File>> {
-    flock(&state_dir().with_extension("starting.lock"), true)
+/// The sandbox's supervisor and starting locks (one sandbox per machine).
+pub fn locks() -> crate::supervisor::MachineLocks {
+    crate::supervisor::MachineLocks::new(state_dir())
 }
 
 /// Starts the supervisor in the background and waits until the cluster is
 /// ready (every node's Subnet Ready and its peers programmed).
 pub fn up(nodes: usize, backend: &str, agent_args: &[String], operator_args: &[String]) -> anyhow::Result<State> {
-    let _starting = starting_lock()?;
-    match try_lock()? {
+    let _starting = locks().starting()?;
+    match locks().try_supervisor()? {
         // Free: nothing runs, so leftovers of a crashed sandbox may go.
         Some(_probe) => {}
         None => bail!("a sandbox is already up or starting on this machine; `e2e/sandbox.sh down` first"),
@@ -81,6 +45,7 @@ pub fn up(nodes: usize, backend: &str, agent_args: &[String], operator_args: &[S
 
 /// Stops the supervisor (which tears everything down) and removes leftovers.
 pub fn down() -> anyhow::Result<()> {
+    let _starting = locks().starting()?;
     if let Ok(state) = State::load() {
         crate::supervisor::stop(state.supervisor_pid, Duration::from_secs(60));
     }
@@ -117,7 +82,7 @@ pub fn cleanup_leftovers() {
 
 /// The supervisor: builds everything, writes the state, waits for SIGTERM.
 pub async fn supervise(nodes: usize, backend: &str) -> anyhow::Result<()> {
-    let Some(_lock) = try_lock()? else {
+    let Some(_lock) = locks().try_supervisor()? else {
         bail!("a sandbox is already up or starting on this machine");
     };
     let result = build(nodes, backend).await;

@@ -92,16 +92,14 @@ impl Up {
         }
         // A person (or another test binary) may own the sandbox right now,
         // and another binary may win the race to `up` once it is free: wait
-        // for the machine again then.
+        // for the machine again then. Leftovers of a sandbox whose
+        // supervisor died hold no lock: `up` removes them.
         let mut full = vec!["up"];
         full.extend_from_slice(args);
         let deadline = std::time::Instant::now() + Duration::from_secs(1200);
         loop {
             wait::until("no other sandbox to be up or starting", Duration::from_secs(600), || {
-                let idle = !run(&["status"]).0
-                    && super::existing_namespaces().is_empty()
-                    && !super::state_dir().join("supervisor.log").exists();
-                idle.then_some(())
+                (!super::cluster::locks().taken()).then_some(())
             });
             let (success, out) = run(&full);
             if success {
