@@ -22,7 +22,7 @@ use rtnetlink::{
 
 use super::netlink_blocking::BlockingNetlink;
 use super::netns::BlockingNetns;
-use super::{DataplaneError, errno, kernel_op, op};
+use super::{DataplaneError, dump, errno, kernel_op, op};
 
 const ENODEV: i32 = libc::ENODEV;
 const EEXIST: i32 = libc::EEXIST;
@@ -158,8 +158,7 @@ pub async fn addresses6(h: &Handle, index: u32) -> Result<Vec<Ipv6Net>, Dataplan
 /// Addresses of both families on a link, with their prefix lengths.
 pub async fn all_addresses(h: &Handle, index: u32) -> Result<Vec<IpNet>, DataplaneError> {
     let mut out = Vec::new();
-    let mut stream = h.address().get().set_link_index_filter(index).execute();
-    while let Some(msg) = stream.try_next().await.map_err(op("list addresses"))? {
+    for msg in dump("list addresses", || h.address().get().set_link_index_filter(index).execute()).await? {
         for a in &msg.attributes {
             if let AddressAttribute::Address(ip) = a
                 && let Ok(net) = IpNet::new(*ip, msg.header.prefix_len)
@@ -171,22 +170,28 @@ pub async fn all_addresses(h: &Handle, index: u32) -> Result<Vec<IpNet>, Datapla
     Ok(out)
 }
 
+/// Every route of the main table, IPv4 then IPv6. One dump at a time: the
+/// kernel refuses a dump on a socket whose previous dump is unfinished
+/// (EBUSY), and rtnetlink sends a request as soon as it is built, so the
+/// second request is built only once the first answer is read to its end.
+pub async fn main_table_routes(h: &Handle) -> Result<Vec<RouteMessage>, DataplaneError> {
+    let mut out =
+        dump("list routes", || h.route().get(RouteMessageBuilder::<Ipv4Addr>::new().build()).execute()).await?;
+    out.extend(
+        dump("list IPv6 routes", || h.route().get(RouteMessageBuilder::<Ipv6Addr>::new().build()).execute()).await?,
+    );
+    Ok(out)
+}
+
 /// Gateways of default routes in the main table, both families.
 pub async fn all_default_gateways(h: &Handle) -> Result<Vec<IpAddr>, DataplaneError> {
     let mut out = Vec::new();
-    let v4 = h.route().get(RouteMessageBuilder::<Ipv4Addr>::new().build()).execute();
-    let v6 = h.route().get(RouteMessageBuilder::<Ipv6Addr>::new().build()).execute();
-    for mut stream in [v4, v6] {
-        while let Some(r) = stream.try_next().await.map_err(op("list routes"))? {
-            if r.header.destination_prefix_length != 0 {
-                continue;
-            }
-            for a in &r.attributes {
-                match a {
-                    RouteAttribute::Gateway(RouteAddress::Inet(gw)) => out.push(IpAddr::V4(*gw)),
-                    RouteAttribute::Gateway(RouteAddress::Inet6(gw)) => out.push(IpAddr::V6(*gw)),
-                    _ => {}
-                }
+    for r in main_table_routes(h).await?.iter().filter(|r| r.header.destination_prefix_length == 0) {
+        for a in &r.attributes {
+            match a {
+                RouteAttribute::Gateway(RouteAddress::Inet(gw)) => out.push(IpAddr::V4(*gw)),
+                RouteAttribute::Gateway(RouteAddress::Inet6(gw)) => out.push(IpAddr::V6(*gw)),
+                _ => {}
             }
         }
     }
@@ -403,23 +408,19 @@ fn neighbour(index: u32, ip: IpAddr, mac: [u8; 6], state: NeighbourState) -> Nei
 /// The main table's /32 and /128 routes as (destination, output link) pairs.
 pub async fn pod_routes(h: &Handle) -> Result<HashSet<(IpAddr, u32)>, DataplaneError> {
     let mut out = HashSet::new();
-    let requests = [RouteMessageBuilder::<Ipv4Addr>::new().build(), RouteMessageBuilder::<Ipv6Addr>::new().build()];
-    for request in requests {
-        let mut stream = h.route().get(request).execute();
-        while let Some(r) = stream.try_next().await.map_err(op("list routes"))? {
-            let dst = r.attributes.iter().find_map(|a| match a {
-                RouteAttribute::Destination(RouteAddress::Inet(d)) if r.header.destination_prefix_length == 32 => {
-                    Some(IpAddr::V4(*d))
-                }
-                RouteAttribute::Destination(RouteAddress::Inet6(d)) if r.header.destination_prefix_length == 128 => {
-                    Some(IpAddr::V6(*d))
-                }
-                _ => None,
-            });
-            let oif = r.attributes.iter().find_map(|a| if let RouteAttribute::Oif(i) = a { Some(*i) } else { None });
-            if let (Some(dst), Some(oif)) = (dst, oif) {
-                out.insert((dst, oif));
+    for r in main_table_routes(h).await? {
+        let dst = r.attributes.iter().find_map(|a| match a {
+            RouteAttribute::Destination(RouteAddress::Inet(d)) if r.header.destination_prefix_length == 32 => {
+                Some(IpAddr::V4(*d))
             }
+            RouteAttribute::Destination(RouteAddress::Inet6(d)) if r.header.destination_prefix_length == 128 => {
+                Some(IpAddr::V6(*d))
+            }
+            _ => None,
+        });
+        let oif = r.attributes.iter().find_map(|a| if let RouteAttribute::Oif(i) = a { Some(*i) } else { None });
+        if let (Some(dst), Some(oif)) = (dst, oif) {
+            out.insert((dst, oif));
         }
     }
     Ok(out)
@@ -506,8 +507,7 @@ pub async fn delete(h: &Handle, name: &str) -> Result<bool, DataplaneError> {
 /// Names of veth links whose name starts with `prefix`.
 pub async fn veths_with_prefix(h: &Handle, prefix: &str) -> Result<Vec<String>, DataplaneError> {
     let mut out = Vec::new();
-    let mut stream = h.link().get().execute();
-    while let Some(link) = stream.try_next().await.map_err(op("list links"))? {
+    for link in dump("list links", || h.link().get().execute()).await? {
         if kind_of(&link) == Some(&InfoKind::Veth)
             && let Some(name) = name_of(&link)
             && name.starts_with(prefix)
@@ -516,4 +516,73 @@ pub async fn veths_with_prefix(h: &Handle, prefix: &str) -> Result<Vec<String>, 
         }
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod kernel_tests {
+    use super::*;
+    use crate::test_support::{TestNetns, require_root};
+
+    /// Both families' default gateways come back from a table long enough
+    /// that each dump takes many reads: a second dump requested before the
+    /// first is read to its end is refused with EBUSY. Concurrent dumps on
+    /// one handle are asked for again until each gets its turn.
+    #[test]
+    fn default_gateways_are_read_from_a_long_table_one_dump_at_a_time() {
+        if !require_root() {
+            return;
+        }
+        let ns = TestNetns::new();
+        let mut batch = String::from(
+            "link add d0 type veth peer name d1\nlink set d1 up\nlink set d0 up\naddr add 10.99.0.1/16 dev d0\naddr add fd00:99::1/64 dev d0 nodad\n\
+             route add default via 10.99.0.254\nroute add default via fd00:99::fe\n",
+        );
+        for i in 0..4000u32 {
+            batch.push_str(&format!("route add 10.{}.{}.0/24 via 10.99.0.2\n", 100 + i / 256, i % 256));
+        }
+        let mut ip = std::process::Command::new("ip")
+            .args(["-n", ns.name(), "-batch", "-"])
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .expect("ip");
+        std::io::Write::write_all(&mut ip.stdin.take().expect("stdin"), batch.as_bytes()).expect("write batch");
+        assert!(ip.wait().expect("ip").success(), "ip -batch");
+
+        let (seen, routes) = ns.run(|| {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+            rt.block_on(async {
+                let (conn, h, _) = rtnetlink::new_connection().expect("netlink");
+                tokio::spawn(conn);
+                let mut seen = Vec::new();
+                for _ in 0..20 {
+                    seen.push(all_default_gateways(&h).await.map_err(|e| e.to_string()));
+                }
+                // Tasks sharing the handle (as the agent's do) dump at once.
+                let tasks: Vec<_> = (0..4)
+                    .map(|_| {
+                        let h = h.clone();
+                        tokio::spawn(async move {
+                            let mut lengths = Vec::new();
+                            for _ in 0..10 {
+                                lengths.push(main_table_routes(&h).await.map(|r| r.len()).map_err(|e| e.to_string()));
+                            }
+                            lengths
+                        })
+                    })
+                    .collect();
+                let mut at_once = Vec::new();
+                for t in tasks {
+                    at_once.extend(t.await.expect("task"));
+                }
+                (seen, at_once)
+            })
+        });
+        let want: Vec<IpAddr> = vec!["10.99.0.254".parse().unwrap(), "fd00:99::fe".parse().unwrap()];
+        for gateways in seen {
+            assert_eq!(gateways, Ok(want.clone()));
+        }
+        for routes in routes {
+            assert!(routes.as_ref().is_ok_and(|n| *n > 4000), "{routes:?}");
+        }
+    }
 }

@@ -42,6 +42,40 @@ pub(crate) fn kernel_op(op: impl Into<String>) -> impl FnOnce(std::io::Error) ->
     move |source| DataplaneError::Kernel { op, source }
 }
 
+/// Reads one whole dump (`what` names it in errors). A netlink socket runs
+/// one dump at a time, and the agent's tasks share the host's socket: the
+/// kernel refuses a dump that arrives while another is unfinished (EBUSY).
+/// The other ends within milliseconds, so the dump is asked for again,
+/// briefly; `request` builds (and sends) it anew each time.
+pub(crate) async fn dump<T, S>(what: &str, mut request: impl FnMut() -> S) -> Result<Vec<T>, DataplaneError>
+where
+    S: futures::TryStream<Ok = T, Error = rtnetlink::Error> + Unpin,
+{
+    use futures::TryStreamExt;
+    const RETRIES: u32 = 8;
+    let mut pause = std::time::Duration::from_millis(1);
+    let mut attempt = 0;
+    loop {
+        let mut out = Vec::new();
+        let mut stream = request();
+        let read = async {
+            while let Some(item) = stream.try_next().await? {
+                out.push(item);
+            }
+            Ok(())
+        };
+        match read.await {
+            Ok(()) => return Ok(out),
+            Err(e) if errno(&e) == Some(libc::EBUSY) && attempt < RETRIES => {
+                attempt += 1;
+                tokio::time::sleep(pause).await;
+                pause *= 2;
+            }
+            Err(e) => return Err(op(what)(e)),
+        }
+    }
+}
+
 pub(crate) fn op(op: impl Into<String>) -> impl FnOnce(rtnetlink::Error) -> DataplaneError {
     let op = op.into();
     move |source| DataplaneError::Netlink { op, source }

@@ -4,7 +4,6 @@
 
 use std::net::IpAddr;
 
-use futures::TryStreamExt;
 use ipnet::IpNet;
 use netlink_packet_route::AddressFamily;
 use netlink_packet_route::neighbour::{
@@ -16,7 +15,7 @@ use netlink_packet_route::route::{
 use rtnetlink::{Handle, RouteMessageBuilder};
 
 use super::entries::{Dev, Entry, Fdb, Mac, Neigh, Observed, ObservedNeigh, ObservedRoute, Op, RTPROT_WEFT, Route};
-use super::{DataplaneError, errno, op};
+use super::{DataplaneError, dump, errno, op};
 
 /// Interface indices the overlay's logical devices map to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,20 +51,15 @@ impl Devices {
 /// neighbour and FDB entries of the VXLAN device.
 pub async fn observe(h: &Handle, devs: &Devices) -> Result<Observed, DataplaneError> {
     let mut out = Observed::default();
-    let v4 = h.route().get(RouteMessageBuilder::<std::net::Ipv4Addr>::new().build()).execute();
-    let v6 = h.route().get(RouteMessageBuilder::<std::net::Ipv6Addr>::new().build()).execute();
-    for mut stream in [v4, v6] {
-        while let Some(msg) = stream.try_next().await.map_err(op("list routes"))? {
-            if let Some(r) = observed_route(&msg, devs) {
-                out.routes.insert(r.route.key(), r);
-            }
+    for msg in super::link::main_table_routes(h).await? {
+        if let Some(r) = observed_route(&msg, devs) {
+            out.routes.insert(r.route.key(), r);
         }
     }
     let Some(vxlan) = devs.vxlan else { return Ok(out) };
 
     for family in [AddressFamily::Inet, AddressFamily::Inet6] {
-        let mut stream = h.neighbours().get().set_address_family(family).execute();
-        while let Some(msg) = stream.try_next().await.map_err(op("list neighbours"))? {
+        for msg in dump("list neighbours", || h.neighbours().get().set_address_family(family).execute()).await? {
             if msg.header.ifindex != vxlan {
                 continue;
             }
@@ -76,8 +70,9 @@ pub async fn observe(h: &Handle, devs: &Devices) -> Result<Observed, DataplaneEr
         }
     }
 
-    let mut stream = h.neighbours().get().set_address_family(AddressFamily::Bridge).execute();
-    while let Some(msg) = stream.try_next().await.map_err(op("list FDB entries"))? {
+    for msg in
+        dump("list FDB entries", || h.neighbours().get().set_address_family(AddressFamily::Bridge).execute()).await?
+    {
         if msg.header.ifindex != vxlan {
             continue;
         }

@@ -53,8 +53,7 @@ pub async fn find(h: &Handle, name: Option<&str>, node_ip: Ipv4Addr) -> Result<U
 
 /// The interface index and subnet of the address `ip`, if any link has it.
 async fn carrying(h: &Handle, ip: Ipv4Addr) -> Result<Option<(u32, Ipv4Net)>, DataplaneError> {
-    let mut stream = h.address().get().execute();
-    while let Some(msg) = stream.try_next().await.map_err(op("list addresses"))? {
+    for msg in super::dump("list addresses", || h.address().get().execute()).await? {
         let has = msg.attributes.iter().any(|a| matches!(a, AddressAttribute::Address(IpAddr::V4(a)) if *a == ip));
         if has && let Ok(net) = Ipv4Net::new(ip, msg.header.prefix_len) {
             return Ok(Some((msg.header.index, net)));

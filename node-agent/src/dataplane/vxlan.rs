@@ -3,7 +3,6 @@
 
 use std::net::{IpAddr, Ipv4Addr};
 
-use futures::TryStreamExt;
 use ipnet::Ipv4Net;
 use netlink_packet_route::address::{AddressAttribute, AddressMessage};
 use netlink_packet_route::link::{InfoData, InfoKind, InfoVxlan, LinkAttribute, LinkInfo, LinkMessage};
@@ -187,8 +186,7 @@ async fn ensure_only_address(h: &Handle, index: u32, spec: &VxlanSpec) -> Result
     let mut changes = Vec::new();
     let mut found = false;
     let mut stale: Vec<AddressMessage> = Vec::new();
-    let mut stream = h.address().get().set_link_index_filter(index).execute();
-    while let Some(msg) = stream.try_next().await.map_err(op("list addresses"))? {
+    for msg in super::dump("list addresses", || h.address().get().set_link_index_filter(index).execute()).await? {
         let v4 = msg.attributes.iter().find_map(|a| match a {
             AddressAttribute::Address(IpAddr::V4(ip)) => Some(*ip),
             _ => None,
