@@ -3,11 +3,14 @@
 //! chart with `network.ipv6ClusterCIDR`. Pods get both addresses (in their
 //! status, from weft-cni's result), reach each other across nodes over IPv6
 //! (TCP and UDP, VXLAN), an IPv6 Service through kube-proxy reaches its pod,
-//! and a spec `hostPort` answers on the node's IPv6 address.
+//! and a spec `hostPort` answers on the node's IPv6 address. The VXLAN
+//! tunnels run over the IPv6 underlay (`network.vxlanUnderlay=ipv6`), so
+//! IPv4 pod traffic crosses inside IPv6 packets, with the 70-byte overhead
+//! taken off the pods' MTU. (`sandbox_dual_stack` runs VXLAN over IPv4.)
 
 use std::time::Duration;
 
-use weft_e2e::cluster::testing::{Cluster, apply, eventually, kubectl_ok};
+use weft_e2e::cluster::testing::{Cluster, apply, eventually, kubectl_ok, node_exec, pod_exec};
 use weft_e2e::cluster::workloads::{HTTP_PORT, TestPod, http_hostname, namespace, udp_hostname};
 
 const IPV6_CLUSTER_CIDR: &str = "fd00:10:244::/56";
@@ -22,9 +25,23 @@ fn pod_ips(ns: &str, name: &str) -> Vec<String> {
 #[test]
 fn dual_stack_pods_services_and_host_ports_on_real_nodes() {
     let set = format!("network.ipv6ClusterCIDR={IPV6_CLUSTER_CIDR}");
-    let Some(cluster) = Cluster::shared(&["--backend", "vxlan", "--set", &set]) else { return };
+    let args = ["--backend", "vxlan", "--set", &set, "--set", "network.vxlanUnderlay=ipv6"];
+    let Some(cluster) = Cluster::shared(&args) else { return };
+    let v6_of = |name: &str| {
+        let node = cluster.state.nodes.iter().find(|n| n.name == name).unwrap_or_else(|| panic!("no {name}"));
+        weft_e2e::sandbox::node_ipv6(node.ip).to_string()
+    };
     let node2 = cluster.state.nodes.iter().find(|n| n.name == "node-2").expect("node-2");
-    let node2_v6 = weft_e2e::sandbox::node_ipv6(node2.ip).to_string();
+    let node2_v6 = v6_of("node-2");
+
+    // The tunnel: node-1's VXLAN device sends from its IPv6 address, to
+    // node-2's.
+    let (_, device) = node_exec("node-1", &["ip", "-d", "link", "show", "weft.1"]);
+    assert!(device.contains(&format!("local {}", v6_of("node-1"))), "{device}");
+    eventually("node-1's FDB entry for node-2", Duration::from_secs(60), || {
+        let (_, fdb) = node_exec("node-1", &["bridge", "fdb", "show", "dev", "weft.1"]);
+        fdb.contains(&format!("dst {node2_v6}")).then_some(())
+    });
 
     // The node reports both addresses; its agent publishes the IPv6 one.
     let internal =
@@ -47,7 +64,24 @@ fn dual_stack_pods_services_and_host_ports_on_real_nodes() {
         assert!(cluster6.contains(&v6), "{v6} outside {IPV6_CLUSTER_CIDR}");
     }
 
-    // Across nodes over IPv6, both ways, TCP and UDP.
+    // Pods leave room for the IPv6 outer headers: the underlay (the node's
+    // eth0; `ip`, as the node's /sys is the host's) less 70 bytes.
+    let (_, link) = node_exec("node-1", &["ip", "-o", "link", "show", "eth0"]);
+    let underlay_mtu: u32 = link
+        .split_whitespace()
+        .skip_while(|w| *w != "mtu")
+        .nth(1)
+        .and_then(|m| m.parse().ok())
+        .unwrap_or_else(|| panic!("no MTU in {link:?}"));
+    let (_, pod_mtu) = pod_exec(ns, "a", &["cat", "/sys/class/net/eth0/mtu"]);
+    assert_eq!(pod_mtu.trim().parse::<u32>().ok(), Some(underlay_mtu - 70), "pod MTU {pod_mtu:?}");
+
+    // Across nodes over IPv6, both ways, TCP and UDP; IPv4 too, inside the
+    // IPv6 tunnel.
+    let answer = eventually("a → c over IPv4 TCP", Duration::from_secs(60), || {
+        http_hostname(ns, "a", &format!("{}:{HTTP_PORT}", c[0]))
+    });
+    assert_eq!(answer, "c");
     for (from, to, target6) in [("a", "c", &c[1]), ("c", "a", &a[1])] {
         let answer = eventually(&format!("{from} → {to} over IPv6 TCP"), Duration::from_secs(60), || {
             http_hostname(ns, from, &format!("[{target6}]:{HTTP_PORT}"))

@@ -509,6 +509,14 @@ fn dual_stack_values_reach_the_operator_and_the_agents() {
     let (op, agent) = containers(&[]);
     assert!(!names(&op).contains(&"WEFT_SECONDARY_CLUSTER_CIDR".into()), "IPv4 only by default: {:?}", names(&op));
     assert!(!names(&agent).iter().any(|n| n.starts_with("WEFT_IPV6")), "{:?}", names(&agent));
+    assert!(!names(&agent).contains(&"WEFT_VXLAN_UNDERLAY".into()), "VXLAN over IPv4 by default");
+    // VXLAN over the IPv6 underlay, in a dual-stack or an IPv4 cluster.
+    for sets in
+        [&["network.vxlanUnderlay=ipv6"][..], &["network.vxlanUnderlay=ipv6", "network.ipv6ClusterCIDR=fd00::/56"]]
+    {
+        let (_, agent) = containers(sets);
+        assert_eq!(env(&agent, "WEFT_VXLAN_UNDERLAY")["value"], "ipv6", "{sets:?}");
+    }
 }
 
 #[test]
@@ -522,6 +530,7 @@ fn schema_and_checks_reject_bad_values_with_clear_messages() {
         ("network.clusterCIDR=10.0.0.0/33", "at '/network/clusterCIDR'"),
         ("network.clusterCIDR=fd00::/48", "at '/network/clusterCIDR'"),
         ("network.vni=0", "at '/network/vni'"),
+        ("network.vxlanUnderlay=ipv5", "at '/network/vxlanUnderlay': value must be one of 'ipv4', 'ipv6'"),
         ("network.mtu=100", "at '/network/mtu'"),
         ("logLevel=loud", "at '/logLevel'"),
         ("agent.podAttachment=macvlan", "at '/agent/podAttachment': value must be one of 'bridge', 'routed'"),

@@ -72,6 +72,12 @@ pub struct Config {
     /// VXLAN network identifier.
     #[arg(long, env = "WEFT_VNI", default_value_t = 1)]
     pub vni: u32,
+    /// Which node addresses VXLAN packets travel between: `ipv4` (the node
+    /// IPs) or `ipv6` (the nodes' IPv6 addresses from --node-ips, which
+    /// must be on the underlay interface; 70 bytes of overhead instead of
+    /// 50). Every node of a cluster must use the same.
+    #[arg(long, env = "WEFT_VXLAN_UNDERLAY", value_enum, default_value_t = VxlanUnderlay::Ipv4)]
+    pub vxlan_underlay: VxlanUnderlay,
     /// With the vxlan backend, route directly (host-gw) to peers on the same L2 segment.
     #[arg(long, env = "WEFT_DIRECT_ROUTING", default_value_t = false)]
     pub direct_routing: bool,
@@ -109,6 +115,14 @@ pub struct Config {
     /// Address for /metrics, /healthz and /readyz.
     #[arg(long, env = "WEFT_METRICS_ADDR", default_value = "0.0.0.0:9646")]
     pub metrics_addr: SocketAddr,
+}
+
+/// The address family of the VXLAN tunnels' outer headers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum VxlanUnderlay {
+    #[default]
+    Ipv4,
+    Ipv6,
 }
 
 impl Config {

@@ -260,8 +260,15 @@ async fn setup_overlay(
     cfg.vni = config.vni;
     cfg.pod_cidr6 = lease.cidr6;
     cfg.cluster_cidr6 = config.ipv6_cluster_cidr;
-    // host-gw peers route this node's IPv6 block to its IPv6 address.
-    let node_ipv6 = config.node_ipv6().filter(|_| lease.cidr6.is_some());
+    // host-gw peers route this node's IPv6 block to its IPv6 address, and
+    // VXLAN over IPv6 peers send their packets to it.
+    let over_ipv6 = config.vxlan_underlay == config::VxlanUnderlay::Ipv6 && backend == weft_api::Backend::Vxlan;
+    let node_ipv6 = config.node_ipv6().filter(|_| lease.cidr6.is_some() || over_ipv6);
+    if over_ipv6 && node_ipv6.is_none() {
+        anyhow::bail!("--vxlan-underlay ipv6 needs this node's IPv6 address in --node-ips (WEFT_NODE_IPS)");
+    }
+    cfg.node_ipv6 = node_ipv6;
+    cfg.vxlan_over_ipv6 = over_ipv6;
     if lease.cidr6.is_some() && node_ipv6.is_none() && backend == weft_api::Backend::HostGw {
         tracing::warn!(
             "this node's IPv6 block is unreachable from other nodes: host-gw needs its IPv6 address (--node-ips)"

@@ -51,6 +51,16 @@ pub async fn find(h: &Handle, name: Option<&str>, node_ip: Ipv4Addr) -> Result<U
     Ok(Underlay { index, name, mtu, net })
 }
 
+/// Checks that `ip` (such as the node's IPv6 address, the source of VXLAN
+/// over IPv6) is an address of the underlay interface.
+pub async fn require_address(h: &Handle, ul: &Underlay, ip: IpAddr) -> Result<(), DataplaneError> {
+    if link::all_addresses(h, ul.index).await?.iter().any(|n| n.addr() == ip) {
+        Ok(())
+    } else {
+        Err(DataplaneError::Unexpected(format!("{ip} is not an address of the underlay interface {}", ul.name)))
+    }
+}
+
 /// The interface index and subnet of the address `ip`, if any link has it.
 async fn carrying(h: &Handle, ip: Ipv4Addr) -> Result<Option<(u32, Ipv4Net)>, DataplaneError> {
     for msg in super::dump("list addresses", || h.address().get().execute()).await? {

@@ -39,8 +39,9 @@ pub struct VxlanSpec {
     pub name: String,
     pub vni: u32,
     pub port: u16,
-    /// Source address of encapsulated packets: the node IP.
-    pub local: Ipv4Addr,
+    /// Source address of encapsulated packets: the node IP (or its IPv6
+    /// address for VXLAN over IPv6).
+    pub local: IpAddr,
     pub underlay_index: u32,
     pub mtu: u32,
     pub mac: [u8; 6],
@@ -92,15 +93,12 @@ pub async fn ensure(h: &Handle, spec: &VxlanSpec) -> Result<Vxlan, DataplaneErro
     let l = match existing {
         Some(l) => l,
         None => {
-            let msg = LinkVxlan::new(&spec.name, spec.vni)
-                .dev(spec.underlay_index)
-                .local(spec.local)
-                .port(spec.port)
-                .learning(false)
-                .mtu(spec.mtu)
-                .address(spec.mac.to_vec())
-                .up()
-                .build();
+            let builder = LinkVxlan::new(&spec.name, spec.vni).dev(spec.underlay_index);
+            let builder = match spec.local {
+                IpAddr::V4(ip) => builder.local(ip),
+                IpAddr::V6(ip) => builder.local6(ip),
+            };
+            let msg = builder.port(spec.port).learning(false).mtu(spec.mtu).address(spec.mac.to_vec()).up().build();
             h.link().add(msg).execute().await.map_err(op(format!("create VXLAN device {}", spec.name)))?;
             if changes.is_empty() {
                 changes.push("created".into());
@@ -150,7 +148,8 @@ fn incompatible(l: &LinkMessage, spec: &VxlanSpec) -> Option<String> {
         match d {
             InfoVxlan::Id(v) => vni = Some(*v),
             InfoVxlan::Port(p) => port = Some(*p),
-            InfoVxlan::Local(a) => local = Some(*a),
+            InfoVxlan::Local(a) => local = Some(IpAddr::V4(*a)),
+            InfoVxlan::Local6(a) => local = Some(IpAddr::V6(*a)),
             InfoVxlan::Link(i) => dev = Some(*i),
             InfoVxlan::Learning(b) => learning = Some(*b),
             _ => {}

@@ -9,7 +9,10 @@
 //! flannel's `.0/32` on `flannel.1`). A dual-stack peer's IPv6 block gets
 //! the same route and neighbour entry with the IPv6 block's network address
 //! as VTEP address, over the same device and FDB entry (IPv6 inside VXLAN
-//! over the IPv4 underlay); both nodes must have an IPv6 block. In host-gw mode each peer gets
+//! over the IPv4 underlay); both nodes must have an IPv6 block. With
+//! `vxlan_over_ipv6` the FDB entries point at the peers' IPv6 node
+//! addresses instead, and both families travel over the IPv6 underlay.
+//! In host-gw mode each peer gets
 //! `route <peer CIDR> via <peer node IP> dev <underlay>`, which only works when
 //! the peer is on the same L2 segment, and a dual-stack peer that publishes
 //! its IPv6 node address also `route <peer IPv6 block> via <peer node IPv6>
@@ -46,6 +49,9 @@ pub struct Local {
     pub backend: Backend,
     /// VXLAN mode only: host-gw routes for peers on our L2 segment.
     pub direct_routing: bool,
+    /// VXLAN tunnels run between the nodes' IPv6 addresses (the FDB entries
+    /// point at `status.nodeIPv6`), carrying both families inside.
+    pub vxlan_over_ipv6: bool,
 }
 
 impl Local {
@@ -144,6 +150,8 @@ pub enum PeerError {
     NotOnSameL2 { node_ip: Ipv4Addr, underlay: Ipv4Net },
     #[error("no VTEP MAC address announced, which VXLAN requires")]
     MissingVtepMac,
+    #[error("no IPv6 node address published (status.nodeIPv6), which VXLAN over IPv6 requires")]
+    MissingNodeIpv6,
     #[error("VTEP MAC address {0} is {reason}", reason = if .0.is_zero() { "all zeros" } else { "a multicast/broadcast address" })]
     InvalidVtepMac(Mac),
     #[error("VTEP MAC address {mac} is also announced by node {other}")]
@@ -211,7 +219,7 @@ pub fn compute(local: &Local, peers: &[Peer]) -> Desired {
             out.errors.insert(p.node_name.clone(), e);
             continue;
         }
-        add_entries(&mut out, p, path, local.pod_cidr6.is_some());
+        add_entries(&mut out, local, p, path);
         out.paths.insert(p.node_name.clone(), path);
     }
     out
@@ -252,12 +260,25 @@ pub fn check_peer(local: &Local, p: &Peer) -> Result<PeerPath, PeerError> {
     match (local.backend, local.direct_routing, p.backend) {
         (Backend::HostGw, _, Backend::HostGw) => direct(),
         (Backend::Vxlan, true, _) if same_l2 => Ok(PeerPath::HostGw),
-        (Backend::Vxlan, _, Backend::Vxlan) => vtep_mac(p).map(PeerPath::Vxlan),
+        (Backend::Vxlan, _, Backend::Vxlan) => {
+            let mac = vtep_mac(p)?;
+            tunnel_endpoint(local, p)?;
+            Ok(PeerPath::Vxlan(mac))
+        }
         (local_backend, direct_routing, peer) => {
             let local =
                 if direct_routing { format!("{local_backend} with direct routing") } else { local_backend.to_string() };
             Err(PeerError::BackendMismatch { local, peer })
         }
+    }
+}
+
+/// The underlay address VXLAN packets to `p` go to (its FDB entry's `dst`).
+fn tunnel_endpoint(local: &Local, p: &Peer) -> Result<IpAddr, PeerError> {
+    if local.vxlan_over_ipv6 {
+        p.node_ipv6.map(IpAddr::V6).ok_or(PeerError::MissingNodeIpv6)
+    } else {
+        Ok(p.node_ip.into())
     }
 }
 
@@ -329,21 +350,27 @@ fn default_metric(dst: &IpNet) -> u32 {
 
 /// How a dual-stack peer's IPv6 block is reached, when it is: as its IPv4
 /// CIDR, except that host-gw needs the peer's IPv6 node address (a peer
-/// of direct routing without one is reached over VXLAN instead).
-fn ipv6_path(p: &Peer, path: PeerPath) -> Option<PeerPath> {
+/// of direct routing without one is reached over VXLAN instead, unless the
+/// tunnels need that address too).
+fn ipv6_path(local: &Local, p: &Peer, path: PeerPath) -> Option<PeerPath> {
     match path {
         PeerPath::HostGw if p.node_ipv6.is_some() => Some(PeerPath::HostGw),
-        PeerPath::HostGw if p.backend == Backend::Vxlan => vtep_mac(p).ok().map(PeerPath::Vxlan),
+        PeerPath::HostGw if p.backend == Backend::Vxlan && !local.vxlan_over_ipv6 => {
+            vtep_mac(p).ok().map(PeerPath::Vxlan)
+        }
         PeerPath::HostGw => None,
         vxlan => Some(vxlan),
     }
 }
 
 /// The entries of a valid peer; its IPv6 block's too when both it and this
-/// node (`local_ipv6`) have one and it can be reached ([`ipv6_path`]).
-fn add_entries(out: &mut Desired, p: &Peer, path: PeerPath, local_ipv6: bool) {
+/// node have one and it can be reached ([`ipv6_path`]).
+fn add_entries(out: &mut Desired, local: &Local, p: &Peer, path: PeerPath) {
     let ipv4 = Some((IpNet::V4(p.pod_cidr.trunc()), path));
-    let ipv6 = p.pod_cidr6.filter(|_| local_ipv6).and_then(|b| Some((IpNet::V6(b), ipv6_path(p, path)?)));
+    let ipv6 = p
+        .pod_cidr6
+        .filter(|_| local.pod_cidr6.is_some())
+        .and_then(|b| Some((IpNet::V6(b), ipv6_path(local, p, path)?)));
     for (dst, path) in [ipv4, ipv6].into_iter().flatten() {
         let metric = default_metric(&dst);
         let route = match (path, p.node_ipv6) {
@@ -355,7 +382,10 @@ fn add_entries(out: &mut Desired, p: &Peer, path: PeerPath, local_ipv6: bool) {
                 let vtep = dst.network();
                 out.neighs.insert(vtep, Neigh { ip: vtep, mac });
                 out.owners.insert(EntryKey::Neigh(vtep), p.node_name.clone());
-                out.fdb.insert(mac, Fdb { mac, dst: p.node_ip.into() });
+                // Checked by check_peer for VXLAN peers; a direct peer's
+                // IPv6 path is VXLAN only when the endpoint is its IPv4.
+                let endpoint = tunnel_endpoint(local, p).unwrap_or(p.node_ip.into());
+                out.fdb.insert(mac, Fdb { mac, dst: endpoint });
                 out.owners.insert(EntryKey::Fdb(mac), p.node_name.clone());
                 Route { dst, metric, via: vtep, dev: Dev::Vxlan, onlink: true }
             }
@@ -378,6 +408,7 @@ mod tests {
             cluster_cidr: "10.244.0.0/16".parse().unwrap(),
             backend,
             direct_routing,
+            vxlan_over_ipv6: false,
         }
     }
 
@@ -718,6 +749,44 @@ mod tests {
         p.pod_cidr6 = Some("fd00::/48".parse().unwrap());
         let d = compute(&l, &[p]);
         assert!(matches!(d.errors["n2"], PeerError::Ipv6BlockOverlapsLocal { .. }), "{:?}", d.errors);
+    }
+
+    #[test]
+    fn vxlan_over_ipv6_points_the_fdb_entry_at_the_peers_ipv6_address() {
+        let mut l = local(Backend::Vxlan, false);
+        l.vxlan_over_ipv6 = true;
+        l.pod_cidr6 = Some("fd00:0:0:1::/64".parse().unwrap());
+        let mut p = vx("n2", "10.244.2.0/24", "192.168.1.2", M2);
+        p.pod_cidr6 = Some("fd00:0:0:2::/64".parse().unwrap());
+
+        // Without a published IPv6 node address the peer cannot be reached.
+        let d = compute(&l, std::slice::from_ref(&p));
+        assert_eq!(d.errors.get("n2"), Some(&PeerError::MissingNodeIpv6));
+        assert!(d.routes.is_empty() && d.fdb.is_empty());
+
+        // With one: both blocks over VXLAN, one FDB entry to that address.
+        p.node_ipv6 = Some("fd00:250::2".parse().unwrap());
+        let d = compute(&l, std::slice::from_ref(&p));
+        assert!(d.errors.is_empty(), "{:?}", d.errors);
+        assert_eq!(d.routes.len(), 2);
+        assert!(d.routes.values().all(|r| r.dev == Dev::Vxlan), "{:?}", d.routes);
+        assert_eq!(d.fdb.values().map(|f| f.dst).collect::<Vec<_>>(), [ip("fd00:250::2")]);
+        // A single-stack cluster can tunnel over IPv6 too.
+        let (mut v4_local, mut v4_peer) = (l.clone(), p.clone());
+        (v4_local.pod_cidr6, v4_peer.pod_cidr6) = (None, None);
+        let d = compute(&v4_local, &[v4_peer]);
+        assert_eq!((d.routes.len(), d.fdb[&Mac(M2)].dst), (1, ip("fd00:250::2")));
+
+        // Direct routing: a peer on our segment without an IPv6 address gets
+        // host-gw for IPv4; its IPv6 block has no path (the tunnel needs that
+        // address), so it is left out rather than sent to the IPv4 address.
+        l.direct_routing = true;
+        p.node_ipv6 = None;
+        let d = compute(&l, std::slice::from_ref(&p));
+        assert!(d.errors.is_empty(), "{:?}", d.errors);
+        assert_eq!(d.routes.len(), 1);
+        assert!(d.routes.values().all(|r| r.dev == Dev::Underlay && r.dst.addr().is_ipv4()));
+        assert!(d.fdb.is_empty());
     }
 
     #[test]

@@ -572,6 +572,63 @@ fn ipv6_blocks_are_routed_over_vxlan_and_converge() {
     assert!(tcp_works(&c.nodes[1].pod, &c.nodes[0].pod, &format!("[{}]", pod_ipv6(0))), "TCP over IPv6");
 }
 
+/// VXLAN over the IPv6 underlay: the device sends from the node's IPv6
+/// address, the FDB entry points at the peer's, and the device MTU leaves
+/// room for the 70-byte IPv6 outer headers: pods with that MTU send
+/// full-sized packets of both families across, unfragmented.
+#[test]
+fn both_families_travel_over_vxlan_on_an_ipv6_underlay() {
+    if !require_root() {
+        return;
+    }
+    let c = Cluster::new(&[50, 50]);
+    c.add_ipv6();
+    let config = |i: usize, n: &Node| {
+        let mut cfg = n.config(Backend::Vxlan, false);
+        cfg.pod_cidr6 = Some(block6(i));
+        cfg.node_ipv6 = Some(node_ipv6(i));
+        cfg.vxlan_over_ipv6 = true;
+        cfg
+    };
+    let announced: Vec<LocalVtep> = c
+        .nodes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| {
+            let cfg = config(i, n);
+            in_ns(n.ns.path(), move |h| async move { Reconciler::new(h, cfg).unwrap().ensure_local().await.unwrap() })
+        })
+        .collect();
+    assert!(announced.iter().all(|a| a.pod_mtu == 1500 - 70), "{announced:?}");
+    let mut peers = c.peers(&announced);
+    for (i, p) in peers.iter_mut().enumerate() {
+        p.pod_cidr6 = Some(block6(i));
+        p.node_ipv6 = Some(node_ipv6(i));
+    }
+    for (i, n) in c.nodes.iter().enumerate() {
+        let first = reconcile(n, config(i, n), peers.clone());
+        assert_clean(&first, 1);
+        assert_eq!(first.ops_planned, 5, "a route and a neighbour per family, one FDB entry");
+        let second = reconcile(n, config(i, n), peers.clone());
+        assert_eq!((second.ops_planned, second.local.device_changes.len()), (0, 0), "converged on {}", n.name);
+        n.pod.ip(&["link", "set", "eth0", "mtu", &announced[i].pod_mtu.to_string()]);
+    }
+    let device = c.nodes[0].ns.ip(&["-d", "link", "show", "weft.1"]);
+    assert!(device.contains("local fd00:250::1"), "{device}");
+    let fdb = c.nodes[0].ns.sh("bridge", &["fdb", "show", "dev", "weft.1"]);
+    assert!(fdb.contains("dst fd00:250::2"), "{fdb}");
+
+    let (pod0, pod1) = (&c.nodes[0].pod, &c.nodes[1].pod);
+    assert!(pod0.ping(&c.nodes[1].pod_ip()) && pod0.ping(&pod_ipv6(1)), "pod to pod, both families");
+    let full =
+        |payload: u32, ip: &str| pod0.exec("ping", &["-c", "1", "-W", "2", "-M", "do", "-s", &payload.to_string(), ip]);
+    let mtu = announced[0].pod_mtu;
+    assert!(full(mtu - 28, &c.nodes[1].pod_ip()).status.success(), "an MTU-sized IPv4 packet");
+    assert!(full(mtu - 48, &pod_ipv6(1)).status.success(), "an MTU-sized IPv6 packet");
+    assert!(tcp_works(pod1, pod0, &c.nodes[0].pod_ip()), "TCP over IPv4");
+    assert!(tcp_works(pod1, pod0, &format!("[{}]", pod_ipv6(0))), "TCP over IPv6");
+}
+
 /// host-gw routes a dual-stack peer's IPv6 block to the peer's IPv6 node
 /// address on the underlay; pods talk over IPv6, and a second pass finds
 /// nothing to do.

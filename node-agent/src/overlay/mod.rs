@@ -17,7 +17,7 @@ pub use crate::dataplane::entries;
 mod kernel_tests;
 
 use std::collections::BTreeMap;
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::time::{Duration, Instant};
 
 use ipnet::{Ipv4Net, Ipv6Net};
@@ -37,6 +37,11 @@ pub const DEFAULT_VNI: u32 = 1;
 pub struct OverlayConfig {
     pub node_name: String,
     pub node_ip: Ipv4Addr,
+    /// This node's IPv6 address (`--node-ips`), when it has one.
+    pub node_ipv6: Option<Ipv6Addr>,
+    /// VXLAN packets travel between the nodes' IPv6 addresses (the device's
+    /// `local` is `node_ipv6`); otherwise between their IPv4 node IPs.
+    pub vxlan_over_ipv6: bool,
     pub pod_cidr: Ipv4Net,
     /// This node's IPv6 block in a dual-stack cluster.
     pub pod_cidr6: Option<Ipv6Net>,
@@ -68,6 +73,8 @@ impl OverlayConfig {
         Self {
             node_name: node_name.to_owned(),
             node_ip,
+            node_ipv6: None,
+            vxlan_over_ipv6: false,
             pod_cidr,
             pod_cidr6: None,
             cluster_cidr,
@@ -105,6 +112,9 @@ impl OverlayConfig {
         {
             return bad(format!("MTU {mtu} is not in 68..65535"));
         }
+        if self.vxlan_over_ipv6 && self.uses_vxlan() && self.node_ipv6.is_none() {
+            return bad("VXLAN over IPv6 needs this node's IPv6 address (--node-ips)".into());
+        }
         Ok(())
     }
 
@@ -119,6 +129,14 @@ impl OverlayConfig {
 
     fn vtep_mac(&self) -> Mac {
         self.vtep_mac.unwrap_or(Mac(vxlan::mac_for(self.node_ip)))
+    }
+
+    /// The source address of this node's VXLAN packets.
+    fn tunnel_local(&self) -> IpAddr {
+        match self.node_ipv6 {
+            Some(v6) if self.vxlan_over_ipv6 => v6.into(),
+            _ => self.node_ip.into(),
+        }
     }
 }
 
@@ -219,12 +237,16 @@ impl Reconciler {
             device_changes: Vec::new(),
         };
         let vxlan_index = if cfg.uses_vxlan() {
-            let mtu = cfg.mtu.unwrap_or_else(|| vxlan::mtu_for(ul.mtu, cfg.node_ip.into()));
+            let local_ip = cfg.tunnel_local();
+            if let IpAddr::V6(v6) = local_ip {
+                underlay::require_address(h, &ul, v6.into()).await.map_err(OverlayError::Underlay)?;
+            }
+            let mtu = cfg.mtu.unwrap_or_else(|| vxlan::mtu_for(ul.mtu, local_ip));
             let spec = vxlan::VxlanSpec {
                 name: cfg.device.clone(),
                 vni: cfg.vni,
                 port: cfg.port,
-                local: cfg.node_ip,
+                local: local_ip,
                 underlay_index: ul.index,
                 mtu,
                 mac: cfg.vtep_mac().0,
@@ -263,6 +285,7 @@ impl Reconciler {
                 cluster_cidr: self.cfg.cluster_cidr,
                 backend: self.cfg.backend,
                 direct_routing: self.cfg.direct_routing,
+                vxlan_over_ipv6: self.cfg.vxlan_over_ipv6,
             },
             peers,
         );
@@ -362,5 +385,11 @@ mod tests {
         let mut c = cfg();
         c.mtu = Some(20);
         assert!(c.validate().is_err());
+        let mut c = cfg();
+        c.vxlan_over_ipv6 = true;
+        assert!(c.validate().is_err(), "VXLAN over IPv6 without the node's IPv6 address");
+        c.node_ipv6 = Some("fd00::1".parse().unwrap());
+        assert!(c.validate().is_ok());
+        assert_eq!(c.tunnel_local(), "fd00::1".parse::<IpAddr>().unwrap());
     }
 }
