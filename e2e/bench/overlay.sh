@@ -4,7 +4,8 @@
 #   weft vxlan   vs a hand-built kernel VXLAN (routed, no bridge), weft's pods
 #                routed (--pod-attachment routed), then bridged (the default)
 #   weft vxlan, IPv6 pod traffic (dual-stack, bridged pods) vs the hand-built
-#                VXLAN carrying IPv6 (both over the IPv4 underlay)
+#                VXLAN carrying IPv6, both over the IPv4 underlay, then both
+#                over the IPv6 underlay (--vxlan-underlay ipv6)
 #   weft host-gw vs plain routing over the underlay, pods bridged, then routed
 #   weft vxlan with 100 NetworkPolicies (default deny plus allows) selecting
 #                both pods vs the same path under no policy
@@ -110,12 +111,12 @@ baseline_pod() {
   ip -n "$pod" route add default via "$gw"
 }
 
-# The same with IPv6 only (MTU 1450, as under VXLAN): $3/64, gateway $4.
+# The same with IPv6 only: $3/64, gateway $4, MTU $5.
 baseline_pod6() {
-  local node=$1 pod=$2 addr=$3 gw=$4
+  local node=$1 pod=$2 addr=$3 gw=$4 mtu=$5
   ip netns add "$pod"
   ip -n "$pod" link set lo up
-  ip -n "$node" link add "b-$pod" mtu 1450 type veth peer name eth0 mtu 1450 netns "$pod"
+  ip -n "$node" link add "b-$pod" mtu "$mtu" type veth peer name eth0 mtu "$mtu" netns "$pod"
   ip -n "$node" addr add "$gw/64" dev "b-$pod" nodad
   ip -n "$node" link set "b-$pod" up
   ip -n "$pod" addr add "$addr/64" dev eth0 nodad
@@ -186,28 +187,33 @@ conv_max=$(printf '%s\n' "${conv[@]}" | sort -g | tail -1)
 $SBX down >/dev/null
 ip netns del bench-p1; ip netns del bench-p2
 
-# --- dual-stack vxlan sandbox: IPv6 between pods vs hand-built VXLAN over IPv6 --
+# --- dual-stack vxlan sandbox: IPv6 between pods vs hand-built VXLAN carrying IPv6 --
+# $3: the underlay family (ipv4: between the node IPs, MTU 1450; ipv6: between
+# the nodes' IPv6 addresses fd00:250::b/::c, MTU 1430).
 vxlan_ipv6() {
+  local weft=$1 base=$2 underlay=$3 local1=10.250.0.11 local2=10.250.0.12 mtu=1450
+  if [[ $underlay == ipv6 ]]; then local1=fd00:250::b local2=fd00:250::c mtu=1430; fi
   $SBX up --nodes 2 --operator-arg=--secondary-cluster-cidr=fd00:10:244::/56 \
-    --agent-arg=--ipv6-cluster-cidr=fd00:10:244::/56 >/dev/null
+    --agent-arg=--ipv6-cluster-cidr=fd00:10:244::/56 --agent-arg=--vxlan-underlay=$underlay >/dev/null
   $SBX add-pod a --node node-1 >/dev/null
   $SBX add-pod b --node node-2 >/dev/null
   local b_ip6
   b_ip6=$($SBX pods | awk '$1=="default/b" {print $4}')
   [[ $b_ip6 == *:* ]] || { echo "pod b got no IPv6 address: $($SBX pods)" >&2; exit 1; }
-  ip -n $N1 link add bvx type vxlan id 99 dstport 4790 local 10.250.0.11 remote 10.250.0.12 dev eth0
-  ip -n $N2 link add bvx type vxlan id 99 dstport 4790 local 10.250.0.12 remote 10.250.0.11 dev eth0
+  ip -n $N1 link add bvx type vxlan id 99 dstport 4790 local $local1 remote $local2 dev eth0
+  ip -n $N2 link add bvx type vxlan id 99 dstport 4790 local $local2 remote $local1 dev eth0
   ip -n $N1 addr add fd00:99::1/64 dev bvx nodad; ip -n $N1 link set bvx up
   ip -n $N2 addr add fd00:99::2/64 dev bvx nodad; ip -n $N2 link set bvx up
-  baseline_pod6 $N1 bench-p1 fd00:201::2 fd00:201::1
-  baseline_pod6 $N2 bench-p2 fd00:202::2 fd00:202::1
+  baseline_pod6 $N1 bench-p1 fd00:201::2 fd00:201::1 $mtu
+  baseline_pod6 $N2 bench-p2 fd00:202::2 fd00:202::1 $mtu
   ip -n $N1 route add fd00:202::/64 via fd00:99::2
   ip -n $N2 route add fd00:201::/64 via fd00:99::1
-  compare_pairs "wv6:weft-sbx-pod-default-a:weft-sbx-pod-default-b:$b_ip6" "kv6:bench-p1:bench-p2:fd00:202::2"
+  compare_pairs "$weft:weft-sbx-pod-default-a:weft-sbx-pod-default-b:$b_ip6" "$base:bench-p1:bench-p2:fd00:202::2"
   $SBX down >/dev/null
   ip netns del bench-p1; ip netns del bench-p2
 }
-vxlan_ipv6
+vxlan_ipv6 wv6 kv6 ipv4
+vxlan_ipv6 wv6u kv6u ipv6
 
 # --- host-gw sandboxes: weft host-gw vs plain routing over the underlay ---------
 # Once with pods on the bridge (the default), once routed (--pod-attachment
@@ -247,6 +253,7 @@ pair wvr kvr "weft vxlan, routed pods" "hand-built kernel VXLAN" "ratio weft rou
 pair wh pr "weft host-gw, bridged pods" "plain routing over the underlay" "ratio weft bridged / plain"
 pair whr prr "weft host-gw, routed pods" "plain routing over the underlay" "ratio weft routed / plain"
 pair wv6 kv6 "weft vxlan, IPv6, bridged pods" "hand-built kernel VXLAN, IPv6" "ratio weft IPv6 / kernel VXLAN"
+pair wv6u kv6u "weft vxlan over IPv6, IPv6 pods" "hand-built VXLAN over IPv6" "ratio weft / kernel, over IPv6"
 pair wpol wnop "weft vxlan, 100 policies" "weft vxlan, no policy" "ratio 100 policies / none"
 echo
 echo "100 policies: default deny + 98 unrelated allows + 1 allowing the pair, all selecting both"
