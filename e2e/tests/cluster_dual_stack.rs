@@ -3,7 +3,9 @@
 //! chart with `network.ipv6ClusterCIDR`. Pods get both addresses (in their
 //! status, from weft-cni's result), reach each other across nodes over IPv6
 //! (TCP and UDP, VXLAN), an IPv6 Service through kube-proxy reaches its pod,
-//! and a spec `hostPort` answers on the node's IPv6 address. The VXLAN
+//! and a spec `hostPort` answers on the node's IPv6 address. NetworkPolicy
+//! decides both families alike, and an `ipBlock` matches only its own
+//! family. The VXLAN
 //! tunnels run over the IPv6 underlay (`network.vxlanUnderlay=ipv6`), so
 //! IPv4 pod traffic crosses inside IPv6 packets, with the 70-byte overhead
 //! taken off the pods' MTU. (`sandbox_dual_stack` runs VXLAN over IPv4.)
@@ -112,4 +114,26 @@ fn dual_stack_pods_services_and_host_ports_on_real_nodes() {
         http_hostname(ns, "a", &format!("[{node2_v6}]:{HOST_PORT}"))
     });
     assert_eq!(answer, "c");
+
+    // Policy: c admits role=client pods only, over both families.
+    let reaches = |target: &str| http_hostname(ns, "a", &format!("{target}:{HTTP_PORT}")).is_some();
+    let (c4, c6) = (c[0].clone(), format!("[{}]", c[1]));
+    let both = |want: (bool, bool), what: &str| {
+        eventually(what, Duration::from_secs(60), || ((reaches(&c4), reaches(&c6)) == want).then_some(()))
+    };
+    let policy = |from: &str| {
+        apply(&format!(
+            "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {{name: c-ingress, namespace: {ns}}}\n\
+             spec:\n  podSelector: {{matchLabels: {{app: c}}}}\n  ingress: [{{from: [{from}]}}]\n"
+        ))
+    };
+    policy("{podSelector: {matchLabels: {role: client}}}");
+    both((false, false), "a (no role) refused by c over IPv4 and IPv6");
+    kubectl_ok(&["label", "pod", "-n", ns, "a", "role=client"]);
+    both((true, true), "a (role=client) admitted by c over IPv4 and IPv6");
+    // An IPv6 block admits a over IPv6 and never matches its IPv4 address.
+    policy(&format!("{{ipBlock: {{cidr: {}/128}}}}", a[1]));
+    both((false, true), "c admitting only a's IPv6 address");
+    kubectl_ok(&["delete", "networkpolicy", "-n", ns, "c-ingress"]);
+    both((true, true), "no policy: a reaches c over both families");
 }
