@@ -377,7 +377,7 @@ fn routed_dual_stack_pods_carry_their_ipv6_address_alone() {
     n.ns.ip(&["-6", "route", "del", &format!("{a1}/128")]);
     let chk = weft.check(&c1, &r1);
     assert_eq!(chk.code(), 103, "{}", chk.stdout);
-    assert!(chk.msg().contains("no route to"), "{}", chk.msg());
+    assert!(chk.msg().contains(&format!("no route to {a1} via {host}")), "{}", chk.msg());
     wait::until("the periodic resync to restore the IPv6 route", Duration::from_secs(15), || {
         weft.check(&c1, &r1).success.then_some(())
     });

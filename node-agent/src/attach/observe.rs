@@ -24,11 +24,13 @@ impl Agent {
             return Ok(None);
         };
         let bridge = deadline("look up the bridge", link::by_name(&self.host, &self.config.bridge)).await?;
-        let node_route = driver(record.attachment).routes_to_pod() && {
+        let mut unrouted = Vec::new();
+        if driver(record.attachment).routes_to_pod() {
             let present = deadline("list the node's routes", link::pod_routes(&self.host)).await?;
             let index = veth.header.index;
-            self.addresses_with_gateways(ip, record).iter().all(|(a, _)| present.contains(&(*a, index)))
-        };
+            let addresses = self.addresses_with_gateways(ip, record).into_iter().map(|(a, _)| a);
+            unrouted.extend(addresses.filter(|a| !present.contains(&(*a, index))));
+        }
         Ok(Some(ObservedHost {
             name: record.host_veth.clone(),
             ip,
@@ -36,7 +38,7 @@ impl Agent {
             controller: link::controller_of(&veth),
             bridge_name: self.config.bridge.clone(),
             bridge: bridge.map(|b| b.header.index),
-            node_route,
+            unrouted,
         }))
     }
 }

@@ -21,8 +21,9 @@ pub struct ObservedHost {
     pub bridge_name: String,
     /// The node bridge's index, when it exists.
     pub bridge: Option<u32>,
-    /// Whether the node has a /32 route to the pod on the host veth.
-    pub node_route: bool,
+    /// The pod's addresses the node has no /32 (/128) route to on the host
+    /// veth (routed pods; always empty for bridged ones).
+    pub unrouted: Vec<IpAddr>,
 }
 
 /// The pod's end, inside its network namespace.
@@ -139,7 +140,7 @@ pub(crate) mod tests {
             controller: Some(4),
             bridge_name: "weft0".into(),
             bridge: Some(4),
-            node_route: true,
+            unrouted: Vec::new(),
         }
     }
 

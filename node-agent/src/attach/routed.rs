@@ -43,7 +43,10 @@ impl Driver for Routed {
     }
 
     fn check_host(&self, host: &ObservedHost) -> Result<(), String> {
-        if host.node_route { Ok(()) } else { Err(format!("the node has no route to {} via {}", host.ip, host.name)) }
+        match host.unrouted.first() {
+            None => Ok(()),
+            Some(ip) => Err(format!("the node has no route to {ip} via {}", host.name)),
+        }
     }
 
     /// Routed pods reach even each other through the node's forwarding path,
@@ -66,7 +69,10 @@ mod tests {
     fn the_node_must_route_to_the_pod() {
         let mut h = host();
         assert_eq!(Routed.check_host(&h), Ok(()));
-        h.node_route = false;
+        h.unrouted = vec!["10.1.2.7".parse().unwrap()];
         assert!(Routed.check_host(&h).unwrap_err().contains("no route to 10.1.2.7 via weftv0123456789"));
+        // A missing IPv6 route names the IPv6 address.
+        h.unrouted = vec!["fd00::7".parse().unwrap()];
+        assert!(Routed.check_host(&h).unwrap_err().contains("no route to fd00::7 via weftv0123456789"));
     }
 }
