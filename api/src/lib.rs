@@ -23,7 +23,7 @@ pub use host_port::{
 pub use network_policy::{
     IpBlock, NetworkPolicy, NetworkPolicySpec, NetworkPolicyStatus, PolicyAction, PolicyPeer, PolicyPort, PolicyRule,
 };
-pub use subnet::{Backend, Subnet, SubnetSpec, SubnetStatus};
+pub use subnet::{Backend, Subnet, SubnetSpec, SubnetStatus, VxlanUnderlay};
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;

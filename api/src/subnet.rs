@@ -34,6 +34,27 @@ impl std::fmt::Display for Backend {
     }
 }
 
+/// Which of a node's addresses its VXLAN packets travel between.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema, Default)]
+pub enum VxlanUnderlay {
+    /// The node IP (`status.nodeIP`).
+    #[default]
+    #[serde(rename = "ipv4")]
+    Ipv4,
+    /// The node's IPv6 address (`status.nodeIPv6`).
+    #[serde(rename = "ipv6")]
+    Ipv6,
+}
+
+impl std::fmt::Display for VxlanUnderlay {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            VxlanUnderlay::Ipv4 => "IPv4",
+            VxlanUnderlay::Ipv6 => "IPv6",
+        })
+    }
+}
+
 /// A node's pod-address lease. Cluster-scoped; its name is the node name.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[kube(
@@ -118,6 +139,11 @@ pub struct SubnetStatus {
     #[serde(rename = "vtepMAC", default, skip_serializing_if = "Option::is_none")]
     #[schemars(regex(pattern = r"^([0-9a-fA-F]{2}:){5}[0-9a-fA-F]{2}$"))]
     pub vtep_mac: Option<String>,
+    /// Which address the node's VXLAN packets come from and must be sent
+    /// to: `ipv4` (nodeIP; also when unset) or `ipv6` (nodeIPv6). Every
+    /// node of a cluster must use the same (vxlan backend only).
+    #[serde(rename = "vxlanUnderlay", default, skip_serializing_if = "Option::is_none")]
+    pub vxlan_underlay: Option<VxlanUnderlay>,
     /// `Allocated` (operator) and `Ready` (agent).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "crate::common::conditions_schema")]

@@ -49,8 +49,9 @@ fn dual_stack_pods_services_and_host_ports_on_real_nodes() {
     let internal =
         kubectl_ok(&["get", "node", "node-2", "-o", "jsonpath={.status.addresses[?(@.type=='InternalIP')].address}"]);
     assert_eq!(internal.split_whitespace().collect::<Vec<_>>(), [node2.ip.to_string(), node2_v6.clone()]);
-    let published = kubectl_ok(&["get", "subnet", "node-2", "-o", "jsonpath={.status.nodeIPv6}"]);
-    assert_eq!(published.trim(), node2_v6);
+    let published =
+        kubectl_ok(&["get", "subnet", "node-2", "-o", "jsonpath={.status.nodeIPv6} {.status.vxlanUnderlay}"]);
+    assert_eq!(published.trim(), format!("{node2_v6} ipv6"));
 
     let ns = "weft-dual-stack";
     namespace(ns, &[]);

@@ -102,6 +102,8 @@ pub struct NodeFacts {
     pub node_ipv6: Option<String>,
     pub vtep_ip: Option<String>,
     pub vtep_mac: Option<String>,
+    /// VXLAN only: which address peers send VXLAN packets to.
+    pub vxlan_underlay: Option<weft_api::VxlanUnderlay>,
 }
 
 /// Writes the agent's part of the Subnet status (facts and Ready=True) with server-side apply, so
@@ -137,6 +139,9 @@ async fn publish_status(
     }
     if let Some(mac) = &facts.vtep_mac {
         st["vtepMAC"] = json!(mac);
+    }
+    if let Some(underlay) = facts.vxlan_underlay {
+        st["vxlanUnderlay"] = json!(underlay);
     }
     let patch = json!({ "apiVersion": "weft.dev/v1alpha1", "kind": "Subnet", "status": st });
     api.patch_status(node, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&patch))
@@ -210,6 +215,7 @@ pub fn standing(subnet: Option<&Subnet>, lease: &Lease, facts: &NodeFacts) -> St
         && status.node_ipv6 == facts.node_ipv6
         && status.vtep_ip == facts.vtep_ip
         && status.vtep_mac == facts.vtep_mac
+        && status.vxlan_underlay == facts.vxlan_underlay
         && status.conditions.iter().any(|c| c.type_ == CONDITION_READY && c.status == "True");
     Standing::Held { publish: !published }
 }
@@ -316,7 +322,13 @@ mod tests {
     use weft_api::subnet::{SubnetSpec, SubnetStatus};
 
     fn facts() -> NodeFacts {
-        NodeFacts { node_ip: "10.0.0.2".into(), node_ipv6: None, vtep_ip: Some("10.244.1.0".into()), vtep_mac: None }
+        NodeFacts {
+            node_ip: "10.0.0.2".into(),
+            node_ipv6: None,
+            vtep_ip: Some("10.244.1.0".into()),
+            vtep_mac: None,
+            vxlan_underlay: None,
+        }
     }
 
     fn lease() -> Lease {
@@ -365,6 +377,7 @@ mod tests {
                 node_ipv6: None,
                 vtep_ip: Some("10.244.1.0".into()),
                 vtep_mac: None,
+                vxlan_underlay: None,
                 conditions: vec![Condition {
                     type_: CONDITION_READY.into(),
                     status: "True".into(),

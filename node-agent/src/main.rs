@@ -300,6 +300,9 @@ async fn setup_overlay(
         node_ipv6: node_ipv6.map(|ip| ip.to_string()),
         vtep_ip: local.vtep_ip.map(|ip| ip.to_string()),
         vtep_mac: local.vtep_mac.map(|m| m.to_string()),
+        vxlan_underlay: local
+            .vtep_mac
+            .map(|_| if over_ipv6 { weft_api::VxlanUnderlay::Ipv6 } else { weft_api::VxlanUnderlay::Ipv4 }),
     };
     lease::publish(api, &config.node_name, &facts).await?;
     Ok(OverlayStart { reconciler, pod_mtu: local.pod_mtu, facts, ipv6_routable: pass.ipv6_routable })

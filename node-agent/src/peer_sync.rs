@@ -48,7 +48,8 @@ pub async fn run(api: Api<Subnet>, reconciler: Arc<Reconciler>, node: String, re
                 (status.and_then(|st| st.node_ip.as_deref()), status.and_then(|st| st.node_ipv6.as_deref())),
                 status.and_then(|st| st.vtep_mac.as_deref()),
             ) {
-                Ok(p) => peers.push(p),
+                Ok(p) => peers
+                    .push(Peer { vxlan_underlay: status.and_then(|st| st.vxlan_underlay).unwrap_or_default(), ..p }),
                 Err(e) => {
                     invalid.insert(s.spec.node_name.clone(), e.to_string());
                 }

@@ -33,6 +33,7 @@ use super::entries::{Dev, EntryKey, Fdb, Mac, Neigh, Route, RouteKey};
 
 /// How traffic to a peer's pods travels: the Subnet API's own type.
 pub use weft_api::Backend;
+pub use weft_api::VxlanUnderlay;
 
 /// This node, as far as the desired state depends on it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -74,6 +75,9 @@ pub struct Peer {
     pub vtep_mac: Option<[u8; 6]>,
     /// The backend the peer runs.
     pub backend: Backend,
+    /// Which of its addresses the peer's VXLAN device sends from
+    /// (`status.vxlanUnderlay`; IPv4 when unset, as before it existed).
+    pub vxlan_underlay: VxlanUnderlay,
 }
 
 impl Peer {
@@ -119,7 +123,16 @@ impl Peer {
             Some(m) => Some(m.parse::<Mac>().map_err(|_| malformed("vtepMAC", m))?.0),
             None => None,
         };
-        Ok(Peer { node_name: node_name.to_owned(), pod_cidr, pod_cidr6, node_ip, node_ipv6, vtep_mac, backend })
+        Ok(Peer {
+            node_name: node_name.to_owned(),
+            pod_cidr,
+            pod_cidr6,
+            node_ip,
+            node_ipv6,
+            vtep_mac,
+            backend,
+            vxlan_underlay: VxlanUnderlay::Ipv4,
+        })
     }
 }
 
@@ -152,6 +165,10 @@ pub enum PeerError {
     MissingVtepMac,
     #[error("no IPv6 node address published (status.nodeIPv6), which VXLAN over IPv6 requires")]
     MissingNodeIpv6,
+    #[error(
+        "peer tunnels VXLAN over {peer}, this node over {local}: network.vxlanUnderlay must be the same on every node"
+    )]
+    VxlanUnderlayMismatch { local: VxlanUnderlay, peer: VxlanUnderlay },
     #[error("VTEP MAC address {0} is {reason}", reason = if .0.is_zero() { "all zeros" } else { "a multicast/broadcast address" })]
     InvalidVtepMac(Mac),
     #[error("VTEP MAC address {mac} is also announced by node {other}")]
@@ -273,12 +290,16 @@ pub fn check_peer(local: &Local, p: &Peer) -> Result<PeerPath, PeerError> {
     }
 }
 
-/// The underlay address VXLAN packets to `p` go to (its FDB entry's `dst`).
+/// The underlay address VXLAN packets to `p` go to (its FDB entry's `dst`):
+/// one device tunnels over one family, which both ends must share.
 fn tunnel_endpoint(local: &Local, p: &Peer) -> Result<IpAddr, PeerError> {
-    if local.vxlan_over_ipv6 {
-        p.node_ipv6.map(IpAddr::V6).ok_or(PeerError::MissingNodeIpv6)
-    } else {
-        Ok(p.node_ip.into())
+    let local_underlay = if local.vxlan_over_ipv6 { VxlanUnderlay::Ipv6 } else { VxlanUnderlay::Ipv4 };
+    if p.vxlan_underlay != local_underlay {
+        return Err(PeerError::VxlanUnderlayMismatch { local: local_underlay, peer: p.vxlan_underlay });
+    }
+    match local_underlay {
+        VxlanUnderlay::Ipv6 => p.node_ipv6.map(IpAddr::V6).ok_or(PeerError::MissingNodeIpv6),
+        VxlanUnderlay::Ipv4 => Ok(p.node_ip.into()),
     }
 }
 
@@ -355,7 +376,7 @@ fn default_metric(dst: &IpNet) -> u32 {
 fn ipv6_path(local: &Local, p: &Peer, path: PeerPath) -> Option<PeerPath> {
     match path {
         PeerPath::HostGw if p.node_ipv6.is_some() => Some(PeerPath::HostGw),
-        PeerPath::HostGw if p.backend == Backend::Vxlan && !local.vxlan_over_ipv6 => {
+        PeerPath::HostGw if p.backend == Backend::Vxlan && tunnel_endpoint(local, p).is_ok() => {
             vtep_mac(p).ok().map(PeerPath::Vxlan)
         }
         PeerPath::HostGw => None,
@@ -382,8 +403,7 @@ fn add_entries(out: &mut Desired, local: &Local, p: &Peer, path: PeerPath) {
                 let vtep = dst.network();
                 out.neighs.insert(vtep, Neigh { ip: vtep, mac });
                 out.owners.insert(EntryKey::Neigh(vtep), p.node_name.clone());
-                // Checked by check_peer for VXLAN peers; a direct peer's
-                // IPv6 path is VXLAN only when the endpoint is its IPv4.
+                // Checked by check_peer (or ipv6_path) before a path is VXLAN.
                 let endpoint = tunnel_endpoint(local, p).unwrap_or(p.node_ip.into());
                 out.fdb.insert(mac, Fdb { mac, dst: endpoint });
                 out.owners.insert(EntryKey::Fdb(mac), p.node_name.clone());
@@ -421,6 +441,7 @@ mod tests {
             node_ipv6: None,
             vtep_mac: mac,
             backend,
+            vxlan_underlay: VxlanUnderlay::Ipv4,
         }
     }
 
@@ -758,8 +779,21 @@ mod tests {
         l.pod_cidr6 = Some("fd00:0:0:1::/64".parse().unwrap());
         let mut p = vx("n2", "10.244.2.0/24", "192.168.1.2", M2);
         p.pod_cidr6 = Some("fd00:0:0:2::/64".parse().unwrap());
+        p.node_ipv6 = Some("fd00:250::2".parse().unwrap());
+
+        // A peer tunnelling over the other family cannot be reached, either
+        // way round; the message says what to fix.
+        let d = compute(&l, std::slice::from_ref(&p));
+        let e = &d.errors["n2"];
+        assert_eq!(e, &PeerError::VxlanUnderlayMismatch { local: VxlanUnderlay::Ipv6, peer: VxlanUnderlay::Ipv4 });
+        assert!(e.to_string().contains("over IPv4, this node over IPv6: network.vxlanUnderlay"), "{e}");
+        assert!(d.routes.is_empty() && d.fdb.is_empty());
+        p.vxlan_underlay = VxlanUnderlay::Ipv6;
+        let mut d = compute(&local(Backend::Vxlan, false), std::slice::from_ref(&p));
+        assert!(matches!(d.errors.remove("n2"), Some(PeerError::VxlanUnderlayMismatch { .. })));
 
         // Without a published IPv6 node address the peer cannot be reached.
+        p.node_ipv6 = None;
         let d = compute(&l, std::slice::from_ref(&p));
         assert_eq!(d.errors.get("n2"), Some(&PeerError::MissingNodeIpv6));
         assert!(d.routes.is_empty() && d.fdb.is_empty());

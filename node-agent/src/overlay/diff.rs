@@ -156,7 +156,7 @@ mod tests {
     use std::net::Ipv4Addr;
 
     use super::*;
-    use crate::overlay::desired::{self, Backend, Local, Peer};
+    use crate::overlay::desired::{self, Backend, Local, Peer, VxlanUnderlay};
 
     fn cluster() -> ClusterRanges {
         ClusterRanges { ipv4: "10.0.0.0/8".parse().unwrap(), ipv6: Some("fd00:10::/48".parse().unwrap()) }
@@ -185,6 +185,7 @@ mod tests {
             node_ipv6: None,
             vtep_mac: Some([0x02, 0x57, 0, 0, hi, lo]),
             backend: Backend::Vxlan,
+            vxlan_underlay: VxlanUnderlay::Ipv4,
         }
     }
 

@@ -19,6 +19,7 @@ use ipnet::Ipv4Net;
 use nix::sched::{CloneFlags, setns};
 use rtnetlink::Handle;
 
+use super::desired::VxlanUnderlay;
 use super::{Backend, LocalVtep, OverlayConfig, Peer, PeerError, PeerIssue, PeerPath, Reconciler, Report};
 use crate::dataplane::masquerade;
 use crate::test_support::require_root;
@@ -267,6 +268,7 @@ impl Cluster {
                 node_ipv6: None,
                 vtep_mac: a.vtep_mac.map(|m| m.0),
                 backend: a.backend,
+                vxlan_underlay: VxlanUnderlay::Ipv4,
             })
             .collect()
     }
@@ -410,6 +412,7 @@ fn vxlan_bad_peer_data_is_reported_not_fatal() {
         node_ipv6: None,
         vtep_mac: Some([0xff; 6]),
         backend: Backend::Vxlan,
+        vxlan_underlay: VxlanUnderlay::Ipv4,
     });
     peers.push(Peer {
         node_name: "node-no-vtep".into(),
@@ -419,6 +422,7 @@ fn vxlan_bad_peer_data_is_reported_not_fatal() {
         node_ipv6: None,
         vtep_mac: None,
         backend: Backend::Vxlan,
+        vxlan_underlay: VxlanUnderlay::Ipv4,
     });
     let n1 = &c.nodes[0];
     let r = reconcile(n1, n1.config(Backend::Vxlan, false), peers);
@@ -501,6 +505,7 @@ fn host_gw_routes_via_node_ips_and_rejects_peers_off_l2() {
         node_ipv6: None,
         vtep_mac: None,
         backend: Backend::HostGw,
+        vxlan_underlay: VxlanUnderlay::Ipv4,
     });
     for n in &c.nodes {
         let r = reconcile(n, n.config(Backend::HostGw, false), peers.clone());
@@ -604,6 +609,7 @@ fn both_families_travel_over_vxlan_on_an_ipv6_underlay() {
     for (i, p) in peers.iter_mut().enumerate() {
         p.pod_cidr6 = Some(block6(i));
         p.node_ipv6 = Some(node_ipv6(i));
+        p.vxlan_underlay = VxlanUnderlay::Ipv6;
     }
     for (i, n) in c.nodes.iter().enumerate() {
         let first = reconcile(n, config(i, n), peers.clone());
@@ -721,6 +727,7 @@ fn peer_changes_are_applied_in_place_and_converge() {
         node_ipv6: None,
         vtep_mac: Some([0x02, 0x57, 0, 0, 0, mac]),
         backend: Backend::Vxlan,
+        vxlan_underlay: VxlanUnderlay::Ipv4,
     };
     let step = |cfg: OverlayConfig, peers: Vec<Peer>| {
         let r = reconcile(n1, cfg.clone(), peers.clone());
@@ -793,6 +800,7 @@ fn bench_thousand_peers() {
                 node_ipv6: None,
                 vtep_mac: Some([0x02, 0x57, 0, 0, hi, lo]),
                 backend: Backend::Vxlan,
+                vxlan_underlay: VxlanUnderlay::Ipv4,
             }
         })
         .collect();
