@@ -13,16 +13,10 @@
 use std::time::Duration;
 
 use weft_e2e::cluster::testing::{Cluster, apply, eventually, kubectl_ok, node_exec, pod_exec};
-use weft_e2e::cluster::workloads::{HTTP_PORT, TestPod, http_hostname, namespace, udp_hostname};
+use weft_e2e::cluster::workloads::{HTTP_PORT, TestPod, http_hostname, namespace, pod_ips, udp_hostname};
 
 const IPV6_CLUSTER_CIDR: &str = "fd00:10:244::/56";
 const HOST_PORT: u16 = 18090;
-
-/// A pod's addresses (`status.podIPs`), IPv4 first.
-fn pod_ips(ns: &str, name: &str) -> Vec<String> {
-    let out = kubectl_ok(&["get", "pod", "-n", ns, name, "-o", "jsonpath={.status.podIPs[*].ip}"]);
-    out.split_whitespace().map(str::to_owned).collect()
-}
 
 #[test]
 fn dual_stack_pods_services_and_host_ports_on_real_nodes() {

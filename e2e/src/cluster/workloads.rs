@@ -132,6 +132,12 @@ pub fn udp_hostname(namespace: &str, from: &str, ip: &str) -> Option<String> {
     dial(namespace, from, "udp", &format!("{ip}:{UDP_PORT}"))
 }
 
+/// A pod's addresses (`status.podIPs`), IPv4 first.
+pub fn pod_ips(namespace: &str, name: &str) -> Vec<String> {
+    let out = kubectl_ok(&["get", "pod", "-n", namespace, name, "-o", "jsonpath={.status.podIPs[*].ip}"]);
+    out.split_whitespace().map(str::to_owned).collect()
+}
+
 /// Deletes pods at once (grace period 0) and waits until they are gone.
 pub fn delete_pods(namespace: &str, names: &[&str]) {
     let mut args = vec!["delete", "pod", "-n", namespace, "--grace-period=0", "--force", "--wait=true"];
