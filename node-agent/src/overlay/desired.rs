@@ -230,7 +230,7 @@ pub fn compute(local: &Local, peers: &[Peer]) -> Desired {
     }
 
     let mut rejected = overlapping_cidrs(&valid);
-    rejected.extend(duplicate_macs(&valid));
+    rejected.extend(duplicate_macs(local, &valid));
     for (p, path) in valid {
         if let Some(e) = rejected.remove(&p.node_name) {
             out.errors.insert(p.node_name.clone(), e);
@@ -340,13 +340,18 @@ fn overlapping_cidrs(valid: &[(&Peer, PeerPath)]) -> HashMap<String, PeerError> 
     out
 }
 
-/// VXLAN peers announcing the same VTEP MAC: one FDB entry cannot point at
-/// two nodes, so all of them are rejected.
-fn duplicate_macs(valid: &[(&Peer, PeerPath)]) -> HashMap<String, PeerError> {
+/// Peers announcing the same VTEP MAC that both get an FDB entry (reached
+/// over VXLAN, for both families or, with direct routing, for IPv6 only):
+/// one FDB entry cannot point at two nodes, so all of them are rejected.
+fn duplicate_macs(local: &Local, valid: &[(&Peer, PeerPath)]) -> HashMap<String, PeerError> {
     let mut by_mac: HashMap<Mac, Vec<&str>> = HashMap::new();
     for (p, path) in valid {
-        if let PeerPath::Vxlan(mac) = path {
-            by_mac.entry(*mac).or_default().push(&p.node_name);
+        let ipv6 = p.pod_cidr6.filter(|_| local.pod_cidr6.is_some()).and_then(|_| ipv6_path(local, p, *path));
+        if let Some(mac) = [Some(*path), ipv6].into_iter().flatten().find_map(|path| match path {
+            PeerPath::Vxlan(mac) => Some(mac),
+            PeerPath::HostGw => None,
+        }) {
+            by_mac.entry(mac).or_default().push(&p.node_name);
         }
     }
     let mut out = HashMap::new();
@@ -765,6 +770,20 @@ mod tests {
         let d = compute(&direct, std::slice::from_ref(&p));
         assert!(d.routes.values().all(|r| r.dev == Dev::Underlay) && d.routes.len() == 2, "{:?}", d.routes);
         assert!(d.neighs.is_empty() && d.fdb.is_empty());
+
+        // Two such direct peers with one VTEP MAC would share an FDB entry.
+        let mut twin = p.clone();
+        (twin.node_name, twin.pod_cidr, twin.node_ip) =
+            ("n3".into(), "10.244.3.0/24".parse().unwrap(), "192.168.1.3".parse().unwrap());
+        twin.pod_cidr6 = Some("fd00:0:0:3::/64".parse().unwrap());
+        let (mut lone, mut twin6) = (p.clone(), twin.clone());
+        (lone.node_ipv6, twin6.node_ipv6) = (None, None);
+        let d = compute(&direct, &[lone, twin6]);
+        for name in ["n2", "n3"] {
+            assert!(matches!(d.errors.get(name), Some(PeerError::DuplicateVtepMac { .. })), "{name}: {:?}", d.errors);
+        }
+        // Reached by host-gw for both families, they need no FDB entry.
+        assert!(compute(&direct, &[p.clone(), twin]).errors.is_empty());
 
         // An IPv6 block overlapping ours is refused like an IPv4 one.
         p.pod_cidr6 = Some("fd00::/48".parse().unwrap());
