@@ -76,8 +76,8 @@ pub struct Config {
     /// IPs) or `ipv6` (the nodes' IPv6 addresses from --node-ips, which
     /// must be on the underlay interface; 70 bytes of overhead instead of
     /// 50). Every node of a cluster must use the same.
-    #[arg(long, env = "WEFT_VXLAN_UNDERLAY", value_enum, default_value_t = VxlanUnderlay::Ipv4)]
-    pub vxlan_underlay: VxlanUnderlay,
+    #[arg(long, env = "WEFT_VXLAN_UNDERLAY", value_parser = parse_vxlan_underlay, default_value = "ipv4")]
+    pub vxlan_underlay: weft_api::VxlanUnderlay,
     /// With the vxlan backend, route directly (host-gw) to peers on the same L2 segment.
     #[arg(long, env = "WEFT_DIRECT_ROUTING", default_value_t = false)]
     pub direct_routing: bool,
@@ -117,12 +117,13 @@ pub struct Config {
     pub metrics_addr: SocketAddr,
 }
 
-/// The address family of the VXLAN tunnels' outer headers.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
-pub enum VxlanUnderlay {
-    #[default]
-    Ipv4,
-    Ipv6,
+/// `ipv4` or `ipv6` (the Subnet status spells it the same).
+fn parse_vxlan_underlay(text: &str) -> Result<weft_api::VxlanUnderlay, String> {
+    match text {
+        "ipv4" => Ok(weft_api::VxlanUnderlay::Ipv4),
+        "ipv6" => Ok(weft_api::VxlanUnderlay::Ipv6),
+        _ => Err(format!("{text:?} is not one of ipv4, ipv6")),
+    }
 }
 
 impl Config {
@@ -143,5 +144,20 @@ impl Config {
     /// The resync period every reconcile loop uses.
     pub fn resync(&self) -> std::time::Duration {
         std::time::Duration::from_secs(self.resync_seconds.max(1))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_vxlan_underlay_is_ipv4_unless_told_and_a_typo_is_refused() {
+        let parse = |args: &[&str]| Config::try_parse_from([&["weft-agent"], args].concat());
+        assert_eq!(parse(&[]).expect("defaults").vxlan_underlay, weft_api::VxlanUnderlay::Ipv4);
+        let v6 = parse(&["--vxlan-underlay", "ipv6"]).expect("ipv6");
+        assert_eq!(v6.vxlan_underlay, weft_api::VxlanUnderlay::Ipv6);
+        let err = parse(&["--vxlan-underlay", "IPv6"]).expect_err("a typo").to_string();
+        assert!(err.contains("\"IPv6\" is not one of ipv4, ipv6"), "{err}");
     }
 }

@@ -262,13 +262,14 @@ async fn setup_overlay(
     cfg.cluster_cidr6 = config.ipv6_cluster_cidr;
     // host-gw peers route this node's IPv6 block to its IPv6 address, and
     // VXLAN over IPv6 peers send their packets to it.
-    let over_ipv6 = config.vxlan_underlay == config::VxlanUnderlay::Ipv6 && backend == weft_api::Backend::Vxlan;
+    let underlay = config.vxlan_underlay;
+    let over_ipv6 = underlay == overlay::VxlanUnderlay::Ipv6 && backend == weft_api::Backend::Vxlan;
     let node_ipv6 = config.node_ipv6().filter(|_| lease.cidr6.is_some() || over_ipv6);
     if over_ipv6 && node_ipv6.is_none() {
         anyhow::bail!("--vxlan-underlay ipv6 needs this node's IPv6 address in --node-ips (WEFT_NODE_IPS)");
     }
     cfg.node_ipv6 = node_ipv6;
-    cfg.vxlan_over_ipv6 = over_ipv6;
+    cfg.vxlan_underlay = underlay;
     if lease.cidr6.is_some() && node_ipv6.is_none() && backend == weft_api::Backend::HostGw {
         tracing::warn!(
             "this node's IPv6 block is unreachable from other nodes: host-gw needs its IPv6 address (--node-ips)"
@@ -300,9 +301,7 @@ async fn setup_overlay(
         node_ipv6: node_ipv6.map(|ip| ip.to_string()),
         vtep_ip: local.vtep_ip.map(|ip| ip.to_string()),
         vtep_mac: local.vtep_mac.map(|m| m.to_string()),
-        vxlan_underlay: local
-            .vtep_mac
-            .map(|_| if over_ipv6 { weft_api::VxlanUnderlay::Ipv6 } else { weft_api::VxlanUnderlay::Ipv4 }),
+        vxlan_underlay: local.vtep_mac.map(|_| underlay),
     };
     lease::publish(api, &config.node_name, &facts).await?;
     Ok(OverlayStart { reconciler, pod_mtu: local.pod_mtu, facts, ipv6_routable: pass.ipv6_routable })

@@ -10,7 +10,7 @@
 //! the same route and neighbour entry with the IPv6 block's network address
 //! as VTEP address, over the same device and FDB entry (IPv6 inside VXLAN
 //! over the IPv4 underlay); both nodes must have an IPv6 block. With
-//! `vxlan_over_ipv6` the FDB entries point at the peers' IPv6 node
+//! `vxlan_underlay` IPv6 the FDB entries point at the peers' IPv6 node
 //! addresses instead, and both families travel over the IPv6 underlay.
 //! In host-gw mode each peer gets
 //! `route <peer CIDR> via <peer node IP> dev <underlay>`, which only works when
@@ -50,9 +50,9 @@ pub struct Local {
     pub backend: Backend,
     /// VXLAN mode only: host-gw routes for peers on our L2 segment.
     pub direct_routing: bool,
-    /// VXLAN tunnels run between the nodes' IPv6 addresses (the FDB entries
-    /// point at `status.nodeIPv6`), carrying both families inside.
-    pub vxlan_over_ipv6: bool,
+    /// Which node addresses VXLAN tunnels run between: with IPv6 the FDB
+    /// entries point at `status.nodeIPv6`, carrying both families inside.
+    pub vxlan_underlay: VxlanUnderlay,
 }
 
 impl Local {
@@ -293,11 +293,10 @@ pub fn check_peer(local: &Local, p: &Peer) -> Result<PeerPath, PeerError> {
 /// The underlay address VXLAN packets to `p` go to (its FDB entry's `dst`):
 /// one device tunnels over one family, which both ends must share.
 fn tunnel_endpoint(local: &Local, p: &Peer) -> Result<IpAddr, PeerError> {
-    let local_underlay = if local.vxlan_over_ipv6 { VxlanUnderlay::Ipv6 } else { VxlanUnderlay::Ipv4 };
-    if p.vxlan_underlay != local_underlay {
-        return Err(PeerError::VxlanUnderlayMismatch { local: local_underlay, peer: p.vxlan_underlay });
+    if p.vxlan_underlay != local.vxlan_underlay {
+        return Err(PeerError::VxlanUnderlayMismatch { local: local.vxlan_underlay, peer: p.vxlan_underlay });
     }
-    match local_underlay {
+    match local.vxlan_underlay {
         VxlanUnderlay::Ipv6 => p.node_ipv6.map(IpAddr::V6).ok_or(PeerError::MissingNodeIpv6),
         VxlanUnderlay::Ipv4 => Ok(p.node_ip.into()),
     }
@@ -433,7 +432,7 @@ mod tests {
             cluster_cidr: "10.244.0.0/16".parse().unwrap(),
             backend,
             direct_routing,
-            vxlan_over_ipv6: false,
+            vxlan_underlay: VxlanUnderlay::Ipv4,
         }
     }
 
@@ -794,7 +793,7 @@ mod tests {
     #[test]
     fn vxlan_over_ipv6_points_the_fdb_entry_at_the_peers_ipv6_address() {
         let mut l = local(Backend::Vxlan, false);
-        l.vxlan_over_ipv6 = true;
+        l.vxlan_underlay = VxlanUnderlay::Ipv6;
         l.pod_cidr6 = Some("fd00:0:0:1::/64".parse().unwrap());
         let mut p = vx("n2", "10.244.2.0/24", "192.168.1.2", M2);
         p.pod_cidr6 = Some("fd00:0:0:2::/64".parse().unwrap());

@@ -171,7 +171,7 @@ mod tests {
             cluster_cidr: "10.0.0.0/8".parse().unwrap(),
             backend: Backend::Vxlan,
             direct_routing: false,
-            vxlan_over_ipv6: false,
+            vxlan_underlay: VxlanUnderlay::Ipv4,
         }
     }
 

@@ -592,7 +592,7 @@ fn both_families_travel_over_vxlan_on_an_ipv6_underlay() {
         let mut cfg = n.config(Backend::Vxlan, false);
         cfg.pod_cidr6 = Some(block6(i));
         cfg.node_ipv6 = Some(node_ipv6(i));
-        cfg.vxlan_over_ipv6 = true;
+        cfg.vxlan_underlay = VxlanUnderlay::Ipv6;
         cfg
     };
     let announced: Vec<LocalVtep> = c

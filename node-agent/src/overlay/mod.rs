@@ -25,7 +25,7 @@ use rtnetlink::Handle;
 
 use crate::dataplane::routes::{self, Devices};
 use crate::dataplane::{DataplaneError, link, underlay, vxlan};
-pub use desired::{Backend, Peer, PeerError, PeerPath};
+pub use desired::{Backend, Peer, PeerError, PeerPath, VxlanUnderlay};
 pub use entries::Mac;
 
 /// Name of the VXLAN device: `weft.<VNI>` by convention, like `flannel.1`.
@@ -39,9 +39,9 @@ pub struct OverlayConfig {
     pub node_ip: Ipv4Addr,
     /// This node's IPv6 address (`--node-ips`), when it has one.
     pub node_ipv6: Option<Ipv6Addr>,
-    /// VXLAN packets travel between the nodes' IPv6 addresses (the device's
-    /// `local` is `node_ipv6`); otherwise between their IPv4 node IPs.
-    pub vxlan_over_ipv6: bool,
+    /// Which node addresses VXLAN packets travel between: with IPv6 the
+    /// device's `local` is `node_ipv6`, else `node_ip`.
+    pub vxlan_underlay: VxlanUnderlay,
     pub pod_cidr: Ipv4Net,
     /// This node's IPv6 block in a dual-stack cluster.
     pub pod_cidr6: Option<Ipv6Net>,
@@ -74,7 +74,7 @@ impl OverlayConfig {
             node_name: node_name.to_owned(),
             node_ip,
             node_ipv6: None,
-            vxlan_over_ipv6: false,
+            vxlan_underlay: VxlanUnderlay::Ipv4,
             pod_cidr,
             pod_cidr6: None,
             cluster_cidr,
@@ -112,7 +112,7 @@ impl OverlayConfig {
         {
             return bad(format!("MTU {mtu} is not in 68..65535"));
         }
-        if self.vxlan_over_ipv6 && self.uses_vxlan() && self.node_ipv6.is_none() {
+        if self.vxlan_underlay == VxlanUnderlay::Ipv6 && self.uses_vxlan() && self.node_ipv6.is_none() {
             return bad("VXLAN over IPv6 needs this node's IPv6 address (--node-ips)".into());
         }
         Ok(())
@@ -134,7 +134,7 @@ impl OverlayConfig {
     /// The source address of this node's VXLAN packets.
     fn tunnel_local(&self) -> IpAddr {
         match self.node_ipv6 {
-            Some(v6) if self.vxlan_over_ipv6 => v6.into(),
+            Some(v6) if self.vxlan_underlay == VxlanUnderlay::Ipv6 => v6.into(),
             _ => self.node_ip.into(),
         }
     }
@@ -285,7 +285,7 @@ impl Reconciler {
                 cluster_cidr: self.cfg.cluster_cidr,
                 backend: self.cfg.backend,
                 direct_routing: self.cfg.direct_routing,
-                vxlan_over_ipv6: self.cfg.vxlan_over_ipv6,
+                vxlan_underlay: self.cfg.vxlan_underlay,
             },
             peers,
         );
@@ -386,7 +386,7 @@ mod tests {
         c.mtu = Some(20);
         assert!(c.validate().is_err());
         let mut c = cfg();
-        c.vxlan_over_ipv6 = true;
+        c.vxlan_underlay = VxlanUnderlay::Ipv6;
         assert!(c.validate().is_err(), "VXLAN over IPv6 without the node's IPv6 address");
         c.node_ipv6 = Some("fd00::1".parse().unwrap());
         assert!(c.validate().is_ok());
