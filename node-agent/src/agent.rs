@@ -1,18 +1,20 @@
 //! The agent's shared state: configuration, IPAM, host ports, the node's
 //! netlink handle and metrics. What the CNI verbs do with it is in `attach/`.
 
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use ipnet::IpNet;
 use rtnetlink::Handle;
 
 use crate::attach::{AttachError, KeyLocks, deadline};
 use crate::attachment::{self, Attachment};
 use crate::config::Config;
-use crate::dataplane::link;
+use crate::dataplane::link::{self, PodAddress};
 use crate::hostport::HostPorts;
 use crate::hostport::pods::PodCache;
-use crate::ipam::{Ipam, Ipv6Block, Key};
+use crate::ipam::{Ipam, Ipv6Block, Key, Record};
 use crate::lease::Withdrawal;
 use crate::metrics::Metrics;
 
@@ -105,37 +107,39 @@ impl Agent {
             return Ok(index);
         }
         let what = format!("set up bridge {}", self.config.bridge);
-        let index =
-            deadline(&what, link::ensure_bridge(&self.host, &self.config.bridge, self.ipam.pool().gateway_net()))
-                .await?;
-        if let Some(block) = &self.ipv6 {
-            deadline(&what, link::ensure_bridge_ipv6(&self.host, index, block.gateway_net())).await?;
-        }
+        let index = deadline(&what, link::ensure_bridge(&self.host, &self.config.bridge, &self.gateways())).await?;
         *cached = Some(index);
         Ok(index)
     }
 
-    /// (address, gateway) of each family of the pod whose IPv4 address is
-    /// `ip` and whose record is `record`.
-    pub fn addresses_with_gateways(
-        &self,
-        ip: std::net::Ipv4Addr,
-        record: &crate::ipam::Record,
-    ) -> Vec<(std::net::IpAddr, std::net::IpAddr)> {
-        let ipv6 = self.pod_ipv6(ip, record.ipv6, record.attachment).map(|(a, gw)| (a.addr(), gw));
-        link::addresses_with_gateways((ip, self.ipam.pool().gateway()), ipv6)
+    /// The bridge's gateway addresses: the pool's, and the IPv6 block's on
+    /// a dual-stack node.
+    pub fn gateways(&self) -> Vec<IpNet> {
+        let v6 = self.ipv6.map(|b| IpNet::V6(b.gateway_net()));
+        std::iter::once(self.ipam.pool().gateway_net()).chain(v6).collect()
     }
 
-    /// The IPv6 address (as a pod of `mode` carries it) and gateway of the
-    /// pod whose IPv4 address is `ip`, when it has one (its record's `ipv6`).
-    pub fn pod_ipv6(
-        &self,
-        ip: std::net::Ipv4Addr,
-        has_ipv6: bool,
-        mode: Attachment,
-    ) -> Option<(ipnet::Ipv6Net, std::net::Ipv6Addr)> {
-        let block = self.ipv6.filter(|_| has_ipv6)?;
-        Some((crate::attach::driver(mode).pod_address6(block.address_of(ip), block.cidr()), block.gateway()))
+    /// The addresses and gateways of the pod whose pool address is `ip`
+    /// and whose record is `record`, the pool's first.
+    pub fn pod_addresses(&self, ip: IpAddr, record: &Record) -> Vec<PodAddress> {
+        self.addresses_of(ip, record.ipv6, record.attachment)
+    }
+
+    /// The addresses (as a pod of `mode` carries them) and gateways of the
+    /// pod whose pool address is `ip`: that one, and on a dual-stack node
+    /// when the pod has it (`has_ipv6`) the IPv6 address of its host number.
+    pub fn addresses_of(&self, ip: IpAddr, has_ipv6: bool, mode: Attachment) -> Vec<PodAddress> {
+        let driver = crate::attach::driver(mode);
+        let pool = self.ipam.pool();
+        let primary = PodAddress { address: driver.pod_address(ip, pool.cidr()), gateway: pool.gateway() };
+        let second = match (ip, self.ipv6.filter(|_| has_ipv6)) {
+            (IpAddr::V4(v4), Some(block)) => Some(PodAddress {
+                address: driver.pod_address(block.address_of(v4).into(), block.cidr().into()),
+                gateway: block.gateway().into(),
+            }),
+            _ => None,
+        };
+        std::iter::once(primary).chain(second).collect()
     }
 
     /// Forgets the bridge's index, so the next ADD checks the kernel again.

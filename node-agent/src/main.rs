@@ -79,7 +79,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
         },
         (None, None) => unreachable_config()?,
     };
-    let pool = Pool::new(lease.cidr).with_context(|| format!("unusable pod CIDR {}", lease.cidr))?;
+    let pool = Pool::new(lease.cidr.into()).with_context(|| format!("unusable pod CIDR {}", lease.cidr))?;
     let host = dataplane::netns::Netns::current().context("cannot open netlink")?;
 
     // With a lease this node is part of a cluster: set up the overlay first,
@@ -317,9 +317,15 @@ fn host_ports(config: &Config, pool: &Pool, ipv6: Option<&Ipv6Block>, ipam: &Ipa
     let existing = ipam
         .all()
         .iter()
-        .filter_map(|(ip, r)| hostport::Allocation::from_record(*ip, ipv6.map(|b| b.address_of(*ip)), r))
+        .filter_map(|(ip, r)| {
+            let ipv6 = match (ip, ipv6) {
+                (std::net::IpAddr::V4(v4), Some(block)) => Some(block.address_of(*v4)),
+                _ => None,
+            };
+            hostport::Allocation::from_record(*ip, ipv6, r)
+        })
         .collect();
-    let pods = hostport::PodBlocks { ipv4: pool.cidr(), ipv6: ipv6.map(Ipv6Block::cidr) };
+    let pods = hostport::PodBlocks { pool: pool.cidr(), ipv6: ipv6.map(Ipv6Block::cidr) };
     hostport::HostPorts::new(range, pods, existing)
 }
 

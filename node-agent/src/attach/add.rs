@@ -55,9 +55,10 @@ impl Agent {
         let ipv6_wanted = record.ipv6;
         let ip = self.ipam.reserve(record)?;
         let rollback = Rollback::new(self, key, &host_veth);
-        let ipv6 = self.pod_ipv6(ip, ipv6_wanted, driver.mode());
+        let addresses = self.addresses_of(ip, ipv6_wanted, driver.mode());
         // Host ports go into the same record, so the ADD writes one file.
-        let ports = match self.hostports.reserve(key, &pod_id, (ip, ipv6.map(|(a, _)| a.addr())), &wanted) {
+        let pod_ips: Vec<_> = addresses.iter().map(|a| a.address.addr()).collect();
+        let ports = match self.hostports.reserve(key, &pod_id, &pod_ips, &wanted) {
             Ok(ports) => ports,
             Err(e) => {
                 rollback.undo().await;
@@ -67,16 +68,12 @@ impl Agent {
         if let Some(p) = &ports {
             self.ipam.set_host_ports(ip, &pod_id.uid, p.ports.clone());
         }
-        let pool = *self.ipam.pool();
-        let address = driver.pod_address(ip, pool.cidr());
         let (host_mac, pod_mac) = (veth_mac(key, false), veth_mac(key, true));
         let spec = AttachSpec {
             host_veth: host_veth.clone(),
             ifname: key.ifname.clone(),
             host: driver.host_side(bridge_index),
-            address,
-            gateway: pool.gateway(),
-            ipv6,
+            addresses: addresses.clone(),
             mtu,
             host_mac,
             pod_mac,
@@ -125,16 +122,13 @@ impl Agent {
                     sandbox: req.netns.clone(),
                 },
             ],
-            ips: std::iter::once(IpConfig {
-                address: address.to_string(),
-                gateway: pool.gateway().to_string(),
-                interface: 1,
-            })
-            .chain(ipv6.map(|(a, gw)| IpConfig { address: a.to_string(), gateway: gw.to_string(), interface: 1 }))
-            .collect(),
-            routes: std::iter::once(pool.gateway().into())
-                .chain(ipv6.map(|(_, gw)| gw.into()))
-                .flat_map(|gateway| driver.pod_routes(gateway))
+            ips: addresses
+                .iter()
+                .map(|a| IpConfig { address: a.address.to_string(), gateway: a.gateway.to_string(), interface: 1 })
+                .collect(),
+            routes: addresses
+                .iter()
+                .flat_map(|a| driver.pod_routes(a.gateway))
                 .map(|(dst, gw)| Route { dst: dst.to_string(), gw: gw.map(|g| g.to_string()).unwrap_or_default() })
                 .collect(),
             dns: dns_of(&req.config_json),

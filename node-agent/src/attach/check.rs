@@ -19,18 +19,13 @@ impl Agent {
         if self.ipam.is_pending(ip) {
             return Err(AttachError::CheckFailed(format!("the ADD of {} has not finished", key.container_id)));
         }
-        let pool = *self.ipam.pool();
-        let driver = super::driver(record.attachment);
         let want = Expected {
-            driver,
+            driver: super::driver(record.attachment),
             ifname: &key.ifname,
-            address: driver.pod_address(ip, pool.cidr()),
-            gateway: pool.gateway(),
-            ipv6: self.pod_ipv6(ip, record.ipv6, record.attachment),
+            addresses: self.pod_addresses(ip, &record),
         };
-        let v6 = want.ipv6.map(|(a, _)| IpNet::V6(a));
-        for address in std::iter::once(IpNet::V4(want.address)).chain(v6) {
-            check_prev_result(prev_result, &address)?;
+        for a in &want.addresses {
+            check_prev_result(prev_result, &a.address)?;
         }
         let host = self.observe_host(ip, &record).await?;
         let netns = if netns.is_empty() { record.netns.as_str() } else { netns };

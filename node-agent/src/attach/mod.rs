@@ -30,7 +30,7 @@ mod startup;
 mod status;
 
 use std::future::Future;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::IpAddr;
 use std::time::Duration;
 
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
@@ -81,15 +81,10 @@ pub trait Driver: Send + Sync {
         vec![(default_route(gateway), Some(gateway))]
     }
 
-    /// The pod's address as its interface carries it.
-    fn pod_address(&self, ip: Ipv4Addr, pod_cidr: Ipv4Net) -> Ipv4Net {
-        // A prefix from `pod_prefix` is at most 32.
-        Ipv4Net::new(ip, self.pod_prefix(pod_cidr.into())).unwrap_or_else(|_| Ipv4Net::from(ip))
-    }
-
-    /// The pod's IPv6 address as its interface carries it.
-    fn pod_address6(&self, ip: Ipv6Addr, block: Ipv6Net) -> Ipv6Net {
-        Ipv6Net::new(ip, self.pod_prefix(block.into())).unwrap_or_else(|_| Ipv6Net::from(ip))
+    /// The pod's address `ip` (of `block`) as its interface carries it.
+    fn pod_address(&self, ip: IpAddr, block: IpNet) -> IpNet {
+        // A prefix from `pod_prefix` is at most the family's length.
+        IpNet::new(ip, self.pod_prefix(block)).unwrap_or_else(|_| IpNet::from(ip))
     }
 }
 
@@ -147,15 +142,15 @@ mod tests {
 
     #[test]
     fn routed_pods_carry_their_address_alone() {
-        let cidr: Ipv4Net = "10.1.2.0/24".parse().expect("cidr");
+        let cidr: IpNet = "10.1.2.0/24".parse().expect("cidr");
         let ip = "10.1.2.7".parse().expect("ip");
         assert_eq!(driver(Attachment::Bridge).pod_address(ip, cidr).to_string(), "10.1.2.7/24");
         assert_eq!(driver(Attachment::Routed).pod_address(ip, cidr).to_string(), "10.1.2.7/32");
         assert_eq!(driver(Attachment::Routed).mode(), Attachment::Routed);
-        let (ip6, block): (Ipv6Addr, Ipv6Net) =
+        let (ip6, block): (IpAddr, IpNet) =
             ("fd00:0:0:2::7".parse().expect("ip"), "fd00:0:0:2::/64".parse().expect("block"));
-        assert_eq!(driver(Attachment::Bridge).pod_address6(ip6, block).to_string(), "fd00:0:0:2::7/64");
-        assert_eq!(driver(Attachment::Routed).pod_address6(ip6, block).to_string(), "fd00:0:0:2::7/128");
+        assert_eq!(driver(Attachment::Bridge).pod_address(ip6, block).to_string(), "fd00:0:0:2::7/64");
+        assert_eq!(driver(Attachment::Routed).pod_address(ip6, block).to_string(), "fd00:0:0:2::7/128");
     }
 
     /// A runtime that configures the interface from the result alone (a VM

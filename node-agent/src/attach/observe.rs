@@ -2,7 +2,7 @@
 //! reconciliation. Every call has a deadline; what cannot be read inside the
 //! pod is recorded as such ([`ObservedPod::Unreadable`]), never guessed.
 
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 use std::path::Path;
 
 use super::observed::{ObservedHost, ObservedPod, PodIface};
@@ -15,11 +15,7 @@ use crate::ipam::Record;
 impl Agent {
     /// The node's end of `record`'s attachment; `None` when its host veth
     /// does not exist.
-    pub(super) async fn observe_host(
-        &self,
-        ip: Ipv4Addr,
-        record: &Record,
-    ) -> Result<Option<ObservedHost>, AttachError> {
+    pub(super) async fn observe_host(&self, ip: IpAddr, record: &Record) -> Result<Option<ObservedHost>, AttachError> {
         let Some(veth) = deadline("look up the host veth", link::by_name(&self.host, &record.host_veth)).await? else {
             return Ok(None);
         };
@@ -28,7 +24,7 @@ impl Agent {
         if driver(record.attachment).routes_to_pod() {
             let present = deadline("list the node's routes", link::pod_routes(&self.host)).await?;
             let index = veth.header.index;
-            let addresses = self.addresses_with_gateways(ip, record).into_iter().map(|(a, _)| a);
+            let addresses = self.pod_addresses(ip, record).into_iter().map(|a| a.address.addr());
             unrouted.extend(addresses.filter(|a| !present.contains(&(*a, index))));
         }
         Ok(Some(ObservedHost {

@@ -2,19 +2,20 @@
 //! it: CHECK's "does it look as ADD left it" and start-up reconciliation's
 //! "keep, keep but report, or release". Reading is `observe`'s job.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::IpAddr;
 
-use ipnet::{IpNet, Ipv4Net, Ipv6Net};
+use ipnet::IpNet;
 
 use super::Driver;
+use crate::dataplane::link::PodAddress;
 
 /// The node's end of an attachment.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ObservedHost {
     /// The host veth's name.
     pub name: String,
-    /// The pod's address.
-    pub ip: Ipv4Addr,
+    /// The pod's pool address.
+    pub ip: IpAddr,
     pub up: bool,
     /// The index of the link the host veth is a port of.
     pub controller: Option<u32>,
@@ -53,10 +54,8 @@ pub struct PodIface {
 pub struct Expected<'a> {
     pub driver: &'a dyn Driver,
     pub ifname: &'a str,
-    pub address: Ipv4Net,
-    pub gateway: Ipv4Addr,
-    /// A dual-stack pod's IPv6 address and gateway.
-    pub ipv6: Option<(Ipv6Net, Ipv6Addr)>,
+    /// One per family, the pool's first.
+    pub addresses: Vec<PodAddress>,
 }
 
 /// CHECK: the attachment looks exactly as ADD left it; `Err` says what differs.
@@ -80,8 +79,7 @@ fn pod_matches(want: &Expected<'_>, pod: &ObservedPod) -> Result<(), String> {
     if !iface.up {
         return Err(format!("interface {ifname} is down"));
     }
-    let v6 = want.ipv6.map(|(a, gw)| (IpNet::V6(a), IpAddr::V6(gw)));
-    for (address, gateway) in std::iter::once((IpNet::V4(want.address), IpAddr::V4(want.gateway))).chain(v6) {
+    for &PodAddress { address, gateway } in &want.addresses {
         if !iface.addresses.contains(&address) {
             let has: Vec<String> = iface.addresses.iter().map(ToString::to_string).collect();
             return Err(format!("interface {ifname} lacks address {address} (has {has:?})"));
@@ -151,13 +149,15 @@ pub(crate) mod tests {
         }
     }
 
+    fn pod_address(address: &str, gateway: &str) -> PodAddress {
+        PodAddress { address: address.parse().expect("net"), gateway: gateway.parse().expect("gw") }
+    }
+
     fn want() -> Expected<'static> {
         Expected {
             driver: driver(Attachment::Bridge),
             ifname: "eth0",
-            address: "10.1.2.7/24".parse().expect("net"),
-            gateway: "10.1.2.1".parse().expect("gw"),
-            ipv6: None,
+            addresses: vec![pod_address("10.1.2.7/24", "10.1.2.1")],
         }
     }
 
@@ -169,7 +169,7 @@ pub(crate) mod tests {
         let down = ObservedHost { up: false, ..host() };
         assert!(compare(&w, Some(&down), &seen()).unwrap_err().contains("is down"));
         let no_route = ObservedPod::Seen {
-            iface: Some(PodIface { up: true, addresses: vec![IpNet::V4(w.address)] }),
+            iface: Some(PodIface { up: true, addresses: vec![w.addresses[0].address] }),
             gateways: vec!["192.168.9.1".parse().expect("gw")],
         };
         assert!(compare(&w, Some(&host()), &no_route).unwrap_err().contains("no default route via 10.1.2.1"));
@@ -181,7 +181,8 @@ pub(crate) mod tests {
 
     #[test]
     fn a_dual_stack_pod_needs_its_ipv6_address_and_route_too() {
-        let w = Expected { ipv6: Some(("fd00::7/64".parse().expect("net"), "fd00::1".parse().expect("gw"))), ..want() };
+        let mut w = want();
+        w.addresses.push(pod_address("fd00::7/64", "fd00::1"));
         let v4_only = seen();
         assert!(compare(&w, Some(&host()), &v4_only).unwrap_err().contains("lacks address fd00::7/64"));
         let both = |gateways: Vec<IpAddr>| ObservedPod::Seen {
@@ -199,6 +200,19 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn an_ipv6_only_pod_is_checked_on_its_one_family() {
+        let w = Expected { addresses: vec![pod_address("fd00::7/64", "fd00::1")], ..want() };
+        let pod = |addresses: Vec<IpNet>, gateways: Vec<IpAddr>| ObservedPod::Seen {
+            iface: Some(PodIface { up: true, addresses }),
+            gateways,
+        };
+        let ok = pod(vec!["fd00::7/64".parse().expect("net")], vec!["fd00::1".parse().expect("gw")]);
+        assert_eq!(compare(&w, Some(&host()), &ok), Ok(()));
+        let v4 = pod(vec!["10.1.2.7/24".parse().expect("net")], vec!["10.1.2.1".parse().expect("gw")]);
+        assert!(compare(&w, Some(&host()), &v4).unwrap_err().contains("lacks address fd00::7/64"));
+    }
+
+    #[test]
     fn start_up_releases_only_what_is_certainly_gone() {
         let w = want();
         assert_eq!(on_start(&w, Some(&host()), &seen()), Verdict::Keep);
@@ -207,7 +221,7 @@ pub(crate) mod tests {
         // A replaced default route, an unreadable namespace, an address
         // moved elsewhere, a veth taken off the bridge: kept and reported.
         let vpn = ObservedPod::Seen {
-            iface: Some(PodIface { up: true, addresses: vec![IpNet::V4(w.address)] }),
+            iface: Some(PodIface { up: true, addresses: vec![w.addresses[0].address] }),
             gateways: vec!["172.16.0.1".parse().expect("gw")],
         };
         let unreadable = ObservedPod::Unreadable("cannot enter".into());

@@ -10,8 +10,9 @@ use std::sync::Arc;
 
 use super::{AttachError, driver, off_thread};
 use crate::agent::{Agent, veth_mac};
+use crate::dataplane::link::{self, PodAddress};
 use crate::dataplane::netlink_blocking::BlockingNetlink;
-use crate::dataplane::{DataplaneError, kernel_op, link};
+use crate::dataplane::{DataplaneError, kernel_op};
 
 impl Agent {
     /// Restores the routes to routed pods that are missing; returns how many pods needed it.
@@ -42,7 +43,7 @@ impl Agent {
                 continue;
             };
             let index = veth.header.index;
-            let addresses = self.addresses_with_gateways(ip, &record);
+            let addresses: Vec<_> = self.pod_addresses(ip, &record).iter().map(PodAddress::pair).collect();
             if addresses.iter().all(|(a, _)| present.contains(&(*a, index))) {
                 continue;
             }

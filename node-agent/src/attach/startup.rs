@@ -33,15 +33,11 @@ impl Agent {
         // that went (with weft0's address, say) while the agent was down,
         // before judging them.
         self.repair_pod_routes().await?;
-        let pool = *self.ipam.pool();
         for (ip, record) in self.ipam.all() {
-            let driver = driver(record.attachment);
             let want = Expected {
-                driver,
+                driver: driver(record.attachment),
                 ifname: &record.ifname,
-                address: driver.pod_address(ip, pool.cidr()),
-                gateway: pool.gateway(),
-                ipv6: self.pod_ipv6(ip, record.ipv6, record.attachment),
+                addresses: self.pod_addresses(ip, &record),
             };
             let host = self.observe_host(ip, &record).await?;
             // Without a host veth the pod's side needs no reading.

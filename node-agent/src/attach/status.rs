@@ -12,7 +12,6 @@ impl Agent {
             return Err(AttachError::NotReady(format!("this node's pod CIDR lease is withdrawn: {why}")));
         }
         let bridge = &self.config.bridge;
-        let gateway = self.ipam.pool().gateway_net();
         let not_ready = |why: String| AttachError::NotReady(format!("the pod network is not set up: {why}"));
         let Some(link) = deadline("look up the bridge", link::by_name(&self.host, bridge)).await? else {
             return Err(not_ready(format!("bridge {bridge} is missing")));
@@ -20,8 +19,9 @@ impl Agent {
         if !link::is_up(&link) {
             return Err(not_ready(format!("bridge {bridge} is down")));
         }
-        let addresses = deadline("list the bridge's addresses", link::addresses(&self.host, link.header.index)).await?;
-        if !addresses.contains(&gateway) {
+        let addresses =
+            deadline("list the bridge's addresses", link::all_addresses(&self.host, link.header.index)).await?;
+        if let Some(gateway) = self.gateways().into_iter().find(|g| !addresses.contains(g)) {
             return Err(not_ready(format!("bridge {bridge} lacks the gateway address {gateway}")));
         }
         let dir = self.config.state_dir.join("ipam");

@@ -5,7 +5,7 @@ use std::collections::HashSet;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use futures::TryStreamExt;
-use ipnet::{IpNet, Ipv4Net, Ipv6Net};
+use ipnet::{IpNet, Ipv4Net};
 use netlink_packet_route::address::{AddressAttribute, AddressFlags, AddressMessage};
 use netlink_packet_route::link::{
     InfoBridgePort, InfoData, InfoKind, InfoPortData, InfoVeth, LinkAttribute, LinkFlags, LinkInfo, LinkMessage,
@@ -61,20 +61,28 @@ pub fn is_up(link: &LinkMessage) -> bool {
     link.header.flags.contains(LinkFlags::Up)
 }
 
-/// The bridge's MAC, fixed and derived from the gateway address. A bridge
-/// whose MAC was never set takes the lowest MAC of its ports: it would change
-/// as pods come and go, leaving every pod's ARP entry for the gateway stale.
-pub fn bridge_mac(gateway: Ipv4Addr) -> [u8; 6] {
-    let [a, b, c, d] = gateway.octets();
+/// The bridge's MAC, fixed and derived from the gateway address (its last
+/// four bytes for IPv6). A bridge whose MAC was never set takes the lowest
+/// MAC of its ports: it would change as pods come and go, leaving every
+/// pod's neighbour entry for the gateway stale.
+pub fn bridge_mac(gateway: IpAddr) -> [u8; 6] {
+    let [a, b, c, d] = match gateway {
+        IpAddr::V4(g) => g.octets(),
+        IpAddr::V6(g) => {
+            let o = g.octets();
+            [o[12], o[13], o[14], o[15]]
+        }
+    };
     [0x02, 0x58, a, b, c, d]
 }
 
-/// Makes sure the bridge exists, is up, has its fixed MAC and carries the
-/// gateway address. Returns its index. Safe to call concurrently with itself
-/// only under the caller's lock (creation races would fail with EEXIST,
-/// which is handled).
-pub async fn ensure_bridge(h: &Handle, name: &str, gateway: Ipv4Net) -> Result<u32, DataplaneError> {
-    let mac = bridge_mac(gateway.addr());
+/// Makes sure the bridge exists, is up, has its fixed MAC (from the first
+/// gateway) and carries every gateway address (one per family). Returns its
+/// index. Safe to call concurrently with itself only under the caller's lock
+/// (creation races would fail with EEXIST, which is handled).
+pub async fn ensure_bridge(h: &Handle, name: &str, gateways: &[IpNet]) -> Result<u32, DataplaneError> {
+    let first = gateways.first().ok_or_else(|| DataplaneError::Unexpected(format!("bridge {name}: no gateway")))?;
+    let mac = bridge_mac(first.addr());
     let link = match by_name(h, name).await? {
         Some(l) => l,
         None => {
@@ -106,8 +114,11 @@ pub async fn ensure_bridge(h: &Handle, name: &str, gateway: Ipv4Net) -> Result<u
             .await
             .map_err(op(format!("set {name} up")))?;
     }
-    if !has_address(h, index, gateway).await? {
-        match h.address().add(index, gateway.addr().into(), gateway.prefix_len()).execute().await {
+    let present = all_addresses(h, index).await?;
+    for gateway in gateways.iter().filter(|g| !present.contains(g)) {
+        let mut req = h.address().add(index, gateway.addr(), gateway.prefix_len());
+        *req.message_mut() = address_message(index, *gateway);
+        match req.execute().await {
             Ok(()) => {}
             Err(e) if errno(&e) == Some(EEXIST) => {}
             Err(e) => return Err(op(format!("add {gateway} to {name}"))(e)),
@@ -116,43 +127,25 @@ pub async fn ensure_bridge(h: &Handle, name: &str, gateway: Ipv4Net) -> Result<u
     Ok(index)
 }
 
-async fn has_address(h: &Handle, index: u32, want: Ipv4Net) -> Result<bool, DataplaneError> {
-    Ok(addresses(h, index).await?.contains(&want))
-}
-
-/// Puts the IPv6 gateway `gateway` on the bridge with index `index` (a
-/// dual-stack node), without duplicate address detection: the address is
-/// ours by lease, and a tentative one would make pods' first packets fail.
-pub async fn ensure_bridge_ipv6(h: &Handle, index: u32, gateway: Ipv6Net) -> Result<(), DataplaneError> {
-    if addresses6(h, index).await?.contains(&gateway) {
-        return Ok(());
+/// An address message of either family. IPv6 ones skip duplicate address
+/// detection (`nodad`): the address is ours by lease, and a tentative one
+/// would make the first packets fail.
+fn address_message(index: u32, net: IpNet) -> AddressMessage {
+    match net {
+        IpNet::V4(n) => AddressMessageBuilder::<Ipv4Addr>::new().index(index).address(n.addr(), n.prefix_len()).build(),
+        IpNet::V6(n) => {
+            let mut msg =
+                AddressMessageBuilder::<Ipv6Addr>::new().index(index).address(n.addr(), n.prefix_len()).build();
+            msg.attributes.push(AddressAttribute::Flags(AddressFlags::Nodad));
+            msg
+        }
     }
-    let mut req = h.address().add(index, gateway.addr().into(), gateway.prefix_len());
-    *req.message_mut() = ipv6_address(index, gateway);
-    match req.execute().await {
-        Ok(()) => Ok(()),
-        Err(e) if errno(&e) == Some(EEXIST) => Ok(()),
-        Err(e) => Err(op(format!("add {gateway} to the bridge"))(e)),
-    }
-}
-
-/// An IPv6 address without duplicate address detection (`nodad`).
-fn ipv6_address(index: u32, net: Ipv6Net) -> AddressMessage {
-    let mut msg = AddressMessageBuilder::<Ipv6Addr>::new().index(index).address(net.addr(), net.prefix_len()).build();
-    msg.attributes.push(AddressAttribute::Flags(AddressFlags::Nodad));
-    msg
 }
 
 /// IPv4 addresses on a link, with their prefix lengths.
 pub async fn addresses(h: &Handle, index: u32) -> Result<Vec<Ipv4Net>, DataplaneError> {
     let all = all_addresses(h, index).await?;
     Ok(all.into_iter().filter_map(|n| if let IpNet::V4(n) = n { Some(n) } else { None }).collect())
-}
-
-/// IPv6 addresses on a link, with their prefix lengths.
-pub async fn addresses6(h: &Handle, index: u32) -> Result<Vec<Ipv6Net>, DataplaneError> {
-    let all = all_addresses(h, index).await?;
-    Ok(all.into_iter().filter_map(|n| if let IpNet::V6(n) = n { Some(n) } else { None }).collect())
 }
 
 /// Addresses of both families on a link, with their prefix lengths.
@@ -203,15 +196,27 @@ pub struct AttachSpec {
     pub host_veth: String,
     pub ifname: String,
     pub host: HostSide,
-    /// The pod's address as its interface carries it (see `Attachment::pod_address`).
-    pub address: Ipv4Net,
-    pub gateway: Ipv4Addr,
-    /// A dual-stack pod's IPv6 address (on its interface) and gateway.
-    pub ipv6: Option<(Ipv6Net, Ipv6Addr)>,
+    /// The pod's addresses, one per family, the primary one first.
+    pub addresses: Vec<PodAddress>,
     pub mtu: u32,
     /// MACs are chosen by the caller so that the result needs no read-back.
     pub host_mac: [u8; 6],
     pub pod_mac: [u8; 6],
+}
+
+/// One address of a pod as its interface carries it (see the attachment
+/// driver's `pod_address`), and that family's gateway.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PodAddress {
+    pub address: IpNet,
+    pub gateway: IpAddr,
+}
+
+impl PodAddress {
+    /// (pod address, gateway), as [`route_to_pod`] takes them.
+    pub fn pair(&self) -> (IpAddr, IpAddr) {
+        (self.address.addr(), self.gateway)
+    }
 }
 
 /// Where the host end of a pod's veth goes.
@@ -272,10 +277,9 @@ pub fn attach(pod: &mut BlockingNetns, spec: &AttachSpec) -> Result<(), Dataplan
         // may have left a still-valid entry with its MAC there; traffic
         // the node routes to the pod (from other nodes) would go to that
         // MAC for seconds, until the entry aged and was probed again. The
-        // same for a dual-stack pod's IPv6 address.
-        let v6 = spec.ipv6.map(|(a, _)| IpAddr::V6(a.addr()));
-        for ip in std::iter::once(IpAddr::V4(spec.address.addr())).chain(v6) {
-            let neighbour = neighbour(index, ip, spec.pod_mac, NeighbourState::Reachable);
+        // same for each family's address.
+        for a in &spec.addresses {
+            let neighbour = neighbour(index, a.address.addr(), spec.pod_mac, NeighbourState::Reachable);
             requests.push((RouteNetlinkMessage::NewNeighbour(neighbour), NLM_F_CREATE | NLM_F_REPLACE));
         }
     }
@@ -290,7 +294,8 @@ pub fn attach(pod: &mut BlockingNetns, spec: &AttachSpec) -> Result<(), Dataplan
             kernel_op(format!("set hairpin mode on {}", spec.host_veth))(e)
         }
         _ if matches!(spec.host, HostSide::Bridge(_)) => {
-            kernel_op(format!("set the node's neighbour entries of {}", spec.address.addr()))(e)
+            let ips: Vec<String> = spec.addresses.iter().map(|a| a.address.addr().to_string()).collect();
+            kernel_op(format!("set the node's neighbour entries of {}", ips.join(", ")))(e)
         }
         _ => kernel_op(format!("look up {}", spec.host_veth))(e),
     })?;
@@ -299,24 +304,13 @@ pub fn attach(pod: &mut BlockingNetns, spec: &AttachSpec) -> Result<(), Dataplan
         let Some(RouteNetlinkMessage::NewLink(link)) = answers.first() else {
             return Err(DataplaneError::Unexpected(format!("{} did not appear on the node", spec.host_veth)));
         };
-        let ipv6 = spec.ipv6.map(|(a, gw)| (a.addr(), gw));
-        let addresses = addresses_with_gateways((spec.address.addr(), spec.gateway), ipv6);
+        let addresses: Vec<_> = spec.addresses.iter().map(PodAddress::pair).collect();
         route_to_pod(&mut host, link.header.index, &addresses, spec.pod_mac)?;
-        if spec.ipv6.is_some() {
+        if spec.addresses.iter().any(|a| a.address.addr().is_ipv6()) {
             super::sysctl::enable_proxy_ndp(&spec.host_veth)?;
         }
     }
     Ok(())
-}
-
-/// (pod address, gateway) of each family a pod has, as [`route_to_pod`]
-/// takes them.
-pub fn addresses_with_gateways(
-    ipv4: (Ipv4Addr, Ipv4Addr),
-    ipv6: Option<(Ipv6Addr, Ipv6Addr)>,
-) -> Vec<(IpAddr, IpAddr)> {
-    let v6 = ipv6.map(|(a, gw)| (IpAddr::V6(a), IpAddr::V6(gw)));
-    std::iter::once((IpAddr::V4(ipv4.0), IpAddr::V4(ipv4.1))).chain(v6).collect()
 }
 
 /// The node's side of a routed pod on the host veth with index
@@ -436,9 +430,12 @@ fn single_queue(link: &mut LinkMessage) {
     link.attributes.push(LinkAttribute::NumRxQueues(1));
 }
 
-/// Address, up and default route in one batch once the interface's index is
-/// known. Routed, the gateway is not on the pod's (/32) subnet: the route is
-/// on-link and the gateway's MAC (the host end's) is entered up front.
+/// Up, then each family's address and default route, in one batch once
+/// the interface's index is known. Routed, the gateway is not on the pod's
+/// (/32) subnet: the route is on-link and the gateway's MAC (the host
+/// end's) is entered up front. IPv6 routes are on-link in both modes: the
+/// gateway is reachable at once, whether or not the address's prefix route
+/// is in place yet (a routed pod's /128 has none).
 fn configure_pod(nl: &mut BlockingNetlink, spec: &AttachSpec) -> Result<(), DataplaneError> {
     let ifname = &spec.ifname;
     let found = nl
@@ -448,44 +445,32 @@ fn configure_pod(nl: &mut BlockingNetlink, spec: &AttachSpec) -> Result<(), Data
         return Err(DataplaneError::Unexpected(format!("{ifname} did not appear in the pod namespace")));
     };
     let index = link.header.index;
-    let address =
-        AddressMessageBuilder::<Ipv4Addr>::new().index(index).address(spec.address.addr(), spec.address.prefix_len());
-    let mut route = RouteMessageBuilder::<Ipv4Addr>::new().gateway(spec.gateway).output_interface(index);
     let routed = matches!(spec.host, HostSide::Routed);
-    if routed {
-        route = route.onlink();
-    }
-    let mut msgs = vec![
-        (RouteNetlinkMessage::NewAddress(address.build()), NLM_F_CREATE | NLM_F_EXCL),
-        (RouteNetlinkMessage::SetLink(LinkUnspec::new_with_index(index).up().build()), 0),
-        (RouteNetlinkMessage::NewRoute(route.build()), NLM_F_CREATE | NLM_F_EXCL),
-    ];
-    if routed {
-        let gateway = neighbour(index, spec.gateway.into(), spec.host_mac, NeighbourState::Permanent);
-        msgs.push((RouteNetlinkMessage::NewNeighbour(gateway), NLM_F_CREATE | NLM_F_REPLACE));
-    }
-    let ipv4_msgs = msgs.len();
-    if let Some((address, gateway)) = spec.ipv6 {
-        // On-link: the gateway is reachable at once, whether or not the
-        // address's prefix route is in place yet (a routed pod's /128 has
-        // none).
-        let route = RouteMessageBuilder::<Ipv6Addr>::new().gateway(gateway).output_interface(index).onlink();
-        msgs.push((RouteNetlinkMessage::NewAddress(ipv6_address(index, address)), NLM_F_CREATE | NLM_F_EXCL));
-        msgs.push((RouteNetlinkMessage::NewRoute(route.build()), NLM_F_CREATE | NLM_F_EXCL));
+    let mut msgs = vec![(RouteNetlinkMessage::SetLink(LinkUnspec::new_with_index(index).up().build()), 0)];
+    let mut what = vec![format!("set {ifname} up")];
+    for a in &spec.addresses {
+        msgs.push((RouteNetlinkMessage::NewAddress(address_message(index, a.address)), NLM_F_CREATE | NLM_F_EXCL));
+        what.push(format!("add {} to {ifname}", a.address));
+        let route = match a.gateway {
+            IpAddr::V4(gw) => {
+                let route = RouteMessageBuilder::<Ipv4Addr>::new().gateway(gw).output_interface(index);
+                if routed { route.onlink() } else { route }.build()
+            }
+            IpAddr::V6(gw) => {
+                RouteMessageBuilder::<Ipv6Addr>::new().gateway(gw).output_interface(index).onlink().build()
+            }
+        };
+        msgs.push((RouteNetlinkMessage::NewRoute(route), NLM_F_CREATE | NLM_F_EXCL));
+        what.push(format!("add the default route via {} in the pod", a.gateway));
         if routed {
-            let gateway = neighbour(index, gateway.into(), spec.host_mac, NeighbourState::Permanent);
+            let gateway = neighbour(index, a.gateway, spec.host_mac, NeighbourState::Permanent);
             msgs.push((RouteNetlinkMessage::NewNeighbour(gateway), NLM_F_CREATE | NLM_F_REPLACE));
+            what.push(format!("add the neighbour entry of gateway {} in the pod", a.gateway));
         }
     }
-    nl.batch(msgs).map(drop).map_err(|(at, e)| match at {
-        0 => kernel_op(format!("add {} to {ifname}", spec.address))(e),
-        1 => kernel_op(format!("set {ifname} up"))(e),
-        2 => kernel_op(format!("add default route via {} in the pod", spec.gateway))(e),
-        n if n == ipv4_msgs => kernel_op(format!("add the IPv6 address to {ifname}"))(e),
-        n if n == ipv4_msgs + 1 => kernel_op("add the IPv6 default route in the pod")(e),
-        n if n > ipv4_msgs => kernel_op("add the IPv6 gateway's neighbour entry in the pod")(e),
-        _ => kernel_op("add the gateway's neighbour entry in the pod")(e),
-    })
+    nl.batch(msgs)
+        .map(drop)
+        .map_err(|(at, e)| kernel_op(what.get(at).cloned().unwrap_or_else(|| format!("configure {ifname}")))(e))
 }
 
 pub fn format_mac(mac: &[u8]) -> String {

@@ -90,12 +90,12 @@ fn add_release_and_sync_write_exactly_our_rules() {
     let port = ns.run(async move || {
         let hp = HostPorts::new(
             "20000-20099".parse().unwrap(),
-            PodBlocks { ipv4: "10.244.1.0/24".parse().unwrap(), ipv6: None },
+            PodBlocks { pool: "10.244.1.0/24".parse().unwrap(), ipv6: None },
             vec![],
         );
         hp.sync().await.unwrap();
         let ip = "10.244.1.5".parse().unwrap();
-        let a = hp.reserve(&key(1), &pod(1), (ip, None), &[auto(Protocol::Tcp, 80), auto(Protocol::Udp, 53)]).unwrap();
+        let a = hp.reserve(&key(1), &pod(1), &[ip], &[auto(Protocol::Tcp, 80), auto(Protocol::Udp, 53)]).unwrap();
         hp.program(a.as_ref()).await.unwrap();
         let a = a.unwrap();
         assert_eq!(a.ports.len(), 2);
@@ -176,10 +176,10 @@ fn a_dual_stack_pod_is_reached_at_both_node_addresses_and_from_itself() {
 
     let port = node.run(async move || {
         let blocks =
-            PodBlocks { ipv4: "10.244.1.0/24".parse().unwrap(), ipv6: Some("fd00:10:244:1::/64".parse().unwrap()) };
+            PodBlocks { pool: "10.244.1.0/24".parse().unwrap(), ipv6: Some("fd00:10:244:1::/64".parse().unwrap()) };
         let hp = HostPorts::new("20000-20099".parse().unwrap(), blocks, vec![]);
-        let ips = ("10.244.1.5".parse().unwrap(), Some("fd00:10:244:1::5".parse().unwrap()));
-        let a = hp.reserve(&key(1), &pod(1), ips, &[auto(Protocol::Tcp, 8080)]).unwrap();
+        let ips = ["10.244.1.5".parse().unwrap(), "fd00:10:244:1::5".parse().unwrap()];
+        let a = hp.reserve(&key(1), &pod(1), &ips, &[auto(Protocol::Tcp, 8080)]).unwrap();
         hp.program(a.as_ref()).await.unwrap();
         hp.check(&key(1)).await.unwrap();
         assert!(!hp.sync().await.unwrap(), "converged");
@@ -234,12 +234,12 @@ fn names_over_the_comment_limit_are_written_and_converge() {
     ns.run(async move || {
         let hp = HostPorts::new(
             "20000-20099".parse().unwrap(),
-            PodBlocks { ipv4: "10.244.1.0/24".parse().unwrap(), ipv6: None },
+            PodBlocks { pool: "10.244.1.0/24".parse().unwrap(), ipv6: None },
             vec![],
         );
         // The longest names Kubernetes allows: 63 + 253 characters.
         let long = PodIdentity { namespace: "n".repeat(63), name: "p".repeat(253), uid: String::new() };
-        let a = hp.reserve(&key(1), &long, ("10.244.1.5".parse().unwrap(), None), &[auto(Protocol::Tcp, 80)]).unwrap();
+        let a = hp.reserve(&key(1), &long, &["10.244.1.5".parse().unwrap()], &[auto(Protocol::Tcp, 80)]).unwrap();
         hp.program(a.as_ref()).await.unwrap();
         hp.check(&key(1)).await.unwrap();
         assert!(!hp.sync().await.unwrap(), "a sync after the ADD rewrote the rules: the comment does not converge");
@@ -282,14 +282,14 @@ fn thousand_host_port_allocations() {
     let new = Ns::new("bench-nft").run(async move || {
         let hp = HostPorts::new(
             "20000-29999".parse().unwrap(),
-            PodBlocks { ipv4: "10.244.0.0/16".parse().unwrap(), ipv6: None },
+            PodBlocks { pool: "10.244.0.0/16".parse().unwrap(), ipv6: None },
             vec![],
         );
         hp.sync().await.unwrap();
         let mut each = Vec::new();
         for i in 0..1000 {
-            let ip = std::net::Ipv4Addr::from(0x0af4_0000u32 + i as u32 + 2);
-            let a = hp.reserve(&key(i), &pod(i), (ip, None), &[auto(Protocol::Tcp, 80)]).unwrap();
+            let ip = std::net::Ipv4Addr::from(0x0af4_0000u32 + i as u32 + 2).into();
+            let a = hp.reserve(&key(i), &pod(i), &[ip], &[auto(Protocol::Tcp, 80)]).unwrap();
             let started = Instant::now();
             hp.program(a.as_ref()).await.unwrap();
             each.push(started.elapsed());
@@ -303,12 +303,12 @@ fn thousand_host_port_allocations() {
         // Restart on an empty table: one full sync programs everything.
         let hp = HostPorts::new(
             "20000-29999".parse().unwrap(),
-            PodBlocks { ipv4: "10.244.0.0/16".parse().unwrap(), ipv6: None },
+            PodBlocks { pool: "10.244.0.0/16".parse().unwrap(), ipv6: None },
             vec![],
         );
         for i in 0..1000 {
-            let ip = std::net::Ipv4Addr::from(0x0af4_0000u32 + i as u32 + 2);
-            hp.reserve(&key(i), &pod(i), (ip, None), &[auto(Protocol::Tcp, 80)]).unwrap();
+            let ip = std::net::Ipv4Addr::from(0x0af4_0000u32 + i as u32 + 2).into();
+            hp.reserve(&key(i), &pod(i), &[ip], &[auto(Protocol::Tcp, 80)]).unwrap();
         }
         let started = Instant::now();
         assert!(hp.sync().await.unwrap());

@@ -21,7 +21,7 @@ pub mod rules;
 mod rules_iptables_old;
 pub mod store;
 
-use std::net::{Ipv4Addr, Ipv6Addr};
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 
 use weft_api::Protocol;
@@ -93,22 +93,34 @@ impl HostPorts {
         self.store.usage()
     }
 
-    /// Takes host ports for `wanted` for the pod at `pod_ip` (and
-    /// `pod_ipv6` on a dual-stack node): all or nothing, nothing is
-    /// written. `None` when nothing was asked for.
+    /// Takes host ports for `wanted` for the pod at `pod_ips` (its pool
+    /// address first, then on a dual-stack node its IPv6 address): all or
+    /// nothing, nothing is written. `None` when nothing was asked for.
     pub fn reserve(
         &self,
         key: &Key,
         pod: &PodIdentity,
-        (pod_ip, pod_ipv6): (Ipv4Addr, Option<Ipv6Addr>),
+        pod_ips: &[IpAddr],
         wanted: &[Wanted],
     ) -> Result<Option<Allocation>, HostPortError> {
         if wanted.is_empty() {
             return Ok(None);
         }
-        let pod_ipv6 = pod_ipv6.filter(|_| self.pods.ipv6.is_some());
-        if let Some(ip) = wanted.iter().filter_map(|w| w.host_ip).find(|ip| ip.is_ipv6() && pod_ipv6.is_none()) {
-            let why = format!("hostIP {ip} is an IPv6 address, and this pod has no IPv6 address to forward it to");
+        let Some(&pod_ip) = pod_ips.first() else {
+            return Err(request::RequestError::PortMappings("the pod has no address".into()).into());
+        };
+        let pod_ipv6 = match pod_ip {
+            IpAddr::V4(_) => pod_ips.iter().find_map(|ip| match ip {
+                IpAddr::V6(v6) if self.pods.ipv6.is_some() => Some(*v6),
+                _ => None,
+            }),
+            IpAddr::V6(_) => None,
+        };
+        let has = |family_v4: bool| pod_ip.is_ipv4() == family_v4 || (!family_v4 && pod_ipv6.is_some());
+        if let Some(ip) = wanted.iter().filter_map(|w| w.host_ip).find(|ip| !has(ip.is_ipv4())) {
+            let family = if ip.is_ipv4() { "IPv4" } else { "IPv6" };
+            let why =
+                format!("hostIP {ip} is an {family} address, and this pod has no {family} address to forward it to");
             return Err(request::RequestError::PortMappings(why).into());
         }
         let draft = Allocation {
@@ -206,7 +218,7 @@ mod tests {
     #[test]
     fn an_ipv6_host_ip_needs_a_pod_with_an_ipv6_address() {
         let blocks =
-            PodBlocks { ipv4: "10.244.1.0/24".parse().unwrap(), ipv6: Some("fd00:10:244:1::/64".parse().unwrap()) };
+            PodBlocks { pool: "10.244.1.0/24".parse().unwrap(), ipv6: Some("fd00:10:244:1::/64".parse().unwrap()) };
         let hp = HostPorts::new("20000-20009".parse().unwrap(), blocks, vec![]);
         let wanted = [Wanted {
             protocol: Protocol::Tcp,
@@ -217,11 +229,34 @@ mod tests {
         }];
         let key = Key { container_id: "c1".into(), ifname: "eth0".into() };
         let pod = PodIdentity::default();
-        let err = hp.reserve(&key, &pod, ("10.244.1.5".parse().unwrap(), None), &wanted).unwrap_err();
+        let v4: IpAddr = "10.244.1.5".parse().unwrap();
+        let err = hp.reserve(&key, &pod, &[v4], &wanted).unwrap_err();
         assert!(err.to_string().contains("hostIP fd00:250::b is an IPv6 address, and this pod has no IPv6"), "{err}");
         assert!(hp.all().is_empty(), "nothing was taken");
         let ipv6 = "fd00:10:244:1::5".parse().unwrap();
-        let a = hp.reserve(&key, &pod, ("10.244.1.5".parse().unwrap(), Some(ipv6)), &wanted).unwrap().unwrap();
+        let a = hp.reserve(&key, &pod, &[v4, IpAddr::V6(ipv6)], &wanted).unwrap().unwrap();
         assert_eq!((a.pod_ipv6, a.ports[0].host_port), (Some(ipv6), 20001));
+    }
+
+    #[test]
+    fn an_ipv6_only_pod_forwards_ipv6_host_ips_and_refuses_ipv4_ones() {
+        let blocks = PodBlocks { pool: "fd00:10:244:1::/64".parse().unwrap(), ipv6: None };
+        let hp = HostPorts::new("20000-20009".parse().unwrap(), blocks, vec![]);
+        let want = |host_ip: &str| {
+            [Wanted {
+                protocol: Protocol::Tcp,
+                container_port: 80,
+                host_port: Some(20001),
+                host_ip: Some(host_ip.parse().unwrap()),
+                name: None,
+            }]
+        };
+        let key = Key { container_id: "c1".into(), ifname: "eth0".into() };
+        let pod = PodIdentity::default();
+        let pod_ip: IpAddr = "fd00:10:244:1::5".parse().unwrap();
+        let err = hp.reserve(&key, &pod, &[pod_ip], &want("192.168.0.2")).unwrap_err();
+        assert!(err.to_string().contains("hostIP 192.168.0.2 is an IPv4 address, and this pod has no IPv4"), "{err}");
+        let a = hp.reserve(&key, &pod, &[pod_ip], &want("fd00:250::b")).unwrap().unwrap();
+        assert_eq!((a.pod_ip, a.pod_ipv6), (pod_ip, None));
     }
 }

@@ -35,7 +35,7 @@ fn desired(a: &Allocation, node: &NodeAddresses, hp: &HostPorts) -> HostPortAllo
         pod_ref: PodRef { name: a.pod_name.clone(), uid: (!a.pod_uid.is_empty()).then(|| a.pod_uid.clone()) },
         node_name: node.name.clone(),
         node_ip: node.ipv4.to_string(),
-        node_ipv6: a.pod_ipv6.and(node.ipv6).map(|ip| ip.to_string()),
+        node_ipv6: node.ipv6.filter(|_| a.pod_ipv6.is_some() || a.pod_ip.is_ipv6()).map(|ip| ip.to_string()),
         ports: a
             .ports
             .iter()
@@ -170,7 +170,7 @@ mod tests {
     #[test]
     fn specs_carry_the_record_and_names_are_stable() {
         let blocks = crate::hostport::PodBlocks {
-            ipv4: "10.244.1.0/24".parse().unwrap(),
+            pool: "10.244.1.0/24".parse().unwrap(),
             ipv6: Some("fd00:10:244:1::/64".parse().unwrap()),
         };
         let hp = HostPorts::new("20000-20009".parse().unwrap(), blocks, vec![]);

@@ -18,7 +18,7 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
-use ipnet::{IpNet, Ipv4Net, Ipv6Net};
+use ipnet::{IpNet, Ipv6Net};
 
 use super::store::{Allocation, Mapping};
 use crate::firewall::build::{self, Addr};
@@ -34,7 +34,9 @@ const MARK: u32 = 0x2000;
 /// This node's pod blocks: traffic from them to a host port is marked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PodBlocks {
-    pub ipv4: Ipv4Net,
+    /// The pool's (IPv4, or IPv6 on an IPv6-only node).
+    pub pool: IpNet,
+    /// The IPv6 block beside an IPv4 pool (dual-stack).
     pub ipv6: Option<Ipv6Net>,
 }
 
@@ -57,10 +59,11 @@ fn text(a: &Allocation) -> String {
 }
 
 /// The rules of one mapping: a mark and a DNAT per family it is forwarded
-/// over (IPv4 first). A host IP of one family forwards only that family;
-/// IPv6 needs the pod's IPv6 address and the node's IPv6 block.
+/// over (the pool's first). A host IP of one family forwards only that
+/// family; IPv6 beside IPv4 needs the pod's IPv6 address and the node's
+/// IPv6 block.
 fn mapping_rules(a: &Allocation, m: &Mapping, pods: PodBlocks) -> Vec<Rule> {
-    let ipv4 = Some((IpAddr::V4(a.pod_ip), IpNet::V4(pods.ipv4)));
+    let ipv4 = Some((a.pod_ip, pods.pool));
     let ipv6 = a.pod_ipv6.zip(pods.ipv6).map(|(ip, block)| (IpAddr::V6(ip), IpNet::V6(block)));
     let proto = Proto::from(m.protocol);
     let mut rules = Vec::new();
@@ -154,7 +157,7 @@ pub mod tests {
     use weft_api::Protocol;
 
     fn cidr() -> PodBlocks {
-        PodBlocks { ipv4: "10.244.1.0/24".parse().unwrap(), ipv6: None }
+        PodBlocks { pool: "10.244.1.0/24".parse().unwrap(), ipv6: None }
     }
 
     fn dual_stack() -> PodBlocks {

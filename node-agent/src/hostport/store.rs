@@ -4,7 +4,7 @@
 //! restarts and DEL never needs the API to know what to remove.
 
 use std::collections::HashMap;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv6Addr};
 use std::sync::Mutex;
 
 use serde::{Deserialize, Serialize};
@@ -26,9 +26,11 @@ pub struct Allocation {
     pub pod_name: String,
     #[serde(default)]
     pub pod_uid: String,
-    pub pod_ip: Ipv4Addr,
-    /// The pod's IPv6 address, on a dual-stack node: its ports are
-    /// forwarded over IPv6 too.
+    /// The pod's address from the node's pool (IPv4, or IPv6 on an
+    /// IPv6-only node).
+    pub pod_ip: IpAddr,
+    /// The pod's IPv6 address beside an IPv4 one, on a dual-stack node: its
+    /// ports are forwarded over IPv6 too.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod_ipv6: Option<Ipv6Addr>,
     pub ports: Vec<Mapping>,
@@ -37,7 +39,7 @@ pub struct Allocation {
 impl Allocation {
     /// The host ports an IPAM record holds, if any.
     /// `ipv6`: the pod's IPv6 address, when its record says it has one.
-    pub fn from_record(ip: Ipv4Addr, ipv6: Option<Ipv6Addr>, r: &crate::ipam::Record) -> Option<Allocation> {
+    pub fn from_record(ip: IpAddr, ipv6: Option<Ipv6Addr>, r: &crate::ipam::Record) -> Option<Allocation> {
         if r.host_ports.is_empty() {
             return None;
         }
@@ -357,8 +359,8 @@ mod tests {
         const SMALL: PortRange = PortRange { first: 30000, last: 30007 };
         const IPS: [Option<IpAddr>; 4] = [
             None,
-            Some(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1))),
-            Some(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 2))),
+            Some(IpAddr::V4(std::net::Ipv4Addr::new(10, 0, 0, 1))),
+            Some(IpAddr::V4(std::net::Ipv4Addr::new(10, 0, 0, 2))),
             Some(IpAddr::V6(Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, 1))),
         ];
 

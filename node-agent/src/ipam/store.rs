@@ -16,7 +16,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs;
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
@@ -84,9 +84,9 @@ impl Record {
 #[derive(Debug, thiserror::Error)]
 pub enum IpamError {
     #[error("container {} already has interface {} with address {ip}", .key.container_id, .key.ifname)]
-    AlreadyAllocated { key: Key, ip: Ipv4Addr },
+    AlreadyAllocated { key: Key, ip: IpAddr },
     #[error("no free address left in pod CIDR {cidr} ({size} addresses, all allocated)")]
-    Exhausted { cidr: ipnet::Ipv4Net, size: u32 },
+    Exhausted { cidr: ipnet::IpNet, size: u64 },
     #[error("IPAM state {path}: {source}")]
     Io { path: PathBuf, source: std::io::Error },
     #[error("IPAM record {path} is corrupt: {source}")]
@@ -102,11 +102,11 @@ const CURSOR: &str = ".last-reserved";
 
 #[derive(Default)]
 struct Inner {
-    by_ip: BTreeMap<Ipv4Addr, Record>,
-    by_key: HashMap<Key, Ipv4Addr>,
+    by_ip: BTreeMap<IpAddr, Record>,
+    by_key: HashMap<Key, IpAddr>,
     /// Addresses whose ADD is still in flight.
-    pending: HashSet<Ipv4Addr>,
-    last: Option<Ipv4Addr>,
+    pending: HashSet<IpAddr>,
+    last: Option<IpAddr>,
 }
 
 pub struct Ipam {
@@ -138,7 +138,7 @@ impl Ipam {
                 fs::remove_file(&path).map_err(io(&path))?;
                 continue;
             }
-            let Ok(ip) = name.parse::<Ipv4Addr>() else {
+            let Ok(ip) = name.parse::<IpAddr>() else {
                 tracing::warn!(path = %path.display(), "ignoring a file that is not an IPAM record");
                 continue;
             };
@@ -171,7 +171,7 @@ impl Ipam {
 
     /// Picks a free address for `record` and holds it as pending. Nothing is
     /// written yet: call [`Ipam::persist`] before the ADD answers.
-    pub fn reserve(&self, record: Record) -> Result<Ipv4Addr, IpamError> {
+    pub fn reserve(&self, record: Record) -> Result<IpAddr, IpamError> {
         let key = record.key();
         let mut inner = self.lock();
         if let Some(ip) = inner.by_key.get(&key) {
@@ -189,7 +189,7 @@ impl Ipam {
     }
 
     /// Adds host ports to a reserved (not yet persisted) record.
-    pub fn set_host_ports(&self, ip: Ipv4Addr, pod_uid: &str, ports: Vec<Mapping>) {
+    pub fn set_host_ports(&self, ip: IpAddr, pod_uid: &str, ports: Vec<Mapping>) {
         if let Some(r) = self.lock().by_ip.get_mut(&ip) {
             r.pod_uid = pod_uid.to_owned();
             r.host_ports = ports;
@@ -198,7 +198,7 @@ impl Ipam {
 
     /// Writes the record of a reserved address durably, and the address as
     /// the allocation cursor.
-    pub fn persist(&self, ip: Ipv4Addr) -> Result<(), IpamError> {
+    pub fn persist(&self, ip: IpAddr) -> Result<(), IpamError> {
         let Some(record) = self.lock().by_ip.get(&ip).cloned() else { return Ok(()) };
         self.write(ip, &record)?;
         let cursor = self.dir.join(CURSOR);
@@ -210,27 +210,27 @@ impl Ipam {
     }
 
     /// The ADD of `ip` finished: it is no longer pending.
-    pub fn commit(&self, ip: Ipv4Addr) {
+    pub fn commit(&self, ip: IpAddr) {
         self.lock().pending.remove(&ip);
     }
 
     /// True while the ADD that reserved `ip` is still running.
-    pub fn is_pending(&self, ip: Ipv4Addr) -> bool {
+    pub fn is_pending(&self, ip: IpAddr) -> bool {
         self.lock().pending.contains(&ip)
     }
 
-    pub fn get(&self, key: &Key) -> Option<(Ipv4Addr, Record)> {
+    pub fn get(&self, key: &Key) -> Option<(IpAddr, Record)> {
         let inner = self.lock();
         let ip = *inner.by_key.get(key)?;
         inner.by_ip.get(&ip).map(|r| (ip, r.clone()))
     }
 
-    pub fn all(&self) -> Vec<(Ipv4Addr, Record)> {
+    pub fn all(&self) -> Vec<(IpAddr, Record)> {
         self.lock().by_ip.iter().map(|(ip, r)| (*ip, r.clone())).collect()
     }
 
     /// Releases the address of `key`; `Ok(None)` when it had none.
-    pub fn release(&self, key: &Key) -> Result<Option<(Ipv4Addr, Record)>, IpamError> {
+    pub fn release(&self, key: &Key) -> Result<Option<(IpAddr, Record)>, IpamError> {
         let Some((ip, record)) = self.get(key) else {
             return Ok(None);
         };
@@ -251,10 +251,10 @@ impl Ipam {
     pub fn usage(&self) -> (u64, u64) {
         let inner = self.lock();
         let allocated = inner.by_ip.keys().filter(|ip| self.pool.contains(**ip)).count() as u64;
-        (allocated, u64::from(self.pool.size()).saturating_sub(allocated))
+        (allocated, self.pool.size().saturating_sub(allocated))
     }
 
-    fn write(&self, ip: Ipv4Addr, record: &Record) -> Result<(), IpamError> {
+    fn write(&self, ip: IpAddr, record: &Record) -> Result<(), IpamError> {
         let path = self.dir.join(ip.to_string());
         let tmp = self.dir.join(format!(".{ip}.tmp"));
         let bytes = serde_json::to_vec(record).map_err(|source| IpamError::Corrupt { path: path.clone(), source })?;
@@ -334,7 +334,11 @@ mod tests {
         let b = ipam(dir.path(), "10.1.0.0/24");
         let next = b.reserve(record("c4")).unwrap();
         assert!(!given.contains(&next), "{next} was freed a moment ago; handed out were {given:?}");
-        assert_eq!(u32::from(next), u32::from(given[2]) + 1);
+        let after = |ip: IpAddr| match ip {
+            IpAddr::V4(a) => IpAddr::from(std::net::Ipv4Addr::from(u32::from(a) + 1)),
+            IpAddr::V6(a) => IpAddr::from(std::net::Ipv6Addr::from(u128::from(a) + 1)),
+        };
+        assert_eq!(next, after(given[2]));
         assert!(b.all().iter().all(|(ip, _)| *ip == next), "the cursor is not a record");
     }
 
@@ -379,6 +383,25 @@ mod tests {
         );
         assert_eq!((alloc.pod_ip, alloc.ports), (ip, vec![mapping]));
         assert!(Allocation::from_record(ip2, None, &record("c2")).is_none(), "no host ports, no allocation");
+    }
+
+    #[test]
+    fn an_ipv6_only_store_keeps_its_records_and_cursor_across_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = ipam(dir.path(), "fd00:10:244:1::/64");
+        let ip = a.reserve(record("c1")).unwrap();
+        assert_eq!(ip.to_string(), "fd00:10:244:1::2");
+        a.persist(ip).unwrap();
+        a.commit(ip);
+        assert!(dir.path().join("fd00:10:244:1::2").exists(), "one file per address, named by it");
+        a.release(&Key { container_id: "c1".into(), ifname: "eth0".into() }).unwrap();
+        let ip = a.reserve(record("c2")).unwrap();
+        a.persist(ip).unwrap();
+        drop(a);
+        let b = ipam(dir.path(), "fd00:10:244:1::/64");
+        assert_eq!(b.get(&Key { container_id: "c2".into(), ifname: "eth0".into() }).map(|(ip, _)| ip), Some(ip));
+        assert_eq!(b.reserve(record("c3")).unwrap().to_string(), "fd00:10:244:1::4", "goes on after the cursor");
+        assert_eq!(b.usage(), (2, u64::MAX - 4));
     }
 
     #[test]
