@@ -426,6 +426,70 @@ fn gc_of_routed_dual_stack_pods_frees_both_families() {
     assert!(n.ns.ip(&["-4", "route"]).lines().filter(|l| l.contains("10.217.0.") && !l.contains('/')).count() == 1);
 }
 
+/// An IPv6 `--pod-cidr` gives IPv6-only pods, bridged and routed: one
+/// address each, its gateway and routes in the result, pods and node reach
+/// each other, CHECK and a restart keep them, a host IP of the family the
+/// pod lacks is refused, and GC frees them with their routes.
+#[test]
+fn ipv6_only_pods_have_one_ipv6_address_in_both_modes() {
+    for (mode, cidr, prefix) in [("bridge", "fd00:218::/64", 64), ("routed", "fd00:219::/64", 128)] {
+        let args = ["--pod-attachment", mode];
+        let Some(mut n) = Node::start_with(&format!("v6{mode}"), cidr, &args, &[]) else { return };
+        let gateway = cidr.replace("::/64", "::1");
+        let weft = Weft::new(&n.ns, &n.agent.socket);
+        let (p1, p2) = (Netns::new("pod"), Netns::new("pod"));
+        let (c1, c2) = (Container::new(format!("{mode}61"), &p1), Container::new(format!("{mode}62"), &p2));
+        let r1 = weft.add(&c1).assert_ok().json();
+        let r2 = weft.add(&c2).assert_ok().json();
+        let (a1, a2) = (cni::pod_ip(&r1), cni::pod_ip(&r2));
+        assert_eq!(r1["ips"].as_array().map(Vec::len), Some(1), "{mode}: {r1}");
+        assert_eq!(r1["ips"][0]["address"], format!("{a1}/{prefix}"), "{mode}: {r1}");
+        assert_eq!((r1["ips"][0]["gateway"].as_str(), r1["ips"][0]["interface"].as_u64()), (Some(&*gateway), Some(1)));
+        let routes: Vec<String> = r1["routes"]
+            .as_array()
+            .expect("routes")
+            .iter()
+            .map(|r| format!("{} {}", r["dst"].as_str().unwrap_or(""), r["gw"].as_str().unwrap_or("")))
+            .collect();
+        let want_routes = match mode {
+            "routed" => vec![format!("{gateway}/128 "), format!("::/0 {gateway}")],
+            _ => vec![format!("::/0 {gateway}")],
+        };
+        assert_eq!(routes, want_routes, "{mode}");
+        assert!(p1.ip(&["-4", "-o", "addr", "show", "eth0"]).trim().is_empty(), "{mode}: no IPv4 address");
+        assert!(p1.ip(&["-6", "-o", "addr", "show", "eth0", "scope", "global"]).contains(&format!("{a1}/{prefix}")));
+        assert!(n.ns.ip(&["-6", "-o", "addr", "show", "weft0"]).contains(&format!("{gateway}/64")), "{mode}");
+        assert!(p1.ping(&a2) && p2.ping(&a1), "{mode}: IPv6-only pods cannot reach each other");
+        assert!(n.ns.ping(&a1) && p1.ping(&gateway), "{mode}: pod and node cannot reach each other");
+        weft.check(&c1, &r1).assert_ok();
+        let ready = weft.status();
+        assert!(ready.success, "{mode}: STATUS: {}", ready.stdout);
+
+        // A host port on an IPv4 host IP has nowhere to go.
+        let mut conf = weft.conf.clone();
+        conf["runtimeConfig"] = json!({"portMappings": [{"hostPort": 20080, "containerPort": 80, "protocol": "tcp", "hostIP": "192.0.2.1"}]});
+        let p3 = Netns::new("pod");
+        let c3 = Container::new(format!("{mode}63"), &p3);
+        let refused = cni::exec(&n.ns, &bins::weft("weft-cni"), "ADD", &c3, &conf);
+        assert!(refused.msg().contains("hostIP 192.0.2.1 is an IPv4 address, and this pod has no IPv4"), "{mode}");
+        assert_eq!(n.agent.ipam_records().len(), 2, "{mode}: the refused ADD took no address");
+
+        // A restarted agent keeps and verifies them.
+        n.agent.kill9();
+        n.agent.restart(&n.ns);
+        weft.check(&c1, &r1).assert_ok();
+        weft.check(&c2, &r2).assert_ok();
+
+        weft.gc(&[&c2]).assert_ok();
+        assert_eq!(n.agent.ipam_records().len(), 1, "{mode}");
+        assert!(p2.ping(&gateway), "{mode}: the kept pod lost connectivity");
+        weft.gc(&[]).assert_ok();
+        assert!(veths(&n.ns).is_empty() && n.agent.ipam_records().is_empty(), "{mode}: {:?}", veths(&n.ns));
+        let routes = n.ns.ip(&["-6", "route"]);
+        assert!(!routes.contains(&format!("{a1} ")) && !routes.contains(&format!("{a2} ")), "{mode}: {routes}");
+    }
+}
+
 /// Four pods, GC keeping two, a stray veth removed; then GC keeping one
 /// under the older draft key. `gateway`: the pods' IPv4 gateway. Returns
 /// the pods' namespaces (the one kept lives as long as they do).

@@ -112,6 +112,12 @@ impl Agent {
         Ok(index)
     }
 
+    /// Whether new pods get an IPv6 address: from the IPv6 block of a
+    /// dual-stack node, or from an IPv6 pool.
+    pub fn ipv6_pods(&self) -> bool {
+        self.ipv6.is_some() || self.ipam.pool().cidr().addr().is_ipv6()
+    }
+
     /// The bridge's gateway addresses: the pool's, and the IPv6 block's on
     /// a dual-stack node.
     pub fn gateways(&self) -> Vec<IpNet> {

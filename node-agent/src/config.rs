@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use clap::Parser;
-use ipnet::Ipv4Net;
+use ipnet::{IpNet, Ipv4Net};
 
 use crate::attachment::Attachment;
 
@@ -15,12 +15,13 @@ pub struct Config {
     #[arg(long, env = "WEFT_NODE_NAME", default_value = "local")]
     pub node_name: String,
     /// A fixed pod CIDR for a node without a Kubernetes API (standalone use
-    /// and single-node tests). Without it the agent waits for its node's
-    /// Subnet lease from the operator and serves no CNI request until then.
+    /// and single-node tests), IPv4 or (IPv6-only pods) IPv6. Without it the
+    /// agent waits for its node's Subnet lease from the operator and serves
+    /// no CNI request until then.
     #[arg(long, env = "WEFT_POD_CIDR")]
-    pub pod_cidr: Option<Ipv4Net>,
-    /// With `--pod-cidr`: a fixed IPv6 block too, for dual-stack pods (a
-    /// pod's IPv6 address has its IPv4 address's host number).
+    pub pod_cidr: Option<IpNet>,
+    /// With an IPv4 `--pod-cidr`: a fixed IPv6 block too, for dual-stack
+    /// pods (a pod's IPv6 address has its IPv4 address's host number).
     #[arg(long, env = "WEFT_POD_IPV6_CIDR", requires = "pod_cidr")]
     pub pod_ipv6_cidr: Option<ipnet::Ipv6Net>,
     /// Kubeconfig to reach the API; without it the in-cluster config (or

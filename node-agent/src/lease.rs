@@ -11,7 +11,7 @@ use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
 use futures::TryStreamExt;
-use ipnet::{IpNet, Ipv4Net, Ipv6Net};
+use ipnet::{IpNet, Ipv6Net};
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::reflector::ObjectRef;
@@ -40,17 +40,18 @@ pub enum LeaseError {
 /// What the agent takes from its Subnet.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Lease {
-    pub cidr: Ipv4Net,
-    /// The IPv6 block of a dual-stack cluster (`spec.cidrs[1]`).
+    /// The pool's block: IPv4, or IPv6 in an IPv6-only cluster.
+    pub cidr: IpNet,
+    /// The IPv6 block beside an IPv4 `cidr` in a dual-stack cluster
+    /// (`spec.cidrs[1]`).
     pub cidr6: Option<Ipv6Net>,
     pub backend: Backend,
 }
 
 /// Parses a Subnet's spec; `Err` says why it is unusable.
 pub fn lease_of(subnet: &Subnet) -> Result<Lease, String> {
-    let cidr: Ipv4Net = subnet.spec.cidr.parse().map_err(|e| {
-        format!("cidr {:?} is not an IPv4 CIDR (IPv6-only clusters are not supported yet): {e}", subnet.spec.cidr)
-    })?;
+    let cidr: IpNet =
+        subnet.spec.cidr.parse().map_err(|e| format!("cidr {:?} is not a CIDR: {e}", subnet.spec.cidr))?;
     if cidr != cidr.trunc() {
         return Err(format!("cidr {cidr} has host bits set"));
     }
@@ -60,15 +61,19 @@ pub fn lease_of(subnet: &Subnet) -> Result<Lease, String> {
         if net != net.trunc() {
             return Err(format!("cidrs[{i}] {net} has host bits set"));
         }
-        match net {
-            IpNet::V4(n) if n == cidr => {}
-            IpNet::V4(n) => return Err(format!("cidrs[{i}] {n} is not cidr {cidr}")),
-            IpNet::V6(_) if cidr6.is_some() => return Err(format!("cidrs[{i}] {net} is a second IPv6 block")),
+        match (net, cidr) {
+            _ if net == cidr => {}
+            (IpNet::V4(n), IpNet::V6(_)) => {
+                return Err(format!("cidrs[{i}] {n} is an IPv4 block beside IPv6 cidr {cidr}: list IPv4 first"));
+            }
+            (IpNet::V4(n), _) => return Err(format!("cidrs[{i}] {n} is not cidr {cidr}")),
+            (IpNet::V6(_), IpNet::V6(_)) => return Err(format!("cidrs[{i}] {net} is a second IPv6 block")),
+            (IpNet::V6(_), _) if cidr6.is_some() => return Err(format!("cidrs[{i}] {net} is a second IPv6 block")),
             // A pod's IPv6 address has its IPv4 address's host number.
-            IpNet::V6(n) if !crate::ipam::pool::ipv6_block_fits(n, cidr) => {
+            (IpNet::V6(n), IpNet::V4(v4)) if !crate::ipam::pool::ipv6_block_fits(n, v4) => {
                 return Err(format!("cidrs[{i}] {n} holds fewer addresses than cidr {cidr}"));
             }
-            IpNet::V6(n) => cidr6 = Some(n),
+            (IpNet::V6(n), _) => cidr6 = Some(n),
         }
     }
     Ok(Lease { cidr, cidr6, backend: subnet.spec.backend })
@@ -199,7 +204,7 @@ pub fn standing(subnet: Option<&Subnet>, lease: &Lease, facts: &NodeFacts) -> St
     if subnet.metadata.deletion_timestamp.is_some() {
         return Standing::Withdrawn(format!("Subnet {name} (lease of {}) is being deleted", lease.cidr));
     }
-    if subnet.spec.cidr.parse::<Ipv4Net>().ok() != Some(lease.cidr) {
+    if subnet.spec.cidr.parse::<IpNet>().ok() != Some(lease.cidr) {
         return Standing::Withdrawn(format!(
             "Subnet {name} now leases {} but this node's pods use {}",
             subnet.spec.cidr, lease.cidr
@@ -354,9 +359,22 @@ mod tests {
         fail(&["10.244.1.0/24", "fd00::/64", "fd01::/64"], "second IPv6 block");
         fail(&["10.244.1.0/24", "fd00::/121"], "fewer addresses");
         fail(&["10.244.1.0/24", "bogus"], "not a CIDR");
-        let mut v6_only = subnet("fd00::/64", false);
-        v6_only.spec.cidrs = vec!["fd00::/64".into()];
-        assert!(lease_of(&v6_only).expect_err("v6-only").contains("IPv6-only"));
+    }
+
+    #[test]
+    fn an_ipv6_only_lease_has_one_ipv6_block() {
+        let with = |cidrs: &[&str]| {
+            let mut s = subnet("fd00:10:244:1::/64", false);
+            s.spec.cidrs = cidrs.iter().map(|c| (*c).to_owned()).collect();
+            lease_of(&s)
+        };
+        let v6 = with(&["fd00:10:244:1::/64"]).expect("v6-only");
+        assert_eq!((v6.cidr.to_string(), v6.cidr6), ("fd00:10:244:1::/64".into(), None));
+        assert_eq!(with(&[]).expect("without cidrs").cidr, v6.cidr);
+        let e = with(&["fd00:10:244:1::/64", "10.244.1.0/24"]).expect_err("IPv4 second");
+        assert!(e.contains("IPv4 block beside IPv6 cidr"), "{e}");
+        let e = with(&["fd00:10:244:1::/64", "fd00:10:244:2::/64"]).expect_err("two IPv6");
+        assert!(e.contains("second IPv6 block"), "{e}");
     }
 
     fn subnet(cidr: &str, published: bool) -> Subnet {

@@ -79,7 +79,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
         },
         (None, None) => unreachable_config()?,
     };
-    let pool = Pool::new(lease.cidr.into()).with_context(|| format!("unusable pod CIDR {}", lease.cidr))?;
+    let pool = Pool::new(lease.cidr).with_context(|| format!("unusable pod CIDR {}", lease.cidr))?;
     let host = dataplane::netns::Netns::current().context("cannot open netlink")?;
 
     // With a lease this node is part of a cluster: set up the overlay first,
@@ -120,7 +120,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
     // ones forwarding; the repair loop keeps it so.
     let mode = agent.attachment();
     let settings = attach::driver(mode)
-        .ensure_node_settings(agent.ipv6.is_some())
+        .ensure_node_settings(agent.ipv6_pods())
         .with_context(|| format!("node settings for {mode} pods"))?;
     for setting in settings {
         tracing::info!(%mode, setting, "turned on a node setting {mode} pods need");
@@ -227,8 +227,19 @@ fn node_settings_of(
     {
         anyhow::bail!("this node's IPv6 block {} is outside --ipv6-cluster-cidr {cluster}", v6.pods);
     }
-    let ipv4 = dataplane::masquerade::Ranges { pods: lease.cidr, cluster: cluster_cidr };
+    let ipv4 = dataplane::masquerade::Ranges { pods: ipv4_pod_cidr(lease)?, cluster: cluster_cidr };
     Ok(node_settings::NodeSettings { ipv4, ipv6 })
+}
+
+/// The lease's IPv4 block, which the overlay and masquerading still need.
+fn ipv4_pod_cidr(lease: &lease::Lease) -> anyhow::Result<ipnet::Ipv4Net> {
+    match lease.cidr {
+        ipnet::IpNet::V4(cidr) => Ok(cidr),
+        ipnet::IpNet::V6(cidr) => anyhow::bail!(
+            "this node's Subnet leases only the IPv6 block {cidr}: IPv6-only clusters are not supported yet \
+             (IPv6-only pods are, with a fixed --pod-cidr and no Subnet; dual-stack clusters are)"
+        ),
+    }
 }
 
 /// What [`setup_overlay`] leaves for the rest of start-up.
@@ -256,7 +267,8 @@ async fn setup_overlay(
         .cluster_cidr
         .context("--cluster-cidr (WEFT_CLUSTER_CIDR) is required when the pod CIDR comes from a Subnet lease")?;
     let backend = lease.backend;
-    let mut cfg = overlay::OverlayConfig::new(&config.node_name, node_ip, lease.cidr, cluster_cidr, backend);
+    let pod_cidr = ipv4_pod_cidr(lease)?;
+    let mut cfg = overlay::OverlayConfig::new(&config.node_name, node_ip, pod_cidr, cluster_cidr, backend);
     cfg.vni = config.vni;
     cfg.pod_cidr6 = lease.cidr6;
     cfg.cluster_cidr6 = config.ipv6_cluster_cidr;

@@ -69,7 +69,7 @@ impl Agent {
     pub async fn repair_node_side(&self) -> Result<(), AttachError> {
         self.ensure_bridge(true).await?;
         let mode = self.attachment();
-        let ipv6 = self.ipv6.is_some();
+        let ipv6 = self.ipv6_pods();
         let repaired =
             off_thread("check node settings", move || driver(mode).ensure_node_settings(ipv6)).await?.map_err(
                 |source: DataplaneError| AttachError::Kernel { what: format!("node settings for {mode} pods"), source },
