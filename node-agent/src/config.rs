@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use clap::Parser;
-use ipnet::{IpNet, Ipv4Net};
+use ipnet::IpNet;
 
 use crate::attachment::Attachment;
 
@@ -31,7 +31,7 @@ pub struct Config {
     /// This node's IP on the underlay (the DaemonSet passes status.hostIP):
     /// the next hop and tunnel endpoint other nodes use.
     #[arg(long, env = "WEFT_NODE_IP")]
-    pub node_ip: Option<std::net::Ipv4Addr>,
+    pub node_ip: Option<std::net::IpAddr>,
     /// All of this node's IPs, comma-separated (the DaemonSet passes
     /// status.hostIPs): the IPv6 one is the address host ports of
     /// dual-stack pods are published on for IPv6.
@@ -56,10 +56,11 @@ pub struct Config {
     /// the underlay's MTU minus the VXLAN overhead in overlay mode, else 1500.
     #[arg(long, env = "WEFT_MTU", value_parser = clap::value_parser!(u32).range(68..=65535))]
     pub mtu: Option<u32>,
-    /// The cluster's pod CIDR (all nodes' Subnets): never masqueraded, and the
-    /// bound for peer routes. Required with a Subnet lease.
+    /// The cluster's pod CIDR (all nodes' Subnets; IPv6 in an IPv6-only
+    /// cluster): never masqueraded, and the bound for peer routes. Required
+    /// with a Subnet lease.
     #[arg(long, env = "WEFT_CLUSTER_CIDR")]
-    pub cluster_cidr: Option<Ipv4Net>,
+    pub cluster_cidr: Option<IpNet>,
     /// The cluster's IPv6 pod range (dual-stack; the chart's
     /// network.ipv6ClusterCIDR): IPv6 traffic to it is never masqueraded.
     /// Without it no IPv6 traffic is masqueraded.

@@ -111,9 +111,10 @@ async fn run(config: Config) -> anyhow::Result<()> {
     agent.metrics.set_host_port_usage(agent.hostports.usage());
     tokio::spawn(sync_host_ports(Arc::clone(&agent)));
     tokio::spawn(attach::repair::run(Arc::clone(&agent)));
-    if let (Some(c), Some(ipv4)) = (&client, config.node_ip) {
+    if let (Some(c), Some(node_ip)) = (&client, config.node_ip) {
         let (resync, hp) = (config.resync(), Arc::clone(&agent.hostports));
-        let node = hostport::publish::NodeAddresses { name: config.node_name.clone(), ipv4, ipv6: config.node_ipv6() };
+        let node =
+            hostport::publish::NodeAddresses { name: config.node_name.clone(), node_ip, ipv6: config.node_ipv6() };
         tokio::spawn(hostport::publish::run(c.clone(), node, hp, resync));
     }
     // Bridged pods need bridge netfilter (policy between local pods), routed
@@ -209,37 +210,34 @@ async fn run(config: Config) -> anyhow::Result<()> {
     outcome
 }
 
-/// What node_settings keeps for this lease; refuses an IPv6 block outside
-/// the cluster's IPv6 range.
+/// What node_settings keeps for this lease: each family's pod block and
+/// cluster range (an IPv6-only node's cluster CIDR is its IPv6 range).
+/// Refuses a cluster CIDR of another family than the lease's, and an IPv6
+/// block outside the cluster's IPv6 range.
 fn node_settings_of(
     config: &Config,
     lease: &lease::Lease,
-    cluster_cidr: ipnet::Ipv4Net,
+    cluster_cidr: ipnet::IpNet,
 ) -> anyhow::Result<node_settings::NodeSettings> {
-    let ipv6 = lease.cidr6.map(|pods| node_settings::Ipv6Settings {
-        pods,
-        cluster: config.ipv6_cluster_cidr,
-        masquerade: config.ipv6_masquerade,
-    });
+    use ipnet::IpNet;
+    let (ipv4, pods6, cluster6) = match (lease.cidr, cluster_cidr) {
+        (IpNet::V4(pods), IpNet::V4(cluster)) => {
+            (Some(dataplane::masquerade::Ranges { pods, cluster }), lease.cidr6, config.ipv6_cluster_cidr)
+        }
+        (IpNet::V6(pods), IpNet::V6(cluster)) => (None, Some(pods), Some(cluster)),
+        (pods, cluster) => {
+            anyhow::bail!("this node's pod CIDR {pods} and --cluster-cidr {cluster} are of different families")
+        }
+    };
+    let ipv6 =
+        pods6.map(|pods| node_settings::Ipv6Settings { pods, cluster: cluster6, masquerade: config.ipv6_masquerade });
     if let Some(v6) = ipv6
         && let Some(cluster) = v6.cluster
         && !cluster.contains(&v6.pods)
     {
-        anyhow::bail!("this node's IPv6 block {} is outside --ipv6-cluster-cidr {cluster}", v6.pods);
+        anyhow::bail!("this node's IPv6 block {} is outside the cluster's IPv6 range {cluster}", v6.pods);
     }
-    let ipv4 = dataplane::masquerade::Ranges { pods: ipv4_pod_cidr(lease)?, cluster: cluster_cidr };
     Ok(node_settings::NodeSettings { ipv4, ipv6 })
-}
-
-/// The lease's IPv4 block, which the overlay and masquerading still need.
-fn ipv4_pod_cidr(lease: &lease::Lease) -> anyhow::Result<ipnet::Ipv4Net> {
-    match lease.cidr {
-        ipnet::IpNet::V4(cidr) => Ok(cidr),
-        ipnet::IpNet::V6(cidr) => anyhow::bail!(
-            "this node's Subnet leases only the IPv6 block {cidr}: IPv6-only clusters are not supported yet \
-             (IPv6-only pods are, with a fixed --pod-cidr and no Subnet; dual-stack clusters are)"
-        ),
-    }
 }
 
 /// What [`setup_overlay`] leaves for the rest of start-up.
@@ -267,16 +265,22 @@ async fn setup_overlay(
         .cluster_cidr
         .context("--cluster-cidr (WEFT_CLUSTER_CIDR) is required when the pod CIDR comes from a Subnet lease")?;
     let backend = lease.backend;
-    let pod_cidr = ipv4_pod_cidr(lease)?;
-    let mut cfg = overlay::OverlayConfig::new(&config.node_name, node_ip, pod_cidr, cluster_cidr, backend);
+    let mut cfg = overlay::OverlayConfig::new(&config.node_name, node_ip, lease.cidr, cluster_cidr, backend);
     cfg.vni = config.vni;
     cfg.pod_cidr6 = lease.cidr6;
     cfg.cluster_cidr6 = config.ipv6_cluster_cidr;
     // host-gw peers route this node's IPv6 block to its IPv6 address, and
     // VXLAN over IPv6 peers send their packets to it.
-    let underlay = config.vxlan_underlay;
+    // An IPv6-only node has only IPv6 to tunnel over, and its node IP is
+    // its IPv6 address.
+    let node_ip6 = match node_ip {
+        std::net::IpAddr::V6(v6) => Some(v6),
+        std::net::IpAddr::V4(_) => None,
+    };
+    let underlay = if node_ip6.is_some() { overlay::VxlanUnderlay::Ipv6 } else { config.vxlan_underlay };
     let over_ipv6 = underlay == overlay::VxlanUnderlay::Ipv6 && backend == weft_api::Backend::Vxlan;
-    let node_ipv6 = config.node_ipv6().filter(|_| lease.cidr6.is_some() || over_ipv6);
+    let node_ipv6 =
+        config.node_ipv6().or(node_ip6).filter(|_| lease.cidr6.is_some() || over_ipv6 || node_ip6.is_some());
     if over_ipv6 && node_ipv6.is_none() {
         anyhow::bail!("--vxlan-underlay ipv6 needs this node's IPv6 address in --node-ips (WEFT_NODE_IPS)");
     }

@@ -1,6 +1,6 @@
-//! The node settings an overlay node needs, kept level-triggered: IPv4
-//! forwarding (pods on other nodes are reached through it; IPv6 forwarding
-//! too on a dual-stack node) and the masquerade rules for pod traffic
+//! The node settings an overlay node needs, kept level-triggered:
+//! forwarding of each family its pods have (pods on other nodes are reached
+//! through it) and the masquerade rules for pod traffic
 //! leaving the cluster (IPv6 too where its pods' addresses are not routable
 //! beyond the node, or as `--ipv6-masquerade` says). A `sysctl --system`
 //! or a firewall reload undoes them silently; they are checked at start-up
@@ -45,11 +45,11 @@ fn is_global_unicast(net: Ipv6Net) -> bool {
     net.network().segments()[0] & 0xe000 == 0x2000
 }
 
-/// What this node keeps: its pod blocks, the cluster's ranges, and for a
-/// dual-stack node the IPv6 side.
+/// What this node keeps: its pod blocks and the cluster's ranges, IPv4
+/// (all but IPv6-only nodes) and IPv6 (dual-stack and IPv6-only nodes).
 #[derive(Debug, Clone, Copy)]
 pub struct NodeSettings {
-    pub ipv4: Ranges<Ipv4Net>,
+    pub ipv4: Option<Ranges<Ipv4Net>>,
     pub ipv6: Option<Ipv6Settings>,
 }
 
@@ -88,7 +88,7 @@ pub struct Pass {
 /// files, nft): call off the runtime.
 pub fn ensure(settings: &NodeSettings, last_routable: Option<bool>) -> anyhow::Result<Pass> {
     let mut repaired = Vec::new();
-    if sysctl::ensure_ipv4_forwarding()? {
+    if settings.ipv4.is_some() && sysctl::ensure_ipv4_forwarding()? {
         repaired.push("ip_forward");
     }
     if settings.ipv6.is_some() && sysctl::ensure_ipv6_forwarding()? {
@@ -143,7 +143,7 @@ mod tests {
 
     fn settings(pods6: &str, cluster6: Option<&str>, masquerade: Ipv6Masquerade) -> NodeSettings {
         NodeSettings {
-            ipv4: Ranges { pods: "10.244.1.0/24".parse().unwrap(), cluster: "10.244.0.0/16".parse().unwrap() },
+            ipv4: Some(Ranges { pods: "10.244.1.0/24".parse().unwrap(), cluster: "10.244.0.0/16".parse().unwrap() }),
             ipv6: Some(Ipv6Settings {
                 pods: pods6.parse().unwrap(),
                 cluster: cluster6.map(|c| c.parse().unwrap()),
@@ -224,7 +224,7 @@ mod kernel_tests {
 
     fn settings(pods: &str) -> NodeSettings {
         NodeSettings {
-            ipv4: Ranges { pods: "10.244.1.0/24".parse().unwrap(), cluster: "10.244.0.0/16".parse().unwrap() },
+            ipv4: Some(Ranges { pods: "10.244.1.0/24".parse().unwrap(), cluster: "10.244.0.0/16".parse().unwrap() }),
             ipv6: Some(Ipv6Settings {
                 pods: format!("{pods}/64").parse().unwrap(),
                 cluster: Some(format!("{pods}/56").parse().unwrap()),

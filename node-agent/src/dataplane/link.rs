@@ -5,7 +5,7 @@ use std::collections::HashSet;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use futures::TryStreamExt;
-use ipnet::{IpNet, Ipv4Net};
+use ipnet::IpNet;
 use netlink_packet_route::address::{AddressAttribute, AddressFlags, AddressMessage};
 use netlink_packet_route::link::{
     InfoBridgePort, InfoData, InfoKind, InfoPortData, InfoVeth, LinkAttribute, LinkFlags, LinkInfo, LinkMessage,
@@ -130,7 +130,7 @@ pub async fn ensure_bridge(h: &Handle, name: &str, gateways: &[IpNet]) -> Result
 /// An address message of either family. IPv6 ones skip duplicate address
 /// detection (`nodad`): the address is ours by lease, and a tentative one
 /// would make the first packets fail.
-fn address_message(index: u32, net: IpNet) -> AddressMessage {
+pub fn address_message(index: u32, net: IpNet) -> AddressMessage {
     match net {
         IpNet::V4(n) => AddressMessageBuilder::<Ipv4Addr>::new().index(index).address(n.addr(), n.prefix_len()).build(),
         IpNet::V6(n) => {
@@ -140,12 +140,6 @@ fn address_message(index: u32, net: IpNet) -> AddressMessage {
             msg
         }
     }
-}
-
-/// IPv4 addresses on a link, with their prefix lengths.
-pub async fn addresses(h: &Handle, index: u32) -> Result<Vec<Ipv4Net>, DataplaneError> {
-    let all = all_addresses(h, index).await?;
-    Ok(all.into_iter().filter_map(|n| if let IpNet::V4(n) = n { Some(n) } else { None }).collect())
 }
 
 /// Addresses of both families on a link, with their prefix lengths.

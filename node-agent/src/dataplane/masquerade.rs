@@ -29,13 +29,17 @@ pub struct Ranges<N> {
     pub cluster: N,
 }
 
-/// What the masquerade part holds for this node's pods: IPv4 always, IPv6
-/// when `ipv6` is set.
-pub fn part(ipv4: Ranges<Ipv4Net>, ipv6: Option<Ranges<Ipv6Net>>) -> Part {
+/// What the masquerade part holds for this node's pods: the rules of each
+/// family that is set (IPv4 on all but IPv6-only nodes; IPv6 as the caller
+/// decided).
+pub fn part(ipv4: Option<Ranges<Ipv4Net>>, ipv6: Option<Ranges<Ipv6Net>>) -> Part {
     let mut p = Part::new(OWNER);
     p.counters.extend([KEPT.to_owned(), MASQUERADED.to_owned()]);
-    let multicast4: Ipv4Net = "224.0.0.0/4".parse().unwrap_or_default();
-    let mut rules = family_rules("", ipv4.pods.trunc().into(), ipv4.cluster.trunc().into(), multicast4.into());
+    let mut rules = Vec::new();
+    if let Some(v4) = ipv4 {
+        let multicast4: Ipv4Net = "224.0.0.0/4".parse().unwrap_or_default();
+        rules.extend(family_rules("", v4.pods.trunc().into(), v4.cluster.trunc().into(), multicast4.into()));
+    }
     if let Some(v6) = ipv6 {
         let multicast6: Ipv6Net = "ff00::/8".parse().unwrap_or_default();
         rules.extend(family_rules("IPv6 ", v6.pods.trunc().into(), v6.cluster.trunc().into(), multicast6.into()));
@@ -64,7 +68,7 @@ fn family_rules(tag: &str, pods: IpNet, cluster: IpNet, multicast: IpNet) -> Vec
 /// Makes the masquerade rules right; `Ok(true)` when something was written.
 /// Blocking (runs nft): call from a blocking context. Acts in the calling
 /// thread's network namespace.
-pub fn ensure(ipv4: Ranges<Ipv4Net>, ipv6: Option<Ranges<Ipv6Net>>) -> Result<bool, MasqueradeError> {
+pub fn ensure(ipv4: Option<Ranges<Ipv4Net>>, ipv6: Option<Ranges<Ipv6Net>>) -> Result<bool, MasqueradeError> {
     Engine::new(Nft::default()).sync(&part(ipv4, ipv6))
 }
 
@@ -97,7 +101,7 @@ mod tests {
 
     #[test]
     fn rules_never_masquerade_pod_to_pod() {
-        let p = part(ipv4(), None);
+        let p = part(Some(ipv4()), None);
         let chain = &p.chains["masquerade-postrouting"];
         assert_eq!(chain.hook.map(|h| h.priority), Some(SRCNAT));
         let rules: Vec<String> = chain.rules.iter().map(text).collect();
@@ -110,13 +114,13 @@ mod tests {
 
     #[test]
     fn host_bits_are_dropped_from_cidrs() {
-        let a = part(v4("10.244.1.7/24", "10.244.3.0/16"), None);
-        assert_eq!(a, part(ipv4(), None));
+        let a = part(Some(v4("10.244.1.7/24", "10.244.3.0/16")), None);
+        assert_eq!(a, part(Some(ipv4()), None));
     }
 
     #[test]
     fn ipv6_gets_the_same_three_rules_after_ipv4_and_ipv4_stays_as_it_was() {
-        let (single, dual) = (part(ipv4(), None), part(ipv4(), Some(ipv6())));
+        let (single, dual) = (part(Some(ipv4()), None), part(Some(ipv4()), Some(ipv6())));
         let rules = |p: &Part| -> Vec<String> { p.chains["masquerade-postrouting"].rules.iter().map(text).collect() };
         let (single, dual) = (rules(&single), rules(&dual));
         assert_eq!(dual.len(), 6, "{dual:#?}");
@@ -126,11 +130,13 @@ mod tests {
         assert!(dual[4].contains("ff00::") && dual[4].contains("accept"), "{}", dual[4]);
         assert!(dual[5].contains("masquerade") && dual[5].contains("fd00:10:244:1::"), "{}", dual[5]);
         assert!(!dual[5].contains("10.244"), "no IPv4 address in an IPv6 rule: {}", dual[5]);
+        let v6_only = rules(&part(None, Some(ipv6())));
+        assert_eq!(v6_only[..], dual[3..], "an IPv6-only node has the IPv6 rules alone");
     }
 
     #[test]
     fn fresh_table_gets_chain_counters_and_rules_and_then_converges() {
-        let p = part(ipv4(), None);
+        let p = part(Some(ipv4()), None);
         let ops = diff(&Observed::default(), &p);
         assert_eq!(ops.iter().filter(|o| matches!(o, Op::AddRule(..))).count(), 3);
         assert_eq!(ops.iter().filter(|o| matches!(o, Op::AddCounter(..))).count(), 2);
@@ -139,7 +145,8 @@ mod tests {
 
     #[test]
     fn changed_cidr_rewrites_the_chain_only() {
-        let ops = diff(&part(ipv4(), None).as_observed(), &part(v4("10.244.9.0/24", "10.244.0.0/16"), None));
+        let ops =
+            diff(&part(Some(ipv4()), None).as_observed(), &part(Some(v4("10.244.9.0/24", "10.244.0.0/16")), None));
         assert!(matches!(&ops[0], Op::FlushChain(c) if c == "masquerade-postrouting"), "{ops:?}");
         assert_eq!(ops.len(), 4, "flush and three rules: {ops:?}");
     }

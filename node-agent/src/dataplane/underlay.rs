@@ -1,10 +1,10 @@
 //! The underlay interface: the one carrying the node IP, whose MTU bounds
 //! the overlay's and whose subnet is the node's L2 segment.
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::IpAddr;
 
 use futures::TryStreamExt;
-use ipnet::Ipv4Net;
+use ipnet::IpNet;
 use netlink_packet_route::address::AddressAttribute;
 use netlink_packet_route::link::{LinkAttribute, LinkMessage};
 use rtnetlink::Handle;
@@ -18,24 +18,25 @@ pub struct Underlay {
     pub name: String,
     pub mtu: u32,
     /// The node IP with the interface's prefix length.
-    pub net: Ipv4Net,
+    pub net: IpNet,
 }
 
 /// Finds the underlay: the interface `name`, or when `None`, whichever
 /// interface carries `node_ip`. Either way `node_ip` must be on it.
-pub async fn find(h: &Handle, name: Option<&str>, node_ip: Ipv4Addr) -> Result<Underlay, DataplaneError> {
+pub async fn find(h: &Handle, name: Option<&str>, node_ip: IpAddr) -> Result<Underlay, DataplaneError> {
     let (index, net) = match name {
         Some(name) => {
             let l = link::by_name(h, name)
                 .await?
                 .ok_or_else(|| DataplaneError::Unexpected(format!("underlay interface {name} does not exist")))?;
-            let net = link::addresses(h, l.header.index).await?.into_iter().find(|n| n.addr() == node_ip).ok_or_else(
-                || {
-                    DataplaneError::Unexpected(format!(
-                        "node IP {node_ip} is not an address of underlay interface {name}"
-                    ))
-                },
-            )?;
+            let net =
+                link::all_addresses(h, l.header.index).await?.into_iter().find(|n| n.addr() == node_ip).ok_or_else(
+                    || {
+                        DataplaneError::Unexpected(format!(
+                            "node IP {node_ip} is not an address of underlay interface {name}"
+                        ))
+                    },
+                )?;
             (l.header.index, net)
         }
         None => carrying(h, node_ip)
@@ -62,10 +63,10 @@ pub async fn require_address(h: &Handle, ul: &Underlay, ip: IpAddr) -> Result<()
 }
 
 /// The interface index and subnet of the address `ip`, if any link has it.
-async fn carrying(h: &Handle, ip: Ipv4Addr) -> Result<Option<(u32, Ipv4Net)>, DataplaneError> {
+async fn carrying(h: &Handle, ip: IpAddr) -> Result<Option<(u32, IpNet)>, DataplaneError> {
     for msg in super::dump("list addresses", || h.address().get().execute()).await? {
-        let has = msg.attributes.iter().any(|a| matches!(a, AddressAttribute::Address(IpAddr::V4(a)) if *a == ip));
-        if has && let Ok(net) = Ipv4Net::new(ip, msg.header.prefix_len) {
+        let has = msg.attributes.iter().any(|a| matches!(a, AddressAttribute::Address(a) if *a == ip));
+        if has && let Ok(net) = IpNet::new(ip, msg.header.prefix_len) {
             return Ok(Some((msg.header.index, net)));
         }
     }

@@ -1,9 +1,9 @@
 //! The VXLAN device (`weft.1`): created or adopted, with its VTEP address,
 //! MTU and MAC, up, and with tx checksum offload off.
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::IpAddr;
 
-use ipnet::Ipv4Net;
+use ipnet::IpNet;
 use netlink_packet_route::address::{AddressAttribute, AddressMessage};
 use netlink_packet_route::link::{InfoData, InfoKind, InfoVxlan, LinkAttribute, LinkInfo, LinkMessage};
 use rtnetlink::{Handle, LinkUnspec, LinkVxlan};
@@ -27,9 +27,17 @@ pub fn mtu_for(underlay_mtu: u32, local: IpAddr) -> u32 {
 }
 
 /// A stable, locally administered unicast MAC for the VTEP of `node_ip`, so
-/// a recreated device keeps the MAC peers already have.
-pub fn mac_for(node_ip: Ipv4Addr) -> [u8; 6] {
-    let [a, b, c, d] = node_ip.octets();
+/// a recreated device keeps the MAC peers already have: an IPv4 address's
+/// four bytes, or a hash (FNV-1a) of all sixteen of an IPv6 one, whose last
+/// four bytes alone repeat across prefixes.
+pub fn mac_for(node_ip: IpAddr) -> [u8; 6] {
+    let [a, b, c, d] = match node_ip {
+        IpAddr::V4(ip) => ip.octets(),
+        IpAddr::V6(ip) => {
+            let hash = ip.octets().iter().fold(0x811c_9dc5u32, |h, b| (h ^ u32::from(*b)).wrapping_mul(0x0100_0193));
+            hash.to_be_bytes()
+        }
+    };
     [0x02, 0x57, a, b, c, d]
 }
 
@@ -45,8 +53,8 @@ pub struct VxlanSpec {
     pub underlay_index: u32,
     pub mtu: u32,
     pub mac: [u8; 6],
-    /// The VTEP address (pod CIDR network address /32).
-    pub address: Ipv4Net,
+    /// The VTEP address (pod CIDR network address /32, or /128).
+    pub address: IpNet,
     /// Turn tx checksum offload off (see [`disable_tx_checksum`]); only
     /// kernels with the bug need it, and it costs most of the throughput.
     pub tx_checksum_workaround: bool,
@@ -186,11 +194,18 @@ async fn ensure_only_address(h: &Handle, index: u32, spec: &VxlanSpec) -> Result
     let mut found = false;
     let mut stale: Vec<AddressMessage> = Vec::new();
     for msg in super::dump("list addresses", || h.address().get().set_link_index_filter(index).execute()).await? {
-        let v4 = msg.attributes.iter().find_map(|a| match a {
-            AddressAttribute::Address(IpAddr::V4(ip)) => Some(*ip),
+        // Of the VTEP address's family; the kernel's own IPv6 link-local
+        // address stays.
+        let same_family = msg.attributes.iter().find_map(|a| match a {
+            AddressAttribute::Address(IpAddr::V4(ip)) if spec.address.addr().is_ipv4() => Some(IpAddr::V4(*ip)),
+            AddressAttribute::Address(IpAddr::V6(ip))
+                if spec.address.addr().is_ipv6() && !ip.is_unicast_link_local() =>
+            {
+                Some(IpAddr::V6(*ip))
+            }
             _ => None,
         });
-        match v4 {
+        match same_family {
             Some(ip) if ip == spec.address.addr() && msg.header.prefix_len == spec.address.prefix_len() => found = true,
             Some(_) => stale.push(msg),
             None => {}
@@ -201,7 +216,9 @@ async fn ensure_only_address(h: &Handle, index: u32, spec: &VxlanSpec) -> Result
         changes.push("stale address removed".into());
     }
     if !found {
-        match h.address().add(index, spec.address.addr().into(), spec.address.prefix_len()).execute().await {
+        let mut req = h.address().add(index, spec.address.addr(), spec.address.prefix_len());
+        *req.message_mut() = super::link::address_message(index, spec.address);
+        match req.execute().await {
             Ok(()) => changes.push(format!("address {} added", spec.address)),
             Err(e) if errno(&e) == Some(libc::EEXIST) => {}
             Err(e) => return Err(op(format!("add {} to {}", spec.address, spec.name))(e)),
@@ -290,9 +307,13 @@ mod tests {
 
     #[test]
     fn vtep_mac_is_stable_unicast_and_local() {
-        let m = mac_for(Ipv4Addr::new(192, 168, 1, 7));
+        let m = mac_for(std::net::Ipv4Addr::new(192, 168, 1, 7).into());
         assert_eq!(m, [0x02, 0x57, 192, 168, 1, 7]);
         assert_eq!(m[0] & 0x01, 0, "unicast");
         assert_eq!(m[0] & 0x02, 0x02, "locally administered");
+        let v6 = |s: &str| mac_for(s.parse().unwrap());
+        assert_eq!(v6("fd00:250::2"), v6("fd00:250::2"), "stable");
+        assert_ne!(v6("fd00:250::2"), v6("fd00:251::2"), "the same host number in another prefix");
+        assert_eq!(&v6("fd00:250::2")[..2], &[0x02, 0x57]);
     }
 }

@@ -34,7 +34,7 @@ fn desired(a: &Allocation, node: &NodeAddresses, hp: &HostPorts) -> HostPortAllo
     HostPortAllocationSpec {
         pod_ref: PodRef { name: a.pod_name.clone(), uid: (!a.pod_uid.is_empty()).then(|| a.pod_uid.clone()) },
         node_name: node.name.clone(),
-        node_ip: node.ipv4.to_string(),
+        node_ip: node.node_ip.to_string(),
         node_ipv6: node.ipv6.filter(|_| a.pod_ipv6.is_some() || a.pod_ip.is_ipv6()).map(|ip| ip.to_string()),
         ports: a
             .ports
@@ -56,7 +56,8 @@ fn desired(a: &Allocation, node: &NodeAddresses, hp: &HostPorts) -> HostPortAllo
 #[derive(Debug, Clone)]
 pub struct NodeAddresses {
     pub name: String,
-    pub ipv4: std::net::Ipv4Addr,
+    /// IPv4, or IPv6 on an IPv6-only node.
+    pub node_ip: std::net::IpAddr,
     /// Published for pods with an IPv6 address.
     pub ipv6: Option<std::net::Ipv6Addr>,
 }
@@ -193,7 +194,7 @@ mod tests {
         };
         let node = NodeAddresses {
             name: "node-1".into(),
-            ipv4: "10.250.0.11".parse().unwrap(),
+            node_ip: "10.250.0.11".parse().unwrap(),
             ipv6: Some("fd00:250::11".parse().unwrap()),
         };
         let spec = desired(&a, &node, &hp);

@@ -25,9 +25,9 @@
 //! per-peer [`PeerError`] for the caller to report (Subnet conditions).
 
 use std::collections::{BTreeMap, HashMap};
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv6Addr};
 
-use ipnet::{IpNet, Ipv4Net, Ipv6Net};
+use ipnet::{IpNet, Ipv6Net};
 
 use super::entries::{Dev, EntryKey, Fdb, Mac, Neigh, Route, RouteKey};
 
@@ -41,12 +41,13 @@ pub struct Local {
     /// Peers with this name are this node's own Subnet and are skipped.
     pub node_name: String,
     /// The node IP with the prefix length of the underlay interface: peers
-    /// inside this subnet are on our L2 segment.
-    pub underlay: Ipv4Net,
-    pub pod_cidr: Ipv4Net,
+    /// inside this subnet are on our L2 segment. IPv4, or IPv6 in an
+    /// IPv6-only cluster, like `pod_cidr` and `cluster_cidr`.
+    pub underlay: IpNet,
+    pub pod_cidr: IpNet,
     /// This node's IPv6 block in a dual-stack cluster.
     pub pod_cidr6: Option<Ipv6Net>,
-    pub cluster_cidr: Ipv4Net,
+    pub cluster_cidr: IpNet,
     pub backend: Backend,
     /// VXLAN mode only: host-gw routes for peers on our L2 segment.
     pub direct_routing: bool,
@@ -56,7 +57,7 @@ pub struct Local {
 }
 
 impl Local {
-    pub fn node_ip(&self) -> Ipv4Addr {
+    pub fn node_ip(&self) -> IpAddr {
         self.underlay.addr()
     }
 }
@@ -65,10 +66,12 @@ impl Local {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Peer {
     pub node_name: String,
-    pub pod_cidr: Ipv4Net,
-    /// The peer's IPv6 block (`spec.cidrs`), in a dual-stack cluster.
+    /// IPv4, or IPv6 in an IPv6-only cluster.
+    pub pod_cidr: IpNet,
+    /// The peer's IPv6 block (`spec.cidrs`) beside an IPv4 `pod_cidr`, in a
+    /// dual-stack cluster.
     pub pod_cidr6: Option<Ipv6Net>,
-    pub node_ip: Ipv4Addr,
+    pub node_ip: IpAddr,
     /// The peer's IPv6 node address (`status.nodeIPv6`): host-gw's next hop
     /// for its IPv6 block.
     pub node_ipv6: Option<Ipv6Addr>,
@@ -94,24 +97,22 @@ impl Peer {
         vtep_mac: Option<&str>,
     ) -> Result<Self, PeerError> {
         let malformed = |field: &'static str, value: &str| PeerError::Malformed { field, value: value.to_owned() };
-        let pod_cidr = match cidr.parse::<IpNet>().map_err(|_| malformed("cidr", cidr))? {
-            IpNet::V4(n) if n == n.trunc() => n,
-            IpNet::V4(_) => return Err(malformed("cidr (host bits set)", cidr)),
-            IpNet::V6(_) => return Err(PeerError::Unsupported(format!("IPv6 pod CIDR {cidr}"))),
-        };
+        let pod_cidr = cidr.parse::<IpNet>().map_err(|_| malformed("cidr", cidr))?;
+        if pod_cidr != pod_cidr.trunc() {
+            return Err(malformed("cidr (host bits set)", cidr));
+        }
         let mut pod_cidr6 = None;
         for c in cidrs {
             match c.parse::<IpNet>().map_err(|_| malformed("cidrs", c))? {
-                IpNet::V6(n) if n == n.trunc() => pod_cidr6 = Some(n),
-                IpNet::V6(_) => return Err(malformed("cidrs (host bits set)", c)),
+                n if n == pod_cidr => {}
+                IpNet::V6(n) if n != n.trunc() => return Err(malformed("cidrs (host bits set)", c)),
+                IpNet::V6(_) if pod_cidr.addr().is_ipv6() => return Err(malformed("cidrs (a second IPv6 block)", c)),
+                IpNet::V6(n) => pod_cidr6 = Some(n),
                 IpNet::V4(_) => {}
             }
         }
         let node_ip = node_ip.ok_or(PeerError::MissingNodeIp)?;
-        let node_ip = match node_ip.parse::<IpAddr>().map_err(|_| malformed("nodeIP", node_ip))? {
-            IpAddr::V4(ip) => ip,
-            IpAddr::V6(_) => return Err(PeerError::Unsupported(format!("IPv6 node IP {node_ip}"))),
-        };
+        let node_ip = node_ip.parse::<IpAddr>().map_err(|_| malformed("nodeIP", node_ip))?;
         let node_ipv6 = match node_ipv6 {
             Some(text) => match text.parse::<Ipv6Addr>() {
                 Ok(ip) if !(ip.is_unspecified() || ip.is_loopback() || ip.is_multicast()) => Some(ip),
@@ -143,24 +144,24 @@ pub enum PeerError {
     Malformed { field: &'static str, value: String },
     #[error("no node IP published yet")]
     MissingNodeIp,
-    #[error("not supported yet: {0}")]
-    Unsupported(String),
     #[error("more than one Subnet for node {0}")]
     DuplicateNodeName(String),
     #[error("pod CIDR {peer} overlaps this node's pod CIDR {local}")]
-    CidrOverlapsLocal { peer: Ipv4Net, local: Ipv4Net },
+    CidrOverlapsLocal { peer: IpNet, local: IpNet },
     #[error("IPv6 block {peer} overlaps this node's IPv6 block {local}")]
     Ipv6BlockOverlapsLocal { peer: Ipv6Net, local: Ipv6Net },
     #[error("pod CIDR {peer} overlaps pod CIDR {other_cidr} of node {other}")]
-    CidrOverlapsPeer { peer: Ipv4Net, other: String, other_cidr: Ipv4Net },
+    CidrOverlapsPeer { peer: IpNet, other: String, other_cidr: IpNet },
     #[error("pod CIDR {peer} is outside the cluster CIDR {cluster}")]
-    CidrOutsideCluster { peer: Ipv4Net, cluster: Ipv4Net },
+    CidrOutsideCluster { peer: IpNet, cluster: IpNet },
     #[error("node IP {0} is not a usable unicast address")]
-    InvalidNodeIp(Ipv4Addr),
+    InvalidNodeIp(IpAddr),
+    #[error("node IP {peer} is not of the family of this node's IP {local}")]
+    NodeIpFamily { peer: IpAddr, local: IpAddr },
     #[error("node IP {0} is this node's own IP")]
-    NodeIpIsLocal(Ipv4Addr),
+    NodeIpIsLocal(IpAddr),
     #[error("node IP {node_ip} is not on this node's L2 segment {underlay}, which host-gw requires")]
-    NotOnSameL2 { node_ip: Ipv4Addr, underlay: Ipv4Net },
+    NotOnSameL2 { node_ip: IpAddr, underlay: IpNet },
     #[error("no VTEP MAC address announced, which VXLAN requires")]
     MissingVtepMac,
     #[error("no IPv6 node address published (status.nodeIPv6), which VXLAN over IPv6 requires")]
@@ -256,14 +257,21 @@ pub fn check_peer(local: &Local, p: &Peer) -> Result<PeerPath, PeerError> {
         return Err(PeerError::CidrOutsideCluster { peer: p.pod_cidr, cluster: local.cluster_cidr });
     }
     let ip = p.node_ip;
-    if ip.is_unspecified() || ip.is_loopback() || ip.is_multicast() || ip.is_broadcast() {
+    let broadcast = matches!(ip, IpAddr::V4(v4) if v4.is_broadcast());
+    if ip.is_unspecified() || ip.is_loopback() || ip.is_multicast() || broadcast {
         return Err(PeerError::InvalidNodeIp(ip));
+    }
+    if ip.is_ipv6() != local.node_ip().is_ipv6() {
+        return Err(PeerError::NodeIpFamily { peer: ip, local: local.node_ip() });
     }
     if ip == local.node_ip() {
         return Err(PeerError::NodeIpIsLocal(ip));
     }
-    // The peer's own network and broadcast addresses are not hosts.
-    if local.underlay.prefix_len() < 31 && (ip == local.underlay.network() || ip == local.underlay.broadcast()) {
+    // The segment's own network and broadcast addresses are not hosts.
+    if let IpNet::V4(underlay) = local.underlay
+        && underlay.prefix_len() < 31
+        && (ip == IpAddr::V4(underlay.network()) || ip == IpAddr::V4(underlay.broadcast()))
+    {
         return Err(PeerError::InvalidNodeIp(ip));
     }
     let same_l2 = local.underlay.contains(&ip);
@@ -296,9 +304,12 @@ fn tunnel_endpoint(local: &Local, p: &Peer) -> Result<IpAddr, PeerError> {
     if p.vxlan_underlay != local.vxlan_underlay {
         return Err(PeerError::VxlanUnderlayMismatch { local: local.vxlan_underlay, peer: p.vxlan_underlay });
     }
-    match local.vxlan_underlay {
-        VxlanUnderlay::Ipv6 => p.node_ipv6.map(IpAddr::V6).ok_or(PeerError::MissingNodeIpv6),
-        VxlanUnderlay::Ipv4 => Ok(p.node_ip.into()),
+    match (local.vxlan_underlay, p.node_ip) {
+        // An IPv6-only peer's node IP is its IPv6 address.
+        (VxlanUnderlay::Ipv6, IpAddr::V6(ip)) => Ok(p.node_ipv6.unwrap_or(ip).into()),
+        (VxlanUnderlay::Ipv6, IpAddr::V4(_)) => p.node_ipv6.map(IpAddr::V6).ok_or(PeerError::MissingNodeIpv6),
+        (VxlanUnderlay::Ipv4, IpAddr::V4(ip)) => Ok(ip.into()),
+        (VxlanUnderlay::Ipv4, ip) => Err(PeerError::NodeIpFamily { peer: ip, local: local.node_ip() }),
     }
 }
 
@@ -391,24 +402,24 @@ fn ipv6_path(local: &Local, p: &Peer, path: PeerPath) -> Option<PeerPath> {
 /// The entries of a valid peer; its IPv6 block's too when both it and this
 /// node have one and it can be reached ([`ipv6_path`]).
 fn add_entries(out: &mut Desired, local: &Local, p: &Peer, path: PeerPath) {
-    let ipv4 = Some((IpNet::V4(p.pod_cidr.trunc()), path));
+    let primary = Some((p.pod_cidr.trunc(), path));
     let ipv6 = p
         .pod_cidr6
         .filter(|_| local.pod_cidr6.is_some())
         .and_then(|b| Some((IpNet::V6(b), ipv6_path(local, p, path)?)));
-    for (dst, path) in [ipv4, ipv6].into_iter().flatten() {
+    for (dst, path) in [primary, ipv6].into_iter().flatten() {
         let metric = default_metric(&dst);
         let route = match (path, p.node_ipv6) {
             (PeerPath::HostGw, Some(next_hop)) if dst.addr().is_ipv6() => {
                 Route { dst, metric, via: next_hop.into(), dev: Dev::Underlay, onlink: true }
             }
-            (PeerPath::HostGw, _) => Route { dst, metric, via: p.node_ip.into(), dev: Dev::Underlay, onlink: false },
+            (PeerPath::HostGw, _) => Route { dst, metric, via: p.node_ip, dev: Dev::Underlay, onlink: false },
             (PeerPath::Vxlan(mac), _) => {
                 let vtep = dst.network();
                 out.neighs.insert(vtep, Neigh { ip: vtep, mac });
                 out.owners.insert(EntryKey::Neigh(vtep), p.node_name.clone());
                 // Checked by check_peer (or ipv6_path) before a path is VXLAN.
-                let endpoint = tunnel_endpoint(local, p).unwrap_or(p.node_ip.into());
+                let endpoint = tunnel_endpoint(local, p).unwrap_or(p.node_ip);
                 out.fdb.insert(mac, Fdb { mac, dst: endpoint });
                 out.owners.insert(EntryKey::Fdb(mac), p.node_name.clone());
                 Route { dst, metric, via: vtep, dev: Dev::Vxlan, onlink: true }
@@ -485,6 +496,59 @@ mod tests {
         assert_eq!(d.paths["n2"], PeerPath::Vxlan(Mac(M2)));
         assert_eq!(d.owners.len(), 3);
         assert!(d.owners.values().all(|o| o == "n2"));
+    }
+
+    fn local6(backend: Backend) -> Local {
+        Local {
+            underlay: net("fd00:250::1/64"),
+            pod_cidr: net("fd00:10:244:1::/64"),
+            cluster_cidr: net("fd00:10:244::/56"),
+            vxlan_underlay: VxlanUnderlay::Ipv6,
+            ..local(backend, false)
+        }
+    }
+
+    /// An IPv6-only cluster: the same entries as IPv4, of the other family.
+    #[test]
+    fn ipv6_only_peers_get_the_entries_of_their_one_family() {
+        let v6 = |name: &str, cidr: &str, node_ip: &str, backend| Peer {
+            node_name: name.into(),
+            pod_cidr: net(cidr),
+            pod_cidr6: None,
+            node_ip: ip(node_ip),
+            node_ipv6: None,
+            vtep_mac: Some(M2),
+            backend,
+            vxlan_underlay: VxlanUnderlay::Ipv6,
+        };
+        let d = compute(&local6(Backend::Vxlan), &[v6("n2", "fd00:10:244:2::/64", "fd00:251::2", Backend::Vxlan)]);
+        assert!(d.errors.is_empty(), "{:?}", d.errors);
+        let key = RouteKey { dst: net("fd00:10:244:2::/64"), metric: 1024 };
+        let via = ip("fd00:10:244:2::");
+        assert_eq!(d.routes[&key], Route { dst: key.dst, metric: 1024, via, dev: Dev::Vxlan, onlink: true });
+        assert_eq!(d.neighs[&via], Neigh { ip: via, mac: Mac(M2) });
+        assert_eq!(d.fdb[&Mac(M2)], Fdb { mac: Mac(M2), dst: ip("fd00:251::2") }, "to the peer's node IP");
+
+        let d = compute(&local6(Backend::HostGw), &[v6("n2", "fd00:10:244:2::/64", "fd00:250::2", Backend::HostGw)]);
+        assert!(d.errors.is_empty(), "{:?}", d.errors);
+        let route = &d.routes[&key];
+        assert_eq!((route.via, route.dev), (ip("fd00:250::2"), Dev::Underlay));
+        let d = compute(&local6(Backend::HostGw), &[v6("n3", "fd00:10:244:3::/64", "fd00:251::3", Backend::HostGw)]);
+        assert!(matches!(d.errors["n3"], PeerError::NotOnSameL2 { .. }), "{:?}", d.errors);
+
+        // A peer of the other family is refused, whichever side is IPv6.
+        let d = compute(&local6(Backend::Vxlan), &[v6("n2", "fd00:10:244:2::/64", "10.0.0.2", Backend::Vxlan)]);
+        assert!(
+            d.errors["n2"].to_string().contains("not of the family of this node's IP fd00:250::1"),
+            "{:?}",
+            d.errors
+        );
+        let d = compute(&local6(Backend::Vxlan), &[vx("n2", "10.244.2.0/24", "10.0.0.2", M2)]);
+        assert!(matches!(d.errors["n2"], PeerError::CidrOutsideCluster { .. }), "{:?}", d.errors);
+        let d =
+            compute(&local(Backend::Vxlan, false), &[v6("n2", "fd00:10:244:2::/64", "fd00:251::2", Backend::Vxlan)]);
+        assert!(matches!(d.errors["n2"], PeerError::CidrOutsideCluster { .. }), "{:?}", d.errors);
+        assert!(d.routes.is_empty());
     }
 
     #[test]
@@ -711,8 +775,14 @@ mod tests {
             PeerError::Malformed { field: "vtepMAC", .. }
         ));
         assert!(matches!(err("10.244.2.1/24", Some("10.0.0.2"), None), PeerError::Malformed { .. }));
-        assert!(matches!(err("fd00::/64", Some("10.0.0.2"), None), PeerError::Unsupported(_)));
-        assert!(matches!(err("10.244.2.0/24", Some("fd00::1"), None), PeerError::Unsupported(_)));
+        let v6_only = |cidrs: &[&str]| {
+            let cidrs: Vec<String> = cidrs.iter().map(|c| (*c).to_owned()).collect();
+            Peer::parse("n2", "fd00:10:244:2::/64", &cidrs, Backend::Vxlan, (Some("fd00:250::2"), None), None)
+        };
+        let p = v6_only(&["fd00:10:244:2::/64"]).unwrap();
+        assert_eq!((p.pod_cidr, p.pod_cidr6, p.node_ip), (net("fd00:10:244:2::/64"), None, ip("fd00:250::2")));
+        let e = v6_only(&["fd00:10:244:2::/64", "fd00:10:244:3::/64"]).unwrap_err();
+        assert!(matches!(e, PeerError::Malformed { field: "cidrs (a second IPv6 block)", .. }), "{e}");
         let with_v6 = |v6| Peer::parse("n2", "10.244.2.0/24", &[], Backend::HostGw, (Some("10.0.0.2"), Some(v6)), None);
         assert_eq!(with_v6("fd00:250::2").unwrap().node_ipv6, Some("fd00:250::2".parse().unwrap()));
         for bad in ["10.0.0.2", "::", "ff02::1", "fd00::zz"] {

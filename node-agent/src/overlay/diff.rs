@@ -44,18 +44,28 @@ pub struct Plan {
 }
 
 /// Where Weft's routes point: the cluster's IPv4 CIDR and its IPv6 one.
-/// Without the IPv6 one (an agent not told it) every IPv6 destination
-/// counts, so that host-gw IPv6 routes stay manageable.
+/// Without the IPv6 one (an agent of a dual-stack cluster not told it)
+/// every IPv6 destination counts, so that host-gw IPv6 routes stay
+/// manageable; an IPv6-only cluster has no IPv4 range.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ClusterRanges {
-    pub ipv4: Ipv4Net,
+    pub ipv4: Option<Ipv4Net>,
     pub ipv6: Option<Ipv6Net>,
 }
 
 impl ClusterRanges {
+    /// From the cluster CIDR (of either family) and the IPv6 one of a
+    /// dual-stack cluster.
+    pub fn new(cluster: IpNet, ipv6: Option<Ipv6Net>) -> Self {
+        match cluster {
+            IpNet::V4(n) => Self { ipv4: Some(n), ipv6 },
+            IpNet::V6(n) => Self { ipv4: None, ipv6: Some(n) },
+        }
+    }
+
     fn contains(&self, dst: &IpNet) -> bool {
         match dst {
-            IpNet::V4(n) => self.ipv4.contains(n),
+            IpNet::V4(n) => self.ipv4.is_some_and(|c| c.contains(n)),
             IpNet::V6(n) => self.ipv6.is_none_or(|c| c.contains(n)),
         }
     }
@@ -159,7 +169,7 @@ mod tests {
     use crate::overlay::desired::{self, Backend, Local, Peer, VxlanUnderlay};
 
     fn cluster() -> ClusterRanges {
-        ClusterRanges { ipv4: "10.0.0.0/8".parse().unwrap(), ipv6: Some("fd00:10::/48".parse().unwrap()) }
+        ClusterRanges::new("10.0.0.0/8".parse().unwrap(), Some("fd00:10::/48".parse().unwrap()))
     }
 
     fn local() -> Local {
@@ -181,7 +191,7 @@ mod tests {
             node_name: format!("node-{i}"),
             pod_cidr: format!("10.{}.{}.0/24", 1 + hi, lo).parse().unwrap(),
             pod_cidr6: None,
-            node_ip: Ipv4Addr::new(172, 16, hi, lo.max(1)),
+            node_ip: Ipv4Addr::new(172, 16, hi, lo.max(1)).into(),
             node_ipv6: None,
             vtep_mac: Some([0x02, 0x57, 0, 0, hi, lo]),
             backend: Backend::Vxlan,
@@ -263,7 +273,7 @@ mod tests {
         let observed = observed_from(&base);
 
         // Node IP changes: the FDB entry is replaced.
-        all[500].node_ip = Ipv4Addr::new(172, 17, 0, 9);
+        all[500].node_ip = Ipv4Addr::new(172, 17, 0, 9).into();
         let plan = diff(&desired::compute(&local(), &all), &observed, &cluster());
         assert_eq!(count(&plan), (0, 1, 0), "{:?}", plan.ops);
 
@@ -299,7 +309,7 @@ mod tests {
         let mut all = peers(3);
         let observed = observed_from(&desired::compute(&l, &all));
         l.direct_routing = true;
-        all[1].node_ip = Ipv4Addr::new(192, 168, 7, 7);
+        all[1].node_ip = Ipv4Addr::new(192, 168, 7, 7).into();
         let plan = diff(&desired::compute(&l, &all), &observed, &cluster());
         assert_eq!(count(&plan), (0, 1, 2), "{:?}", plan.ops);
     }
@@ -463,8 +473,8 @@ mod tests {
                         all.remove(i);
                     }
                     1 => all.push(peer(100 + rnd(100) as u32)),
-                    2 => all[i].node_ip = Ipv4Addr::new(172, 16, 200, rnd(250) as u8 + 1),
-                    3 => all[i].node_ip = Ipv4Addr::new(192, 168, 3, rnd(250) as u8 + 1),
+                    2 => all[i].node_ip = Ipv4Addr::new(172, 16, 200, rnd(250) as u8 + 1).into(),
+                    3 => all[i].node_ip = Ipv4Addr::new(192, 168, 3, rnd(250) as u8 + 1).into(),
                     4 => all[i].vtep_mac = Some([0x02, 0x58, 0, 0, 0, rnd(250) as u8]),
                     5 => all[i].vtep_mac = None,
                     6 => all[i].pod_cidr = format!("10.{}.{}.0/24", 1 + rnd(2), rnd(256)).parse().unwrap(),

@@ -170,7 +170,7 @@ impl Node {
     }
 
     fn config(&self, backend: Backend, direct_routing: bool) -> OverlayConfig {
-        let mut c = OverlayConfig::new(&self.name, self.ip, self.cidr, CLUSTER.parse().unwrap(), backend);
+        let mut c = OverlayConfig::new(&self.name, self.ip.into(), self.cidr.into(), CLUSTER.parse().unwrap(), backend);
         // Exercise the checksum workaround whatever this kernel needs.
         c.tx_checksum_workaround = true;
         c.direct_routing = direct_routing;
@@ -262,9 +262,9 @@ impl Cluster {
             .zip(announced)
             .map(|(n, a)| Peer {
                 node_name: n.name.clone(),
-                pod_cidr: n.cidr,
+                pod_cidr: n.cidr.into(),
                 pod_cidr6: None,
-                node_ip: n.ip,
+                node_ip: n.ip.into(),
                 node_ipv6: None,
                 vtep_mac: a.vtep_mac.map(|m| m.0),
                 backend: a.backend,
@@ -635,6 +635,85 @@ fn both_families_travel_over_vxlan_on_an_ipv6_underlay() {
     assert!(tcp_works(pod1, pod0, &format!("[{}]", pod_ipv6(0))), "TCP over IPv6");
 }
 
+/// IPv6-only nodes (node IP, pod block and cluster range all IPv6): over
+/// VXLAN the device tunnels from the node IP and carries the block's /128
+/// VTEP address, over host-gw the blocks are routed to the peers' node IPs;
+/// either way peers get IPv6 entries only, pods talk over IPv6 (MTU-sized
+/// packets too), and a second pass finds nothing to do.
+#[test]
+fn ipv6_only_nodes_reach_each_other_over_vxlan_and_host_gw() {
+    if !require_root() {
+        return;
+    }
+    for backend in [Backend::Vxlan, Backend::HostGw] {
+        let c = Cluster::new(&[50, 50]);
+        c.add_ipv6();
+        let config = |i: usize, n: &Node| {
+            let cluster = "fd00:10:244::/56".parse().unwrap();
+            let mut cfg = OverlayConfig::new(&n.name, node_ipv6(i).into(), block6(i).into(), cluster, backend);
+            cfg.tx_checksum_workaround = true;
+            cfg
+        };
+        let announced: Vec<LocalVtep> =
+            c.nodes
+                .iter()
+                .enumerate()
+                .map(|(i, n)| {
+                    let cfg = config(i, n);
+                    in_ns(n.ns.path(), move |h| async move {
+                        Reconciler::new(h, cfg).unwrap().ensure_local().await.unwrap()
+                    })
+                })
+                .collect();
+        let peers: Vec<Peer> = c
+            .nodes
+            .iter()
+            .zip(&announced)
+            .enumerate()
+            .map(|(i, (n, a))| Peer {
+                node_name: n.name.clone(),
+                pod_cidr: block6(i).into(),
+                pod_cidr6: None,
+                node_ip: node_ipv6(i).into(),
+                node_ipv6: None,
+                vtep_mac: a.vtep_mac.map(|m| m.0),
+                backend,
+                vxlan_underlay: VxlanUnderlay::Ipv6,
+            })
+            .collect();
+        for (i, n) in c.nodes.iter().enumerate() {
+            let first = reconcile(n, config(i, n), peers.clone());
+            assert_clean(&first, 1);
+            let want_ops = if backend == Backend::Vxlan { 3 } else { 1 };
+            assert_eq!(first.ops_planned, want_ops, "{backend}: IPv6 entries only");
+            let second = reconcile(n, config(i, n), peers.clone());
+            assert_eq!((second.ops_planned, second.local.device_changes.len()), (0, 0), "{backend}: converged");
+            n.pod.ip(&["link", "set", "eth0", "mtu", &announced[i].pod_mtu.to_string()]);
+            let peer_cidr = c.nodes[1 - i].cidr.to_string();
+            assert!(!n.ns.ip(&["-4", "route"]).contains(&peer_cidr), "{backend}: no IPv4 route to the peer's pods");
+        }
+        let node0 = &c.nodes[0].ns;
+        if backend == Backend::Vxlan {
+            assert_eq!(announced[0].pod_mtu, 1500 - 70);
+            let device = node0.ip(&["-d", "link", "show", "weft.1"]);
+            assert!(device.contains("local fd00:250::1"), "{device}");
+            let vtep = node0.ip(&["-6", "-o", "addr", "show", "dev", "weft.1", "scope", "global"]);
+            assert!(vtep.contains("fd00:10:244:1::/128"), "{vtep}");
+            let fdb = node0.sh("bridge", &["fdb", "show", "dev", "weft.1"]);
+            assert!(fdb.contains("dst fd00:250::2"), "{fdb}");
+        } else {
+            let route = node0.ip(&["-6", "route", "show", "fd00:10:244:2::/64"]);
+            assert!(route.contains("via fd00:250::2 dev ul"), "{route}");
+        }
+        let (pod0, pod1) = (&c.nodes[0].pod, &c.nodes[1].pod);
+        assert!(pod0.ping(&pod_ipv6(1)) && pod1.ping(&pod_ipv6(0)), "{backend}: pod to pod over IPv6");
+        let payload = (announced[0].pod_mtu - 48).to_string();
+        let full = pod0.exec("ping", &["-c", "1", "-W", "2", "-M", "do", "-s", &payload, &pod_ipv6(1)]);
+        assert!(full.status.success(), "{backend}: an MTU-sized IPv6 packet");
+        assert!(tcp_works(pod1, pod0, &format!("[{}]", pod_ipv6(0))), "{backend}: TCP over IPv6");
+    }
+}
+
 /// host-gw routes a dual-stack peer's IPv6 block to the peer's IPv6 node
 /// address on the underlay; pods talk over IPv6, and a second pass finds
 /// nothing to do.
@@ -687,7 +766,7 @@ fn masquerade_only_traffic_leaving_the_cluster() {
 
     let masq = |n: &Node| {
         let ranges = masquerade::Ranges { pods: n.cidr, cluster: CLUSTER.parse().unwrap() };
-        in_ns(n.ns.path(), move |_| async move { masquerade::ensure(ranges, None).expect("masquerade") })
+        in_ns(n.ns.path(), move |_| async move { masquerade::ensure(Some(ranges), None).expect("masquerade") })
     };
     assert!(masq(n1), "first ensure writes");
     assert!(!masq(n1), "second ensure finds everything in place");
@@ -794,9 +873,9 @@ fn bench_thousand_peers() {
             let [_, _, hi, lo] = i.to_be_bytes();
             Peer {
                 node_name: format!("peer-{i}"),
-                pod_cidr: Ipv4Net::new(Ipv4Addr::new(10, hi, lo, 0), 24).unwrap(),
+                pod_cidr: Ipv4Net::new(Ipv4Addr::new(10, hi, lo, 0), 24).unwrap().into(),
                 pod_cidr6: None,
-                node_ip: Ipv4Addr::new(172, 17, hi, lo),
+                node_ip: Ipv4Addr::new(172, 17, hi, lo).into(),
                 node_ipv6: None,
                 vtep_mac: Some([0x02, 0x57, 0, 0, hi, lo]),
                 backend: Backend::Vxlan,
@@ -811,7 +890,7 @@ fn bench_thousand_peers() {
     let full = run(&peers);
     assert_clean(&full, 1000);
     let noop = run(&peers);
-    peers[499].node_ip = Ipv4Addr::new(172, 18, 0, 1);
+    peers[499].node_ip = Ipv4Addr::new(172, 18, 0, 1).into();
     peers[500].vtep_mac = Some([0x02, 0x57, 9, 9, 9, 9]);
     let change = run(&peers);
     assert_eq!(noop.ops_planned, 0);

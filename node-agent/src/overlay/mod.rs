@@ -17,10 +17,10 @@ pub use crate::dataplane::entries;
 mod kernel_tests;
 
 use std::collections::BTreeMap;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv6Addr};
 use std::time::{Duration, Instant};
 
-use ipnet::{Ipv4Net, Ipv6Net};
+use ipnet::{IpNet, Ipv6Net};
 use rtnetlink::Handle;
 
 use crate::dataplane::routes::{self, Devices};
@@ -36,16 +36,18 @@ pub const DEFAULT_VNI: u32 = 1;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OverlayConfig {
     pub node_name: String,
-    pub node_ip: Ipv4Addr,
+    /// IPv4, or IPv6 on an IPv6-only node.
+    pub node_ip: IpAddr,
     /// This node's IPv6 address (`--node-ips`), when it has one.
     pub node_ipv6: Option<Ipv6Addr>,
     /// Which node addresses VXLAN packets travel between: with IPv6 the
     /// device's `local` is `node_ipv6`, else `node_ip`.
     pub vxlan_underlay: VxlanUnderlay,
-    pub pod_cidr: Ipv4Net,
+    /// IPv4, or IPv6 on an IPv6-only node (the family of `node_ip`).
+    pub pod_cidr: IpNet,
     /// This node's IPv6 block in a dual-stack cluster.
     pub pod_cidr6: Option<Ipv6Net>,
-    pub cluster_cidr: Ipv4Net,
+    pub cluster_cidr: IpNet,
     /// The cluster's IPv6 range (`--ipv6-cluster-cidr`): IPv6 routes into
     /// it are Weft's.
     pub cluster_cidr6: Option<Ipv6Net>,
@@ -69,12 +71,13 @@ pub struct OverlayConfig {
 impl OverlayConfig {
     /// Defaults: VNI 1, port 8472, device `weft.1`, no direct routing,
     /// underlay and MTU detected.
-    pub fn new(node_name: &str, node_ip: Ipv4Addr, pod_cidr: Ipv4Net, cluster_cidr: Ipv4Net, backend: Backend) -> Self {
+    /// The VXLAN underlay is the family of `node_ip`.
+    pub fn new(node_name: &str, node_ip: IpAddr, pod_cidr: IpNet, cluster_cidr: IpNet, backend: Backend) -> Self {
         Self {
             node_name: node_name.to_owned(),
             node_ip,
             node_ipv6: None,
-            vxlan_underlay: VxlanUnderlay::Ipv4,
+            vxlan_underlay: if node_ip.is_ipv6() { VxlanUnderlay::Ipv6 } else { VxlanUnderlay::Ipv4 },
             pod_cidr,
             pod_cidr6: None,
             cluster_cidr,
@@ -96,6 +99,18 @@ impl OverlayConfig {
         if !self.cluster_cidr.contains(&self.pod_cidr) {
             return bad(format!("pod CIDR {} is outside the cluster CIDR {}", self.pod_cidr, self.cluster_cidr));
         }
+        if self.pod_cidr.addr().is_ipv6() != self.node_ip.is_ipv6() {
+            return bad(format!("pod CIDR {} and node IP {} are of different families", self.pod_cidr, self.node_ip));
+        }
+        if self.node_ip.is_ipv6() && self.pod_cidr6.is_some() {
+            return bad("an IPv6 pod CIDR takes no second IPv6 block".into());
+        }
+        if self.node_ip.is_ipv6() && self.uses_vxlan() && self.vxlan_underlay == VxlanUnderlay::Ipv4 {
+            return bad(format!(
+                "node IP {} is IPv6: VXLAN runs over the IPv6 underlay (--vxlan-underlay ipv6)",
+                self.node_ip
+            ));
+        }
         if self.vni == 0 || self.vni >= 1 << 24 {
             return bad(format!("VNI {} is not in 1..16777215", self.vni));
         }
@@ -112,7 +127,7 @@ impl OverlayConfig {
         {
             return bad(format!("MTU {mtu} is not in 68..65535"));
         }
-        if self.vxlan_underlay == VxlanUnderlay::Ipv6 && self.uses_vxlan() && self.node_ipv6.is_none() {
+        if self.vxlan_underlay == VxlanUnderlay::Ipv6 && self.uses_vxlan() && self.node_ipv6().is_none() {
             return bad("VXLAN over IPv6 needs this node's IPv6 address (--node-ips)".into());
         }
         Ok(())
@@ -122,9 +137,17 @@ impl OverlayConfig {
         self.backend == Backend::Vxlan
     }
 
-    /// The VTEP address: the pod CIDR's network address, /32.
-    pub fn vtep_ip(&self) -> Ipv4Addr {
+    /// The VTEP address: the pod CIDR's network address, /32 (/128).
+    pub fn vtep_ip(&self) -> IpAddr {
         self.pod_cidr.network()
+    }
+
+    /// This node's IPv6 address: `node_ipv6`, or `node_ip` on an IPv6-only node.
+    fn node_ipv6(&self) -> Option<Ipv6Addr> {
+        match self.node_ip {
+            IpAddr::V6(v6) => Some(v6),
+            IpAddr::V4(_) => self.node_ipv6,
+        }
     }
 
     fn vtep_mac(&self) -> Mac {
@@ -133,9 +156,9 @@ impl OverlayConfig {
 
     /// The source address of this node's VXLAN packets.
     fn tunnel_local(&self) -> IpAddr {
-        match self.node_ipv6 {
+        match self.node_ipv6() {
             Some(v6) if self.vxlan_underlay == VxlanUnderlay::Ipv6 => v6.into(),
-            _ => self.node_ip.into(),
+            _ => self.node_ip,
         }
     }
 }
@@ -156,9 +179,9 @@ pub enum OverlayError {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LocalVtep {
     pub backend: Backend,
-    pub node_ip: Ipv4Addr,
+    pub node_ip: IpAddr,
     /// VXLAN only.
-    pub vtep_ip: Option<Ipv4Addr>,
+    pub vtep_ip: Option<IpAddr>,
     /// VXLAN only.
     pub vtep_mac: Option<Mac>,
     pub underlay: String,
@@ -238,8 +261,8 @@ impl Reconciler {
         };
         let vxlan_index = if cfg.uses_vxlan() {
             let local_ip = cfg.tunnel_local();
-            if let IpAddr::V6(v6) = local_ip {
-                underlay::require_address(h, &ul, v6.into()).await.map_err(OverlayError::Underlay)?;
+            if local_ip != cfg.node_ip {
+                underlay::require_address(h, &ul, local_ip).await.map_err(OverlayError::Underlay)?;
             }
             let mtu = cfg.mtu.unwrap_or_else(|| vxlan::mtu_for(ul.mtu, local_ip));
             let spec = vxlan::VxlanSpec {
@@ -250,7 +273,7 @@ impl Reconciler {
                 underlay_index: ul.index,
                 mtu,
                 mac: cfg.vtep_mac().0,
-                address: Ipv4Net::new(cfg.vtep_ip(), 32).map_err(|e| OverlayError::Config(e.to_string()))?,
+                address: IpNet::from(cfg.vtep_ip()),
                 tx_checksum_workaround: cfg.tx_checksum_workaround,
             };
             let dev = vxlan::ensure(h, &spec).await.map_err(OverlayError::Device)?;
@@ -290,7 +313,7 @@ impl Reconciler {
             peers,
         );
         let have = routes::observe(&self.handle, &devs).await.map_err(OverlayError::Observe)?;
-        let cluster = diff::ClusterRanges { ipv4: self.cfg.cluster_cidr, ipv6: self.cfg.cluster_cidr6 };
+        let cluster = diff::ClusterRanges::new(self.cfg.cluster_cidr, self.cfg.cluster_cidr6);
         let plan = diff::diff(&want, &have, &cluster);
 
         let mut peer_errors: BTreeMap<String, PeerIssue> =
@@ -361,7 +384,7 @@ mod tests {
     fn defaults_follow_flannel() {
         let c = cfg();
         assert_eq!((c.vni, c.port, c.device.as_str()), (1, 8472, "weft.1"));
-        assert_eq!(c.vtep_ip(), "10.244.1.0".parse::<Ipv4Addr>().unwrap());
+        assert_eq!(c.vtep_ip(), "10.244.1.0".parse::<IpAddr>().unwrap());
         assert!(c.vtep_mac().is_valid_unicast());
         assert!(c.validate().is_ok());
     }
@@ -391,5 +414,31 @@ mod tests {
         c.node_ipv6 = Some("fd00::1".parse().unwrap());
         assert!(c.validate().is_ok());
         assert_eq!(c.tunnel_local(), "fd00::1".parse::<IpAddr>().unwrap());
+    }
+
+    #[test]
+    fn an_ipv6_only_node_tunnels_from_its_node_ip_over_ipv6() {
+        let c = OverlayConfig::new(
+            "n1",
+            "fd00:250::1".parse().unwrap(),
+            "fd00:10:244:1::/64".parse().unwrap(),
+            "fd00:10:244::/56".parse().unwrap(),
+            Backend::Vxlan,
+        );
+        assert!(c.validate().is_ok(), "{:?}", c.validate());
+        assert_eq!(c.vxlan_underlay, VxlanUnderlay::Ipv6);
+        assert_eq!(c.tunnel_local(), "fd00:250::1".parse::<IpAddr>().unwrap());
+        assert_eq!(c.vtep_ip(), "fd00:10:244:1::".parse::<IpAddr>().unwrap());
+        let mut over_v4 = c.clone();
+        over_v4.vxlan_underlay = VxlanUnderlay::Ipv4;
+        let e = over_v4.validate().unwrap_err().to_string();
+        assert!(e.contains("VXLAN runs over the IPv6 underlay"), "{e}");
+        let mut mixed = c.clone();
+        mixed.pod_cidr = "10.244.1.0/24".parse().unwrap();
+        mixed.cluster_cidr = "10.244.0.0/16".parse().unwrap();
+        assert!(mixed.validate().unwrap_err().to_string().contains("different families"));
+        let mut second = c;
+        second.pod_cidr6 = Some("fd00:11::/64".parse().unwrap());
+        assert!(second.validate().unwrap_err().to_string().contains("no second IPv6 block"));
     }
 }
