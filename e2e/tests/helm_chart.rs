@@ -517,6 +517,19 @@ fn dual_stack_values_reach_the_operator_and_the_agents() {
         let (_, agent) = containers(sets);
         assert_eq!(env(&agent, "WEFT_VXLAN_UNDERLAY")["value"], "ipv6", "{sets:?}");
     }
+    // IPv6-only: the IPv6 CIDR is the cluster CIDR, with its own prefix
+    // length, and nothing is secondary.
+    let (op, agent) = containers(&[
+        "network.clusterCIDR=null",
+        "network.ipv6ClusterCIDR=fd00:10:244::/56",
+        "network.ipv6Masquerade=on",
+    ]);
+    assert_eq!(env(&op, "WEFT_CLUSTER_CIDR")["value"], "fd00:10:244::/56");
+    assert_eq!(env(&op, "WEFT_NODE_PREFIX_LENGTH")["value"], "64");
+    assert!(!names(&op).contains(&"WEFT_SECONDARY_CLUSTER_CIDR".into()), "{:?}", names(&op));
+    assert_eq!(env(&agent, "WEFT_CLUSTER_CIDR")["value"], "fd00:10:244::/56");
+    assert_eq!(env(&agent, "WEFT_IPV6_MASQUERADE")["value"], "on");
+    assert!(!names(&agent).contains(&"WEFT_IPV6_CLUSTER_CIDR".into()), "{:?}", names(&agent));
 }
 
 #[test]
@@ -559,6 +572,7 @@ fn schema_and_checks_reject_bad_values_with_clear_messages() {
             "network.ipv6ClusterCIDR=fd00::/56,network.ipv6NodePrefixLength=121",
             "network.ipv6NodePrefixLength (121) leaves fewer IPv6 addresses per node",
         ),
+        ("network.clusterCIDR=null", "set network.clusterCIDR (IPv4), network.ipv6ClusterCIDR with clusterCIDR null"),
     ] {
         let err = helm.fails(&["template", "rel", chart, "--set", set]);
         assert!(err.contains(expected), "--set {set}: expected {expected:?} in:\n{err}");

@@ -113,8 +113,9 @@ async fn run(config: Config) -> anyhow::Result<()> {
     tokio::spawn(attach::repair::run(Arc::clone(&agent)));
     if let (Some(c), Some(node_ip)) = (&client, config.node_ip) {
         let (resync, hp) = (config.resync(), Arc::clone(&agent.hostports));
-        let node =
-            hostport::publish::NodeAddresses { name: config.node_name.clone(), node_ip, ipv6: config.node_ipv6() };
+        // An IPv6-only node's IPv6 address is its node IP: listed once.
+        let ipv6 = config.node_ipv6().filter(|v6| std::net::IpAddr::V6(*v6) != node_ip);
+        let node = hostport::publish::NodeAddresses { name: config.node_name.clone(), node_ip, ipv6 };
         tokio::spawn(hostport::publish::run(c.clone(), node, hp, resync));
     }
     // Bridged pods need bridge netfilter (policy between local pods), routed

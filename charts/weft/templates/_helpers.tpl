@@ -35,19 +35,37 @@ app.kubernetes.io/component: agent
 {{- printf "%s:%s" $img.repository (default .root.Chart.AppVersion $img.tag) -}}
 {{- end -}}
 
+{{/* The cluster's primary pod CIDR and its per-node prefix length: the IPv4
+ones, or in an IPv6-only cluster (clusterCIDR null) the IPv6 ones. */}}
+{{- define "weft.clusterCIDR" -}}
+{{- .Values.network.clusterCIDR | default .Values.network.ipv6ClusterCIDR -}}
+{{- end -}}
+{{- define "weft.nodePrefixLength" -}}
+{{- if .Values.network.clusterCIDR -}}{{ .Values.network.nodePrefixLength }}{{- else -}}{{ .Values.network.ipv6NodePrefixLength }}{{- end -}}
+{{- end -}}
+{{/* "true" when the cluster is dual-stack: an IPv4 CIDR and an IPv6 one. */}}
+{{- define "weft.dualStack" -}}
+{{- if and .Values.network.clusterCIDR .Values.network.ipv6ClusterCIDR -}}true{{- end -}}
+{{- end -}}
+
 {{/* Checks that the schema cannot express; fails the render with a clear message. */}}
 {{- define "weft.validate" -}}
 {{- $n := .Values.network -}}
-{{- $clusterPrefix := int (last (splitList "/" $n.clusterCIDR)) -}}
+{{- if not (or $n.clusterCIDR $n.ipv6ClusterCIDR) -}}
+{{- fail "set network.clusterCIDR (IPv4), network.ipv6ClusterCIDR with clusterCIDR null (IPv6-only), or both (dual-stack)" -}}
+{{- end -}}
+{{- with $n.clusterCIDR -}}
+{{- $clusterPrefix := int (last (splitList "/" .)) -}}
 {{- if le (int $n.nodePrefixLength) $clusterPrefix -}}
-{{- fail (printf "network.nodePrefixLength (%d) must be longer than the prefix of network.clusterCIDR (%s)" (int $n.nodePrefixLength) $n.clusterCIDR) -}}
+{{- fail (printf "network.nodePrefixLength (%d) must be longer than the prefix of network.clusterCIDR (%s)" (int $n.nodePrefixLength) .) -}}
+{{- end -}}
 {{- end -}}
 {{- with $n.ipv6ClusterCIDR -}}
 {{- $v6Prefix := int (last (splitList "/" .)) -}}
 {{- if le (int $n.ipv6NodePrefixLength) $v6Prefix -}}
 {{- fail (printf "network.ipv6NodePrefixLength (%d) must be longer than the prefix of network.ipv6ClusterCIDR (%s)" (int $n.ipv6NodePrefixLength) .) -}}
 {{- end -}}
-{{- if gt (int $n.ipv6NodePrefixLength) (sub 128 (sub 32 (int $n.nodePrefixLength))) -}}
+{{- if and $n.clusterCIDR (gt (int $n.ipv6NodePrefixLength) (sub 128 (sub 32 (int $n.nodePrefixLength)))) -}}
 {{- fail (printf "network.ipv6NodePrefixLength (%d) leaves fewer IPv6 addresses per node than network.nodePrefixLength (%d) leaves IPv4 ones" (int $n.ipv6NodePrefixLength) (int $n.nodePrefixLength)) -}}
 {{- end -}}
 {{- end -}}

@@ -26,6 +26,10 @@ enum Cmd {
         /// vxlan or host-gw.
         #[arg(long, default_value = "vxlan")]
         backend: String,
+        /// IPv6-only: the nodes' IPs (their IPv6 addresses), the cluster
+        /// CIDR (fd00:10:244::/56) and so the pods are IPv6.
+        #[arg(long)]
+        ipv6_only: bool,
         /// An extra flag for every agent, e.g. --agent-arg=--host-port-range=20000-20009 (repeatable).
         #[arg(long = "agent-arg", allow_hyphen_values = true)]
         agent_args: Vec<String>,
@@ -167,9 +171,9 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     match cli.command {
-        Cmd::Up { nodes, backend, agent_args, operator_args } => {
+        Cmd::Up { nodes, backend, ipv6_only, agent_args, operator_args } => {
             anyhow::ensure!(["vxlan", "host-gw"].contains(&backend.as_str()), "--backend must be vxlan or host-gw");
-            let state = cluster::up(nodes, &backend, &agent_args, &operator_args)?;
+            let state = cluster::up(nodes, &backend, ipv6_only, &agent_args, &operator_args)?;
             print_status(&state);
             println!("\nkubeconfig: {}", state.kubeconfig.display());
             println!("try: e2e/sandbox.sh kubectl get subnets; e2e/sandbox.sh add-pod web -l app=web");

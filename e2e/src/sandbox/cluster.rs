@@ -23,7 +23,13 @@ pub fn locks() -> crate::supervisor::MachineLocks {
 
 /// Starts the supervisor in the background and waits until the cluster is
 /// ready (every node's Subnet Ready and its peers programmed).
-pub fn up(nodes: usize, backend: &str, agent_args: &[String], operator_args: &[String]) -> anyhow::Result<State> {
+pub fn up(
+    nodes: usize,
+    backend: &str,
+    ipv6_only: bool,
+    agent_args: &[String],
+    operator_args: &[String],
+) -> anyhow::Result<State> {
     let _starting = locks().starting()?;
     match locks().try_supervisor()? {
         // Free: nothing runs, so leftovers of a crashed sandbox may go.
@@ -37,6 +43,7 @@ pub fn up(nodes: usize, backend: &str, agent_args: &[String], operator_args: &[S
     let _ = std::fs::remove_file(&log);
     super::ExtraArgs::Agent.save(agent_args)?;
     super::ExtraArgs::Operator.save(operator_args)?;
+    super::set_ipv6_only(ipv6_only)?;
     let mut cmd = Command::new(std::env::current_exe()?);
     cmd.args(["supervise", "--nodes", &nodes.to_string(), "--backend", backend]);
     let mut child = super::spawn_detached(cmd, &log)?;

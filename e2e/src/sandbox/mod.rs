@@ -34,11 +34,37 @@ pub const CP_NS: &str = "weft-sbx-cp";
 pub const CP_IP: Ipv4Addr = Ipv4Addr::new(10, 250, 0, 1);
 pub const UNDERLAY_PREFIX: u8 = 24;
 pub const CLUSTER_CIDR: &str = "10.244.0.0/16";
+/// The cluster CIDR of an IPv6-only sandbox (`up --ipv6-only`).
+pub const CLUSTER_CIDR6: &str = "fd00:10:244::/56";
+/// The marker `up --ipv6-only` leaves in the state directory.
+const IPV6_ONLY: &str = "ipv6-only";
 pub const FORWARD_PORT: u16 = 16443;
 
 /// Where the sandbox keeps its state (`$WEFT_SANDBOX_DIR`, default /run/weft-sandbox).
 pub fn state_dir() -> PathBuf {
     std::env::var_os("WEFT_SANDBOX_DIR").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/run/weft-sandbox"))
+}
+
+/// Whether the sandbox is IPv6-only: the nodes' IPs (their IPv6
+/// addresses), the cluster CIDR and so the pods are IPv6.
+pub fn ipv6_only() -> bool {
+    state_dir().join(IPV6_ONLY).exists()
+}
+
+/// Records whether the sandbox being started is IPv6-only.
+pub fn set_ipv6_only(on: bool) -> anyhow::Result<()> {
+    let marker = state_dir().join(IPV6_ONLY);
+    let done = if on { std::fs::write(&marker, b"") } else { std::fs::remove_file(&marker).or_else(ignore_missing) };
+    done.with_context(|| format!("cannot write {}", marker.display()))
+}
+
+fn ignore_missing(e: std::io::Error) -> std::io::Result<()> {
+    if e.kind() == std::io::ErrorKind::NotFound { Ok(()) } else { Err(e) }
+}
+
+/// This sandbox's cluster CIDR.
+pub fn cluster_cidr() -> &'static str {
+    if ipv6_only() { CLUSTER_CIDR6 } else { CLUSTER_CIDR }
 }
 
 pub fn node_ns(name: &str) -> String {

@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
-use super::{CLUSTER_CIDR, NodeInfo, State, UNDERLAY_NS, UNDERLAY_PREFIX, UNDERLAY_PREFIX6, ip, state_dir};
+use super::{NodeInfo, State, UNDERLAY_NS, UNDERLAY_PREFIX, UNDERLAY_PREFIX6, ip, state_dir};
 use crate::bins;
 
 /// Creates `netns` (loopback up) with a veth to the underlay bridge carrying `addr`.
@@ -72,7 +72,8 @@ pub fn start_agent(node: &NodeInfo, kubeconfig: &Path) -> anyhow::Result<u32> {
     let dir = state_dir().join(&node.name);
     let mut cmd = super::cluster::in_ns(&node.netns, &bins::weft("weft-agent"));
     let node_ips = format!("{},{}", node.ip, super::node_ipv6(node.ip));
-    cmd.args(["--node-name", &node.name, "--node-ip", &node.ip.to_string(), "--cluster-cidr", CLUSTER_CIDR])
+    let node_ip = if super::ipv6_only() { super::node_ipv6(node.ip).to_string() } else { node.ip.to_string() };
+    cmd.args(["--node-name", &node.name, "--node-ip", &node_ip, "--cluster-cidr", super::cluster_cidr()])
         .args(["--node-ips", &node_ips])
         .arg("--kubeconfig")
         .arg(kubeconfig)

@@ -9,7 +9,7 @@ use anyhow::Context;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
 
-use super::{CLUSTER_CIDR, CP_NS, state_dir};
+use super::{CP_NS, state_dir};
 use crate::bins;
 
 /// Replica names; the first serves metrics on :9090 and leads after `up`,
@@ -32,7 +32,7 @@ pub fn start(replica: &str, kubeconfig: &Path, backend: &str) -> anyhow::Result<
     let mut op = super::cluster::in_ns(CP_NS, &bins::weft("weft-operator"));
     op.env("KUBECONFIG", kubeconfig).args([
         format!("--identity={}", identity(replica)),
-        format!("--cluster-cidr={CLUSTER_CIDR}"),
+        format!("--cluster-cidr={}", super::cluster_cidr()),
         format!("--backend={backend}"),
         format!("--metrics-addr=0.0.0.0:{port}"),
         // del-node removes a node for good: no need to wait for it to return.
@@ -42,6 +42,9 @@ pub fn start(replica: &str, kubeconfig: &Path, backend: &str) -> anyhow::Result<
         "--renew-deadline-seconds=3".to_owned(),
         "--retry-period-seconds=1".to_owned(),
     ]);
+    if super::ipv6_only() {
+        op.arg("--node-prefix-length=64");
+    }
     op.args(super::ExtraArgs::Operator.load());
     let log = state_dir().join(format!("operator-{replica}.log"));
     let pid = super::spawn_detached(op, &log)?.id();

@@ -251,7 +251,8 @@ pub async fn add(
     }
     let result = out.json();
     rec.ip = crate::cni::pod_ip(&result);
-    rec.ip6 = crate::cni::pod_ip6(&result);
+    // An IPv6-only pod's one address is its `ip`, not a second one.
+    rec.ip6 = crate::cni::pod_ip6(&result).filter(|v6| *v6 != rec.ip);
     let finished = async {
         if options.vm {
             wire_vm(&mut rec, &result)?;
@@ -320,7 +321,8 @@ async fn create_pod_object(
 async fn register(state: &State, rec: &mut PodRecord) -> anyhow::Result<()> {
     let client = crate::control_plane::kube_util::client_from(&state.kubeconfig).await?;
     let pods = Api::<Pod>::namespaced(client, &rec.namespace);
-    let host_ip = state.node(&rec.node)?.ip.to_string();
+    let node_ip = state.node(&rec.node)?.ip;
+    let host_ip = if super::ipv6_only() { super::node_ipv6(node_ip).to_string() } else { node_ip.to_string() };
     let pod_ips: Vec<_> = std::iter::once(&rec.ip).chain(&rec.ip6).map(|ip| json!({"ip": ip})).collect();
     let status = json!({"status": {"phase": "Running", "podIP": rec.ip, "podIPs": pod_ips, "hostIP": host_ip}});
     pods.patch_status(&rec.name, &PatchParams::default(), &Patch::Merge(&status)).await?;

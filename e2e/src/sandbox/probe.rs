@@ -76,9 +76,11 @@ pub enum Family {
 impl Family {
     /// The pod's address of this family (a pod without one is never reached).
     pub fn address_of(self, pod: &PodRecord) -> Option<&str> {
+        // An IPv6-only pod's one address is its `ip`.
+        let v6 = pod.ip.contains(':');
         match self {
-            Family::Ipv4 => Some(&pod.ip),
-            Family::Ipv6 => pod.ip6.as_deref(),
+            Family::Ipv4 => Some(pod.ip.as_str()).filter(|_| !v6),
+            Family::Ipv6 => pod.ip6.as_deref().or(Some(pod.ip.as_str()).filter(|_| v6)),
         }
     }
 }
