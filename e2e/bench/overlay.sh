@@ -5,7 +5,8 @@
 #                routed (--pod-attachment routed), then bridged (the default)
 #   weft vxlan, IPv6 pod traffic (dual-stack, bridged pods) vs the hand-built
 #                VXLAN carrying IPv6, both over the IPv4 underlay, then both
-#                over the IPv6 underlay (--vxlan-underlay ipv6)
+#                over the IPv6 underlay (--vxlan-underlay ipv6), then an
+#                IPv6-only cluster (up --ipv6-only) vs VXLAN over IPv6
 #   weft host-gw vs plain routing over the underlay, pods bridged, then routed
 #   weft vxlan with 100 NetworkPolicies (default deny plus allows) selecting
 #                both pods vs the same path under no policy
@@ -189,16 +190,20 @@ ip netns del bench-p1; ip netns del bench-p2
 
 # --- dual-stack vxlan sandbox: IPv6 between pods vs hand-built VXLAN carrying IPv6 --
 # $3: the underlay family (ipv4: between the node IPs, MTU 1450; ipv6: between
-# the nodes' IPv6 addresses fd00:250::b/::c, MTU 1430).
+# the nodes' IPv6 addresses fd00:250::b/::c, MTU 1430), or ipv6-only (an
+# IPv6-only sandbox: IPv6 node IPs and pods, VXLAN over IPv6).
 vxlan_ipv6() {
-  local weft=$1 base=$2 underlay=$3 local1=10.250.0.11 local2=10.250.0.12 mtu=1450
-  if [[ $underlay == ipv6 ]]; then local1=fd00:250::b local2=fd00:250::c mtu=1430; fi
-  $SBX up --nodes 2 --operator-arg=--secondary-cluster-cidr=fd00:10:244::/56 \
-    --agent-arg=--ipv6-cluster-cidr=fd00:10:244::/56 --agent-arg=--vxlan-underlay=$underlay >/dev/null
+  local weft=$1 base=$2 underlay=$3 local1=10.250.0.11 local2=10.250.0.12 mtu=1450 column=4
+  local up=(--operator-arg=--secondary-cluster-cidr=fd00:10:244::/56
+    --agent-arg=--ipv6-cluster-cidr=fd00:10:244::/56 --agent-arg=--vxlan-underlay=$underlay)
+  if [[ $underlay != ipv4 ]]; then local1=fd00:250::b local2=fd00:250::c mtu=1430; fi
+  # An IPv6-only pod's one address is in the IP column.
+  if [[ $underlay == ipv6-only ]]; then up=(--ipv6-only) column=3; fi
+  $SBX up --nodes 2 "${up[@]}" >/dev/null
   $SBX add-pod a --node node-1 >/dev/null
   $SBX add-pod b --node node-2 >/dev/null
   local b_ip6
-  b_ip6=$($SBX pods | awk '$1=="default/b" {print $4}')
+  b_ip6=$($SBX pods | awk -v c=$column '$1=="default/b" {print $c}')
   [[ $b_ip6 == *:* ]] || { echo "pod b got no IPv6 address: $($SBX pods)" >&2; exit 1; }
   ip -n $N1 link add bvx type vxlan id 99 dstport 4790 local $local1 remote $local2 dev eth0
   ip -n $N2 link add bvx type vxlan id 99 dstport 4790 local $local2 remote $local1 dev eth0
@@ -214,6 +219,7 @@ vxlan_ipv6() {
 }
 vxlan_ipv6 wv6 kv6 ipv4
 vxlan_ipv6 wv6u kv6u ipv6
+vxlan_ipv6 wv6o kv6o ipv6-only
 
 # --- host-gw sandboxes: weft host-gw vs plain routing over the underlay ---------
 # Once with pods on the bridge (the default), once routed (--pod-attachment
@@ -254,6 +260,7 @@ pair wh pr "weft host-gw, bridged pods" "plain routing over the underlay" "ratio
 pair whr prr "weft host-gw, routed pods" "plain routing over the underlay" "ratio weft routed / plain"
 pair wv6 kv6 "weft vxlan, IPv6, bridged pods" "hand-built kernel VXLAN, IPv6" "ratio weft IPv6 / kernel VXLAN"
 pair wv6u kv6u "weft vxlan over IPv6, IPv6 pods" "hand-built VXLAN over IPv6" "ratio weft / kernel, over IPv6"
+pair wv6o kv6o "weft vxlan, IPv6-only cluster" "hand-built VXLAN over IPv6" "ratio weft IPv6-only / kernel"
 pair wpol wnop "weft vxlan, 100 policies" "weft vxlan, no policy" "ratio 100 policies / none"
 echo
 echo "100 policies: default deny + 98 unrelated allows + 1 allowing the pair, all selecting both"

@@ -3,8 +3,9 @@
 //! tunnels VXLAN from its IPv6 node IP, every pod gets one IPv6 address
 //! (listed alone in the Pod's status), pods talk across nodes, policy
 //! decides IPv6 traffic (selectors and `ipBlock`s, standard and Weft's own),
-//! host ports answer on the node's IPv6 address, only IPv6 is masqueraded,
-//! and DEL leaves nothing behind.
+//! host ports answer on the node's IPv6 address, a VM runtime's pod works
+//! through its TC redirect, only IPv6 is masqueraded, and DEL leaves
+//! nothing behind.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -171,6 +172,24 @@ spec:
         assert!(answer.is_some(), "{from} cannot reach the host port {target}");
     }
     ok(&["del-pod", "hp"]);
+
+    // A VM runtime's pod (Kata's tcfilter mode) takes its one IPv6 address
+    // and routes from the result alone, and talks through the TC redirect
+    // on its node and across.
+    ok(&["add-pod", "vm", "-n", "dev", "--node", "node-1", "--vm", "-p", "80/tcp"]);
+    let vm = pod_ip("dev/vm");
+    let guest = netns_sh("weft-sbx-vm-dev-vm", &["ip", "-o", "addr", "show", "eth0", "scope", "global"]);
+    assert!(guest.contains(&format!("{vm}/")) && !guest.contains("inet "), "the guest holds the address: {guest}");
+    let web = pod_ip("prod/web");
+    for (from, target, want) in [
+        ("dev/vm", format!("[{db}]:80"), "prod/db"),
+        ("dev/vm", format!("[{web}]:80"), "prod/web"),
+        ("prod/db", format!("[{vm}]:80"), "dev/vm"),
+    ] {
+        let answer = wait::try_until(CONVERGE, || connect(from, "tcp", &target).filter(|a| a == want));
+        assert!(answer.is_some(), "{from} cannot reach {want} at {target}");
+    }
+    ok(&["del-pod", "vm", "-n", "dev"]);
 
     // The overlay converged without fighting the kernel.
     for node in ["node-1", "node-2"] {

@@ -21,6 +21,11 @@
 //! host-gw routes and the others the VXLAN entries; a direct peer without
 //! an IPv6 node address has its IPv6 block reached over VXLAN.
 //!
+//! In an IPv6-only cluster the pod CIDR, node IP and cluster CIDR are all
+//! IPv6 and the same entries are made in that family (the VTEP address is
+//! the block's network address, the FDB entry points at the node IP); a
+//! peer whose node IP is of the other family than ours is refused.
+//!
 //! Bad peer data never panics and never blocks other peers: it yields a
 //! per-peer [`PeerError`] for the caller to report (Subnet conditions).
 
