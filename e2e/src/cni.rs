@@ -184,6 +184,13 @@ pub fn pod_ip(result: &Value) -> String {
     addr.split('/').next().unwrap_or(addr).to_owned()
 }
 
+/// The routes of an ADD result in order, each as `"<dst> <gw>"` (an empty
+/// gateway for an on-link route).
+pub fn routes(result: &Value) -> Vec<String> {
+    let routes = result["routes"].as_array().unwrap_or_else(|| panic!("no routes in {result}"));
+    routes.iter().map(|r| format!("{} {}", r["dst"].as_str().unwrap_or(""), r["gw"].as_str().unwrap_or(""))).collect()
+}
+
 /// The pod's IPv6 address in an ADD result, if it has one.
 pub fn pod_ip6(result: &Value) -> Option<String> {
     result["ips"].as_array()?.iter().find_map(|ip| {

@@ -351,12 +351,7 @@ fn routed_dual_stack_pods_carry_their_ipv6_address_alone() {
 
     assert_eq!(r1["ips"][1]["address"], format!("{a1}/128"), "{r1}");
     assert_eq!(r1["ips"][1]["gateway"], "fd00:214::1");
-    let routes: Vec<String> = r1["routes"]
-        .as_array()
-        .expect("routes")
-        .iter()
-        .map(|r| format!("{} {}", r["dst"].as_str().unwrap_or(""), r["gw"].as_str().unwrap_or("")))
-        .collect();
+    let routes = cni::routes(&r1);
     assert_eq!(routes, ["10.214.0.1/32 ", "0.0.0.0/0 10.214.0.1", "fd00:214::1/128 ", "::/0 fd00:214::1"]);
     assert!(p1.ip(&["-6", "-o", "addr", "show", "eth0", "scope", "global"]).contains(&format!("{a1}/128")));
     let default = p1.ip(&["-6", "route", "show", "default"]);
@@ -445,12 +440,7 @@ fn ipv6_only_pods_have_one_ipv6_address_in_both_modes() {
         assert_eq!(r1["ips"].as_array().map(Vec::len), Some(1), "{mode}: {r1}");
         assert_eq!(r1["ips"][0]["address"], format!("{a1}/{prefix}"), "{mode}: {r1}");
         assert_eq!((r1["ips"][0]["gateway"].as_str(), r1["ips"][0]["interface"].as_u64()), (Some(&*gateway), Some(1)));
-        let routes: Vec<String> = r1["routes"]
-            .as_array()
-            .expect("routes")
-            .iter()
-            .map(|r| format!("{} {}", r["dst"].as_str().unwrap_or(""), r["gw"].as_str().unwrap_or("")))
-            .collect();
+        let routes = cni::routes(&r1);
         let want_routes = match mode {
             "routed" => vec![format!("{gateway}/128 "), format!("::/0 {gateway}")],
             _ => vec![format!("::/0 {gateway}")],

@@ -10,13 +10,13 @@
 //! addresses): prod/db is on the other node than the rest, so every matrix
 //! crosses between nodes over IPv6 too.
 
-use std::collections::BTreeMap;
 use std::process::Command;
 use std::time::Duration;
 
 use serde_json::Value;
-use weft_e2e::sandbox::testing::{Up, apply, connect, kubectl, ok, probe_matrix};
-use weft_e2e::wait;
+use weft_e2e::sandbox::testing::{
+    Up, apply, assert_overlay_converged, assert_reaches, expect_matrix, host_port_addresses, kubectl, ns_of, ok,
+};
 
 const IPV6_CLUSTER_CIDR: &str = "fd00:10:244::/56";
 const PODS: [&str; 3] = ["dev/client", "prod/db", "prod/web"];
@@ -51,22 +51,10 @@ fn pod_ips(key: &str) -> (String, String) {
     (fields[2].to_owned(), fields[3].to_owned())
 }
 
-/// Waits until the probe matrix over `family` equals `expect(from, to)`.
+/// Waits until the probe matrix of [`PODS`] over `family` equals `expect(from, to)`.
 #[track_caller]
 fn expect_family(step: &str, family: &str, protocol: &str, port: u16, expect: &dyn Fn(&str, &str) -> bool) {
-    let mut want = BTreeMap::new();
-    for f in PODS {
-        for t in PODS.iter().filter(|t| **t != f) {
-            want.insert((f.to_owned(), (*t).to_owned()), expect(f, t));
-        }
-    }
-    let mut last = BTreeMap::new();
-    let converged = wait::try_until(CONVERGE, || {
-        last = probe_matrix(family, protocol, port);
-        (last == want).then_some(())
-    });
-    assert!(converged.is_some(), "step {step:?} over {family} ({protocol}/{port}): got {last:?}, want {want:?}");
-    eprintln!("ok: {step} over {family} ({protocol}/{port})");
+    expect_matrix(&PODS, (step, family, protocol, port), CONVERGE, expect);
 }
 
 /// The same expectation over both families.
@@ -75,23 +63,6 @@ fn expect_both(step: &str, protocol: &str, port: u16, expect: impl Fn(&str, &str
     for family in ["ipv4", "ipv6"] {
         expect_family(step, family, protocol, port, &expect);
     }
-}
-
-/// The addresses (`ip:port/PROTO`) the HostPortAllocation of `pod` lists,
-/// once it lists `count` per port.
-fn host_port_addresses(pod: &str, count: usize) -> Vec<String> {
-    wait::until(&format!("the host port addresses of {pod}"), CONVERGE, || {
-        let all: Value = serde_json::from_str(&kubectl(&["get", "hostportallocations", "-A", "-o", "json"])).ok()?;
-        let mine = all["items"].as_array()?.iter().find(|a| a["spec"]["podRef"]["name"] == pod)?;
-        let ports = mine["spec"]["ports"].as_array()?.len();
-        let listed: Vec<String> =
-            mine["status"]["addresses"].as_array()?.iter().filter_map(|a| a.as_str().map(str::to_owned)).collect();
-        (listed.len() == ports * count).then_some(listed)
-    })
-}
-
-fn ns_of(pod: &str) -> &str {
-    pod.split('/').next().unwrap_or_default()
 }
 
 #[test]
@@ -189,12 +160,7 @@ fn dual_stack_pods_get_both_families_and_policy_treats_them_alike(backend: &str)
     // The overlay converged: no pass fought the kernel over an entry (an
     // IPv6 route whose metric differed from the kernel's was deleted and
     // re-added every few milliseconds, and traffic saw "no route").
-    for node in ["node-1", "node-2"] {
-        let path = weft_e2e::sandbox::state_dir().join(node).join("agent.log");
-        let log = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        let failed: Vec<&str> = log.lines().filter(|l| l.contains("overlay operation failed")).take(3).collect();
-        assert!(failed.is_empty(), "{node}: {failed:#?}");
-    }
+    assert_overlay_converged(&["node-1", "node-2"]);
 
     // No policy: everything is open, over both families.
     expect_both("default allow", "tcp", 80, |_, _| true);
@@ -216,7 +182,7 @@ fn dual_stack_pods_get_both_families_and_policy_treats_them_alike(backend: &str)
         "weft.dev/host-ports=http, dns",
     ]);
     let node1_v6 = weft_e2e::sandbox::node_ipv6(weft_e2e::sandbox::node_ip(1));
-    let listed = host_port_addresses("hp", 2);
+    let listed = host_port_addresses("hp", 2, CONVERGE);
     let at = |proto: &str| {
         let suffix = format!("/{proto}");
         let v6: Vec<&String> =
@@ -227,8 +193,7 @@ fn dual_stack_pods_get_both_families_and_policy_treats_them_alike(backend: &str)
     let (http6, dns6) = (at("TCP"), at("UDP"));
     for from in ["node-2", "node-1", "dev/client", "prod/db", "default/hp"] {
         for (protocol, target) in [("tcp", &http6), ("udp", &dns6)] {
-            let answer = wait::try_until(CONVERGE, || connect(from, protocol, target).filter(|a| a == "default/hp"));
-            assert!(answer.is_some(), "{from} cannot reach the host port {target}/{protocol}");
+            assert_reaches(from, protocol, target, "default/hp", CONVERGE);
         }
     }
     ok(&["del-pod", "hp"]);
@@ -239,10 +204,10 @@ fn dual_stack_pods_get_both_families_and_policy_treats_them_alike(backend: &str)
     // answers on the node's IPv6 address.
     kubectl(&["label", "namespace", "dev", "weft.dev/host-ports=allowed"]);
     ok(&["add-pod", "vm", "-n", "dev", "--node", "node-1", "--vm", "-p", "80/tcp", "-a", "weft.dev/host-ports=80"]);
-    let vm_port6 = host_port_addresses("vm", 2).into_iter().find(|a| a.starts_with('[')).expect("an IPv6 address");
+    let vm_port6 =
+        host_port_addresses("vm", 2, CONVERGE).into_iter().find(|a| a.starts_with('[')).expect("an IPv6 address");
     let vm_port6 = vm_port6.trim_end_matches("/TCP").to_owned();
-    let answer = wait::try_until(CONVERGE, || connect("node-2", "tcp", &vm_port6).filter(|a| a == "dev/vm"));
-    assert!(answer.is_some(), "node-2 cannot reach the VM pod's host port {vm_port6}");
+    assert_reaches("node-2", "tcp", &vm_port6, "dev/vm", CONVERGE);
     let (_, vm6) = pod_ips("dev/vm");
     let guest = ip_json("weft-sbx-vm-dev-vm", &["-6", "addr", "show", "eth0", "scope", "global"]);
     assert_eq!(guest[0]["addr_info"][0]["local"], vm6, "the guest holds the IPv6 address: {guest}");
@@ -253,8 +218,7 @@ fn dual_stack_pods_get_both_families_and_policy_treats_them_alike(backend: &str)
         ("dev/vm", format!("[{web6}]:80"), "prod/web"),
         ("prod/db", format!("[{vm6}]:80"), "dev/vm"),
     ] {
-        let answer = wait::try_until(CONVERGE, || connect(from, "tcp", &target).filter(|a| a == want));
-        assert!(answer.is_some(), "{from} cannot reach {want} at {target}");
+        assert_reaches(from, "tcp", &target, want, CONVERGE);
     }
     ok(&["del-pod", "vm", "-n", "dev"]);
 

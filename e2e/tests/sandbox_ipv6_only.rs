@@ -7,13 +7,13 @@
 //! through its TC redirect, only IPv6 is masqueraded, and DEL leaves
 //! nothing behind.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde_json::Value;
-use weft_e2e::sandbox::testing::{Up, apply, connect, kubectl, ok, probe_matrix};
+use weft_e2e::sandbox::testing::{
+    Up, apply, assert_overlay_converged, assert_reaches, expect_matrix, host_port_addresses, kubectl, ns_of, ok,
+};
 use weft_e2e::sandbox::{CLUSTER_CIDR6, node_ip, node_ipv6};
-use weft_e2e::wait;
 
 const PODS: [&str; 3] = ["dev/client", "prod/db", "prod/web"];
 const CONVERGE: Duration = Duration::from_secs(60);
@@ -32,26 +32,10 @@ fn pod_ip(key: &str) -> String {
     fields[2].to_owned()
 }
 
-/// Waits until the probe matrix over `family` equals `expect(from, to)`.
+/// The TCP/80 probe matrix of [`PODS`] over `family` converges to `expect`.
 #[track_caller]
 fn expect(step: &str, family: &str, expect: &dyn Fn(&str, &str) -> bool) {
-    let mut want = BTreeMap::new();
-    for f in PODS {
-        for t in PODS.iter().filter(|t| **t != f) {
-            want.insert((f.to_owned(), (*t).to_owned()), expect(f, t));
-        }
-    }
-    let mut last = BTreeMap::new();
-    let converged = wait::try_until(CONVERGE, || {
-        last = probe_matrix(family, "tcp", 80);
-        (last == want).then_some(())
-    });
-    assert!(converged.is_some(), "step {step:?} over {family}: got {last:?}, want {want:?}");
-    eprintln!("ok: {step} over {family}");
-}
-
-fn ns_of(pod: &str) -> &str {
-    pod.split('/').next().unwrap_or_default()
+    expect_matrix(&PODS, (step, family, "tcp", 80), CONVERGE, expect);
 }
 
 fn netns_sh(netns: &str, args: &[&str]) -> String {
@@ -156,20 +140,13 @@ spec:
     // A host port answers on the node's IPv6 address, from the other node
     // and from a pod, and the allocation lists that address alone.
     ok(&["add-pod", "hp", "--node", "node-1", "-p", "http=8080/tcp", "-a", "weft.dev/host-ports=http"]);
-    let listed = wait::until("the host port's addresses", CONVERGE, || {
-        let all: Value = serde_json::from_str(&kubectl(&["get", "hostportallocations", "-A", "-o", "json"])).ok()?;
-        let mine = all["items"].as_array()?.iter().find(|a| a["spec"]["podRef"]["name"] == "hp")?;
-        let listed: Vec<String> =
-            mine["status"]["addresses"].as_array()?.iter().filter_map(|a| a.as_str().map(str::to_owned)).collect();
-        (!listed.is_empty()).then_some(listed)
-    });
+    let listed = host_port_addresses("hp", 1, CONVERGE);
     assert_eq!(listed.len(), 1, "{listed:?}");
     let prefix = format!("[{}]:", node_ipv6(node_ip(1)));
     assert!(listed[0].starts_with(&prefix) && listed[0].ends_with("/TCP"), "{listed:?}");
     let target = listed[0].trim_end_matches("/TCP").to_owned();
     for from in ["node-2", "prod/db"] {
-        let answer = wait::try_until(CONVERGE, || connect(from, "tcp", &target).filter(|a| a == "default/hp"));
-        assert!(answer.is_some(), "{from} cannot reach the host port {target}");
+        assert_reaches(from, "tcp", &target, "default/hp", CONVERGE);
     }
     ok(&["del-pod", "hp"]);
 
@@ -186,18 +163,12 @@ spec:
         ("dev/vm", format!("[{web}]:80"), "prod/web"),
         ("prod/db", format!("[{vm}]:80"), "dev/vm"),
     ] {
-        let answer = wait::try_until(CONVERGE, || connect(from, "tcp", &target).filter(|a| a == want));
-        assert!(answer.is_some(), "{from} cannot reach {want} at {target}");
+        assert_reaches(from, "tcp", &target, want, CONVERGE);
     }
     ok(&["del-pod", "vm", "-n", "dev"]);
 
     // The overlay converged without fighting the kernel.
-    for node in ["node-1", "node-2"] {
-        let path = weft_e2e::sandbox::state_dir().join(node).join("agent.log");
-        let log = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        let failed: Vec<&str> = log.lines().filter(|l| l.contains("overlay operation failed")).take(3).collect();
-        assert!(failed.is_empty(), "{node}: {failed:#?}");
-    }
+    assert_overlay_converged(&["node-1", "node-2"]);
 
     // DEL: nothing of the pods stays on the nodes.
     for key in PODS {

@@ -65,6 +65,70 @@ pub fn probe_matrix(family: &str, protocol: &str, port: u16) -> std::collections
     m
 }
 
+/// Waits (at most `within`) until the probe matrix between `pods` over
+/// `family` equals `expect(from, to)`; fails the test with the last matrix.
+#[track_caller]
+pub fn expect_matrix(
+    pods: &[&str],
+    (step, family, protocol, port): (&str, &str, &str, u16),
+    within: Duration,
+    expect: &dyn Fn(&str, &str) -> bool,
+) {
+    let mut want = std::collections::BTreeMap::new();
+    for f in pods {
+        for t in pods.iter().filter(|t| *t != f) {
+            want.insert(((*f).to_owned(), (*t).to_owned()), expect(f, t));
+        }
+    }
+    let mut last = std::collections::BTreeMap::new();
+    let converged = wait::try_until(within, || {
+        last = probe_matrix(family, protocol, port);
+        (last == want).then_some(())
+    });
+    assert!(converged.is_some(), "step {step:?} over {family} ({protocol}/{port}): got {last:?}, want {want:?}");
+    eprintln!("ok: {step} over {family} ({protocol}/{port})");
+}
+
+/// The addresses (`ip:port/PROTO`) the HostPortAllocation of `pod` lists in
+/// its status, once it lists `count` per port.
+pub fn host_port_addresses(pod: &str, count: usize, within: Duration) -> Vec<String> {
+    wait::until(&format!("the host port addresses of {pod}"), within, || {
+        let all: serde_json::Value =
+            serde_json::from_str(&kubectl(&["get", "hostportallocations", "-A", "-o", "json"])).ok()?;
+        let mine = all["items"].as_array()?.iter().find(|a| a["spec"]["podRef"]["name"] == pod)?;
+        let ports = mine["spec"]["ports"].as_array()?.len();
+        let listed: Vec<String> =
+            mine["status"]["addresses"].as_array()?.iter().filter_map(|a| a.as_str().map(str::to_owned)).collect();
+        (listed.len() == ports * count).then_some(listed)
+    })
+}
+
+/// Fails the test if a node's agent logged a failed overlay operation: an
+/// entry the reconciler fought the kernel over (deleted and re-added every
+/// pass) shows up there.
+#[track_caller]
+pub fn assert_overlay_converged(nodes: &[&str]) {
+    for node in nodes {
+        let path = super::state_dir().join(node).join("agent.log");
+        let log = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let failed: Vec<&str> = log.lines().filter(|l| l.contains("overlay operation failed")).take(3).collect();
+        assert!(failed.is_empty(), "{node}: {failed:#?}");
+    }
+}
+
+/// Waits until `from` (a pod key or node name) reaches `target` over
+/// `protocol` and the answer names `want`; fails the test otherwise.
+#[track_caller]
+pub fn assert_reaches(from: &str, protocol: &str, target: &str, want: &str, within: Duration) {
+    let answer = wait::try_until(within, || connect(from, protocol, target).filter(|a| a == want));
+    assert!(answer.is_some(), "{from} cannot reach {want} at {target} ({protocol})");
+}
+
+/// The namespace of a pod key (`namespace/name`).
+pub fn ns_of(pod: &str) -> &str {
+    pod.split('/').next().unwrap_or_default()
+}
+
 /// Runs `weft-sandbox args…`, failing the test with its output if it fails.
 #[track_caller]
 pub fn ok(args: &[&str]) -> String {
