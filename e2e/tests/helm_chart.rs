@@ -530,6 +530,9 @@ fn dual_stack_values_reach_the_operator_and_the_agents() {
     assert_eq!(env(&agent, "WEFT_CLUSTER_CIDR")["value"], "fd00:10:244::/56");
     assert_eq!(env(&agent, "WEFT_IPV6_MASQUERADE")["value"], "on");
     assert!(!names(&agent).contains(&"WEFT_IPV6_CLUSTER_CIDR".into()), "{:?}", names(&agent));
+    // Probes and scrapes reach the metrics servers over IPv6.
+    assert_eq!(env(&op, "WEFT_METRICS_ADDR")["value"], "[::]:9647");
+    assert_eq!(env(&agent, "WEFT_METRICS_ADDR")["value"], "[::]:9646");
 }
 
 #[test]

@@ -43,6 +43,11 @@ ones, or in an IPv6-only cluster (clusterCIDR null) the IPv6 ones. */}}
 {{- define "weft.nodePrefixLength" -}}
 {{- if .Values.network.clusterCIDR -}}{{ .Values.network.nodePrefixLength }}{{- else -}}{{ .Values.network.ipv6NodePrefixLength }}{{- end -}}
 {{- end -}}
+{{/* Where the metrics servers listen: every IPv4 address, or in an
+IPv6-only cluster (whose probes and scrapes come over IPv6) every IPv6 one. */}}
+{{- define "weft.anyAddress" -}}
+{{- if .Values.network.clusterCIDR -}}0.0.0.0{{- else -}}[::]{{- end -}}
+{{- end -}}
 {{/* "true" when the cluster is dual-stack: an IPv4 CIDR and an IPv6 one. */}}
 {{- define "weft.dualStack" -}}
 {{- if and .Values.network.clusterCIDR .Values.network.ipv6ClusterCIDR -}}true{{- end -}}

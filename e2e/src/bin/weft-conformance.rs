@@ -71,7 +71,7 @@ fn main() -> anyhow::Result<()> {
     // DNS as kubeadm does when the cluster has none.
     if !dns::deployed(&state.kubeconfig) {
         eprintln!("== deploying CoreDNS (kube-dns at {})", weft_e2e::cluster::CLUSTER_DNS_IP);
-        dns::deploy(&state.kubeconfig)?;
+        dns::deploy(&state.kubeconfig, weft_e2e::cluster::supervise::Families::of(&state.helm_values).dns_ip())?;
     }
     let env = Environment { cluster_dns: dns::deployed(&state.kubeconfig) };
 

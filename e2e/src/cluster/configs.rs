@@ -4,6 +4,7 @@
 
 use std::path::Path;
 
+use super::supervise::Families;
 use super::{CLUSTER_CIDR, NodeInfo, PAUSE_IMAGE};
 
 /// containerd's socket inside a node.
@@ -72,7 +73,14 @@ disabled_plugins = [
 /// kubelet's KubeletConfiguration. cgroup v1 without systemd: cgroupfs, a
 /// `cgroupRoot` of the node's own, `failCgroupV1: false`. Eviction thresholds
 /// are low because every node shares one disk.
-pub fn kubelet_yaml(node: &NodeInfo, ca: &Path) -> String {
+pub fn kubelet_yaml(node: &NodeInfo, ca: &Path, families: &Families) -> String {
+    // An IPv6-only node serves the apiserver on its IPv6 address, and its
+    // pods' DNS is the IPv6 Service range's.
+    let ip = match families {
+        Families::Ipv6Only(_) => crate::sandbox::node_ipv6(node.ip).to_string(),
+        _ => node.ip.to_string(),
+    };
+    let dns = families.dns_ip();
     format!(
         r#"apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
@@ -111,11 +119,9 @@ syncFrequency: 10s
 fileCheckFrequency: 10s
 maxPods: 110
 "#,
-        ip = node.ip,
         ca = ca.display(),
         cgroup = node.cgroup(),
         sock = CONTAINERD_SOCKET,
-        dns = super::CLUSTER_DNS_IP,
     )
 }
 
@@ -156,12 +162,14 @@ impl ProxyMode {
 }
 
 /// kube-proxy's configuration. conntrack sizes stay at the kernel's (a node
-/// namespace cannot change the host-wide table size). `ipv6_cluster`: the
-/// pods' IPv6 range of a dual-stack cluster.
-pub fn kube_proxy_yaml(node: &NodeInfo, kubeconfig: &Path, mode: ProxyMode, ipv6_cluster: Option<&str>) -> String {
-    let cluster_cidr = match ipv6_cluster {
-        Some(v6) => format!("{CLUSTER_CIDR},{v6}"),
-        None => CLUSTER_CIDR.to_owned(),
+/// namespace cannot change the host-wide table size). The pod ranges are
+/// those of the cluster's `families`.
+pub fn kube_proxy_yaml(node: &NodeInfo, kubeconfig: &Path, mode: ProxyMode, families: &Families) -> String {
+    let (cluster_cidr, bind) = match families {
+        Families::Ipv4 => (CLUSTER_CIDR.to_owned(), "0.0.0.0"),
+        Families::DualStack(v6) => (format!("{CLUSTER_CIDR},{v6}"), "0.0.0.0"),
+        // Quoted: a bare `::` is not a YAML scalar.
+        Families::Ipv6Only(v6) => (v6.clone(), "'::'"),
     };
     format!(
         r#"apiVersion: kubeproxy.config.k8s.io/v1alpha1
@@ -169,7 +177,7 @@ kind: KubeProxyConfiguration
 clientConnection:
   kubeconfig: {kubeconfig}
 hostnameOverride: {name}
-bindAddress: 0.0.0.0
+bindAddress: {bind}
 clusterCIDR: {cluster_cidr}
 mode: {mode}
 metricsBindAddress: 127.0.0.1:10249
@@ -221,15 +229,21 @@ mod tests {
     #[test]
     fn each_node_gets_its_own_address_and_cgroup() {
         let n2 = NodeInfo::new(2);
-        let y = kubelet_yaml(&n2, Path::new("/ca.crt"));
+        let y = kubelet_yaml(&n2, Path::new("/ca.crt"), &Families::Ipv4);
         assert!(y.contains("address: 10.251.0.12\n"), "{y}");
         assert!(y.contains("cgroupRoot: /weft-k8s/node-2\n"), "{y}");
         assert!(y.contains("failCgroupV1: false"));
-        let p = kube_proxy_yaml(&n2, Path::new("/kp"), ProxyMode::Nftables, None);
+        let p = kube_proxy_yaml(&n2, Path::new("/kp"), ProxyMode::Nftables, &Families::Ipv4);
         assert!(p.contains("hostnameOverride: node-2\n") && p.contains("mode: nftables\n"), "{p}");
-        let p = kube_proxy_yaml(&n2, Path::new("/kp"), ProxyMode::Iptables, Some("fd00:10:244::/56"));
+        let dual = Families::DualStack("fd00:10:244::/56".into());
+        let p = kube_proxy_yaml(&n2, Path::new("/kp"), ProxyMode::Iptables, &dual);
         assert!(p.contains("mode: iptables\n"), "{p}");
         assert!(p.contains(&format!("clusterCIDR: {CLUSTER_CIDR},fd00:10:244::/56\n")), "{p}");
+        let v6 = Families::Ipv6Only("fd00:10:244::/56".into());
+        let p = kube_proxy_yaml(&n2, Path::new("/kp"), ProxyMode::Nftables, &v6);
+        assert!(p.contains("clusterCIDR: fd00:10:244::/56\n") && p.contains("bindAddress: '::'\n"), "{p}");
+        let y = kubelet_yaml(&n2, Path::new("/ca.crt"), &v6);
+        assert!(y.contains("address: fd00:250::c\n") && y.contains("clusterDNS: [fd00:96::a]"), "{y}");
         let c = containerd_toml();
         assert!(c.contains(PAUSE_IMAGE) && c.contains("restrict_oom_score_adj = true"));
     }

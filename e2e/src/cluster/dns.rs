@@ -18,9 +18,10 @@ pub const COREDNS_IMAGE: &str = "registry.k8s.io/coredns/coredns:v1.13.1";
 
 const MANIFEST: &str = include_str!("coredns.yaml");
 
-/// The manifests, with the image and Service address filled in.
-pub fn manifest() -> String {
-    MANIFEST.replace("{image}", COREDNS_IMAGE).replace("{cluster_ip}", super::CLUSTER_DNS_IP)
+/// The manifests, with the image and the Service address (kubelet's
+/// clusterDNS) filled in.
+pub fn manifest(cluster_ip: &str) -> String {
+    MANIFEST.replace("{image}", COREDNS_IMAGE).replace("{cluster_ip}", cluster_ip)
 }
 
 fn kubectl(kubeconfig: &Path, args: &[&str], stdin: Option<&str>) -> anyhow::Result<()> {
@@ -55,8 +56,9 @@ pub fn deployed(kubeconfig: &Path) -> bool {
 
 /// Applies the manifests and waits (bounded by kubectl) until every CoreDNS
 /// replica is ready.
-pub fn deploy(kubeconfig: &Path) -> anyhow::Result<()> {
-    kubectl(kubeconfig, &["apply", "-f", "-"], Some(&manifest())).context("deploying CoreDNS")?;
+/// `cluster_ip`: the Service's address, kubelet's clusterDNS.
+pub fn deploy(kubeconfig: &Path, cluster_ip: &str) -> anyhow::Result<()> {
+    kubectl(kubeconfig, &["apply", "-f", "-"], Some(&manifest(cluster_ip))).context("deploying CoreDNS")?;
     kubectl(kubeconfig, &["-n", "kube-system", "rollout", "status", "deployment/coredns", "--timeout=180s"], None)
         .context("waiting for CoreDNS to be ready")
 }
@@ -69,7 +71,7 @@ mod tests {
 
     #[test]
     fn the_manifest_is_complete_yaml_with_the_service_at_kubelets_dns_address() {
-        let text = manifest();
+        let text = manifest(super::super::CLUSTER_DNS_IP);
         assert!(!text.contains("{image}") && !text.contains("{cluster_ip}"));
         let docs: Vec<serde_yaml::Value> =
             serde_yaml::Deserializer::from_str(&text).map(|d| serde_yaml::Value::deserialize(d).unwrap()).collect();

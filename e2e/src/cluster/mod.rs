@@ -49,6 +49,8 @@ pub const IMAGE_TAG: &str = "dev";
 pub const PAUSE_IMAGE: &str = "registry.k8s.io/pause:3.10.1";
 /// The kube-dns Service's address: kubelet's clusterDNS.
 pub const CLUSTER_DNS_IP: &str = "10.96.0.10";
+/// The kube-dns Service's address in an IPv6-only cluster.
+pub const CLUSTER_DNS_IP6: &str = "fd00:96::a";
 
 /// Where the cluster keeps its state (`$WEFT_CLUSTER_DIR`, default
 /// /var/lib/weft-cluster: on disk, since containerd's images live there).

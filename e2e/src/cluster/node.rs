@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 
+use super::supervise::Families;
 use super::{CGROUP_PARENT, CP_IP, NodeInfo, UNDERLAY_NS, configs, state_dir};
 use crate::sandbox::{ip, spawn_detached};
 
@@ -305,10 +306,10 @@ pub struct Credentials {
     pub certs_dir: PathBuf,
 }
 
-/// Starts kubelet and kube-proxy with the node's credentials; in a
-/// dual-stack cluster (`ipv6_cluster`: its pods' IPv6 range) with both node
-/// addresses.
-pub fn start_kubelet_and_proxy(node: &NodeInfo, creds: &Credentials, ipv6_cluster: Option<&str>) -> anyhow::Result<()> {
+/// Starts kubelet and kube-proxy with the node's credentials, with the node
+/// addresses of the cluster's `families` (both in a dual-stack cluster, the
+/// IPv6 one alone in an IPv6-only cluster).
+pub fn start_kubelet_and_proxy(node: &NodeInfo, creds: &Credentials, families: &Families) -> anyhow::Result<()> {
     let tools = crate::control_plane::tools_dir();
     let dir = node.dir();
     let cert = |stem: &str| (creds.certs_dir.join(format!("{stem}.crt")), creds.certs_dir.join(format!("{stem}.key")));
@@ -320,7 +321,8 @@ pub fn start_kubelet_and_proxy(node: &NodeInfo, creds: &Credentials, ipv6_cluste
         configs::cert_kubeconfig(&creds.server, &creds.ca, &user, &kubelet_cert, &kubelet_key),
     )?;
     let kubelet_cfg = dir.join("kubelet.yaml");
-    std::fs::write(&kubelet_cfg, configs::kubelet_yaml(node, &creds.ca))?;
+    std::fs::write(&kubelet_cfg, configs::kubelet_yaml(node, &creds.ca, families))?;
+    let node_ip6 = crate::sandbox::node_ipv6(node.ip);
     start_daemon(
         node,
         "kubelet",
@@ -329,9 +331,10 @@ pub fn start_kubelet_and_proxy(node: &NodeInfo, creds: &Credentials, ipv6_cluste
             format!("--config={}", kubelet_cfg.display()),
             format!("--kubeconfig={}", kubelet_kc.display()),
             format!("--hostname-override={}", node.name),
-            match ipv6_cluster {
-                Some(_) => format!("--node-ip={},{}", node.ip, crate::sandbox::node_ipv6(node.ip)),
-                None => format!("--node-ip={}", node.ip),
+            match families {
+                Families::Ipv4 => format!("--node-ip={}", node.ip),
+                Families::DualStack(_) => format!("--node-ip={},{node_ip6}", node.ip),
+                Families::Ipv6Only(_) => format!("--node-ip={node_ip6}"),
             },
             "--v=1".into(),
         ],
@@ -345,7 +348,7 @@ pub fn start_kubelet_and_proxy(node: &NodeInfo, creds: &Credentials, ipv6_cluste
     )?;
     let proxy_cfg = dir.join("kube-proxy.yaml");
     let mode = configs::ProxyMode::from_env().map_err(|e| anyhow::anyhow!(e))?;
-    std::fs::write(&proxy_cfg, configs::kube_proxy_yaml(node, &proxy_kc, mode, ipv6_cluster))?;
+    std::fs::write(&proxy_cfg, configs::kube_proxy_yaml(node, &proxy_kc, mode, families))?;
     start_daemon(node, "kube-proxy", &tools.join("kube-proxy"), &[format!("--config={}", proxy_cfg.display())])?;
     Ok(())
 }

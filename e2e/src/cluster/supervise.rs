@@ -13,7 +13,9 @@ use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, DeleteParams};
 use weft_api::subnet::Subnet;
 
-use super::{CLUSTER_CIDR, CP_IP, CP_NS, FORWARD_PORT, IMAGE_TAG, NodeInfo, State, UNDERLAY_NS, node, state_dir};
+use super::{
+    CLUSTER_CIDR, CP_IP, CP_NS, FORWARD_PORT, IMAGE_TAG, NodeInfo, SERVICE_CIDR, State, UNDERLAY_NS, node, state_dir,
+};
 use crate::control_plane::pki::ClientIdentity;
 use crate::control_plane::{self, ControlPlane, Options, process};
 use crate::sandbox::ip;
@@ -157,8 +159,22 @@ fn client_identities() -> Vec<ClientIdentity> {
 
 async fn build(opts: &UpOptions) -> anyhow::Result<Parts> {
     let started = Instant::now();
-    let ipv6_cluster = ipv6_cluster_cidr(&opts.helm_sets);
-    let dual_stack = ipv6_cluster.is_some();
+    let families = Families::of(&opts.helm_sets);
+    // IPv6-only: the `kubernetes` Service is IPv6, so the apiserver listens
+    // on and advertises its IPv6 address, which its certificate names.
+    let cp6 = crate::sandbox::node_ipv6(CP_IP).to_string();
+    let (service_args, extra_sans) = match &families {
+        Families::Ipv4 => (vec![], vec![]),
+        Families::DualStack(_) => (vec![format!("--service-cluster-ip-range={SERVICE_CIDR},{SERVICE_CIDR6}")], vec![]),
+        Families::Ipv6Only(_) => (
+            vec![
+                format!("--service-cluster-ip-range={SERVICE_CIDR6}"),
+                format!("--advertise-address={cp6}"),
+                "--bind-address=::".to_owned(),
+            ],
+            vec![cp6.clone(), SERVICE_IP6.to_owned()],
+        ),
+    };
     let dir = state_dir();
     std::fs::create_dir_all(&dir)?;
     ip(&["netns", "add", UNDERLAY_NS])?;
@@ -182,13 +198,10 @@ async fn build(opts: &UpOptions) -> anyhow::Result<Parts> {
             kubelet_client: Some("apiserver-kubelet-client".into()),
             // Kubelets act as their node only; exec and logs reach them by IP.
             node_authorization: true,
-            extra_apiserver_args: [
-                Some("--kubelet-preferred-address-types=InternalIP,Hostname".to_owned()),
-                dual_stack.then(|| format!("--service-cluster-ip-range=10.96.0.0/16,{SERVICE_CIDR6}")),
-            ]
-            .into_iter()
-            .flatten()
-            .collect(),
+            extra_apiserver_args: std::iter::once("--kubelet-preferred-address-types=InternalIP,Hostname".to_owned())
+                .chain(service_args)
+                .collect(),
+            extra_sans,
         })
     })
     .await??;
@@ -232,7 +245,7 @@ async fn build(opts: &UpOptions) -> anyhow::Result<Parts> {
     };
     let mut nodes = Vec::new();
     for i in 1..=opts.nodes {
-        nodes.push(add_node(i, &creds, &opts.images, ipv6_cluster.as_deref())?);
+        nodes.push(add_node(i, &creds, &opts.images, &families)?);
     }
     let client = cp.client().await?;
     wait_registered(&client, &nodes).await?;
@@ -263,7 +276,8 @@ async fn build(opts: &UpOptions) -> anyhow::Result<Parts> {
         started.elapsed().as_secs_f64()
     );
     let kubeconfig = cp.kubeconfig.clone();
-    tokio::task::spawn_blocking(move || super::dns::deploy(&kubeconfig)).await??;
+    let dns_ip = families.dns_ip();
+    tokio::task::spawn_blocking(move || super::dns::deploy(&kubeconfig, dns_ip)).await??;
     eprintln!("timing: cluster DNS ready {:.1} s after start", started.elapsed().as_secs_f64());
 
     let state = State {
@@ -280,19 +294,18 @@ async fn build(opts: &UpOptions) -> anyhow::Result<Parts> {
     Ok((cp, children))
 }
 
-/// Makes node `index` and starts its daemons (`ipv6_cluster`: see
-/// [`ipv6_cluster_cidr`]).
+/// Makes node `index` and starts its daemons for a cluster of `families`.
 pub fn add_node(
     index: usize,
     creds: &node::Credentials,
     images: &[PathBuf],
-    ipv6_cluster: Option<&str>,
+    families: &Families,
 ) -> anyhow::Result<NodeInfo> {
     anyhow::ensure!((1..=MAX_NODES).contains(&index), "node index {index} is outside 1..={MAX_NODES}");
     let info = NodeInfo::new(index);
     node::create(&info).with_context(|| format!("creating {}", info.name))?;
     node::start_containerd(&info, images)?;
-    node::start_kubelet_and_proxy(&info, creds, ipv6_cluster)?;
+    node::start_kubelet_and_proxy(&info, creds, families)?;
     Ok(info)
 }
 
@@ -366,8 +379,8 @@ pub async fn add_to_running() -> anyhow::Result<NodeInfo> {
         .find(|i| !state.nodes.iter().any(|n| n.index == *i))
         .with_context(|| format!("the cluster already has {MAX_NODES} nodes"))?;
     let (creds, images) = (state.credentials.clone(), state.images.clone());
-    let ipv6_cluster = ipv6_cluster_cidr(&state.helm_values);
-    let info = tokio::task::spawn_blocking(move || add_node(index, &creds, &images, ipv6_cluster.as_deref())).await??;
+    let families = Families::of(&state.helm_values);
+    let info = tokio::task::spawn_blocking(move || add_node(index, &creds, &images, &families)).await??;
     state.nodes.push(info.clone());
     state.save()?;
     let client = control_plane::kube_util::client_from(&state.kubeconfig).await?;
@@ -411,15 +424,43 @@ pub fn helm(kubeconfig: &Path, args: &[String]) -> anyhow::Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// The IPv6 Service range of a dual-stack cluster.
+/// The IPv6 Service range of a dual-stack or IPv6-only cluster.
 pub const SERVICE_CIDR6: &str = "fd00:96::/112";
+/// Its first address: the `kubernetes` Service of an IPv6-only cluster.
+pub const SERVICE_IP6: &str = "fd00:96::1";
 
-/// The pods' IPv6 range when the chart is given one (`--set
-/// network.ipv6ClusterCIDR=…`): the cluster is then dual-stack, with both
-/// node addresses on each kubelet, both Service ranges and kube-proxy
-/// proxying both families.
-pub fn ipv6_cluster_cidr(helm_sets: &[String]) -> Option<String> {
-    helm_sets.iter().rev().find_map(|s| s.strip_prefix("network.ipv6ClusterCIDR=").map(str::to_owned))
+/// The pod address families of a cluster, from the chart values it is
+/// installed with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Families {
+    Ipv4,
+    /// `--set network.ipv6ClusterCIDR=…`: dual-stack, with this IPv6 pod
+    /// range; both node addresses on each kubelet, both Service ranges and
+    /// kube-proxy on both families.
+    DualStack(String),
+    /// `network.ipv6ClusterCIDR` with `network.clusterCIDR=null`: IPv6-only,
+    /// with this pod range; kubelets, Services and kube-proxy on IPv6 alone.
+    Ipv6Only(String),
+}
+
+impl Families {
+    /// The kube-dns Service's address: kubelet's clusterDNS.
+    pub fn dns_ip(&self) -> &'static str {
+        match self {
+            Families::Ipv6Only(_) => super::CLUSTER_DNS_IP6,
+            _ => super::CLUSTER_DNS_IP,
+        }
+    }
+
+    pub fn of(helm_sets: &[String]) -> Self {
+        let last = |key: &str| helm_sets.iter().rev().find_map(|s| s.strip_prefix(key)).filter(|v| *v != "null");
+        let v4_dropped = helm_sets.iter().rev().find_map(|s| s.strip_prefix("network.clusterCIDR=")) == Some("null");
+        match last("network.ipv6ClusterCIDR=") {
+            None => Families::Ipv4,
+            Some(v6) if v4_dropped => Families::Ipv6Only(v6.to_owned()),
+            Some(v6) => Families::DualStack(v6.to_owned()),
+        }
+    }
 }
 
 /// The chart's values for this cluster: the images built here, never pulled.

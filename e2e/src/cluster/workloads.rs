@@ -112,6 +112,8 @@ pub fn dial(namespace: &str, from: &str, protocol: &str, target: &str) -> Option
     let (host, port) = target.rsplit_once(':')?;
     // netexec joins host and port itself: an IPv6 address goes bare.
     let host = host.trim_start_matches('[').trim_end_matches(']');
+    // The pod's own address is IPv6 in an IPv6-only cluster: bracketed in a URL.
+    let ip = if ip.contains(':') { format!("[{ip}]") } else { ip };
     let url =
         format!("http://{ip}:{HTTP_PORT}/dial?request=hostname&protocol={protocol}&host={host}&port={port}&tries=1");
     let (ok, out) = node_exec(&node, &["curl", "-s", "--max-time", "6", &url]);

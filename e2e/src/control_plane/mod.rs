@@ -65,6 +65,9 @@ pub struct Options {
     pub node_authorization: bool,
     /// Flags appended to kube-apiserver's (a later flag overrides an earlier one).
     pub extra_apiserver_args: Vec<String>,
+    /// More names and addresses the apiserver's certificate holds (an IPv6
+    /// address and Service IP, say).
+    pub extra_sans: Vec<String>,
 }
 
 /// A running etcd + kube-apiserver pair.
@@ -194,7 +197,8 @@ impl ControlPlane {
         };
         let root = dir.path().to_path_buf();
         let address = opts.address.unwrap_or(std::net::Ipv4Addr::LOCALHOST);
-        let pki = pki::generate_with_sans(&root, &[address.to_string()], &opts.clients)?;
+        let sans: Vec<String> = std::iter::once(address.to_string()).chain(opts.extra_sans.iter().cloned()).collect();
+        let pki = pki::generate_with_sans(&root, &sans, &opts.clients)?;
 
         // Inside a namespace of our own every port is free.
         let (etcd_client, etcd_peer, api_port) = match opts.netns {
