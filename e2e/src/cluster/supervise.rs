@@ -481,3 +481,21 @@ pub fn helm_values(backend: &str, extra: &[String]) -> Vec<String> {
     v.extend(extra.iter().cloned());
     v
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_families_follow_the_last_chart_values() {
+        let of = |sets: &[&str]| Families::of(&sets.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>());
+        let v6 = "network.ipv6ClusterCIDR=fd00:10:244::/56";
+        assert_eq!(of(&[]), Families::Ipv4);
+        assert_eq!(of(&[v6]), Families::DualStack("fd00:10:244::/56".into()));
+        assert_eq!(of(&[v6, "network.clusterCIDR=null"]), Families::Ipv6Only("fd00:10:244::/56".into()));
+        let back = ["network.clusterCIDR=null", "network.clusterCIDR=10.244.0.0/16", v6];
+        assert_eq!(of(&back), Families::DualStack("fd00:10:244::/56".into()), "a later IPv4 CIDR wins");
+        assert_eq!(of(&[v6, "network.ipv6ClusterCIDR=null"]), Families::Ipv4);
+        assert_eq!(of(&[v6, "network.clusterCIDR=null"]).dns_ip(), "fd00:96::a");
+    }
+}
