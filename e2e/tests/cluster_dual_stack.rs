@@ -13,7 +13,7 @@
 use std::time::Duration;
 
 use weft_e2e::cluster::testing::{Cluster, apply, eventually, kubectl_ok, node_exec, pod_exec};
-use weft_e2e::cluster::workloads::{HTTP_PORT, TestPod, http_hostname, namespace, pod_ips, udp_hostname};
+use weft_e2e::cluster::workloads::{HTTP_PORT, TestPod, assert_tcp_and_udp, http_hostname, namespace, pod_ips};
 
 const IPV6_CLUSTER_CIDR: &str = "fd00:10:244::/56";
 const HOST_PORT: u16 = 18090;
@@ -80,14 +80,7 @@ fn dual_stack_pods_services_and_host_ports_on_real_nodes() {
     });
     assert_eq!(answer, "c");
     for (from, to, target6) in [("a", "c", &c[1]), ("c", "a", &a[1])] {
-        let answer = eventually(&format!("{from} → {to} over IPv6 TCP"), Duration::from_secs(60), || {
-            http_hostname(ns, from, &format!("[{target6}]:{HTTP_PORT}"))
-        });
-        assert_eq!(answer, to);
-        let answer = eventually(&format!("{from} → {to} over IPv6 UDP"), Duration::from_secs(30), || {
-            udp_hostname(ns, from, target6)
-        });
-        assert_eq!(answer, to);
+        assert_tcp_and_udp(ns, from, target6, to);
     }
 
     // An IPv6-only Service through kube-proxy.

@@ -10,7 +10,7 @@
 use std::time::Duration;
 
 use weft_e2e::cluster::testing::{Cluster, apply, eventually, kubectl_ok, node_exec};
-use weft_e2e::cluster::workloads::{HTTP_PORT, TestPod, http_hostname, namespace, pod_ips, udp_hostname};
+use weft_e2e::cluster::workloads::{HTTP_PORT, TestPod, assert_tcp_and_udp, http_hostname, namespace, pod_ips};
 
 const CLUSTER_CIDR6: &str = "fd00:10:244::/56";
 const HOST_PORT: u16 = 18091;
@@ -58,14 +58,7 @@ fn ipv6_only_pods_services_and_host_ports_on_real_nodes() {
 
     // Across nodes, both ways, TCP and UDP.
     for (from, to, target) in [("a", "c", &c[0]), ("c", "a", &a[0])] {
-        let answer = eventually(&format!("{from} → {to} over TCP"), Duration::from_secs(60), || {
-            http_hostname(ns, from, &format!("[{target}]:{HTTP_PORT}"))
-        });
-        assert_eq!(answer, to);
-        let answer = eventually(&format!("{from} → {to} over UDP"), Duration::from_secs(30), || {
-            udp_hostname(ns, from, target)
-        });
-        assert_eq!(answer, to);
+        assert_tcp_and_udp(ns, from, target, to);
     }
 
     // A Service through kube-proxy: IPv6, the cluster's only family.

@@ -15,7 +15,8 @@ use std::time::Duration;
 
 use serde_json::Value;
 use weft_e2e::sandbox::testing::{
-    Up, apply, assert_overlay_converged, assert_reaches, expect_matrix, host_port_addresses, kubectl, ns_of, ok,
+    Up, apply, assert_overlay_converged, assert_reaches, db_ingress_policy, expect_matrix, host_port_addresses,
+    kubectl, ns_of, ok, weft_deny_to_web,
 };
 
 const IPV6_CLUSTER_CIDR: &str = "fd00:10:244::/56";
@@ -222,66 +223,22 @@ fn dual_stack_pods_get_both_families_and_policy_treats_them_alike(backend: &str)
     ok(&["del-pod", "vm", "-n", "dev"]);
 
     // Pod and namespace selectors admit every address of the pods they select.
-    apply(
-        "
-apiVersion: networking.k8s.io/v1
-kind: NetworkPolicy
-metadata: {name: db-from-dev, namespace: prod}
-spec:
-  podSelector: {matchLabels: {app: db}}
-  ingress:
-  - from: [{namespaceSelector: {matchLabels: {team: b}}}]
-",
-    );
+    apply(&db_ingress_policy("{namespaceSelector: {matchLabels: {team: b}}}"));
     expect_both("namespaceSelector", "tcp", 80, |from, to| to != "prod/db" || ns_of(from) == "dev");
     expect_both("a TCP-less policy isolates UDP too", "udp", 53, |from, to| to != "prod/db" || ns_of(from) == "dev");
 
     // An IPv4 ipBlock never matches an IPv6 peer, and the other way round.
-    apply(
-        "
-apiVersion: networking.k8s.io/v1
-kind: NetworkPolicy
-metadata: {name: db-from-dev, namespace: prod}
-spec:
-  podSelector: {matchLabels: {app: db}}
-  ingress:
-  - from: [{ipBlock: {cidr: 0.0.0.0/0}}]
-",
-    );
+    apply(&db_ingress_policy("{ipBlock: {cidr: 0.0.0.0/0}}"));
     expect_family("0.0.0.0/0 admits every IPv4 peer", "ipv4", "tcp", 80, &|_, _| true);
     expect_family("0.0.0.0/0 admits no IPv6 peer", "ipv6", "tcp", 80, &|_, to| to != "prod/db");
     let (_, client6) = pod_ips("dev/client");
-    apply(&format!(
-        "
-apiVersion: networking.k8s.io/v1
-kind: NetworkPolicy
-metadata: {{name: db-from-dev, namespace: prod}}
-spec:
-  podSelector: {{matchLabels: {{app: db}}}}
-  ingress:
-  - from: [{{ipBlock: {{cidr: '::/0', except: ['{client6}/128']}}}}]
-"
-    ));
+    apply(&db_ingress_policy(&format!("{{ipBlock: {{cidr: '::/0', except: ['{client6}/128']}}}}")));
     expect_family("::/0 admits no IPv4 peer", "ipv4", "tcp", 80, &|_, to| to != "prod/db");
     expect_family("::/0 except the client", "ipv6", "tcp", 80, &|from, to| to != "prod/db" || from != "dev/client");
 
     // Weft's own policy over IPv6: a Deny of one IPv6 address beats an Allow.
     kubectl(&["delete", "networkpolicy", "--all", "-n", "prod"]);
-    apply(&format!(
-        "
-apiVersion: weft.dev/v1alpha1
-kind: NetworkPolicy
-metadata: {{name: no-client6, namespace: prod}}
-spec:
-  priority: 100
-  podSelector: {{matchLabels: {{app: web}}}}
-  ingress:
-  - action: Deny
-    peers: [{{ipBlock: {{cidr: '{client6}/128'}}}}]
-  - action: Allow
-    peers: [{{namespaceSelector: {{}}}}]
-"
-    ));
+    apply(&weft_deny_to_web(&format!("{client6}/128")));
     expect_family("a Weft Deny of an IPv6 address", "ipv6", "tcp", 80, &|from, to| {
         to != "prod/web" || from != "dev/client"
     });

@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use serde_json::Value;
 use weft_e2e::sandbox::testing::{
-    Up, apply, assert_overlay_converged, assert_reaches, expect_matrix, host_port_addresses, kubectl, ns_of, ok,
+    Up, apply, assert_overlay_converged, assert_reaches, db_ingress_policy, expect_matrix, host_port_addresses,
+    kubectl, ns_of, ok, weft_deny_to_web,
 };
 use weft_e2e::sandbox::{CLUSTER_CIDR6, node_ip, node_ipv6};
 
@@ -92,47 +93,13 @@ fn ipv6_only_pods_across_nodes_over_vxlan() {
     expect("default allow", "ipv6", &|_, _| true);
     expect("no IPv4 anywhere", "ipv4", &|_, _| false);
 
-    apply(
-        "
-apiVersion: networking.k8s.io/v1
-kind: NetworkPolicy
-metadata: {name: db-from-dev, namespace: prod}
-spec:
-  podSelector: {matchLabels: {app: db}}
-  ingress:
-  - from: [{namespaceSelector: {matchLabels: {team: b}}}]
-",
-    );
+    apply(&db_ingress_policy("{namespaceSelector: {matchLabels: {team: b}}}"));
     expect("namespaceSelector", "ipv6", &|from, to| to != "prod/db" || ns_of(from) == "dev");
     let client = pod_ip("dev/client");
-    apply(&format!(
-        "
-apiVersion: networking.k8s.io/v1
-kind: NetworkPolicy
-metadata: {{name: db-from-dev, namespace: prod}}
-spec:
-  podSelector: {{matchLabels: {{app: db}}}}
-  ingress:
-  - from: [{{ipBlock: {{cidr: '::/0', except: ['{client}/128']}}}}]
-"
-    ));
+    apply(&db_ingress_policy(&format!("{{ipBlock: {{cidr: '::/0', except: ['{client}/128']}}}}")));
     expect("::/0 except the client", "ipv6", &|from, to| to != "prod/db" || from != "dev/client");
     kubectl(&["delete", "networkpolicy", "--all", "-n", "prod"]);
-    apply(&format!(
-        "
-apiVersion: weft.dev/v1alpha1
-kind: NetworkPolicy
-metadata: {{name: no-client, namespace: prod}}
-spec:
-  priority: 100
-  podSelector: {{matchLabels: {{app: web}}}}
-  ingress:
-  - action: Deny
-    peers: [{{ipBlock: {{cidr: '{client}/128'}}}}]
-  - action: Allow
-    peers: [{{namespaceSelector: {{}}}}]
-"
-    ));
+    apply(&weft_deny_to_web(&format!("{client}/128")));
     expect("a Weft Deny of an IPv6 address", "ipv6", &|from, to| to != "prod/web" || from != "dev/client");
     kubectl(&["delete", "networkpolicies.weft.dev", "--all", "-n", "prod"]);
     expect("policies gone", "ipv6", &|_, _| true);

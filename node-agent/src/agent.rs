@@ -138,13 +138,12 @@ impl Agent {
         let driver = crate::attach::driver(mode);
         let pool = self.ipam.pool();
         let primary = PodAddress { address: driver.pod_address(ip, pool.cidr()), gateway: pool.gateway() };
-        let second = match (ip, self.ipv6.filter(|_| has_ipv6)) {
-            (IpAddr::V4(v4), Some(block)) => Some(PodAddress {
-                address: driver.pod_address(block.address_of(v4).into(), block.cidr().into()),
+        let second = self.ipv6.filter(|_| has_ipv6).and_then(|block| {
+            Some(PodAddress {
+                address: driver.pod_address(block.beside(ip)?.into(), block.cidr().into()),
                 gateway: block.gateway().into(),
-            }),
-            _ => None,
-        };
+            })
+        });
         std::iter::once(primary).chain(second).collect()
     }
 

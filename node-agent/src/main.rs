@@ -334,13 +334,7 @@ fn host_ports(config: &Config, pool: &Pool, ipv6: Option<&Ipv6Block>, ipam: &Ipa
     let existing = ipam
         .all()
         .iter()
-        .filter_map(|(ip, r)| {
-            let ipv6 = match (ip, ipv6) {
-                (std::net::IpAddr::V4(v4), Some(block)) => Some(block.address_of(*v4)),
-                _ => None,
-            };
-            hostport::Allocation::from_record(*ip, ipv6, r)
-        })
+        .filter_map(|(ip, r)| hostport::Allocation::from_record(*ip, ipv6.and_then(|b| b.beside(*ip)), r))
         .collect();
     let pods = hostport::PodBlocks { pool: pool.cidr(), ipv6: ipv6.map(Ipv6Block::cidr) };
     hostport::HostPorts::new(range, pods, existing)

@@ -147,6 +147,21 @@ pub fn delete_pods(namespace: &str, names: &[&str]) {
     kubectl_ok(&args);
 }
 
+/// Pod `from` reaches pod `want` at address `ip` (either family) over TCP
+/// and over UDP, within a minute and half a minute.
+#[track_caller]
+pub fn assert_tcp_and_udp(ns: &str, from: &str, ip: &str, want: &str) {
+    let target = if ip.contains(':') { format!("[{ip}]:{HTTP_PORT}") } else { format!("{ip}:{HTTP_PORT}") };
+    let answer = eventually(&format!("{from} → {want} over TCP at {ip}"), Duration::from_secs(60), || {
+        http_hostname(ns, from, &target)
+    });
+    assert_eq!(answer, want, "TCP {from} → {ip}");
+    let answer = eventually(&format!("{from} → {want} over UDP at {ip}"), Duration::from_secs(30), || {
+        udp_hostname(ns, from, ip)
+    });
+    assert_eq!(answer, want, "UDP {from} → {ip}");
+}
+
 /// Three pods (two on node-1, one on node-2) reach each other over TCP and
 /// UDP, and a ClusterIP Service through kube-proxy answers from both nodes.
 pub fn pods_and_a_service_connect(ns: &str) -> String {
@@ -162,14 +177,7 @@ pub fn pods_and_a_service_connect(ns: &str) -> String {
     let b = pod("b", "node-1").run();
     let c = pod("c", "node-2").run();
     for (from, target, name) in [("a", &b, "b"), ("a", &c, "c"), ("c", &a, "a"), ("c", &b, "b")] {
-        let answer = eventually(&format!("{from} → {name} over TCP"), Duration::from_secs(30), || {
-            http_hostname(ns, from, &format!("{target}:{HTTP_PORT}"))
-        });
-        assert_eq!(answer, name, "TCP {from} → {target}");
-        let answer = eventually(&format!("{from} → {name} over UDP"), Duration::from_secs(30), || {
-            udp_hostname(ns, from, target)
-        });
-        assert_eq!(answer, name, "UDP {from} → {target}");
+        assert_tcp_and_udp(ns, from, target, name);
     }
     apply(&format!(
         "apiVersion: v1\nkind: Service\nmetadata: {{name: echo, namespace: {ns}}}\n\

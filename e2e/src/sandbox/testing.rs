@@ -124,6 +124,27 @@ pub fn assert_reaches(from: &str, protocol: &str, target: &str, want: &str, with
     assert!(answer.is_some(), "{from} cannot reach {want} at {target} ({protocol})");
 }
 
+/// The standard NetworkPolicy `db-from-dev` in namespace prod: pods
+/// app=db admit ingress only from `peer` (one entry of `from`, in YAML flow
+/// style).
+pub fn db_ingress_policy(peer: &str) -> String {
+    format!(
+        "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {{name: db-from-dev, namespace: prod}}\n\
+         spec:\n  podSelector: {{matchLabels: {{app: db}}}}\n  ingress:\n  - from: [{peer}]\n"
+    )
+}
+
+/// Weft's own NetworkPolicy `no-client` in namespace prod: pods app=web
+/// deny ingress from `cidr`, then allow every namespace.
+pub fn weft_deny_to_web(cidr: &str) -> String {
+    format!(
+        "apiVersion: weft.dev/v1alpha1\nkind: NetworkPolicy\nmetadata: {{name: no-client, namespace: prod}}\n\
+         spec:\n  priority: 100\n  podSelector: {{matchLabels: {{app: web}}}}\n  ingress:\n\
+         \x20 - action: Deny\n    peers: [{{ipBlock: {{cidr: '{cidr}'}}}}]\n\
+         \x20 - action: Allow\n    peers: [{{namespaceSelector: {{}}}}]\n"
+    )
+}
+
 /// The namespace of a pod key (`namespace/name`).
 pub fn ns_of(pod: &str) -> &str {
     pod.split('/').next().unwrap_or_default()

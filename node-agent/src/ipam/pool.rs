@@ -130,6 +130,14 @@ impl Ipv6Block {
         Ipv6Addr::from(u128::from(self.cidr.network()) | u128::from(host))
     }
 
+    /// The IPv6 address beside pool address `ip`; `None` for an IPv6 one.
+    pub fn beside(&self, ip: IpAddr) -> Option<Ipv6Addr> {
+        match ip {
+            IpAddr::V4(v4) => Some(self.address_of(v4)),
+            IpAddr::V6(_) => None,
+        }
+    }
+
     pub fn gateway(&self) -> Ipv6Addr {
         self.address_of(Ipv4Addr::from(u32::from(self.v4.network()) + 1))
     }
@@ -151,6 +159,8 @@ mod tests {
         assert_eq!(b.address_of("10.244.1.7".parse().unwrap()).to_string(), "fd00:10:244:1::7");
         assert_eq!(b.address_of("10.244.1.254".parse().unwrap()).to_string(), "fd00:10:244:1::fe");
         assert_eq!(b.gateway_net().to_string(), "fd00:10:244:1::1/64");
+        assert_eq!(b.beside(ip("10.244.1.7")), Some("fd00:10:244:1::7".parse().unwrap()));
+        assert_eq!(b.beside(ip("fd00::7")), None);
         let tight = Ipv6Block::new("fd00::100/120".parse().unwrap(), v4).unwrap();
         assert_eq!(tight.address_of("10.244.1.255".parse().unwrap()).to_string(), "fd00::1ff");
         let e = Ipv6Block::new("fd00::/121".parse().unwrap(), v4).unwrap_err();

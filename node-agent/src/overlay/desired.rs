@@ -262,8 +262,12 @@ pub fn check_peer(local: &Local, p: &Peer) -> Result<PeerPath, PeerError> {
         return Err(PeerError::CidrOutsideCluster { peer: p.pod_cidr, cluster: local.cluster_cidr });
     }
     let ip = p.node_ip;
-    let broadcast = matches!(ip, IpAddr::V4(v4) if v4.is_broadcast());
-    if ip.is_unspecified() || ip.is_loopback() || ip.is_multicast() || broadcast {
+    // A link-local IPv6 address names no node without its interface.
+    let unusable = match ip {
+        IpAddr::V4(v4) => v4.is_broadcast(),
+        IpAddr::V6(v6) => v6.is_unicast_link_local(),
+    };
+    if ip.is_unspecified() || ip.is_loopback() || ip.is_multicast() || unusable {
         return Err(PeerError::InvalidNodeIp(ip));
     }
     if ip.is_ipv6() != local.node_ip().is_ipv6() {
@@ -540,6 +544,8 @@ mod tests {
         assert_eq!((route.via, route.dev), (ip("fd00:250::2"), Dev::Underlay));
         let d = compute(&local6(Backend::HostGw), &[v6("n3", "fd00:10:244:3::/64", "fd00:251::3", Backend::HostGw)]);
         assert!(matches!(d.errors["n3"], PeerError::NotOnSameL2 { .. }), "{:?}", d.errors);
+        let d = compute(&local6(Backend::Vxlan), &[v6("n4", "fd00:10:244:4::/64", "fe80::4", Backend::Vxlan)]);
+        assert_eq!(d.errors["n4"], PeerError::InvalidNodeIp(ip("fe80::4")));
 
         // A peer of the other family is refused, whichever side is IPv6.
         let d = compute(&local6(Backend::Vxlan), &[v6("n2", "fd00:10:244:2::/64", "10.0.0.2", Backend::Vxlan)]);
