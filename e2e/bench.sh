@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs Weft's benchmarks (as root) against their peers in the same run and
-# prints tables. Usage: e2e/bench.sh [cni|overlay|hostports|policy|cluster|all]
+# prints tables. Usage: e2e/bench.sh [cni|overlay [SECTION...]|hostports|policy|cluster|all]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 e2e/scripts/setup-machine.sh
@@ -19,7 +19,7 @@ cp "$cni" "$WEFT_BIN_DIR/weft-cni"
 sync
 case "${1:-all}" in
   cni) cargo bench -p weft-e2e --bench cni_add_del ;;
-  overlay) cargo build --workspace --bins && e2e/bench/overlay.sh ;;
+  overlay) cargo build --workspace --bins && e2e/bench/overlay.sh "${@:2}" ;;
   hostports)
     cargo bench -p weft-e2e --bench host_ports
     cargo test -p weft-agent --release thousand_host_port -- --ignored --nocapture ;;

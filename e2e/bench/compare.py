@@ -10,7 +10,10 @@ meets it; on a VM this includes waking halted CPUs) and back to back (ping
 lets a freshly started sandbox settle. Prints one line per pair: the label,
 the median Gbit/s over the rounds, the median spaced round trip (ms) of all
 samples, the mean back-to-back round trip (ms) over the rounds, then each
-round's Gbit/s.
+round's Gbit/s. With --ratio A/B, also a line "A/B" followed by the median
+over rounds of A's figure divided by B's in the same round (throughput,
+spaced round trip, back-to-back round trip): pairing within a round cancels
+the drift between rounds that a ratio of two medians keeps.
 """
 
 import argparse
@@ -49,7 +52,10 @@ def throughput(src, dst, addr, secs):
 
 def round_trips(src, addr, count):
     out = netns(src, "ping", "-c", str(count), "-i", "0.002", addr, capture_output=True, text=True).stdout
-    return [float(line.split("time=")[1].split()[0]) for line in out.splitlines() if "time=" in line]
+    samples = [float(line.split("time=")[1].split()[0]) for line in out.splitlines() if "time=" in line]
+    if not samples:
+        raise RuntimeError(f"ping from {src} to {addr} got no replies:\n{out}")
+    return samples
 
 
 def busy_round_trip(src, addr, count):
@@ -65,24 +71,35 @@ def main():
     p.add_argument("--rounds", type=int, default=12)
     p.add_argument("--secs", type=int, default=4)
     p.add_argument("--pings", type=int, default=200)
+    p.add_argument("--ratio", action="append", default=[], help="A/B: per-round ratios of two labels")
     p.add_argument("pairs", nargs="+")
     a = p.parse_args()
     # ADDR last: an IPv6 address keeps its colons.
     pairs = [x.split(":", 3) for x in a.pairs]
     gbps = {label: [] for label, *_ in pairs}
     rtts = {label: [] for label, *_ in pairs}
+    round_rtts = {label: [] for label, *_ in pairs}
     busy = {label: [] for label, *_ in pairs}
     for label, src, dst, addr in pairs:
         throughput(src, dst, addr, 1)
     for r in range(a.rounds):
         for label, src, dst, addr in pairs if r % 2 == 0 else reversed(pairs):
             gbps[label].append(throughput(src, dst, addr, a.secs))
-            rtts[label] += round_trips(src, addr, a.pings)
+            samples = round_trips(src, addr, a.pings)
+            rtts[label] += samples
+            round_rtts[label].append(statistics.median(samples))
             busy[label].append(busy_round_trip(src, addr, 20 * a.pings))
     for label, *_ in pairs:
         runs = " ".join(f"{x:.2f}" for x in gbps[label])
         rtt, rtt_busy = statistics.median(rtts[label]), statistics.mean(busy[label])
         print(f"{label} {statistics.median(gbps[label]):.2f} {rtt:.4f} {rtt_busy:.4f} {runs}")
+    for ratio in a.ratio:
+        x, y = ratio.split("/")
+        paired = [
+            statistics.median(mx / my for mx, my in zip(figures[x], figures[y]))
+            for figures in (gbps, round_rtts, busy)
+        ]
+        print(ratio, " ".join(f"{r:.3f}" for r in paired))
 
 
 if __name__ == "__main__":

@@ -4,17 +4,23 @@
 #   weft vxlan   vs a hand-built kernel VXLAN (routed, no bridge), weft's pods
 #                routed (--pod-attachment routed), then bridged (the default)
 #   weft vxlan, IPv6 pod traffic (dual-stack, bridged pods) vs the hand-built
-#                VXLAN carrying IPv6, both over the IPv4 underlay, then both
-#                over the IPv6 underlay (--vxlan-underlay ipv6), then an
-#                IPv6-only cluster (up --ipv6-only) vs VXLAN over IPv6
+#                VXLAN carrying IPv6 to routed and to bridged pods, both over
+#                the IPv4 underlay, then both over the IPv6 underlay
+#                (--vxlan-underlay ipv6), then an IPv6-only cluster (up
+#                --ipv6-only) vs VXLAN over IPv6, its pods bridged, then routed
 #   weft host-gw vs plain routing over the underlay, pods bridged, then routed
 #   weft vxlan with 100 NetworkPolicies (default deny plus allows) selecting
 #                both pods vs the same path under no policy
 # in interleaved rounds (e2e/bench/compare.py: this machine is noisy, so each
 # round measures both), and measures overlay convergence (new peer Subnet ->
 # route+FDB+neighbour on another node). Prints tables; asserts nothing.
+#
+# Usage: e2e/bench/overlay.sh [vxlan] [ipv6] [host-gw] (the sections to run;
+# all by default). vxlan includes the policy cost and convergence.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+SECTIONS=" ${*:-vxlan ipv6 host-gw} "
+want() { [[ $SECTIONS == *" $1 "* ]]; }
 SBX=target/debug/weft-sandbox
 ROUNDS=${ROUNDS:-12}
 SECS=${SECS:-4}
@@ -23,18 +29,22 @@ N1=weft-sbx-node-1 N2=weft-sbx-node-2
 
 cleanup() {
   pkill -f "iperf3 -s -p 5301" 2>/dev/null || true
-  for ns in bench-p1 bench-p2; do ip netns del "$ns" 2>/dev/null || true; done
+  for ns in bench-p1 bench-p2 bench-q1 bench-q2; do ip netns del "$ns" 2>/dev/null || true; done
   $SBX down >/dev/null 2>&1 || true
 }
 trap cleanup EXIT
 
 median() { sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
 
-# Two pod pairs (KEY:FROM_NETNS:TO_NETNS:ADDR each), interleaved; sets T/R/F/P[KEY].
+# Pod pairs (KEY:FROM_NETNS:TO_NETNS:ADDR each), interleaved; sets T/R/F/P[KEY],
+# and for the first pair against each later one the paired ratios
+# (compare.py --ratio) in PT/PR/PF[FIRST/LATER].
 compare_pairs() {
-  local k t r f runs
-  while read -r k t r f runs; do T[$k]=$t; R[$k]=$r; F[$k]=$f; P[$k]=$runs; done < <(
-    python3 e2e/bench/compare.py --rounds "$ROUNDS" --secs "$SECS" "$1" "$2")
+  local k t r f runs first=${1%%:*} ratios=() x
+  for x in "${@:2}"; do ratios+=(--ratio "$first/${x%%:*}"); done
+  while read -r k t r f runs; do
+    if [[ $k == */* ]]; then PT[$k]=$t PR[$k]=$r PF[$k]=$f; else T[$k]=$t R[$k]=$r F[$k]=$f P[$k]=$runs; fi
+  done < <(python3 e2e/bench/compare.py --rounds "$ROUNDS" --secs "$SECS" "${ratios[@]}" "$@")
 }
 
 # Weft's pod pair against the baseline pair.
@@ -99,28 +109,27 @@ policy_cost() {
     "wnop:weft-sbx-pod-default-a:weft-sbx-pod-default-b:$B_IP"
 }
 
-# A baseline "pod" in node namespace $1: netns $2 with $3/24, gateway $4 on the node side.
+# A baseline "pod" in node namespace $1: netns $2 with address $3, gateway
+# $4 on the node side (IPv4 /24 or IPv6 /64, without DAD), MTU $5. The
+# gateway is on the pod's own host veth (routed), or with $6 on a bridge of
+# that name the host veth joins (bridged, as weft0 and the reference bridge
+# plugin's cni0).
 baseline_pod() {
-  local node=$1 pod=$2 addr=$3 gw=$4 mtu=$5
+  local node=$1 pod=$2 addr=$3 gw=$4 mtu=$5 bridge=${6:-} len=24 nodad=()
+  if [[ $addr == *:* ]]; then len=64 nodad=(nodad); fi
   ip netns add "$pod"
   ip -n "$pod" link set lo up
   ip -n "$node" link add "b-$pod" mtu "$mtu" type veth peer name eth0 mtu "$mtu" netns "$pod"
-  ip -n "$node" addr add "$gw/24" dev "b-$pod"
+  local gw_dev="b-$pod"
+  if [[ $bridge ]]; then
+    ip -n "$node" link show "$bridge" >/dev/null 2>&1 || ip -n "$node" link add "$bridge" mtu "$mtu" type bridge
+    ip -n "$node" link set "b-$pod" master "$bridge"
+    ip -n "$node" link set "$bridge" up
+    gw_dev=$bridge
+  fi
+  ip -n "$node" addr add "$gw/$len" dev "$gw_dev" "${nodad[@]}"
   ip -n "$node" link set "b-$pod" up
-  ip -n "$pod" addr add "$addr/24" dev eth0
-  ip -n "$pod" link set eth0 up
-  ip -n "$pod" route add default via "$gw"
-}
-
-# The same with IPv6 only: $3/64, gateway $4, MTU $5.
-baseline_pod6() {
-  local node=$1 pod=$2 addr=$3 gw=$4 mtu=$5
-  ip netns add "$pod"
-  ip -n "$pod" link set lo up
-  ip -n "$node" link add "b-$pod" mtu "$mtu" type veth peer name eth0 mtu "$mtu" netns "$pod"
-  ip -n "$node" addr add "$gw/64" dev "b-$pod" nodad
-  ip -n "$node" link set "b-$pod" up
-  ip -n "$pod" addr add "$addr/64" dev eth0 nodad
+  ip -n "$pod" addr add "$addr/$len" dev eth0 "${nodad[@]}"
   ip -n "$pod" link set eth0 up
   ip -n "$pod" route add default via "$gw"
 }
@@ -132,7 +141,7 @@ two_pods() {
 }
 
 $SBX down >/dev/null 2>&1 || true
-declare -A T R F P
+declare -A T R F P PT PR PF
 
 # --- vxlan sandboxes: weft vxlan vs a hand-built VXLAN --------------------------
 # Pods routed first (that sandbox comes down at once), then bridged (the
@@ -152,6 +161,7 @@ vxlan() {
   ip -n $N2 route add 192.168.201.0/24 via 172.31.99.1
   compare "$weft" "$base"
 }
+if want vxlan; then
 vxlan wvr kvr --agent-arg=--pod-attachment=routed
 $SBX down >/dev/null
 ip netns del bench-p1; ip netns del bench-p2
@@ -187,19 +197,24 @@ conv_median=$(printf '%s\n' "${conv[@]}" | median)
 conv_max=$(printf '%s\n' "${conv[@]}" | sort -g | tail -1)
 $SBX down >/dev/null
 ip netns del bench-p1; ip netns del bench-p2
+fi
 
-# --- dual-stack vxlan sandbox: IPv6 between pods vs hand-built VXLAN carrying IPv6 --
-# $3: the underlay family (ipv4: between the node IPs, MTU 1450; ipv6: between
-# the nodes' IPv6 addresses fd00:250::b/::c, MTU 1430), or ipv6-only (an
-# IPv6-only sandbox: IPv6 node IPs and pods, VXLAN over IPv6).
+# --- IPv6 vxlan sandboxes: IPv6 between pods vs hand-built VXLAN carrying IPv6 --
+# vxlan_ipv6 KEY UNDERLAY [up args]. UNDERLAY: ipv4 (a dual-stack sandbox,
+# VXLAN between the node IPs, MTU 1450), ipv6 (dual-stack, VXLAN between the
+# nodes' IPv6 addresses fd00:250::b/::c, MTU 1430) or ipv6-only (an IPv6-only
+# sandbox: IPv6 node IPs and pods, VXLAN over IPv6). Two hand-built pod pairs
+# share the hand-built VXLAN: k$KEY routed (no bridge), b$KEY on a bridge at
+# each end (bbr0, with bridge netfilter on as weft0 has it), so that each of
+# weft's attachment modes meets the same topology built by hand.
 vxlan_ipv6() {
-  local weft=$1 base=$2 underlay=$3 local1=10.250.0.11 local2=10.250.0.12 mtu=1450 column=4
+  local weft=$1 underlay=$2 local1=10.250.0.11 local2=10.250.0.12 mtu=1450 column=4; shift 2
   local up=(--operator-arg=--secondary-cluster-cidr=fd00:10:244::/56
     --agent-arg=--ipv6-cluster-cidr=fd00:10:244::/56 --agent-arg=--vxlan-underlay=$underlay)
   if [[ $underlay != ipv4 ]]; then local1=fd00:250::b local2=fd00:250::c mtu=1430; fi
   # An IPv6-only pod's one address is in the IP column.
   if [[ $underlay == ipv6-only ]]; then up=(--ipv6-only) column=3; fi
-  $SBX up --nodes 2 "${up[@]}" >/dev/null
+  $SBX up --nodes 2 "${up[@]}" "$@" >/dev/null
   $SBX add-pod a --node node-1 >/dev/null
   $SBX add-pod b --node node-2 >/dev/null
   local b_ip6
@@ -209,17 +224,25 @@ vxlan_ipv6() {
   ip -n $N2 link add bvx type vxlan id 99 dstport 4790 local $local2 remote $local1 dev eth0
   ip -n $N1 addr add fd00:99::1/64 dev bvx nodad; ip -n $N1 link set bvx up
   ip -n $N2 addr add fd00:99::2/64 dev bvx nodad; ip -n $N2 link set bvx up
-  baseline_pod6 $N1 bench-p1 fd00:201::2 fd00:201::1 $mtu
-  baseline_pod6 $N2 bench-p2 fd00:202::2 fd00:202::1 $mtu
+  baseline_pod $N1 bench-p1 fd00:201::2 fd00:201::1 $mtu
+  baseline_pod $N2 bench-p2 fd00:202::2 fd00:202::1 $mtu
+  baseline_pod $N1 bench-q1 fd00:203::2 fd00:203::1 $mtu bbr0
+  baseline_pod $N2 bench-q2 fd00:204::2 fd00:204::1 $mtu bbr0
   ip -n $N1 route add fd00:202::/64 via fd00:99::2
+  ip -n $N1 route add fd00:204::/64 via fd00:99::2
   ip -n $N2 route add fd00:201::/64 via fd00:99::1
-  compare_pairs "$weft:weft-sbx-pod-default-a:weft-sbx-pod-default-b:$b_ip6" "$base:bench-p1:bench-p2:fd00:202::2"
+  ip -n $N2 route add fd00:203::/64 via fd00:99::1
+  compare_pairs "$weft:weft-sbx-pod-default-a:weft-sbx-pod-default-b:$b_ip6" \
+    "k$weft:bench-p1:bench-p2:fd00:202::2" "b$weft:bench-q1:bench-q2:fd00:204::2"
   $SBX down >/dev/null
-  ip netns del bench-p1; ip netns del bench-p2
+  for ns in bench-p1 bench-p2 bench-q1 bench-q2; do ip netns del $ns; done
 }
-vxlan_ipv6 wv6 kv6 ipv4
-vxlan_ipv6 wv6u kv6u ipv6
-vxlan_ipv6 wv6o kv6o ipv6-only
+if want ipv6; then
+vxlan_ipv6 wv6 ipv4
+vxlan_ipv6 wv6u ipv6
+vxlan_ipv6 wv6o ipv6-only
+vxlan_ipv6 wv6or ipv6-only --agent-arg=--pod-attachment=routed
+fi
 
 # --- host-gw sandboxes: weft host-gw vs plain routing over the underlay ---------
 # Once with pods on the bridge (the default), once routed (--pod-attachment
@@ -236,34 +259,57 @@ host_gw() {
   $SBX down >/dev/null
   ip netns del bench-p1; ip netns del bench-p2
 }
+if want host-gw; then
 host_gw wh pr
 host_gw whr prr --agent-arg=--pod-attachment=routed
+fi
 
-ratio() { python3 -c "print(f'{$1/$2:.2f}')"; }
-row() { printf '| %-32s | %7s | %7s | %7s | %s |\n' "$@"; }
+row() { printf '| %-36s | %7s | %7s | %7s | %s |\n' "$@"; }
+fig() { row "$2" "${T[$1]}" "${R[$1]}" "${F[$1]}" "${P[$1]}"; }
+# The paired ratios of KEY against BASE (compare.py --ratio), two decimals.
+ratios() {
+  local k="$1/$2"
+  row "$3" "$(printf %.2f "${PT[$k]}")" "$(printf %.2f "${PR[$k]}")" "$(printf %.2f "${PF[$k]}")" ""
+}
 # A weft row, its baseline's row and their ratios: pair KEY BASE_KEY LABEL BASE_LABEL RATIO_LABEL.
-pair() {
-  row "$3" "${T[$1]}" "${R[$1]}" "${F[$1]}" "${P[$1]}"
-  row "$4" "${T[$2]}" "${R[$2]}" "${F[$2]}" "${P[$2]}"
-  row "$5" "$(ratio "${T[$1]}" "${T[$2]}")" "$(ratio "${R[$1]}" "${R[$2]}")" "$(ratio "${F[$1]}" "${F[$2]}")" ""
+pair() { [[ ${T[$1]:-} ]] || return 0; fig "$1" "$3"; fig "$2" "$4"; ratios "$1" "$2" "$5"; }
+# An IPv6 sandbox's three pairs: weft, the routed and the bridged baseline;
+# the first ratio is against the baseline of weft's own attachment mode.
+triple() {
+  local key=$1 label=$2 mode=$3
+  [[ ${T[$key]:-} ]] || return 0
+  fig "$key" "$label"
+  fig "k$key" "hand-built VXLAN, routed pods"
+  fig "b$key" "hand-built VXLAN, bridged pods"
+  if [[ $mode == routed ]]; then
+    ratios "$key" "k$key" "ratio weft / hand-built, routed"
+    ratios "$key" "b$key" "(weft / hand-built, bridged)"
+  else
+    ratios "$key" "b$key" "ratio weft / hand-built, bridged"
+    ratios "$key" "k$key" "(weft / hand-built, routed)"
+  fi
 }
 echo
 echo "Pod-to-pod across nodes, ${ROUNDS} interleaved rounds: iperf3 ${SECS}s per round (median Gbit/s;"
 echo "client CPU 0, server CPU 1), 200 pings 2 ms apart per round (median RTT of all) and"
-echo "4000 back-to-back pings per round (ping -f; mean RTT: the path without idle wake-ups)"
+echo "4000 back-to-back pings per round (ping -f; mean RTT: the path without idle wake-ups)."
+echo "Ratios are medians of the per-round ratios (both pairs measured in the same round)."
 echo
 row "datapath" "Gbit/s" "RTT ms" "b2b ms" "Gbit/s by round"
-row "--------------------------------" "------:" "------:" "------:" "---"
+row "------------------------------------" "------:" "------:" "------:" "---"
 pair wv kv "weft vxlan, bridged pods" "hand-built kernel VXLAN" "ratio weft bridged / kernel VXLAN"
 pair wvr kvr "weft vxlan, routed pods" "hand-built kernel VXLAN" "ratio weft routed / kernel VXLAN"
 pair wh pr "weft host-gw, bridged pods" "plain routing over the underlay" "ratio weft bridged / plain"
 pair whr prr "weft host-gw, routed pods" "plain routing over the underlay" "ratio weft routed / plain"
-pair wv6 kv6 "weft vxlan, IPv6, bridged pods" "hand-built kernel VXLAN, IPv6" "ratio weft IPv6 / kernel VXLAN"
-pair wv6u kv6u "weft vxlan over IPv6, IPv6 pods" "hand-built VXLAN over IPv6" "ratio weft / kernel, over IPv6"
-pair wv6o kv6o "weft vxlan, IPv6-only cluster" "hand-built VXLAN over IPv6" "ratio weft IPv6-only / kernel"
+triple wv6 "weft vxlan, IPv6 pods, bridged" bridged
+triple wv6u "weft vxlan over IPv6, bridged" bridged
+triple wv6o "weft IPv6-only cluster, bridged" bridged
+triple wv6or "weft IPv6-only cluster, routed" routed
+if want vxlan; then
 pair wpol wnop "weft vxlan, 100 policies" "weft vxlan, no policy" "ratio 100 policies / none"
 echo
 echo "100 policies: default deny + 98 unrelated allows + 1 allowing the pair, all selecting both"
 echo "pods (${POLICY_RULES} counted policy rules on the server's node); the pair without policy is"
 echo "another pod pair on the same two nodes."
 echo "Convergence (Subnet status with VTEP data -> route+FDB+neighbour on another node), 15 peers: median ${conv_median} ms, max ${conv_max} ms"
+fi

@@ -102,6 +102,7 @@ pub async fn supervise(opts: UpOptions) -> anyhow::Result<()> {
         bail!("a cluster is already up or starting on this machine");
     };
     let started = Instant::now();
+    let pod_ranges = Families::of(&opts.helm_sets).cluster_cidrs()?;
     let (cp, children) = match build(&opts).await {
         Ok(parts) => parts,
         Err(e) => {
@@ -116,7 +117,7 @@ pub async fn supervise(opts: UpOptions) -> anyhow::Result<()> {
         }
     };
     eprintln!("cluster ready after {:.1} s", started.elapsed().as_secs_f64());
-    let routes = tokio::spawn(super::cp_routes::keep(cp.client().await?));
+    let routes = tokio::spawn(super::cp_routes::keep(cp.client().await?, pod_ranges));
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
     tokio::select! {
@@ -452,6 +453,16 @@ impl Families {
         }
     }
 
+    /// The pod ranges of the cluster, IPv4 first.
+    pub fn cluster_cidrs(&self) -> anyhow::Result<Vec<ipnet::IpNet>> {
+        let ranges: Vec<&str> = match self {
+            Families::Ipv4 => vec![super::CLUSTER_CIDR],
+            Families::DualStack(v6) => vec![super::CLUSTER_CIDR, v6],
+            Families::Ipv6Only(v6) => vec![v6],
+        };
+        ranges.iter().map(|r| r.parse().with_context(|| format!("cluster CIDR {r:?}"))).collect()
+    }
+
     pub fn of(helm_sets: &[String]) -> Self {
         let last = |key: &str| helm_sets.iter().rev().find_map(|s| s.strip_prefix(key)).filter(|v| *v != "null");
         let v4_dropped = helm_sets.iter().rev().find_map(|s| s.strip_prefix("network.clusterCIDR=")) == Some("null");
@@ -497,5 +508,10 @@ mod tests {
         assert_eq!(of(&back), Families::DualStack("fd00:10:244::/56".into()), "a later IPv4 CIDR wins");
         assert_eq!(of(&[v6, "network.ipv6ClusterCIDR=null"]), Families::Ipv4);
         assert_eq!(of(&[v6, "network.clusterCIDR=null"]).dns_ip(), "fd00:96::a");
+        let ranges = |f: Families| f.cluster_cidrs().unwrap().iter().map(ToString::to_string).collect::<Vec<_>>();
+        assert_eq!(ranges(of(&[v6])), ["10.244.0.0/16", "fd00:10:244::/56"]);
+        assert_eq!(ranges(of(&[v6, "network.clusterCIDR=null"])), ["fd00:10:244::/56"]);
+        let err = of(&["network.ipv6ClusterCIDR=fd00::/999"]).cluster_cidrs().unwrap_err();
+        assert!(format!("{err:#}").contains("fd00::/999"), "{err:#}");
     }
 }
