@@ -18,18 +18,22 @@ use weft_api::subnet::Subnet;
 use super::CP_NS;
 use crate::sandbox::ip;
 
+fn in_clusters(clusters: &[IpNet], net: &IpNet) -> bool {
+    clusters.iter().any(|c| c.contains(net))
+}
+
 /// Pod block → gateway (the node's address of the block's family) for every
-/// Subnet block whose node has published that address: the IPv4 block via
-/// `nodeIP`, the IPv6 block via `nodeIPv6` (dual-stack) or, in an IPv6-only
-/// cluster, via `nodeIP`.
-pub fn desired(subnets: &[Subnet]) -> BTreeMap<IpNet, String> {
+/// Subnet block inside `clusters` whose node has published that address:
+/// the IPv4 block via `nodeIP`, the IPv6 block via `nodeIPv6` (dual-stack)
+/// or, in an IPv6-only cluster, via `nodeIP`.
+pub fn desired(subnets: &[Subnet], clusters: &[IpNet]) -> BTreeMap<IpNet, String> {
     let mut want = BTreeMap::new();
     for s in subnets {
         let Some(status) = s.status.as_ref() else { continue };
         let node_ips: Vec<IpAddr> =
             [&status.node_ip, &status.node_ipv6].into_iter().flatten().filter_map(|a| a.parse().ok()).collect();
         let blocks = if s.spec.cidrs.is_empty() { std::slice::from_ref(&s.spec.cidr) } else { &s.spec.cidrs[..] };
-        for block in blocks.iter().filter_map(|b| b.parse::<IpNet>().ok()) {
+        for block in blocks.iter().filter_map(|b| b.parse::<IpNet>().ok()).filter(|b| in_clusters(clusters, b)) {
             if let Some(via) = node_ips.iter().find(|a| a.is_ipv4() == matches!(block, IpNet::V4(_))) {
                 want.insert(block, via.to_string());
             }
@@ -46,21 +50,17 @@ pub fn parse_current(json: &str, clusters: &[IpNet]) -> BTreeMap<IpNet, String> 
         .iter()
         .filter_map(|r| {
             let dst: IpNet = r["dst"].as_str()?.parse().ok()?;
-            clusters
-                .iter()
-                .any(|c| c.contains(&dst))
-                .then(|| (dst, r["gateway"].as_str().unwrap_or_default().to_owned()))
+            in_clusters(clusters, &dst).then(|| (dst, r["gateway"].as_str().unwrap_or_default().to_owned()))
         })
         .collect()
 }
 
 fn sync_once(subnets: &[Subnet], clusters: &[IpNet]) -> anyhow::Result<()> {
-    let want = desired(subnets);
+    let want = desired(subnets, clusters);
     let mut have = BTreeMap::new();
     for family in ["-4", "-6"] {
         have.extend(parse_current(&ip(&["-n", CP_NS, "-j", family, "route", "show"])?, clusters));
     }
-    let want: BTreeMap<_, _> = want.into_iter().filter(|(dst, _)| clusters.iter().any(|c| c.contains(dst))).collect();
     for (dst, via) in &want {
         if have.get(dst) != Some(via) {
             ip(&["-n", CP_NS, "route", "replace", &dst.to_string(), "via", via])?;
@@ -113,14 +113,16 @@ mod tests {
             subnet("node-1", &["10.244.1.0/24"], json!({"nodeIP": "10.251.0.11"})),
             subnet("node-2", &["10.244.0.0/24"], serde_json::Value::Null),
             subnet("node-3", &["10.244.2.0/24"], json!({"nodeIP": "not-an-ip"})),
+            // Outside the cluster's ranges: not ours to route.
+            subnet("node-4", &["192.168.5.0/24"], json!({"nodeIP": "10.251.0.14"})),
         ];
-        let want = desired(&subnets);
+        let clusters = ["10.244.0.0/16".parse().unwrap(), "fd00:10:244::/56".parse().unwrap()];
+        let want = desired(&subnets, &clusters);
         assert_eq!(want.len(), 1);
         assert_eq!(want[&"10.244.1.0/24".parse().unwrap()], "10.251.0.11");
         let json = r#"[{"dst":"10.251.0.0/24","dev":"cp","protocol":"kernel"},
                        {"dst":"10.244.7.0/24","gateway":"10.251.0.17","dev":"cp"},
                        {"dst":"fd00:10:244:3::/64","gateway":"fd00:251::13","dev":"cp"}]"#;
-        let clusters = ["10.244.0.0/16".parse().unwrap(), "fd00:10:244::/56".parse().unwrap()];
         let have = parse_current(json, &clusters);
         assert_eq!(have.keys().map(ToString::to_string).collect::<Vec<_>>(), ["10.244.7.0/24", "fd00:10:244:3::/64"]);
         assert_eq!(parse_current(json, &clusters[..1]).len(), 1, "an IPv4 cluster owns no IPv6 route");
@@ -136,7 +138,8 @@ mod tests {
         let v6_only = subnet("node-2", &["fd00:10:244:2::/64"], json!({"nodeIP": "fd00:251::c"}));
         // A dual-stack node that has not published its IPv6 address yet.
         let half = subnet("node-3", &["10.244.3.0/24", "fd00:10:244:3::/64"], json!({"nodeIP": "10.251.0.13"}));
-        let want = desired(&[dual, v6_only, half]);
+        let clusters = ["10.244.0.0/16".parse().unwrap(), "fd00:10:244::/56".parse().unwrap()];
+        let want = desired(&[dual, v6_only, half], &clusters);
         let got: Vec<(String, &str)> = want.iter().map(|(k, v)| (k.to_string(), v.as_str())).collect();
         assert_eq!(
             got,
