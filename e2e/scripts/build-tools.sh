@@ -19,6 +19,8 @@ HELM_VERSION=v3.19.0
 CONTAINERD_VERSION=v2.2.9
 # Cluster DNS for the real-node cluster: the CoreDNS kubeadm 1.35 deploys.
 COREDNS_VERSION=v1.13.1
+# The ginkgo that k8s.io/kubernetes $K8S_VERSION requires in its go.mod.
+GINKGO_VERSION=v2.27.2
 
 cache=${WEFT_TOOLS_CACHE:-$HOME/.cache/weft/tools}
 with_e2e_test=0
@@ -147,6 +149,9 @@ build coredns "$COREDNS_VERSION" github.com/coredns/coredns "" github.com/coredn
 if ((with_e2e_test)); then
   build_test e2e.test "$K8S_VERSION" k8s.io/kubernetes "$k8s_ldflags" \
     k8s.io/kubernetes/test/e2e -- "${replaces[@]}"
+  # The ginkgo CLI of the version e2e.test is built with: it runs a suite's
+  # tests in parallel processes, as Kubernetes' own CI does.
+  build ginkgo "$GINKGO_VERSION" github.com/onsi/ginkgo/v2 "" github.com/onsi/ginkgo/v2/ginkgo
 fi
 
 log "tools ready in $cache/bin"

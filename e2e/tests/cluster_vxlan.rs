@@ -245,12 +245,33 @@ fn agent_pods() -> Vec<String> {
     out.split_whitespace().map(str::to_owned).collect()
 }
 
+/// The output so far of the pings `upgrade_without_loss` runs in ping-src.
+fn pings() -> String {
+    pod_exec(NS, "ping-src", &["cat", PINGS]).1
+}
+
+/// The sequence number of every answer in ping's output, in order
+/// (iputils prints `icmp_seq=1`, busybox `seq=0`).
+fn answered(pings: &str) -> Vec<u64> {
+    pings
+        .lines()
+        .filter(|l| l.contains(" bytes from "))
+        .filter_map(|l| l.split("seq=").nth(1)?.split_whitespace().next()?.parse().ok())
+        .collect()
+}
+
+const PINGS: &str = "/tmp/pings";
+
 fn upgrade_without_loss(cluster: &Cluster) {
     pod("ping-src", "node-1", &[]).run();
     let dst = pod("ping-dst", "node-2", &[]).run();
     let before = agent_pods();
-    // 90 s of pings, 10 a second; the rollout must finish inside them.
-    let pinger = std::thread::spawn(move || pod_exec(NS, "ping-src", &["ping", "-q", "-i", "0.1", "-c", "900", &dst]));
+    // Ten pings a second in the background of ping-src, for as long as the
+    // rollout takes, then five seconds more.
+    let (started, pid) = pod_exec(NS, "ping-src", &["sh", "-c", &format!("ping -i 0.1 {dst} >{PINGS} 2>&1 & echo $!")]);
+    assert!(started, "cannot start ping in ping-src: {pid}");
+    let pid = pid.trim().to_owned();
+    eventually("the first ping answered", Duration::from_secs(10), || (!answered(&pings()).is_empty()).then_some(()));
     let state = cluster.state();
     let chart = weft_e2e::cluster::supervise::chart_dir().display().to_string();
     let mut args: Vec<String> = ["helm", "upgrade", "weft", &chart].map(String::from).into();
@@ -265,11 +286,25 @@ fn upgrade_without_loss(cluster: &Cluster) {
     ok(&args);
     kubectl_ok(&["rollout", "status", "-n", "kube-system", "daemonset/weft-agent", "--timeout=180s"]);
     let after = agent_pods();
-    assert!(!pinger.is_finished(), "the pings ended before the rollout did: lengthen them");
     assert!(before.iter().all(|uid| !after.contains(uid)), "every agent pod must have been replaced");
-    let (success, out) = pinger.join().expect("pinger thread");
-    assert!(success, "ping failed:\n{out}");
-    assert!(out.contains("900 packets transmitted, 900 packets received"), "packets lost during helm upgrade:\n{out}");
+    let at_rollout = answered(&pings()).len();
+    eventually("50 more pings answered after the rollout", Duration::from_secs(30), || {
+        (answered(&pings()).len() >= at_rollout + 50).then_some(())
+    });
+    let (stopped, out) = pod_exec(NS, "ping-src", &["kill", "-INT", &pid]);
+    assert!(stopped, "cannot stop ping {pid}: {out}");
+    let out = eventually("ping's summary", Duration::from_secs(10), || {
+        let out = pings();
+        out.contains("packets transmitted").then_some(out)
+    });
+    // A lost packet is a gap in the answered sequence numbers (the request
+    // in flight when ping was stopped may lack its answer, and counts for
+    // nothing).
+    let seqs = answered(&out);
+    let first = seqs.first().copied().unwrap_or_default();
+    let in_order = seqs.iter().enumerate().all(|(i, &seq)| seq == first + i as u64);
+    assert!(first <= 1 && in_order, "packets lost during helm upgrade:\n{out}");
+    eprintln!("    {} pings, every one answered, across the rollout", seqs.len());
     delete_pods(NS, &["ping-src", "ping-dst"]);
 }
 

@@ -23,6 +23,10 @@ struct Cli {
     /// Bound on each suite's run (ginkgo's --timeout).
     #[arg(long, default_value = "60m")]
     timeout: String,
+    /// Parallel e2e.test processes per suite (ginkgo's --procs), each with
+    /// its own namespaces, as Kubernetes' CI runs these suites.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=16))]
+    procs: u32,
     /// Print each suite's tests (to run, and skipped with the reason) and stop.
     #[arg(long)]
     list: bool,
@@ -49,6 +53,12 @@ fn main() -> anyhow::Result<()> {
         e2e_test.is_file(),
         "{} is missing: build it with e2e/scripts/build-tools.sh --e2e-test",
         e2e_test.display()
+    );
+    let ginkgo = tools.join("ginkgo");
+    anyhow::ensure!(
+        ginkgo.is_file(),
+        "{} is missing: build it with e2e/scripts/build-tools.sh --e2e-test",
+        ginkgo.display()
     );
     std::fs::create_dir_all(&cli.report_dir).with_context(|| format!("cannot create {}", cli.report_dir.display()))?;
     let report_dir = cli.report_dir.canonicalize().context("report directory")?;
@@ -89,21 +99,26 @@ fn main() -> anyhow::Result<()> {
         let _ = std::fs::remove_file(&report_path);
         let started = Instant::now();
         if !plan.run.is_empty() {
-            let mut cmd = Command::new(&e2e_test);
+            // The ginkgo CLI runs the precompiled e2e.test in --procs
+            // processes and merges their reports into one.
+            let mut cmd = Command::new(&ginkgo);
             cmd.current_dir(&report_dir)
                 .env("PATH", path_with(&tools))
-                .arg("--provider=skeleton")
-                .arg(format!("--kubeconfig={}", state.kubeconfig.display()))
-                .arg(format!("--ginkgo.focus={}", suite.focus_regex()))
-                .arg(format!("--ginkgo.timeout={}", cli.timeout))
-                .arg(format!("--ginkgo.json-report={}", report_path.display()))
-                .args(["--ginkgo.no-color", "--ginkgo.silence-skips"]);
+                .arg(format!("--procs={}", cli.procs))
+                .arg(format!("--focus={}", suite.focus_regex()))
+                .arg(format!("--timeout={}", cli.timeout))
+                .arg(format!("--json-report={}", report_path.display()))
+                .args(["--no-color", "--silence-skips"]);
             if let Some(skip) = suite.skip_regex(env) {
-                cmd.arg(format!("--ginkgo.skip={skip}"));
+                cmd.arg(format!("--skip={skip}"));
             }
+            cmd.arg(&e2e_test)
+                .arg("--")
+                .arg("--provider=skeleton")
+                .arg(format!("--kubeconfig={}", state.kubeconfig.display()));
             // Its exit status says "some test failed"; the report says which.
-            let status = cmd.status().context("cannot run e2e.test")?;
-            eprintln!("== {}: e2e.test exited with {status}", suite.name);
+            let status = cmd.status().context("cannot run ginkgo")?;
+            eprintln!("== {}: ginkgo exited with {status}", suite.name);
         }
         let report = match std::fs::read_to_string(&report_path) {
             Ok(json) => conformance::parse_report(&json)?,

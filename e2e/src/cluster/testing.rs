@@ -66,15 +66,21 @@ pub fn apply(yaml: &str) {
     kubectl_ok(&["apply", "-f", &path]);
 }
 
-/// Polls `cond` every 250 ms until it returns `Some` or `timeout` passes.
+/// Polls `cond` (at most 250 ms apart) until it returns `Some` or `timeout`
+/// passes. A wait of more than a second is logged: a slow step says where
+/// its time went.
 #[track_caller]
 pub fn eventually<T>(what: &str, timeout: Duration, mut cond: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + timeout;
+    let started = Instant::now();
     loop {
         if let Some(v) = cond() {
+            let waited = started.elapsed();
+            if waited > Duration::from_secs(1) {
+                eprintln!("    waited {:.1} s for {what}", waited.as_secs_f64());
+            }
             return v;
         }
-        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
+        assert!(started.elapsed() < timeout, "timed out after {timeout:?} waiting for {what}");
         std::thread::sleep(Duration::from_millis(250));
     }
 }
