@@ -4,8 +4,9 @@
 Each argument is LABEL:FROM_NS:TO_NS:ADDR. Every round measures every pair
 once, in alternating order, so the machine's drift and noise hit all pairs
 alike: TCP throughput with iperf3 (client on CPU 0, server on CPU 1) and
-ping round trips, twice: spaced 2 ms apart (an idle path, as a request
-meets it; on a VM this includes waking halted CPUs) and back to back (ping
+ping round trips (ping on CPU 0), twice: spaced 2 ms apart (an idle path,
+as a request meets it; on a VM this includes waking halted CPUs), in ten
+short blocks per round with the pairs taking turns, and back to back (ping
 -f: the path's own cost, caches warm). A short unrecorded run per pair first
 lets a freshly started sandbox settle. Prints one line per pair: the label,
 the median Gbit/s over the rounds, the median spaced round trip (ms) of all
@@ -23,6 +24,8 @@ import subprocess
 import time
 
 PORT = 5301
+# Spaced pings of a round come in this many blocks, the pairs taking turns.
+BLOCKS = 10
 
 
 def netns(ns, *cmd, **kw):
@@ -51,7 +54,9 @@ def throughput(src, dst, addr, secs):
 
 
 def round_trips(src, addr, count):
-    out = netns(src, "ping", "-c", str(count), "-i", "0.002", addr, capture_output=True, text=True).stdout
+    out = netns(
+        src, "taskset", "-c", "0", "ping", "-c", str(count), "-i", "0.002", addr, capture_output=True, text=True,
+    ).stdout
     samples = [float(line.split("time=")[1].split()[0]) for line in out.splitlines() if "time=" in line]
     if not samples:
         raise RuntimeError(f"ping from {src} to {addr} got no replies:\n{out}")
@@ -59,7 +64,7 @@ def round_trips(src, addr, count):
 
 
 def busy_round_trip(src, addr, count):
-    out = netns(src, "ping", "-f", "-q", "-c", str(count), addr, capture_output=True, text=True).stdout
+    out = netns(src, "taskset", "-c", "0", "ping", "-f", "-q", "-c", str(count), addr, capture_output=True, text=True).stdout
     # rtt min/avg/max/mdev = 0.018/0.025/1.014/0.011 ms
     if "rtt min/avg/max/mdev = " not in out:
         raise RuntimeError(f"ping -f from {src} to {addr} got no replies:\n{out}")
@@ -83,11 +88,18 @@ def main():
     for label, src, dst, addr in pairs:
         throughput(src, dst, addr, 1)
     for r in range(a.rounds):
-        for label, src, dst, addr in pairs if r % 2 == 0 else reversed(pairs):
+        order = pairs if r % 2 == 0 else list(reversed(pairs))
+        for label, src, dst, addr in order:
             gbps[label].append(throughput(src, dst, addr, a.secs))
-            samples = round_trips(src, addr, a.pings)
-            rtts[label] += samples
-            round_rtts[label].append(statistics.median(samples))
+        # Spaced pings in short blocks taking turns, so that what the VM's
+        # idle CPUs do meanwhile falls on every pair alike.
+        samples = {label: [] for label, *_ in pairs}
+        for _ in range(BLOCKS):
+            for label, src, _dst, addr in order:
+                samples[label] += round_trips(src, addr, a.pings // BLOCKS)
+        for label, src, _dst, addr in order:
+            rtts[label] += samples[label]
+            round_rtts[label].append(statistics.median(samples[label]))
             busy[label].append(busy_round_trip(src, addr, 20 * a.pings))
     for label, *_ in pairs:
         runs = " ".join(f"{x:.2f}" for x in gbps[label])

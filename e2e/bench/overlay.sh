@@ -291,8 +291,9 @@ triple() {
 }
 echo
 echo "Pod-to-pod across nodes, ${ROUNDS} interleaved rounds: iperf3 ${SECS}s per round (median Gbit/s;"
-echo "client CPU 0, server CPU 1), 200 pings 2 ms apart per round (median RTT of all) and"
-echo "4000 back-to-back pings per round (ping -f; mean RTT: the path without idle wake-ups)."
+echo "client CPU 0, server CPU 1), 200 pings 2 ms apart per round in blocks of 20, the pairs"
+echo "taking turns (median RTT of all), and 4000 back-to-back pings per round (ping -f; mean"
+echo "RTT: the path without idle wake-ups). Pings from CPU 0."
 echo "Ratios are medians of the per-round ratios (both pairs measured in the same round)."
 echo
 row "datapath" "Gbit/s" "RTT ms" "b2b ms" "Gbit/s by round"
