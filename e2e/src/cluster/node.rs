@@ -322,7 +322,7 @@ pub fn start_kubelet_and_proxy(node: &NodeInfo, creds: &Credentials, families: &
     )?;
     let kubelet_cfg = dir.join("kubelet.yaml");
     std::fs::write(&kubelet_cfg, configs::kubelet_yaml(node, &creds.ca, families))?;
-    let node_ip6 = crate::sandbox::node_ipv6(node.ip);
+    let node_ips: Vec<String> = families.node_ips(node).iter().map(ToString::to_string).collect();
     start_daemon(
         node,
         "kubelet",
@@ -331,11 +331,7 @@ pub fn start_kubelet_and_proxy(node: &NodeInfo, creds: &Credentials, families: &
             format!("--config={}", kubelet_cfg.display()),
             format!("--kubeconfig={}", kubelet_kc.display()),
             format!("--hostname-override={}", node.name),
-            match families {
-                Families::Ipv4 => format!("--node-ip={}", node.ip),
-                Families::DualStack(_) => format!("--node-ip={},{node_ip6}", node.ip),
-                Families::Ipv6Only(_) => format!("--node-ip={node_ip6}"),
-            },
+            format!("--node-ip={}", node_ips.join(",")),
             "--v=1".into(),
         ],
     )?;

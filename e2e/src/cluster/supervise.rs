@@ -453,6 +453,17 @@ impl Families {
         }
     }
 
+    /// A node's addresses in the cluster's families, IPv4 first (kubelet's
+    /// `--node-ip`).
+    pub fn node_ips(&self, node: &super::NodeInfo) -> Vec<std::net::IpAddr> {
+        let v6 = crate::sandbox::node_ipv6(node.ip).into();
+        match self {
+            Families::Ipv4 => vec![node.ip.into()],
+            Families::DualStack(_) => vec![node.ip.into(), v6],
+            Families::Ipv6Only(_) => vec![v6],
+        }
+    }
+
     /// The pod ranges of the cluster, IPv4 first.
     pub fn cluster_cidrs(&self) -> anyhow::Result<Vec<ipnet::IpNet>> {
         let ranges: Vec<&str> = match self {
@@ -513,5 +524,15 @@ mod tests {
         assert_eq!(ranges(of(&[v6, "network.clusterCIDR=null"])), ["fd00:10:244::/56"]);
         let err = of(&["network.ipv6ClusterCIDR=fd00::/999"]).cluster_cidrs().unwrap_err();
         assert!(format!("{err:#}").contains("fd00::/999"), "{err:#}");
+    }
+
+    #[test]
+    fn a_node_has_an_address_of_each_family_of_the_cluster() {
+        let node = crate::cluster::NodeInfo::new(2);
+        let ips = |f: Families| f.node_ips(&node).iter().map(ToString::to_string).collect::<Vec<_>>();
+        assert_eq!(ips(Families::Ipv4), ["10.251.0.12"]);
+        let dual = Families::DualStack("fd00:10:244::/56".into());
+        assert_eq!(ips(dual), ["10.251.0.12", "fd00:250::c"]);
+        assert_eq!(ips(Families::Ipv6Only("fd00:10:244::/56".into())), ["fd00:250::c"]);
     }
 }
