@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # Cross-node pod-to-pod datapath benchmark (run via e2e/bench.sh overlay, as root).
-# Compares, in the same run and between the same node namespaces:
-#   weft vxlan   vs a hand-built kernel VXLAN (routed, no bridge), weft's pods
-#                routed (--pod-attachment routed), then bridged (the default)
+# Compares, in the same run and between the same node namespaces, weft's pods
+# with two pairs of pods built by hand on the same kind of path, one pair
+# routed (no bridge), one on a bridge at each end (bbr0, with bridge netfilter
+# on as weft0 has it), so that each of weft's attachment modes meets its own
+# topology built by hand:
+#   weft vxlan   vs a hand-built kernel VXLAN, weft's pods routed
+#                (--pod-attachment routed), then bridged (the default)
 #   weft vxlan, IPv6 pod traffic (dual-stack, bridged pods) vs the hand-built
-#                VXLAN carrying IPv6 to routed and to bridged pods, both over
-#                the IPv4 underlay, then both over the IPv6 underlay
-#                (--vxlan-underlay ipv6), then an IPv6-only cluster (up
-#                --ipv6-only) vs VXLAN over IPv6, its pods bridged, then routed
+#                VXLAN carrying IPv6, over the IPv4 underlay, then over the
+#                IPv6 underlay (--vxlan-underlay ipv6), then an IPv6-only
+#                cluster (up --ipv6-only) vs VXLAN over IPv6, its pods
+#                bridged, then routed
 #   weft host-gw vs plain routing over the underlay, pods bridged, then routed
 #   weft vxlan with 100 NetworkPolicies (default deny plus allows) selecting
 #                both pods vs the same path under no policy
@@ -45,11 +49,6 @@ compare_pairs() {
   while read -r k t r f runs; do
     if [[ $k == */* ]]; then PT[$k]=$t PR[$k]=$r PF[$k]=$f; else T[$k]=$t R[$k]=$r F[$k]=$f P[$k]=$runs; fi
   done < <(python3 e2e/bench/compare.py --rounds "$ROUNDS" --secs "$SECS" "${ratios[@]}" "$@")
-}
-
-# Weft's pod pair against the baseline pair.
-compare() {
-  compare_pairs "$1:weft-sbx-pod-default-a:weft-sbx-pod-default-b:$B_IP" "$2:bench-p1:bench-p2:192.168.202.2"
 }
 
 # 100 NetworkPolicies in namespace bench-pol, all selecting role=bench: a
@@ -134,6 +133,35 @@ baseline_pod() {
   ip -n "$pod" route add default via "$gw"
 }
 
+# The two hand-built pairs across the nodes: bench-p1 -> bench-p2 routed,
+# bench-q1 -> bench-q2 bridged (bbr0), both of family $1 (ipv4 or ipv6), MTU
+# $2, each node routing the other's pod subnets via $3 (from node-1) and $4
+# (from node-2): the hand-built VXLAN's far end, or the other node.
+baseline_pairs() {
+  local family=$1 mtu=$2 via1=$3 via2=$4 len=24 i
+  if [[ $family == ipv6 ]]; then len=64; fi
+  # Address HOST in baseline subnet N (1..4) of the family.
+  at() { if [[ $family == ipv6 ]]; then echo "fd00:20$1::$2"; else echo "192.168.20$1.$2"; fi; }
+  baseline_pod $N1 bench-p1 "$(at 1 2)" "$(at 1 1)" "$mtu"
+  baseline_pod $N2 bench-p2 "$(at 2 2)" "$(at 2 1)" "$mtu"
+  baseline_pod $N1 bench-q1 "$(at 3 2)" "$(at 3 1)" "$mtu" bbr0
+  baseline_pod $N2 bench-q2 "$(at 4 2)" "$(at 4 1)" "$mtu" bbr0
+  for i in 2 4; do ip -n $N1 route add "$(at $i 0)/$len" via "$via1"; done
+  for i in 1 3; do ip -n $N2 route add "$(at $i 0)/$len" via "$via2"; done
+  # The pairs for compare_pairs, without their keys: routed, then bridged.
+  BASE_ROUTED="bench-p1:bench-p2:$(at 2 2)" BASE_BRIDGED="bench-q1:bench-q2:$(at 4 2)"
+}
+
+# Weft's pod pair (KEY $1) against both hand-built pairs (keys k$1 and b$1).
+compare() {
+  compare_pairs "$1:weft-sbx-pod-default-a:weft-sbx-pod-default-b:$2" "k$1:$BASE_ROUTED" "b$1:$BASE_BRIDGED"
+}
+
+del_baseline_pods() {
+  local ns
+  for ns in bench-p1 bench-p2 bench-q1 bench-q2; do ip netns del $ns; done
+}
+
 two_pods() {
   $SBX add-pod a --node node-1 >/dev/null
   $SBX add-pod b --node node-2 >/dev/null
@@ -147,7 +175,7 @@ declare -A T R F P PT PR PF
 # Pods routed first (that sandbox comes down at once), then bridged (the
 # default; convergence is measured in that one afterwards).
 vxlan() {
-  local weft=$1 base=$2; shift 2
+  local weft=$1; shift
   $SBX up --nodes 2 "$@" >/dev/null
   two_pods
   # Hand-built: a second VXLAN (VNI 99, port 4790) between the same node namespaces.
@@ -155,17 +183,14 @@ vxlan() {
   ip -n $N2 link add bvx type vxlan id 99 dstport 4790 local 10.250.0.12 remote 10.250.0.11 dev eth0
   ip -n $N1 addr add 172.31.99.1/30 dev bvx; ip -n $N1 link set bvx up
   ip -n $N2 addr add 172.31.99.2/30 dev bvx; ip -n $N2 link set bvx up
-  baseline_pod $N1 bench-p1 192.168.201.2 192.168.201.1 1450
-  baseline_pod $N2 bench-p2 192.168.202.2 192.168.202.1 1450
-  ip -n $N1 route add 192.168.202.0/24 via 172.31.99.2
-  ip -n $N2 route add 192.168.201.0/24 via 172.31.99.1
-  compare "$weft" "$base"
+  baseline_pairs ipv4 1450 172.31.99.2 172.31.99.1
+  compare "$weft" "$B_IP"
 }
 if want vxlan; then
-vxlan wvr kvr --agent-arg=--pod-attachment=routed
+vxlan wvr --agent-arg=--pod-attachment=routed
 $SBX down >/dev/null
-ip netns del bench-p1; ip netns del bench-p2
-vxlan wv kv
+del_baseline_pods
+vxlan wv
 policy_cost
 
 # Convergence: a new node's Subnet with its VTEP data -> programmed on node-1.
@@ -196,17 +221,15 @@ done
 conv_median=$(printf '%s\n' "${conv[@]}" | median)
 conv_max=$(printf '%s\n' "${conv[@]}" | sort -g | tail -1)
 $SBX down >/dev/null
-ip netns del bench-p1; ip netns del bench-p2
+del_baseline_pods
 fi
 
 # --- IPv6 vxlan sandboxes: IPv6 between pods vs hand-built VXLAN carrying IPv6 --
 # vxlan_ipv6 KEY UNDERLAY [up args]. UNDERLAY: ipv4 (a dual-stack sandbox,
 # VXLAN between the node IPs, MTU 1450), ipv6 (dual-stack, VXLAN between the
 # nodes' IPv6 addresses fd00:250::b/::c, MTU 1430) or ipv6-only (an IPv6-only
-# sandbox: IPv6 node IPs and pods, VXLAN over IPv6). Two hand-built pod pairs
-# share the hand-built VXLAN: k$KEY routed (no bridge), b$KEY on a bridge at
-# each end (bbr0, with bridge netfilter on as weft0 has it), so that each of
-# weft's attachment modes meets the same topology built by hand.
+# sandbox: IPv6 node IPs and pods, VXLAN over IPv6). Both hand-built pod
+# pairs share the hand-built VXLAN.
 vxlan_ipv6() {
   local weft=$1 underlay=$2 local1=10.250.0.11 local2=10.250.0.12 mtu=1450 column=4; shift 2
   local up=(--operator-arg=--secondary-cluster-cidr=fd00:10:244::/56
@@ -224,18 +247,10 @@ vxlan_ipv6() {
   ip -n $N2 link add bvx type vxlan id 99 dstport 4790 local $local2 remote $local1 dev eth0
   ip -n $N1 addr add fd00:99::1/64 dev bvx nodad; ip -n $N1 link set bvx up
   ip -n $N2 addr add fd00:99::2/64 dev bvx nodad; ip -n $N2 link set bvx up
-  baseline_pod $N1 bench-p1 fd00:201::2 fd00:201::1 $mtu
-  baseline_pod $N2 bench-p2 fd00:202::2 fd00:202::1 $mtu
-  baseline_pod $N1 bench-q1 fd00:203::2 fd00:203::1 $mtu bbr0
-  baseline_pod $N2 bench-q2 fd00:204::2 fd00:204::1 $mtu bbr0
-  ip -n $N1 route add fd00:202::/64 via fd00:99::2
-  ip -n $N1 route add fd00:204::/64 via fd00:99::2
-  ip -n $N2 route add fd00:201::/64 via fd00:99::1
-  ip -n $N2 route add fd00:203::/64 via fd00:99::1
-  compare_pairs "$weft:weft-sbx-pod-default-a:weft-sbx-pod-default-b:$b_ip6" \
-    "k$weft:bench-p1:bench-p2:fd00:202::2" "b$weft:bench-q1:bench-q2:fd00:204::2"
+  baseline_pairs ipv6 $mtu fd00:99::2 fd00:99::1
+  compare "$weft" "$b_ip6"
   $SBX down >/dev/null
-  for ns in bench-p1 bench-p2 bench-q1 bench-q2; do ip netns del $ns; done
+  del_baseline_pods
 }
 if want ipv6; then
 vxlan_ipv6 wv6 ipv4
@@ -246,22 +261,19 @@ fi
 
 # --- host-gw sandboxes: weft host-gw vs plain routing over the underlay ---------
 # Once with pods on the bridge (the default), once routed (--pod-attachment
-# routed); each against its own plain-routing baseline in the same sandbox.
+# routed); the hand-built pairs route over the underlay in the same sandbox.
 host_gw() {
-  local weft=$1 base=$2; shift 2
+  local weft=$1; shift
   $SBX up --nodes 2 --backend host-gw "$@" >/dev/null
   two_pods
-  baseline_pod $N1 bench-p1 192.168.201.2 192.168.201.1 1500
-  baseline_pod $N2 bench-p2 192.168.202.2 192.168.202.1 1500
-  ip -n $N1 route add 192.168.202.0/24 via 10.250.0.12
-  ip -n $N2 route add 192.168.201.0/24 via 10.250.0.11
-  compare "$weft" "$base"
+  baseline_pairs ipv4 1500 10.250.0.12 10.250.0.11
+  compare "$weft" "$B_IP"
   $SBX down >/dev/null
-  ip netns del bench-p1; ip netns del bench-p2
+  del_baseline_pods
 }
 if want host-gw; then
-host_gw wh pr
-host_gw whr prr --agent-arg=--pod-attachment=routed
+host_gw wh
+host_gw whr --agent-arg=--pod-attachment=routed
 fi
 
 row() { printf '| %-36s | %7s | %7s | %7s | %s |\n' "$@"; }
@@ -273,14 +285,15 @@ ratios() {
 }
 # A weft row, its baseline's row and their ratios: pair KEY BASE_KEY LABEL BASE_LABEL RATIO_LABEL.
 pair() { [[ ${T[$1]:-} ]] || return 0; fig "$1" "$3"; fig "$2" "$4"; ratios "$1" "$2" "$5"; }
-# An IPv6 sandbox's three pairs: weft, the routed and the bridged baseline;
-# the first ratio is against the baseline of weft's own attachment mode.
+# A sandbox's three pairs: weft, the routed and the bridged baseline (built
+# on PATH); the first ratio is against the baseline of weft's own attachment
+# mode: triple KEY LABEL MODE PATH.
 triple() {
-  local key=$1 label=$2 mode=$3
+  local key=$1 label=$2 mode=$3 path=$4
   [[ ${T[$key]:-} ]] || return 0
   fig "$key" "$label"
-  fig "k$key" "hand-built VXLAN, routed pods"
-  fig "b$key" "hand-built VXLAN, bridged pods"
+  fig "k$key" "$path, routed pods"
+  fig "b$key" "$path, bridged pods"
   if [[ $mode == routed ]]; then
     ratios "$key" "k$key" "ratio weft / hand-built, routed"
     ratios "$key" "b$key" "(weft / hand-built, bridged)"
@@ -298,14 +311,14 @@ echo "Ratios are medians of the per-round ratios (both pairs measured in the sam
 echo
 row "datapath" "Gbit/s" "RTT ms" "b2b ms" "Gbit/s by round"
 row "------------------------------------" "------:" "------:" "------:" "---"
-pair wv kv "weft vxlan, bridged pods" "hand-built kernel VXLAN" "ratio weft bridged / kernel VXLAN"
-pair wvr kvr "weft vxlan, routed pods" "hand-built kernel VXLAN" "ratio weft routed / kernel VXLAN"
-pair wh pr "weft host-gw, bridged pods" "plain routing over the underlay" "ratio weft bridged / plain"
-pair whr prr "weft host-gw, routed pods" "plain routing over the underlay" "ratio weft routed / plain"
-triple wv6 "weft vxlan, IPv6 pods, bridged" bridged
-triple wv6u "weft vxlan over IPv6, bridged" bridged
-triple wv6o "weft IPv6-only cluster, bridged" bridged
-triple wv6or "weft IPv6-only cluster, routed" routed
+triple wv "weft vxlan, bridged" bridged "hand-built VXLAN"
+triple wvr "weft vxlan, routed" routed "hand-built VXLAN"
+triple wh "weft host-gw, bridged" bridged "plain routing"
+triple whr "weft host-gw, routed" routed "plain routing"
+triple wv6 "weft vxlan, IPv6 pods, bridged" bridged "hand-built VXLAN"
+triple wv6u "weft vxlan over IPv6, bridged" bridged "hand-built VXLAN"
+triple wv6o "weft IPv6-only cluster, bridged" bridged "hand-built VXLAN"
+triple wv6or "weft IPv6-only cluster, routed" routed "hand-built VXLAN"
 if want vxlan; then
 pair wpol wnop "weft vxlan, 100 policies" "weft vxlan, no policy" "ratio 100 policies / none"
 echo
