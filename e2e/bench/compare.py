@@ -75,10 +75,12 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--rounds", type=int, default=12)
     p.add_argument("--secs", type=int, default=4)
-    p.add_argument("--pings", type=int, default=200)
+    p.add_argument("--pings", type=int, default=200, help=f"spaced pings per pair and round, in {BLOCKS} blocks")
     p.add_argument("--ratio", action="append", default=[], help="A/B: per-round ratios of two labels")
     p.add_argument("pairs", nargs="+")
     a = p.parse_args()
+    if a.pings < BLOCKS:
+        p.error(f"--pings must be at least {BLOCKS} (one per block)")
     # ADDR last: an IPv6 address keeps its colons.
     pairs = [x.split(":", 3) for x in a.pairs]
     gbps = {label: [] for label, *_ in pairs}
