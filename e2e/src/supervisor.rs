@@ -18,7 +18,10 @@ use crate::control_plane::process;
 /// `<dir>.starting.lock`, held by `up` while it starts a supervisor and by
 /// `down` while it removes one, so that neither cleans up the other's state.
 /// A supervisor that crashed leaves its state but holds no lock: `up` then
-/// removes the leftovers, and nobody needs to wait for them.
+/// removes the leftovers, and nobody needs to wait for them. The supervisor
+/// writes its pid into its lock file, so `down` finds it before it has
+/// written its state (still starting), and never signals the pid of one that
+/// is gone.
 pub struct MachineLocks {
     state_dir: PathBuf,
 }
@@ -31,6 +34,47 @@ impl MachineLocks {
     /// The supervisor's lock without waiting; `Ok(None)` when it is held.
     pub fn try_supervisor(&self) -> anyhow::Result<Option<File>> {
         flock(&self.state_dir.with_extension("lock"), false)
+    }
+
+    /// The supervisor's lock for the calling process, which is the
+    /// supervisor: its pid is written into the lock file. Others probe the
+    /// lock by taking it for an instant, so a held lock is tried again for
+    /// half a second before another supervisor is taken to hold it.
+    pub fn take_supervisor(&self) -> anyhow::Result<Option<File>> {
+        use std::io::Write;
+        let deadline = Instant::now() + Duration::from_millis(500);
+        let mut file = loop {
+            match self.try_supervisor()? {
+                Some(file) => break file,
+                None if Instant::now() > deadline => return Ok(None),
+                None => std::thread::sleep(Duration::from_millis(10)),
+            }
+        };
+        let path = self.state_dir.with_extension("lock");
+        file.set_len(0)
+            .and_then(|()| write!(file, "{}", std::process::id()))
+            .with_context(|| format!("cannot write the supervisor's pid into {}", path.display()))?;
+        Ok(Some(file))
+    }
+
+    /// The pid of the running supervisor, from its lock file; `None` when no
+    /// supervisor holds the lock. A supervisor that has just taken the lock
+    /// is given a second to write its pid.
+    pub fn supervisor_pid(&self) -> Option<u32> {
+        let deadline = Instant::now() + Duration::from_secs(1);
+        loop {
+            if !matches!(self.try_supervisor(), Ok(None)) {
+                return None;
+            }
+            let text = std::fs::read_to_string(self.state_dir.with_extension("lock")).unwrap_or_default();
+            if let Ok(pid) = text.trim().parse() {
+                return Some(pid);
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// The starting lock, waiting for whoever holds it.
@@ -139,11 +183,14 @@ mod tests {
         let locks = MachineLocks::new(state);
         assert!(!locks.taken());
 
-        let supervisor = locks.try_supervisor().expect("lock").expect("free");
+        assert_eq!(locks.supervisor_pid(), None);
+        let supervisor = locks.take_supervisor().expect("lock").expect("free");
         assert!(locks.taken(), "a running supervisor takes the machine");
         assert!(locks.try_supervisor().expect("lock").is_none(), "one supervisor at a time");
+        assert_eq!(locks.supervisor_pid(), Some(std::process::id()), "down finds the supervisor by its lock");
         drop(supervisor);
         assert!(!locks.taken());
+        assert_eq!(locks.supervisor_pid(), None, "the pid of a supervisor that is gone is nobody's to signal");
 
         let starting = locks.starting().expect("lock");
         assert!(locks.taken(), "an `up` or `down` in progress takes the machine");

@@ -66,8 +66,8 @@ pub fn up(opts: &UpOptions) -> anyhow::Result<State> {
 /// Stops the supervisor (which tears everything down) and removes leftovers.
 pub fn down() -> anyhow::Result<()> {
     let _starting = locks().starting()?;
-    if let Ok(state) = State::load() {
-        crate::supervisor::stop(state.supervisor_pid, Duration::from_secs(120));
+    if let Some(pid) = locks().supervisor_pid() {
+        crate::supervisor::stop(pid, Duration::from_secs(120));
     }
     cleanup_leftovers();
     Ok(())
@@ -98,7 +98,7 @@ pub fn cleanup_leftovers() {
 
 /// The supervisor: builds everything, writes the state, waits for SIGTERM.
 pub async fn supervise(opts: UpOptions) -> anyhow::Result<()> {
-    let Some(_lock) = locks().try_supervisor()? else {
+    let Some(_lock) = locks().take_supervisor()? else {
         bail!("a cluster is already up or starting on this machine");
     };
     let started = Instant::now();

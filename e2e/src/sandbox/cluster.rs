@@ -53,8 +53,8 @@ pub fn up(
 /// Stops the supervisor (which tears everything down) and removes leftovers.
 pub fn down() -> anyhow::Result<()> {
     let _starting = locks().starting()?;
-    if let Ok(state) = State::load() {
-        crate::supervisor::stop(state.supervisor_pid, Duration::from_secs(60));
+    if let Some(pid) = locks().supervisor_pid() {
+        crate::supervisor::stop(pid, Duration::from_secs(60));
     }
     cleanup_leftovers();
     Ok(())
@@ -89,7 +89,7 @@ pub fn cleanup_leftovers() {
 
 /// The supervisor: builds everything, writes the state, waits for SIGTERM.
 pub async fn supervise(nodes: usize, backend: &str) -> anyhow::Result<()> {
-    let Some(_lock) = locks().try_supervisor()? else {
+    let Some(_lock) = locks().take_supervisor()? else {
         bail!("a sandbox is already up or starting on this machine");
     };
     let result = build(nodes, backend).await;

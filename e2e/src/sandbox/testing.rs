@@ -158,6 +158,17 @@ pub fn ok(args: &[&str]) -> String {
     out
 }
 
+/// This test's turn at the sandbox (tests of one binary take turns) once
+/// root, the control plane binaries and `extra` prerequisites are present;
+/// `None` when one is missing outside CI.
+pub fn turn(extra: &[(&str, bool)]) -> Option<MutexGuard<'static, ()>> {
+    let turn = ONE_SANDBOX.lock().unwrap_or_else(|p| p.into_inner());
+    let present = prereq::require_root()
+        && prereq::require("kube-apiserver and etcd (e2e/scripts/build-tools.sh)", control_plane::tools_present())
+        && extra.iter().all(|(what, present)| prereq::require(what, *present));
+    present.then_some(turn)
+}
+
 /// A sandbox this test brought up; brought down on drop, also on panic.
 pub struct Up {
     _turn: MutexGuard<'static, ()>,
@@ -168,13 +179,7 @@ impl Up {
     /// the control plane binaries and `extra` prerequisites are present;
     /// `None` when one is missing outside CI.
     pub fn start(args: &[&str], extra: &[(&str, bool)]) -> Option<Up> {
-        let turn = ONE_SANDBOX.lock().unwrap_or_else(|p| p.into_inner());
-        if !prereq::require_root()
-            || !prereq::require("kube-apiserver and etcd (e2e/scripts/build-tools.sh)", control_plane::tools_present())
-            || !extra.iter().all(|(what, present)| prereq::require(what, *present))
-        {
-            return None;
-        }
+        let turn = turn(extra)?;
         // A person (or another test binary) may own the sandbox right now,
         // and another binary may win the race to `up` once it is free: wait
         // for the machine again then. Leftovers of a sandbox whose
