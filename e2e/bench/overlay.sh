@@ -133,6 +133,18 @@ baseline_pod() {
   ip -n "$pod" route add default via "$gw"
 }
 
+# The hand-built VXLAN bvx (VNI 99, port 4790), a second one between the
+# same node namespaces: underlay addresses $1 (node-1) and $2, tunnel
+# addresses $3 and $4 (CIDR).
+baseline_vxlan() {
+  local nodad=()
+  if [[ $3 == *:* ]]; then nodad=(nodad); fi
+  ip -n $N1 link add bvx type vxlan id 99 dstport 4790 local "$1" remote "$2" dev eth0
+  ip -n $N2 link add bvx type vxlan id 99 dstport 4790 local "$2" remote "$1" dev eth0
+  ip -n $N1 addr add "$3" dev bvx "${nodad[@]}"; ip -n $N1 link set bvx up
+  ip -n $N2 addr add "$4" dev bvx "${nodad[@]}"; ip -n $N2 link set bvx up
+}
+
 # The two hand-built pairs across the nodes: bench-p1 -> bench-p2 routed,
 # bench-q1 -> bench-q2 bridged (bbr0), both of family $1 (ipv4 or ipv6), MTU
 # $2, each node routing the other's pod subnets via $3 (from node-1) and $4
@@ -178,11 +190,7 @@ vxlan() {
   local weft=$1; shift
   $SBX up --nodes 2 "$@" >/dev/null
   two_pods
-  # Hand-built: a second VXLAN (VNI 99, port 4790) between the same node namespaces.
-  ip -n $N1 link add bvx type vxlan id 99 dstport 4790 local 10.250.0.11 remote 10.250.0.12 dev eth0
-  ip -n $N2 link add bvx type vxlan id 99 dstport 4790 local 10.250.0.12 remote 10.250.0.11 dev eth0
-  ip -n $N1 addr add 172.31.99.1/30 dev bvx; ip -n $N1 link set bvx up
-  ip -n $N2 addr add 172.31.99.2/30 dev bvx; ip -n $N2 link set bvx up
+  baseline_vxlan 10.250.0.11 10.250.0.12 172.31.99.1/30 172.31.99.2/30
   baseline_pairs ipv4 1450 172.31.99.2 172.31.99.1
   compare "$weft" "$B_IP"
 }
@@ -243,10 +251,7 @@ vxlan_ipv6() {
   local b_ip6
   b_ip6=$($SBX pods | awk -v c=$column '$1=="default/b" {print $c}')
   [[ $b_ip6 == *:* ]] || { echo "pod b got no IPv6 address: $($SBX pods)" >&2; exit 1; }
-  ip -n $N1 link add bvx type vxlan id 99 dstport 4790 local $local1 remote $local2 dev eth0
-  ip -n $N2 link add bvx type vxlan id 99 dstport 4790 local $local2 remote $local1 dev eth0
-  ip -n $N1 addr add fd00:99::1/64 dev bvx nodad; ip -n $N1 link set bvx up
-  ip -n $N2 addr add fd00:99::2/64 dev bvx nodad; ip -n $N2 link set bvx up
+  baseline_vxlan $local1 $local2 fd00:99::1/64 fd00:99::2/64
   baseline_pairs ipv6 $mtu fd00:99::2 fd00:99::1
   compare "$weft" "$b_ip6"
   $SBX down >/dev/null

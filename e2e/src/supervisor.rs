@@ -33,7 +33,11 @@ impl MachineLocks {
 
     /// The supervisor's lock without waiting; `Ok(None)` when it is held.
     pub fn try_supervisor(&self) -> anyhow::Result<Option<File>> {
-        flock(&self.state_dir.with_extension("lock"), false)
+        flock(&self.supervisor_lock(), false)
+    }
+
+    fn supervisor_lock(&self) -> PathBuf {
+        self.state_dir.with_extension("lock")
     }
 
     /// The supervisor's lock for the calling process, which is the
@@ -50,7 +54,7 @@ impl MachineLocks {
                 None => std::thread::sleep(Duration::from_millis(10)),
             }
         };
-        let path = self.state_dir.with_extension("lock");
+        let path = self.supervisor_lock();
         file.set_len(0)
             .and_then(|()| write!(file, "{}", std::process::id()))
             .with_context(|| format!("cannot write the supervisor's pid into {}", path.display()))?;
@@ -66,8 +70,7 @@ impl MachineLocks {
             if !matches!(self.try_supervisor(), Ok(None)) {
                 return None;
             }
-            let text = std::fs::read_to_string(self.state_dir.with_extension("lock")).unwrap_or_default();
-            if let Ok(pid) = text.trim().parse() {
+            if let Some(pid) = self.written_pid() {
                 return Some(pid);
             }
             if Instant::now() > deadline {
@@ -75,6 +78,12 @@ impl MachineLocks {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// The pid the last supervisor wrote into its lock file, read without
+    /// probing the lock (it may be stale: see `supervisor_pid`).
+    pub fn written_pid(&self) -> Option<u32> {
+        std::fs::read_to_string(self.supervisor_lock()).ok()?.trim().parse().ok()
     }
 
     /// The starting lock, waiting for whoever holds it.
@@ -87,7 +96,7 @@ impl MachineLocks {
     /// fails as if it had lost a race, and its caller retries.)
     pub fn taken(&self) -> bool {
         let free = |path: PathBuf| matches!(flock(&path, false), Ok(Some(_)));
-        !(free(self.state_dir.with_extension("starting.lock")) && free(self.state_dir.with_extension("lock")))
+        !(free(self.state_dir.with_extension("starting.lock")) && free(self.supervisor_lock()))
     }
 }
 

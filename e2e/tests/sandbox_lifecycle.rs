@@ -37,14 +37,12 @@ fn down_stops_a_sandbox_that_is_still_starting() {
     // is in the lock file. (Read, not probed: a probe takes the lock for an
     // instant and could make the starting `up` give up.)
     let children = format!("/proc/{0}/task/{0}/children", up.id());
-    let lock_file = state_dir().with_extension("lock");
     let supervisor =
         wait::until_every("the supervisor to start", Duration::from_secs(30), Duration::from_millis(10), || {
-            let pid = std::fs::read_to_string(&children).ok()?.split_whitespace().next()?.to_owned();
-            (std::fs::read_to_string(&lock_file).ok()?.trim() == pid).then_some(pid)
+            let pid: u32 = std::fs::read_to_string(&children).ok()?.split_whitespace().next()?.parse().ok()?;
+            (cluster::locks().written_pid() == Some(pid)).then_some(pid)
         });
-    let supervisor: i32 = supervisor.parse().expect("a pid");
-    assert_eq!(cluster::locks().supervisor_pid(), Some(supervisor as u32), "the supervisor holds its lock");
+    assert_eq!(cluster::locks().supervisor_pid(), Some(supervisor), "the supervisor holds its lock");
     // The client goes away; the supervisor it started goes on building.
     up.kill().expect("cannot kill weft-sandbox up");
     let _ = up.wait();
@@ -52,7 +50,7 @@ fn down_stops_a_sandbox_that_is_still_starting() {
 
     ok(&["down"]);
     // SAFETY: signal 0 only checks whether the process exists.
-    let alive = unsafe { libc::kill(supervisor, 0) } == 0;
+    let alive = unsafe { libc::kill(supervisor as i32, 0) } == 0;
     assert!(!alive, "the starting supervisor (pid {supervisor}) survived `down`");
     assert_eq!(existing_namespaces(), Vec::<String>::new(), "namespaces left behind");
     assert!(!state_dir().exists(), "{} left behind", state_dir().display());
