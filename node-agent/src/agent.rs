@@ -12,6 +12,7 @@ use crate::attach::{AttachError, KeyLocks, deadline};
 use crate::attachment::{self, Attachment};
 use crate::config::Config;
 use crate::dataplane::link::{self, PodAddress};
+use crate::guard::Guard;
 use crate::hostport::HostPorts;
 use crate::hostport::pods::PodCache;
 use crate::ipam::{Ipam, Ipv6Block, Key, Record};
@@ -27,6 +28,8 @@ pub struct Agent {
     pub config: Config,
     pub ipam: Arc<Ipam>,
     pub hostports: Arc<HostPorts>,
+    /// What each pod may send (its own addresses only).
+    pub guard: Guard,
     /// The API, when the agent has one: pods' host port annotations, Events.
     pub kube: Option<KubeAccess>,
     pub host: Handle,
@@ -67,6 +70,7 @@ impl Agent {
             config,
             ipam: Arc::new(ipam),
             hostports: Arc::new(hostports),
+            guard: Guard::default(),
             kube,
             host,
             metrics: Metrics::default(),

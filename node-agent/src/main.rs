@@ -8,6 +8,7 @@ mod cni_server;
 mod config;
 mod dataplane;
 mod firewall;
+mod guard;
 mod heap;
 mod hostport;
 mod http;
@@ -108,6 +109,8 @@ async fn run(config: Config) -> anyhow::Result<()> {
     // which the routes to routed pods come from.
     agent.ensure_bridge(true).await.context("cannot set up the node bridge")?;
     agent.reconcile_on_start().await.context("start-up reconciliation failed")?;
+    // Before the CNI socket opens: no pod may send unchecked.
+    agent.guard_pods(guard::Write::Full).await.context("cannot set up the pods' source guard")?;
     agent.metrics.set_host_port_usage(agent.hostports.usage());
     tokio::spawn(sync_host_ports(Arc::clone(&agent)));
     tokio::spawn(attach::repair::run(Arc::clone(&agent)));

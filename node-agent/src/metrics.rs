@@ -49,6 +49,9 @@ pub struct Metrics {
     pub host_port_repairs: Counter,
     pub pod_route_repairs: Counter,
     pub node_setting_repairs: Family<SettingLabels, Counter>,
+    /// Frames the source guard dropped, as its kernel counters last read.
+    pub guard_dropped: Gauge,
+    pub guard_repairs: Counter,
     pub policy: std::sync::Arc<crate::policy::metrics::PolicyMetrics>,
 }
 
@@ -123,6 +126,18 @@ impl Default for Metrics {
             "Node settings (ip_forward, ipv6_forwarding, masquerade, bridge_netfilter) found undone and put back, by setting",
             node_setting_repairs.clone(),
         );
+        let guard_dropped = Gauge::default();
+        registry.register(
+            "source_guard_dropped_frames",
+            "Frames from this node's pods that the source guard dropped (a source address, MAC or ARP/ND claim not the pod's own, link-local, broadcast or multicast); the kernel's counter, reset when the guard's table is rewritten",
+            guard_dropped.clone(),
+        );
+        let guard_repairs = Counter::default();
+        registry.register(
+            "source_guard_repairs",
+            "Times the periodic sync found the source guard's rules or sets changed by someone else and rewrote them",
+            guard_repairs.clone(),
+        );
         let policy = std::sync::Arc::new(crate::policy::metrics::PolicyMetrics::register(&mut registry));
         Self {
             registry,
@@ -137,6 +152,8 @@ impl Default for Metrics {
             host_port_repairs,
             pod_route_repairs,
             node_setting_repairs,
+            guard_dropped,
+            guard_repairs,
             policy,
         }
     }

@@ -13,6 +13,7 @@ use super::{AttachError, driver, off_thread};
 use crate::agent::{Agent, host_veth_name, veth_mac};
 use crate::dataplane::link::{self, AttachSpec};
 use crate::dataplane::netns::{BlockingNetns, NetnsError};
+use crate::guard::Write;
 use crate::hostport::{self, HostPortError, PodIdentity, Wanted, publish, request};
 use crate::ipam::{Key, Record};
 
@@ -79,16 +80,19 @@ impl Agent {
             pod_mac,
         };
 
-        // The record's write, the host port rules and the veth overlap. All
-        // must finish before we answer. A crash in between leaves a record
+        // The record's write, the host port rules, the source guard and the
+        // veth overlap. All must finish before we answer: the pod's first
+        // packet is checked. (Until the guard knows it, its veth sends
+        // nothing.) A crash in between leaves a record
         // with its veth (kept by start-up reconciliation, removed by the DEL
         // the runtime sends for the failed ADD), a record without a veth, or
         // a veth without a record (both removed at start-up).
         let ipam = Arc::clone(&self.ipam);
         let persist = tokio::task::spawn_blocking(move || ipam.persist(ip));
         let programmed = self.hostports.program(ports.as_ref());
+        let guarded = self.guard_pods(Write::Update);
         let attach = off_thread("attach the pod", move || link::attach(&mut pod, &spec));
-        let (ports, attached, persisted) = tokio::join!(programmed, attach, persist);
+        let (ports, attached, persisted, guarded) = tokio::join!(programmed, attach, persist, guarded);
         if let Err(e) = ports {
             rollback.undo().await;
             return Err(self.host_port_failure(&pod_id, e));
@@ -103,7 +107,7 @@ impl Agent {
             }
             (Ok(Ok(())), Ok(Err(e))) => Some(e.to_string()),
             (Ok(Ok(())), Err(join)) => Some(format!("IPAM write task failed: {join}")),
-            (Ok(Ok(())), Ok(Ok(()))) => None,
+            (Ok(Ok(())), Ok(Ok(()))) => guarded.err().map(|e| e.to_string()),
         };
         if let Some(e) = failure {
             rollback.undo().await;

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use super::{AttachError, deadline};
 use crate::agent::{Agent, host_veth_name};
 use crate::dataplane::link;
+use crate::guard::Write;
 use crate::ipam::Key;
 
 impl Agent {
@@ -32,6 +33,11 @@ impl Agent {
         tokio::task::spawn_blocking(move || ipam.release(&key))
             .await
             .map_err(|e| AttachError::Internal(format!("IPAM release task failed: {e}")))??;
+        // The veth is gone, so its elements allow nothing: a failure here
+        // costs no isolation, and the next resync removes them.
+        if let Err(e) = self.guard_pods(Write::Update).await {
+            tracing::warn!(veth = host_veth, error = %e, "cannot remove a deleted pod from the source guard; the next resync will");
+        }
         Ok(())
     }
 }

@@ -9,6 +9,7 @@
 //!   ones it cannot verify.
 //! - [`repair`]: the level-triggered loop for the bridge, the routes to
 //!   routed pods and the node settings the mode needs.
+//! - [`guard`]: what each pod may send, from the records.
 //! - [`status`]: readiness, observed only.
 //! - [`ordering`]: one verb at a time per attachment.
 //! - The modes, one file each behind [`Driver`]: [`bridge`], [`routed`].
@@ -21,6 +22,7 @@ mod check;
 mod del;
 mod error;
 mod gc;
+mod guard;
 mod observe;
 mod observed;
 mod ordering;

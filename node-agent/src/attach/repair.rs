@@ -3,7 +3,8 @@
 //! gateway address), the node settings the pods' mode needs are turned back
 //! on, and a finished routed pod whose /32 (or /128) route is missing gets it back
 //! with its neighbour entry (a route someone deleted, or the routes the
-//! kernel flushed along with weft0's gateway address, their source).
+//! kernel flushed along with weft0's gateway address, their source), and
+//! the pods' source guard is written again if someone changed it.
 //! Health checks only observe; repairs happen here.
 
 use std::sync::Arc;
@@ -13,6 +14,7 @@ use crate::agent::{Agent, veth_mac};
 use crate::dataplane::link::{self, PodAddress};
 use crate::dataplane::netlink_blocking::BlockingNetlink;
 use crate::dataplane::{DataplaneError, kernel_op};
+use crate::guard::Write;
 
 impl Agent {
     /// Restores the routes to routed pods that are missing; returns how many pods needed it.
@@ -79,6 +81,11 @@ impl Agent {
             self.metrics.node_setting_repaired(setting);
         }
         self.repair_pod_routes().await?;
+        if self.guard_pods(Write::Full).await? {
+            tracing::warn!("the pods' source guard had been changed or removed; wrote it again");
+            self.metrics.guard_repairs.inc();
+        }
+        self.count_guard_drops().await;
         Ok(())
     }
 }

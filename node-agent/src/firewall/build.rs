@@ -197,6 +197,70 @@ pub fn ret() -> Statement<'static> {
     Statement::Return(None)
 }
 
+/// A field of a frame or packet, as part of a set lookup's key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Field {
+    /// The interface it came in on.
+    InIface,
+    /// The Ethernet source address.
+    EtherSrc,
+    /// An ARP packet's sender hardware address.
+    ArpSenderMac,
+    /// An ARP packet's sender protocol (IPv4) address.
+    ArpSenderIp,
+    /// The IP source address of a family.
+    Src(Family),
+}
+
+impl Field {
+    fn expr(self) -> Expression<'static> {
+        match self {
+            Field::InIface => meta(MetaKey::Iifname),
+            Field::EtherSrc => field("ether", "saddr"),
+            Field::ArpSenderMac => field("arp", "saddr ether"),
+            Field::ArpSenderIp => field("arp", "saddr ip"),
+            Field::Src(family) => Addr::Src.expr(family),
+        }
+    }
+}
+
+/// `<field> . <field> … @<set>`: the fields, concatenated, are in the set.
+pub fn key_in_set(fields: &[Field], set: &str) -> Statement<'static> {
+    let left = match fields {
+        [one] => one.expr(),
+        many => Expression::Named(NamedExpression::Concat(many.iter().map(|f| f.expr()).collect())),
+    };
+    is(left, Operator::EQ, set_ref(set))
+}
+
+/// `iifname != "<prefix>*"`: the interface's name does not start with `prefix`.
+pub fn in_iface_not_prefixed(prefix: &str) -> Statement<'static> {
+    is(meta(MetaKey::Iifname), Operator::NEQ, Expression::String(format!("{prefix}*").into()))
+}
+
+/// `ip6 hoplimit <n>`.
+pub fn hop_limit(n: u8) -> Statement<'static> {
+    is(field("ip6", "hoplimit"), Operator::EQ, Expression::Number(u32::from(n)))
+}
+
+/// `icmpv6 type { <types> }`, by nftables' names.
+pub fn icmpv6_type_in(types: &[&'static str]) -> Statement<'static> {
+    is(field("icmpv6", "type"), Operator::IN, names(types))
+}
+
+/// `meta pkttype { <types> }` (`broadcast`, `multicast`, …).
+pub fn pkttype_in(types: &[&'static str]) -> Statement<'static> {
+    is(meta(MetaKey::Pkttype), Operator::IN, names(types))
+}
+
+fn names(items: &[&'static str]) -> Expression<'static> {
+    Expression::Named(NamedExpression::Set(items.iter().map(|s| stmt_set_item(s)).collect()))
+}
+
+fn stmt_set_item(s: &'static str) -> nftables::expr::SetItem<'static> {
+    nftables::expr::SetItem::Element(Expression::String(s.into()))
+}
+
 #[cfg(test)] // the diff's tests
 pub fn jump(chain: &str) -> Statement<'static> {
     Statement::Jump(stmt::JumpTarget { target: chain.to_owned().into() })

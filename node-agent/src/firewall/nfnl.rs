@@ -19,7 +19,7 @@ use netlink_sys::{Socket, constants::NETLINK_NETFILTER};
 
 use ipnet::IpNet;
 
-use super::ruleset::Key;
+use super::ruleset::{Key, TableFamily};
 
 // linux/netfilter/nf_tables.h and nfnetlink.h (not all of them are in libc).
 const NFTA_SET_ELEM_LIST_TABLE: u16 = 1;
@@ -54,7 +54,6 @@ const NFT_MSG_NEWSETELEM: u16 = libc::NFT_MSG_NEWSETELEM as u16;
 const NFT_MSG_DELSETELEM: u16 = libc::NFT_MSG_DELSETELEM as u16;
 const NFNL_MSG_BATCH_BEGIN: u16 = libc::NFNL_MSG_BATCH_BEGIN as u16;
 const NFNL_MSG_BATCH_END: u16 = libc::NFNL_MSG_BATCH_END as u16;
-const NFPROTO_INET: u8 = libc::NFPROTO_INET as u8;
 const NLM_F_REQUEST: u16 = libc::NLM_F_REQUEST as u16;
 const NLM_F_ACK: u16 = libc::NLM_F_ACK as u16;
 const NLM_F_CREATE: u16 = libc::NLM_F_CREATE as u16;
@@ -122,6 +121,19 @@ fn key_bytes(k: &Key) -> Vec<u8> {
             b.extend([0, 0]);
             b
         }
+        Key::Port(k) => {
+            let mut b = k.iface.bytes().to_vec();
+            if let Some(mac) = k.mac {
+                b.extend(mac);
+                pad(&mut b);
+            }
+            match k.addr {
+                Some(std::net::IpAddr::V4(a)) => b.extend(a.octets()),
+                Some(std::net::IpAddr::V6(a)) => b.extend(a.octets()),
+                None => {}
+            }
+            b
+        }
     }
 }
 
@@ -181,7 +193,7 @@ fn key_attr(b: &mut Vec<u8>, key: &Key) {
 
 /// The batch for `changes` in `table`: begin, one message per change, end.
 /// Returns the bytes and the sequence numbers of the changes.
-pub fn batch(table: &str, changes: &[Change<'_>], first_seq: u32) -> (Vec<u8>, Vec<u32>) {
+pub fn batch(family: TableFamily, table: &str, changes: &[Change<'_>], first_seq: u32) -> (Vec<u8>, Vec<u32>) {
     let mut buf = Vec::new();
     let subsys = NFNL_SUBSYS_NFTABLES;
     message(&mut buf, NFNL_MSG_BATCH_BEGIN, NLM_F_REQUEST, first_seq, libc::AF_UNSPEC as u8, subsys, |_| {});
@@ -200,7 +212,7 @@ pub fn batch(table: &str, changes: &[Change<'_>], first_seq: u32) -> (Vec<u8>, V
             Change::DeleteCounter(_) => (NFT_MSG_DELOBJ, 0),
         };
         let flags = NLM_F_REQUEST | NLM_F_ACK | create;
-        message(&mut buf, (subsys << 8) | ty, flags, seq, NFPROTO_INET, 0, |b| match change {
+        message(&mut buf, (subsys << 8) | ty, flags, seq, family.nfproto(), 0, |b| match change {
             Change::AddChain(chain) => {
                 attr_str(b, NFTA_CHAIN_TABLE, table);
                 attr_str(b, NFTA_CHAIN_NAME, chain);
@@ -339,7 +351,13 @@ impl Open {
 
 impl Conn {
     /// Applies `changes` to `table` in one transaction: all or none.
-    pub fn apply(&self, table: &str, changes: &[Change<'_>], timeout: Duration) -> Result<(), NetlinkError> {
+    pub fn apply(
+        &self,
+        family: TableFamily,
+        table: &str,
+        changes: &[Change<'_>],
+        timeout: Duration,
+    ) -> Result<(), NetlinkError> {
         if changes.is_empty() {
             return Ok(());
         }
@@ -351,7 +369,7 @@ impl Conn {
         };
         // On error the socket is dropped: answers still on their way must
         // not be read as the next batch's.
-        open.send(table, changes, timeout)?;
+        open.send(family, table, changes, timeout)?;
         let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
         if idle.is_none() {
             *idle = Some(open);
@@ -361,10 +379,16 @@ impl Conn {
 }
 
 impl Open {
-    fn send(&mut self, table: &str, changes: &[Change<'_>], timeout: Duration) -> Result<(), NetlinkError> {
+    fn send(
+        &mut self,
+        family: TableFamily,
+        table: &str,
+        changes: &[Change<'_>],
+        timeout: Duration,
+    ) -> Result<(), NetlinkError> {
         let changes = &chunked(changes)[..];
         let first = self.seq;
-        let (bytes, seqs) = batch(table, changes, first);
+        let (bytes, seqs) = batch(family, table, changes, first);
         let last = first + seqs.len() as u32 + 1;
         // Far from overflowing `batch`'s arithmetic; no answer is pending
         // when it starts again.
@@ -414,6 +438,19 @@ mod tests {
     use crate::firewall::ruleset::Proto;
 
     #[test]
+    fn port_keys_are_the_name_padded_to_16_then_each_field_in_4_byte_registers() {
+        use crate::firewall::ruleset::{IfName, PortKey};
+        let iface = IfName::new("weftv01").unwrap();
+        let key = |mac, addr: Option<&str>| Key::Port(PortKey { iface, mac, addr: addr.map(|a| a.parse().unwrap()) });
+        let name = [b'w', b'e', b'f', b't', b'v', b'0', b'1', 0, 0, 0, 0, 0, 0, 0, 0, 0];
+        assert_eq!(key_bytes(&key(None, None)), name);
+        let b = key_bytes(&key(Some([2, 0, 0, 0, 0, 5]), Some("10.244.1.5")));
+        assert_eq!(b.len(), 16 + 8 + 4);
+        assert_eq!(&b[16..], [2, 0, 0, 0, 0, 5, 0, 0, 10, 244, 1, 5]);
+        assert_eq!(key_bytes(&key(None, Some("fd00::5"))).len(), 32);
+    }
+
+    #[test]
     fn keys_are_laid_out_as_the_kernel_stores_them() {
         assert_eq!(key_bytes(&Key::addr("10.244.1.5".parse().unwrap())), [10, 244, 1, 5]);
         let v6 = key_bytes(&Key::addr("fd00::5".parse().unwrap()));
@@ -426,6 +463,7 @@ mod tests {
         let add = [(Key::addr("10.0.0.1".parse().unwrap()), Some("policy-in-1".to_owned()))];
         let del = [Key::ProtoPort(Proto::Tcp, 80)];
         let (bytes, seqs) = batch(
+            TableFamily::Inet,
             "weft",
             &[Change::AddElements("policy-ingress", &add), Change::DeleteElements("hostport-ports", &del)],
             7,
@@ -492,6 +530,7 @@ mod kernel_tests {
             ];
             let ports = [(Key::ProtoPort(crate::firewall::ruleset::Proto::Udp, 53), Some("a".to_owned()))];
             conn.apply(
+                TableFamily::Inet,
                 "t",
                 &[Change::AddElements("addrs", &addrs), Change::AddElements("ports", &ports)],
                 Duration::from_secs(5),
@@ -504,12 +543,14 @@ mod kernel_tests {
             assert!(listed("addrs").contains("10.0.0.1 : jump a, 10.0.0.2 : jump b"), "{}", listed("addrs"));
             assert!(listed("ports").contains("udp . 53 : jump a"), "{}", listed("ports"));
             let gone = [Key::addr("10.0.0.1".parse().unwrap())];
-            conn.apply("t", &[Change::DeleteElements("addrs", &gone)], Duration::from_secs(5)).expect("delete");
+            conn.apply(TableFamily::Inet, "t", &[Change::DeleteElements("addrs", &gone)], Duration::from_secs(5))
+                .expect("delete");
             assert!(!listed("addrs").contains("10.0.0.1 "), "{}", listed("addrs"));
             // A key whose chain changes is replaced in one batch.
             let moved = [(Key::addr("10.0.0.2".parse().unwrap()), Some("a".to_owned()))];
             let old = [Key::addr("10.0.0.2".parse().unwrap())];
             conn.apply(
+                TableFamily::Inet,
                 "t",
                 &[Change::DeleteElements("addrs", &old), Change::AddElements("addrs", &moved)],
                 Duration::from_secs(5),
@@ -519,6 +560,7 @@ mod kernel_tests {
             // A refused change names itself, and the batch changes nothing.
             let err = conn
                 .apply(
+                    TableFamily::Inet,
                     "t",
                     &[
                         Change::AddElements("addrs", &addrs[..1]),
@@ -534,18 +576,21 @@ mod kernel_tests {
             let many: Vec<(Key, Option<String>)> = (0..5000u32)
                 .map(|i| (Key::addr(std::net::Ipv4Addr::from(0x0a64_0000 + i).into()), Some("b".to_owned())))
                 .collect();
-            conn.apply("t", &[Change::AddElements("addrs", &many)], Duration::from_secs(5)).expect("5,000 elements");
+            conn.apply(TableFamily::Inet, "t", &[Change::AddElements("addrs", &many)], Duration::from_secs(5))
+                .expect("5,000 elements");
             let all = listed("addrs");
             assert!(all.contains("10.100.0.0 : jump b") && all.contains("10.100.19.135 : jump b"), "first and last");
             assert_eq!(all.matches(": jump b").count(), 5000, "every element");
             let keys: Vec<Key> = many.iter().map(|(k, _)| *k).collect();
-            conn.apply("t", &[Change::DeleteElements("addrs", &keys)], Duration::from_secs(5)).expect("delete them");
+            conn.apply(TableFamily::Inet, "t", &[Change::DeleteElements("addrs", &keys)], Duration::from_secs(5))
+                .expect("delete them");
             assert_eq!(listed("addrs").matches(": jump b").count(), 0);
 
             // Deletes: a chain emptied then deleted, a set, a counter; in one batch.
             nft("add chain inet t c; add rule inet t c counter; add set inet t s { type ipv4_addr; }; \
                  add counter inet t n");
             conn.apply(
+                TableFamily::Inet,
                 "t",
                 &[
                     Change::FlushChain("c"),
@@ -568,15 +613,15 @@ mod kernel_tests {
             // queued before the first is read, and none is lost.
             let names: Vec<String> = (0..3000).map(|i| format!("m{i}")).collect();
             let adds: Vec<Change<'_>> = names.iter().map(|n| Change::AddChain(n)).collect();
-            conn.apply("t", &adds, Duration::from_secs(10)).expect("3,000 chains");
+            conn.apply(TableFamily::Inet, "t", &adds, Duration::from_secs(10)).expect("3,000 chains");
             let dels: Vec<Change<'_>> = names.iter().map(|n| Change::DeleteChain(n)).collect();
-            conn.apply("t", &dels, Duration::from_secs(10)).expect("and gone");
+            conn.apply(TableFamily::Inet, "t", &dels, Duration::from_secs(10)).expect("and gone");
         });
         // The kept socket belongs to the namespace above: from another one,
         // a new socket speaks to that namespace (which has no table `t`).
         let other = crate::test_support::TestNetns::new();
         let err = other
-            .run(move || conn.apply("t", &[Change::DeleteSet("addrs")], Duration::from_secs(5)))
+            .run(move || conn.apply(TableFamily::Inet, "t", &[Change::DeleteSet("addrs")], Duration::from_secs(5)))
             .expect_err("no table t in the other namespace");
         assert!(err.to_string().contains("No such file"), "{err}");
     }

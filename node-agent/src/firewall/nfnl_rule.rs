@@ -344,7 +344,7 @@ mod tests {
             assert!(child.wait().expect("nft").success(), "{script}");
             let mut changes = vec![Change::AddChain("b")];
             changes.extend(rules.iter().map(|(_, r)| Change::AddRule("b", encode(r).expect("encodable"))));
-            Conn::default().apply("t", &changes, std::time::Duration::from_secs(5)).expect("netlink");
+            Conn::default().apply(crate::firewall::ruleset::TableFamily::Inet, "t", &changes, std::time::Duration::from_secs(5)).expect("netlink");
             let listed = |chain: &str| {
                 let out = std::process::Command::new("nft").args(["list", "chain", "inet", "t", chain]).output();
                 let text = String::from_utf8_lossy(&out.expect("nft").stdout).into_owned();

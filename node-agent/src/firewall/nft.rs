@@ -25,7 +25,8 @@ use nftables::types::{NfChainPolicy, NfChainType, NfFamily, NfHook};
 use serde_json::{Value, json};
 
 use super::ruleset::{
-    ChainKind, Count, Family, Hook, HookPoint, Key, Observed, ObservedChain, ObservedSet, Op, Proto, SetKind,
+    ChainKind, Count, Family, Hook, HookPoint, IfName, Key, Observed, ObservedChain, ObservedSet, Op, PortFields,
+    PortKey, Proto, SetKind, TableFamily,
 };
 use super::{Backend, FirewallError, nfnl, nfnl_rule};
 use crate::dataplane::exec;
@@ -37,22 +38,29 @@ const TIMEOUT: Duration = Duration::from_secs(15);
 /// nftables through the `nft` program.
 #[derive(Debug)]
 pub struct Nft {
+    family: TableFamily,
     table: String,
     netlink: nfnl::Conn,
 }
 
+/// Weft's `inet` table.
 impl Default for Nft {
     fn default() -> Self {
-        Nft { table: TABLE.to_owned(), netlink: nfnl::Conn::default() }
+        Nft { family: TableFamily::Inet, table: TABLE.to_owned(), netlink: nfnl::Conn::default() }
     }
 }
 
 impl Nft {
-    /// `nft -j list <what…> inet <table>`; None when there is no table yet.
+    /// Weft's `bridge` table (frames pods send into the bridge).
+    pub fn bridge() -> Self {
+        Nft { family: TableFamily::Bridge, ..Nft::default() }
+    }
+
+    /// `nft -j list <what…> <family> <table>`; None when there is no table yet.
     fn list(&self, what: &[&str]) -> Result<Option<String>, FirewallError> {
         let mut args = vec!["-j", "list"];
         args.extend(what);
-        args.extend(["inet", &self.table]);
+        args.extend([self.family.name(), &self.table]);
         let out = exec::run("nft", &args, None, TIMEOUT)?;
         if out.status.success() {
             return Ok(Some(out.stdout));
@@ -83,10 +91,11 @@ impl Backend for Nft {
         for step in steps(ops) {
             match step {
                 Step::Nft(cmds) => {
-                    let text = serde_json::to_string(&batch(&self.table, &cmds)).map_err(FirewallError::Encode)?;
+                    let text = serde_json::to_string(&batch(self.family, &self.table, &cmds))
+                        .map_err(FirewallError::Encode)?;
                     exec::run_ok("nft", &["-j", "-f", "-"], Some(text.as_bytes()), TIMEOUT, &[])?;
                 }
-                Step::Netlink(changes) => self.netlink.apply(&self.table, &changes, TIMEOUT)?,
+                Step::Netlink(changes) => self.netlink.apply(self.family, &self.table, &changes, TIMEOUT)?,
             }
         }
         Ok(())
@@ -107,8 +116,15 @@ fn hook_parts(h: Hook) -> (NfChainType, NfHook) {
     (kind, point)
 }
 
-fn chain<'a>(table: &'a str, name: &'a str, hook: Option<Hook>) -> schema::Chain<'a> {
-    let mut c = schema::Chain { family: NfFamily::INet, table: table.into(), name: name.into(), ..Default::default() };
+fn nf_family(f: TableFamily) -> NfFamily {
+    match f {
+        TableFamily::Inet => NfFamily::INet,
+        TableFamily::Bridge => NfFamily::Bridge,
+    }
+}
+
+fn chain<'a>(f: TableFamily, table: &'a str, name: &'a str, hook: Option<Hook>) -> schema::Chain<'a> {
+    let mut c = schema::Chain { family: nf_family(f), table: table.into(), name: name.into(), ..Default::default() };
     if let Some(h) = hook {
         let (kind, point) = hook_parts(h);
         c._type = Some(kind);
@@ -119,13 +135,13 @@ fn chain<'a>(table: &'a str, name: &'a str, hook: Option<Hook>) -> schema::Chain
     c
 }
 
-fn net_set<'a>(table: &'a str, name: &'a str, family: Family) -> schema::Set<'a> {
+fn net_set<'a>(f: TableFamily, table: &'a str, name: &'a str, family: Family) -> schema::Set<'a> {
     let addr_type = match family {
         Family::V4 => SetType::Ipv4Addr,
         Family::V6 => SetType::Ipv6Addr,
     };
     schema::Set {
-        family: NfFamily::INet,
+        family: nf_family(f),
         table: table.into(),
         name: name.into(),
         set_type: SetTypeValue::Single(addr_type),
@@ -135,8 +151,15 @@ fn net_set<'a>(table: &'a str, name: &'a str, family: Family) -> schema::Set<'a>
 }
 
 /// nftables has no typed verdict map in the crate: the object is written as JSON.
-fn verdict_map(table: &str, name: &str, key: Value) -> Value {
-    json!({"map": {"family": "inet", "table": table, "name": name, "type": key, "map": "verdict"}})
+fn verdict_map(f: TableFamily, table: &str, name: &str, key: Value) -> Value {
+    json!({"map": {"family": f.name(), "table": table, "name": name, "type": key, "map": "verdict"}})
+}
+
+/// A set keyed by interfaces (and MACs and addresses), exact match.
+fn port_set(f: TableFamily, table: &str, name: &str, fields: PortFields) -> Value {
+    let types = fields.types();
+    let ty = if types.len() == 1 { json!(types[0]) } else { json!(types) };
+    json!({"set": {"family": f.name(), "table": table, "name": name, "type": ty}})
 }
 
 fn set_or_map(is_map: bool) -> &'static str {
@@ -148,6 +171,12 @@ fn key_expr(k: &Key) -> Value {
         Key::Net(n) if n.prefix_len() == n.max_prefix_len() => json!(n.addr().to_string()),
         Key::Net(n) => json!({"prefix": {"addr": n.addr().to_string(), "len": n.prefix_len()}}),
         Key::ProtoPort(p, port) => json!({"concat": [p.as_str(), port]}),
+        Key::Port(k) => {
+            let mut fields = vec![json!(k.iface.as_str())];
+            fields.extend(k.mac.map(|m| json!(crate::dataplane::link::format_mac(&m))));
+            fields.extend(k.addr.map(|a| json!(a.to_string())));
+            if fields.len() == 1 { fields.remove(0) } else { json!({"concat": fields}) }
+        }
     }
 }
 
@@ -225,10 +254,12 @@ fn steps(ops: &[Op]) -> Vec<Step<'_>> {
                 encoded[i].take().map(|attrs| nfnl::Change::AddRule(chain, attrs))
             }
             Op::AddElements(name, _) if created.contains(name.as_str()) => continue, // made with its set
-            Op::AddElements(name, elems) if elems.iter().all(|(_, jump)| jump.is_some()) => {
+            Op::AddElements(name, elems) if elems.iter().all(|(k, jump)| jump.is_some() || exact(k)) => {
                 Some(nfnl::Change::AddElements(name, elems))
             }
-            Op::DeleteElements(name, true, keys) => Some(nfnl::Change::DeleteElements(name, keys)),
+            Op::DeleteElements(name, is_map, keys) if *is_map || keys.iter().all(exact) => {
+                Some(nfnl::Change::DeleteElements(name, keys))
+            }
             Op::FlushChain(name) if deleted.contains(name.as_str()) => Some(nfnl::Change::FlushChain(name)),
             Op::DeleteChain(name) => Some(nfnl::Change::DeleteChain(name)),
             Op::DeleteSet(name, _) => Some(nfnl::Change::DeleteSet(name)),
@@ -253,18 +284,24 @@ fn steps(ops: &[Op]) -> Vec<Step<'_>> {
     out
 }
 
+/// A key of an exact-match set: one netlink element, no interval to split.
+fn exact(k: &Key) -> bool {
+    matches!(k, Key::Port(_))
+}
+
 /// The nft transaction for `cmds`, after making sure the table exists
 /// (`add` of an existing table is no change).
-fn batch(table: &str, cmds: &[NftCmd<'_>]) -> Value {
+fn batch(f: TableFamily, table: &str, cmds: &[NftCmd<'_>]) -> Value {
     let typed = |cmd: NfCmd<'_>| serde_json::to_value(cmd).unwrap_or(Value::Null);
-    let mut out = vec![json!({"add": {"table": {"family": "inet", "name": table}}})];
+    let family = f.name();
+    let mut out = vec![json!({"add": {"table": {"family": family, "name": table}}})];
     for (op, inline) in cmds {
         out.push(match op {
-            Op::AddChain(name, hook) => typed(NfCmd::Add(NfListObject::Chain(chain(table, name, *hook)))),
-            Op::FlushChain(name) => typed(NfCmd::Flush(FlushObject::Chain(chain(table, name, None)))),
-            Op::DeleteChain(name) => typed(NfCmd::Delete(NfListObject::Chain(chain(table, name, None)))),
+            Op::AddChain(name, hook) => typed(NfCmd::Add(NfListObject::Chain(chain(f, table, name, *hook)))),
+            Op::FlushChain(name) => typed(NfCmd::Flush(FlushObject::Chain(chain(f, table, name, None)))),
+            Op::DeleteChain(name) => typed(NfCmd::Delete(NfListObject::Chain(chain(f, table, name, None)))),
             Op::AddRule(name, rule) => typed(NfCmd::Add(NfListObject::Rule(schema::Rule {
-                family: NfFamily::INet,
+                family: nf_family(f),
                 table: table.into(),
                 chain: name.as_str().into(),
                 expr: rule.stmts.as_slice().into(),
@@ -272,35 +309,36 @@ fn batch(table: &str, cmds: &[NftCmd<'_>]) -> Value {
                 ..Default::default()
             }))),
             Op::AddSet(name, SetKind::Nets(family)) => {
-                let mut set = typed(NfCmd::Add(NfListObject::Set(Box::new(net_set(table, name, *family)))));
+                let mut set = typed(NfCmd::Add(NfListObject::Set(Box::new(net_set(f, table, name, *family)))));
                 if let Some(elems) = inline.filter(|e| !e.is_empty()) {
                     set["add"]["set"]["elem"] = elems.iter().map(|(k, _)| key_expr(k)).collect();
                 }
                 set
             }
             Op::AddSet(name, SetKind::PortJumps) => {
-                json!({"add": verdict_map(table, name, json!(["inet_proto", "inet_service"]))})
+                json!({"add": verdict_map(f, table, name, json!(["inet_proto", "inet_service"]))})
             }
             Op::AddSet(name, SetKind::AddrJumps(family)) => {
-                json!({"add": verdict_map(table, name, json!(family.addr_type()))})
+                json!({"add": verdict_map(f, table, name, json!(family.addr_type()))})
             }
+            Op::AddSet(name, SetKind::Ports(fields)) => json!({"add": port_set(f, table, name, *fields)}),
             Op::FlushSet(name, is_map) => {
-                json!({"flush": {set_or_map(*is_map): {"family": "inet", "table": table, "name": name}}})
+                json!({"flush": {set_or_map(*is_map): {"family": family, "table": table, "name": name}}})
             }
             Op::DeleteSet(name, is_map) => {
-                json!({"delete": {set_or_map(*is_map): {"family": "inet", "table": table, "name": name}}})
+                json!({"delete": {set_or_map(*is_map): {"family": family, "table": table, "name": name}}})
             }
             Op::AddElements(name, elems) => json!({"add": {"element": {
-                "family": "inet", "table": table, "name": name,
+                "family": family, "table": table, "name": name,
                 "elem": elems.iter().map(|(k, j)| element(k, j.as_ref())).collect::<Vec<_>>(),
             }}}),
             Op::DeleteElements(name, _, keys) => json!({"delete": {"element": {
-                "family": "inet", "table": table, "name": name,
+                "family": family, "table": table, "name": name,
                 "elem": keys.iter().map(key_expr).collect::<Vec<_>>(),
             }}}),
-            Op::AddCounter(name) => json!({"add": {"counter": {"family": "inet", "table": table, "name": name}}}),
+            Op::AddCounter(name) => json!({"add": {"counter": {"family": family, "table": table, "name": name}}}),
             Op::DeleteCounter(name) => {
-                json!({"delete": {"counter": {"family": "inet", "table": table, "name": name}}})
+                json!({"delete": {"counter": {"family": family, "table": table, "name": name}}})
             }
         });
     }
@@ -360,16 +398,23 @@ fn parse_set(s: &Value) -> ObservedSet {
     let ty = s.get("type");
     let is_map = s.get("map").is_some();
     let kind = match (ty, s.get("map").and_then(Value::as_str)) {
+        (Some(Value::String(t)), None) if t == "ifname" => PortFields::from_types(&[t]).map(SetKind::Ports),
         (Some(Value::String(t)), None) => Family::from_addr_type(t).map(SetKind::Nets),
         (Some(Value::Array(t)), Some("verdict")) if t.len() == 2 && t[0] == "inet_proto" && t[1] == "inet_service" => {
             Some(SetKind::PortJumps)
         }
         (Some(Value::String(t)), Some("verdict")) => Family::from_addr_type(t).map(SetKind::AddrJumps),
+        (Some(Value::Array(t)), None) => {
+            let types: Option<Vec<&str>> = t.iter().map(Value::as_str).collect();
+            types.and_then(|t| PortFields::from_types(&t)).map(SetKind::Ports)
+        }
         _ => None,
     };
     let mut out = ObservedSet { kind, is_map, ..Default::default() };
     for e in s.get("elem").and_then(Value::as_array).into_iter().flatten() {
-        let parsed = if is_map {
+        let parsed = if let Some(SetKind::Ports(fields)) = kind {
+            parse_port_key(e, fields).map(|k| (Key::Port(k), None))
+        } else if is_map {
             e.as_array().filter(|kv| kv.len() == 2).and_then(|kv| Some((parse_key(&kv[0])?, Some(parse_jump(&kv[1])?))))
         } else {
             parse_key(e).map(|k| (k, None))
@@ -401,6 +446,32 @@ fn parse_key(v: &Value) -> Option<Key> {
     };
     let port = u16::try_from(parts.get(1)?.as_u64()?).ok()?;
     Some(Key::ProtoPort(proto, port))
+}
+
+/// An element of a set of [`SetKind::Ports`]: a name, or a concatenation
+/// of the fields.
+fn parse_port_key(v: &Value, fields: PortFields) -> Option<PortKey> {
+    let parts: Vec<&Value> = match v.get("concat") {
+        Some(c) => c.as_array()?.iter().collect(),
+        None => vec![v],
+    };
+    let mut parts = parts.into_iter();
+    let iface = IfName::new(parts.next()?.as_str()?)?;
+    let mac = match fields.mac {
+        true => Some(parse_mac(parts.next()?.as_str()?)?),
+        false => None,
+    };
+    let addr = match fields.addr {
+        Some(_) => Some(parts.next()?.as_str()?.parse().ok()?),
+        None => None,
+    };
+    let key = PortKey { iface, mac, addr };
+    (parts.next().is_none() && key.fields() == fields).then_some(key)
+}
+
+fn parse_mac(s: &str) -> Option<[u8; 6]> {
+    let bytes: Vec<u8> = s.split(':').map(|b| u8::from_str_radix(b, 16).ok()).collect::<Option<_>>()?;
+    bytes.try_into().ok()
 }
 
 fn proto_numbered(n: u64) -> Option<Proto> {
@@ -486,10 +557,45 @@ mod tests {
             Op::AddSet("policy-ingress6".into(), SetKind::AddrJumps(Family::V6)),
         ];
         let cmds: Vec<_> = ops.iter().map(|op| (op, None)).collect();
-        let b = batch("weft", &cmds);
+        let b = batch(TableFamily::Inet, "weft", &cmds);
         assert_eq!(b["nftables"][1]["add"]["set"]["type"], "ipv6_addr");
         assert_eq!(b["nftables"][2]["add"]["map"]["type"], "ipv6_addr");
         assert_eq!(key_expr(&Key::Net("fd00::1/128".parse().unwrap())), json!("fd00::1"));
+    }
+
+    #[test]
+    fn port_sets_read_back_as_written_in_either_table() {
+        let text = r#"{"nftables": [
+          {"set": {"family": "bridge", "name": "guard-ip4", "table": "weft", "type": ["ifname", "ether_addr", "ipv4_addr"], "handle": 3,
+            "elem": [{"concat": ["weftv00001", "02:00:00:00:00:0a", "10.244.1.5"]}, {"concat": ["weftv00002", "zz", "10.244.1.6"]}]}},
+          {"set": {"family": "bridge", "name": "guard-nd", "table": "weft", "type": "ifname", "handle": 5, "elem": ["weftv00001"]}},
+          {"set": {"family": "inet", "name": "guard-r6", "table": "weft", "type": ["ifname", "ipv6_addr"], "handle": 6,
+            "elem": [{"concat": ["weftv00003", "fd00::5"]}]}}]}"#;
+        let obs = parse_listing(text).unwrap();
+        let ip4 = &obs.sets["guard-ip4"];
+        assert_eq!(ip4.kind, Some(SetKind::Ports(PortFields { mac: true, addr: Some(Family::V4) })));
+        assert_eq!(ip4.unreadable, 1, "a MAC nft would never print");
+        let written = Key::Port(PortKey {
+            iface: IfName::new("weftv00001").unwrap(),
+            mac: Some([2, 0, 0, 0, 0, 0x0a]),
+            addr: Some("10.244.1.5".parse().unwrap()),
+        });
+        assert!(ip4.elements.contains_key(&written));
+        assert_eq!(key_expr(&written), json!({"concat": ["weftv00001", "02:00:00:00:00:0a", "10.244.1.5"]}));
+        let nd = &obs.sets["guard-nd"];
+        assert_eq!(nd.kind, Some(SetKind::Ports(PortFields { mac: false, addr: None })));
+        assert_eq!(nd.elements.len(), 1);
+        assert_eq!(obs.sets["guard-r6"].elements.len(), 1);
+        let ops = [Op::AddSet("guard-nd".into(), SetKind::Ports(PortFields { mac: false, addr: None }))];
+        let cmds: Vec<_> = ops.iter().map(|op| (op, None)).collect();
+        let b = batch(TableFamily::Bridge, "weft", &cmds);
+        assert_eq!(b["nftables"][0], json!({"add": {"table": {"family": "bridge", "name": "weft"}}}));
+        assert_eq!(b["nftables"][1]["add"]["set"]["type"], "ifname");
+        // Their elements go over netlink, not through nft's cache.
+        let elems = vec![(written, None)];
+        let ops =
+            [Op::AddElements("guard-ip4".into(), elems), Op::DeleteElements("guard-ip4".into(), false, vec![written])];
+        assert!(steps(&ops).iter().all(|s| matches!(s, Step::Netlink(_))));
     }
 
     #[test]
@@ -503,7 +609,7 @@ mod tests {
             Op::DeleteElements("policy-s".into(), false, vec![Key::Net("10.0.0.0/8".parse().unwrap())]),
         ];
         let cmds: Vec<_> = ops.iter().map(|op| (op, None)).collect();
-        let b = batch("weft", &cmds);
+        let b = batch(TableFamily::Inet, "weft", &cmds);
         let cmds = b["nftables"].as_array().unwrap();
         assert_eq!(cmds[0], json!({"add": {"table": {"family": "inet", "name": "weft"}}}));
         assert_eq!(cmds[1]["add"]["map"]["map"], "verdict");
@@ -540,7 +646,7 @@ mod tests {
         // go in the diff's order.
         assert_eq!(kinds, ["nft:2", "netlink:1", "nft:1", "netlink:2"]);
         let Step::Nft(first) = &steps[0] else { unreachable!() };
-        let b = batch("weft", first);
+        let b = batch(TableFamily::Inet, "weft", first);
         assert_eq!(
             b["nftables"][1]["add"]["set"]["elem"],
             json!([{"prefix": {"addr": "10.1.0.0", "len": 16}}, "10.2.0.1"]),

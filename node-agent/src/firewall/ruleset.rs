@@ -181,11 +181,125 @@ impl Family {
     }
 }
 
+/// The nftables family of one of Weft's tables: `inet` for everything
+/// routed, `bridge` for what pods send into the node's bridge.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum TableFamily {
+    #[default]
+    Inet,
+    Bridge,
+}
+
+impl TableFamily {
+    pub fn name(self) -> &'static str {
+        match self {
+            TableFamily::Inet => "inet",
+            TableFamily::Bridge => "bridge",
+        }
+    }
+
+    /// The family number nf_tables messages carry.
+    pub fn nfproto(self) -> u8 {
+        match self {
+            TableFamily::Inet => libc::NFPROTO_INET as u8,
+            TableFamily::Bridge => libc::NFPROTO_BRIDGE as u8,
+        }
+    }
+}
+
+/// An interface name as nftables' `ifname` type holds it: IFNAMSIZ bytes,
+/// the name and NUL padding.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct IfName([u8; 16]);
+
+impl IfName {
+    /// `None` for a name the kernel would not take (empty, over 15 bytes,
+    /// or with a NUL, a slash or white space in it).
+    pub fn new(name: &str) -> Option<IfName> {
+        let ok = !name.is_empty() && name.len() < 16 && name.bytes().all(|b| b.is_ascii_graphic() && b != b'/');
+        ok.then(|| {
+            let mut bytes = [0; 16];
+            bytes[..name.len()].copy_from_slice(name.as_bytes());
+            IfName(bytes)
+        })
+    }
+
+    pub fn as_str(&self) -> &str {
+        let len = self.0.iter().position(|b| *b == 0).unwrap_or(16);
+        std::str::from_utf8(&self.0[..len]).unwrap_or_default()
+    }
+
+    /// The bytes the kernel compares.
+    pub fn bytes(&self) -> &[u8; 16] {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for IfName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}", self.as_str())
+    }
+}
+
+/// The fields of a set keyed by an interface: its name, then optionally
+/// a MAC and an address (`ifname . ether_addr . ipv4_addr`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PortFields {
+    pub mac: bool,
+    pub addr: Option<Family>,
+}
+
+impl PortFields {
+    /// nftables' names of the fields' types, in order.
+    pub fn types(self) -> Vec<&'static str> {
+        let mut t = vec!["ifname"];
+        if self.mac {
+            t.push("ether_addr");
+        }
+        t.extend(self.addr.map(Family::addr_type));
+        t
+    }
+
+    pub fn from_types(types: &[&str]) -> Option<PortFields> {
+        let (first, rest) = types.split_first()?;
+        if *first != "ifname" {
+            return None;
+        }
+        let (mac, rest) = match rest.split_first() {
+            Some((&"ether_addr", rest)) => (true, rest),
+            _ => (false, rest),
+        };
+        let addr = match rest {
+            [] => None,
+            [t] => Some(Family::from_addr_type(t)?),
+            _ => return None,
+        };
+        Some(PortFields { mac, addr })
+    }
+}
+
+/// One element of a set keyed by an interface (see [`PortFields`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PortKey {
+    pub iface: IfName,
+    pub mac: Option<[u8; 6]>,
+    pub addr: Option<IpAddr>,
+}
+
+impl PortKey {
+    pub fn fields(&self) -> PortFields {
+        PortFields { mac: self.mac.is_some(), addr: self.addr.map(Family::of) }
+    }
+}
+
 /// What a set holds and, for a verdict map, what its values are.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SetKind {
     /// Addresses and prefixes of one family (an interval set).
     Nets(Family),
+    /// Interfaces, with a MAC and an address each if the fields say so
+    /// (an exact-match set).
+    Ports(PortFields),
     /// `protocol . port` → jump to a chain.
     PortJumps,
     /// An address of one family → jump to a chain.
@@ -195,7 +309,7 @@ pub enum SetKind {
 impl SetKind {
     /// Whether nftables calls it a map (deleted and flushed as one).
     pub fn is_map(self) -> bool {
-        !matches!(self, SetKind::Nets(_))
+        !matches!(self, SetKind::Nets(_) | SetKind::Ports(_))
     }
 }
 
@@ -204,6 +318,7 @@ impl SetKind {
 pub enum Key {
     Net(IpNet),
     ProtoPort(Proto, u16),
+    Port(PortKey),
 }
 
 impl Key {

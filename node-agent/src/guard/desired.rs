@@ -1,0 +1,255 @@
+//! What each pod may send, as firewall parts: pure, no kernel.
+//!
+//! A pod is hostile: root in its namespace with `CAP_NET_RAW`, it can add
+//! addresses, send with any source, answer ARP and neighbour discovery for
+//! addresses that are not its own, and talk IPv6 link-local or multicast
+//! to its neighbours, none of which policy (keyed by the pods' API
+//! addresses) would recognise. So every frame a pod sends is checked on
+//! the node's side of its veth before anything else sees it:
+//!
+//! - bridged pods (table `bridge weft`, the bridge's prerouting hook): the
+//!   Ethernet source must be the pod's MAC; ARP must announce the pod's own
+//!   MAC and IPv4 address; IPv4 and IPv6 must come from the pod's own
+//!   addresses, to a unicast destination; neighbour discovery (router and
+//!   neighbour solicitations and advertisements, hop limit 255) is let
+//!   through for pods that have IPv6, as their gateway needs it. Everything
+//!   else (link-local data, multicast, broadcast, IPv6 from an IPv4-only
+//!   pod, VLAN tags, other EtherTypes) is dropped.
+//! - routed pods (table `inet weft`, prerouting): IPv4 and IPv6 must come
+//!   from the pod's own addresses on its own veth; neighbour discovery from
+//!   a link-local source is let through for pods that have IPv6. Their
+//!   link-local traffic reaches only the node (routers do not forward it).
+//!
+//! A veth of Weft's that is in no set (its ADD has not finished, or its
+//! record is gone) sends nothing: the guard fails closed.
+
+use std::net::IpAddr;
+
+use crate::agent::HOST_VETH_PREFIX;
+use crate::attachment::Attachment;
+use crate::firewall::build::{self, Field};
+use crate::firewall::ruleset::{
+    Chain, ChainKind, Family, Hook, HookPoint, IfName, Key, Part, PortFields, PortKey, Rule, Set, SetKind,
+};
+
+/// The owner (name prefix) of the guard's objects in both tables.
+pub const OWNER: &str = "guard";
+/// The named counter of dropped frames, in each table.
+pub const DROPPED: &str = "guard-dropped";
+/// Before connection tracking (-200): a spoofed packet makes no entry.
+const PRIORITY: i32 = -300;
+/// What a pod with IPv6 needs of neighbour discovery (never router
+/// advertisements or redirects: only the node routes).
+const ND_TYPES: [&str; 3] = ["nd-router-solicit", "nd-neighbor-solicit", "nd-neighbor-advert"];
+
+/// One pod interface: the node's end of its veth, the pod's MAC and addresses.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GuardedPort {
+    pub host_veth: String,
+    pub pod_mac: [u8; 6],
+    pub addrs: Vec<IpAddr>,
+    pub mode: Attachment,
+}
+
+/// The guard's parts: (table `bridge weft`, table `inet weft`). A port
+/// whose veth name is not one the kernel takes is left out (it cannot
+/// exist, so it sends nothing).
+pub fn parts(ports: &[GuardedPort]) -> (Part, Part) {
+    let mut bridge = Part::new(OWNER);
+    let mut inet = Part::new(OWNER);
+    let sets = |part: &mut Part, names: &[(&str, PortFields)]| {
+        for (name, fields) in names {
+            part.sets.insert(part.name(name), Set { kind: SetKind::Ports(*fields), elements: Default::default() });
+        }
+    };
+    let with_mac = |addr| PortFields { mac: true, addr };
+    let without_mac = |addr| PortFields { mac: false, addr };
+    sets(
+        &mut bridge,
+        &[("ip4", with_mac(Some(Family::V4))), ("ip6", with_mac(Some(Family::V6))), ("nd", with_mac(None))],
+    );
+    sets(
+        &mut inet,
+        &[("ip4", without_mac(Some(Family::V4))), ("ip6", without_mac(Some(Family::V6))), ("nd", without_mac(None))],
+    );
+
+    for port in ports {
+        let Some(iface) = IfName::new(&port.host_veth) else { continue };
+        let (part, mac) = match port.mode {
+            Attachment::Bridge => (&mut bridge, Some(port.pod_mac)),
+            Attachment::Routed => (&mut inet, None),
+        };
+        let mut add = |set: &str, addr: Option<IpAddr>| {
+            let name = format!("{OWNER}-{set}");
+            if let Some(s) = part.sets.get_mut(&name) {
+                s.elements.insert(Key::Port(PortKey { iface, mac, addr }), None);
+            }
+        };
+        for addr in &port.addrs {
+            add(if addr.is_ipv4() { "ip4" } else { "ip6" }, Some(*addr));
+        }
+        if port.addrs.iter().any(IpAddr::is_ipv6) {
+            add("nd", None);
+        }
+    }
+
+    for part in [&mut bridge, &mut inet] {
+        part.counters.insert(DROPPED.to_owned());
+    }
+    let hook = Some(Hook { kind: ChainKind::Filter, point: HookPoint::Prerouting, priority: PRIORITY });
+    bridge.chains.insert(bridge.name("bridged"), Chain { hook, rules: bridged_rules() });
+    inet.chains.insert(inet.name("routed"), Chain { hook, rules: routed_rules() });
+    (bridge, inet)
+}
+
+fn set(name: &str) -> String {
+    format!("{OWNER}-{name}")
+}
+
+fn bridged_rules() -> Vec<Rule> {
+    use Field::*;
+    vec![
+        Rule::new("not a pod's port", vec![build::in_iface_not_prefixed(HOST_VETH_PREFIX), build::accept()]),
+        Rule::new(
+            "ARP of the pod's own MAC and IPv4 address",
+            vec![
+                build::key_in_set(&[InIface, EtherSrc, ArpSenderIp], &set("ip4")),
+                build::key_in_set(&[InIface, ArpSenderMac, ArpSenderIp], &set("ip4")),
+                build::accept(),
+            ],
+        ),
+        Rule::new(
+            "neighbour discovery of a pod with IPv6",
+            vec![
+                build::key_in_set(&[InIface, EtherSrc], &set("nd")),
+                build::hop_limit(255),
+                build::icmpv6_type_in(&ND_TYPES),
+                build::accept(),
+            ],
+        ),
+        Rule::new(
+            "no broadcast or multicast between pods",
+            vec![build::pkttype_in(&["broadcast", "multicast"]), build::count_into(DROPPED), build::drop()],
+        ),
+        Rule::new(
+            "IPv4 from the pod's own address",
+            vec![build::key_in_set(&[InIface, EtherSrc, Src(Family::V4)], &set("ip4")), build::accept()],
+        ),
+        Rule::new(
+            "IPv6 from the pod's own address",
+            vec![build::key_in_set(&[InIface, EtherSrc, Src(Family::V6)], &set("ip6")), build::accept()],
+        ),
+        Rule::new("anything else a pod sends", vec![build::count_into(DROPPED), build::drop()]),
+    ]
+}
+
+fn routed_rules() -> Vec<Rule> {
+    use Field::*;
+    vec![
+        Rule::new("not a pod's veth", vec![build::in_iface_not_prefixed(HOST_VETH_PREFIX), build::accept()]),
+        Rule::new(
+            "IPv4 from the pod's own address",
+            vec![build::key_in_set(&[InIface, Src(Family::V4)], &set("ip4")), build::accept()],
+        ),
+        Rule::new(
+            "IPv6 from the pod's own address",
+            vec![build::key_in_set(&[InIface, Src(Family::V6)], &set("ip6")), build::accept()],
+        ),
+        Rule::new(
+            "link-local neighbour discovery of a pod with IPv6",
+            vec![
+                build::key_in_set(&[InIface], &set("nd")),
+                build::addr_in(build::Addr::Src, "fe80::/10".parse::<ipnet::IpNet>().unwrap_or_default()),
+                build::hop_limit(255),
+                build::icmpv6_type_in(&ND_TYPES),
+                build::accept(),
+            ],
+        ),
+        Rule::new("anything else a pod sends", vec![build::count_into(DROPPED), build::drop()]),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn port(veth: &str, mode: Attachment, addrs: &[&str]) -> GuardedPort {
+        GuardedPort {
+            host_veth: veth.into(),
+            pod_mac: [2, 0, 0, 0, 0, 5],
+            addrs: addrs.iter().map(|a| a.parse().unwrap()).collect(),
+            mode,
+        }
+    }
+
+    fn elements(part: &Part, set: &str) -> Vec<PortKey> {
+        part.sets[&format!("guard-{set}")]
+            .elements
+            .keys()
+            .map(|k| match k {
+                Key::Port(p) => *p,
+                other => panic!("not a port key: {other:?}"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn bridged_pods_are_keyed_by_veth_mac_and_address_and_routed_ones_by_veth_and_address() {
+        let ports = [
+            port("weftv0000000001", Attachment::Bridge, &["10.244.1.5", "fd00:10:244:1::5"]),
+            port("weftv0000000002", Attachment::Bridge, &["10.244.1.6"]),
+            port("weftv0000000003", Attachment::Routed, &["10.244.1.7"]),
+        ];
+        let (bridge, inet) = parts(&ports);
+        let v4 = elements(&bridge, "ip4");
+        assert_eq!(v4.len(), 2);
+        assert_eq!(v4[0].iface.as_str(), "weftv0000000001");
+        assert_eq!(v4[0].mac, Some([2, 0, 0, 0, 0, 5]));
+        assert_eq!(v4[0].addr, Some("10.244.1.5".parse().unwrap()));
+        assert_eq!(elements(&bridge, "ip6").len(), 1);
+        // Only the dual-stack pod may speak neighbour discovery.
+        let nd = elements(&bridge, "nd");
+        assert_eq!(nd.len(), 1);
+        assert_eq!((nd[0].iface.as_str(), nd[0].addr), ("weftv0000000001", None));
+        // The routed pod is the inet table's, without a MAC.
+        let r4 = elements(&inet, "ip4");
+        assert_eq!(r4.len(), 1);
+        assert_eq!((r4[0].iface.as_str(), r4[0].mac), ("weftv0000000003", None));
+        assert!(elements(&inet, "nd").is_empty());
+        // Every key matches its set's fields.
+        for part in [&bridge, &inet] {
+            for s in part.sets.values() {
+                let SetKind::Ports(fields) = s.kind else { panic!("{s:?}") };
+                for k in s.elements.keys() {
+                    let Key::Port(p) = k else { panic!() };
+                    assert_eq!(p.fields(), fields);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn no_pods_still_make_the_chains_that_close_every_pod_veth() {
+        let (bridge, inet) = parts(&[]);
+        for (part, chain) in [(&bridge, "guard-bridged"), (&inet, "guard-routed")] {
+            let c = &part.chains[chain];
+            assert_eq!(c.hook.map(|h| h.priority), Some(PRIORITY));
+            let last = c.rules.last().unwrap();
+            assert_eq!(last.stmts.last(), Some(&build::drop()), "fails closed: {last:?}");
+            assert!(part.counters.contains(DROPPED));
+        }
+    }
+
+    #[test]
+    fn a_veth_name_the_kernel_would_refuse_is_left_out() {
+        let (bridge, _) = parts(&[port("weftv-far-too-long-a-name", Attachment::Bridge, &["10.244.1.5"])]);
+        assert!(elements(&bridge, "ip4").is_empty());
+    }
+
+    #[test]
+    fn the_parts_are_the_same_whatever_the_order_of_the_ports() {
+        let a = port("weftv0000000001", Attachment::Bridge, &["10.244.1.5"]);
+        let b = port("weftv0000000002", Attachment::Routed, &["10.244.1.6"]);
+        assert_eq!(parts(&[a.clone(), b.clone()]), parts(&[b, a]));
+    }
+}
