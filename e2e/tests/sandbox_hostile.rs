@@ -1,0 +1,102 @@
+//! A hostile pod in the sandbox cluster (real agents, pods made through
+//! weft-cni): what a pod with root in its namespace tries in order to get
+//! past NetworkPolicy, each attack scripted as the pod would run it, and
+//! the traffic policy allows still flowing. Without the agent's source
+//! guard every attack here succeeds (run against the code before it).
+//!
+//! One sandbox runs per machine, so these tests take turns ([`Up`]).
+
+use std::time::Duration;
+
+use weft_e2e::sandbox::testing::{Up, apply, connect, ok, run};
+use weft_e2e::wait;
+
+const CONVERGE: Duration = Duration::from_secs(45);
+
+/// Isolates `app=victim` for ingress and `app=attacker` for egress.
+const POLICIES: &str = "\
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: victim-deny-all, namespace: prod}
+spec: {podSelector: {matchLabels: {app: victim}}, policyTypes: [Ingress]}
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: attacker-no-egress, namespace: prod}
+spec: {podSelector: {matchLabels: {app: attacker}}, policyTypes: [Egress]}
+";
+
+/// Runs a shell command inside a pod (`namespace/name`); success and output.
+fn in_pod(pod: &str, script: &str) -> (bool, String) {
+    let (ns, name) = pod.split_once('/').expect("namespace/name");
+    run(&["exec", name, "-n", ns, "--", "sh", "-c", script])
+}
+
+/// A pod's IPv4 address, from `weft-sandbox pods`.
+fn pod_ip(pod: &str) -> String {
+    let out = ok(&["pods"]);
+    out.lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .find(|w| w.len() >= 3 && w[0] == pod)
+        .map(|w| w[2].to_owned())
+        .unwrap_or_else(|| panic!("{pod} not in\n{out}"))
+}
+
+/// The IPv6 link-local address of a pod's eth0 (every pod has one, even
+/// in an IPv4-only cluster), once duplicate address detection let it be used.
+fn link_local(pod: &str) -> String {
+    wait::until(&format!("the link-local address of {pod}"), Duration::from_secs(10), || {
+        let (_, out) = in_pod(pod, "ip -6 -o addr show dev eth0 scope link");
+        let word = out.split_whitespace().skip_while(|w| *w != "inet6").nth(1)?;
+        (!out.contains("tentative")).then(|| word.split('/').next().unwrap_or_default().to_owned())
+    })
+}
+
+/// Whether a TCP connection from `pod` to `host` (any form getaddrinfo
+/// takes, `fe80::1%eth0` included) on port 80 gets the responder's answer.
+fn tcp_answers(pod: &str, host: &str) -> bool {
+    let script = format!("timeout 3 bash -c 'exec 3<>/dev/tcp/{host}/80 && head -c 64 <&3' | grep -q .");
+    in_pod(pod, &script).0
+}
+
+#[test]
+fn a_hostile_pod_gets_past_no_policy() {
+    let Some(_up) = Up::start(&["--nodes", "2"], &[]) else { return };
+    ok(&["add-pod", "victim", "-n", "prod", "--node", "node-1", "-l", "app=victim"]);
+    ok(&["add-pod", "attacker", "-n", "prod", "--node", "node-1", "-l", "app=attacker"]);
+    ok(&["add-pod", "remote", "-n", "dev", "--node", "node-2", "-l", "app=remote"]);
+    let (victim, attacker, remote) = ("prod/victim", "prod/attacker", "dev/remote");
+    let (victim_ip, attacker_ip, remote_ip) = (pod_ip(victim), pod_ip(attacker), pod_ip(remote));
+
+    apply(POLICIES);
+    wait::until("the policies to isolate both pods", CONVERGE, || {
+        let closed = connect(remote, "tcp", &format!("{victim_ip}:80")).is_none()
+            && connect(attacker, "tcp", &format!("{remote_ip}:80")).is_none();
+        closed.then_some(())
+    });
+    // What policy allows still flows: the victim reaches out, others reach the attacker.
+    assert_eq!(connect(victim, "tcp", &format!("{remote_ip}:80")).as_deref(), Some(remote));
+    assert_eq!(connect(remote, "tcp", &format!("{attacker_ip}:80")).as_deref(), Some(attacker));
+
+    // 1. IPv6 link-local to a pod whose ingress is denied, in an IPv4-only cluster.
+    let target = format!("{}%eth0", link_local(victim));
+    assert!(tcp_answers(victim, &target), "the victim's responder listens on its link-local address");
+    assert!(!tcp_answers(attacker, &target), "link-local reached a pod isolated by policy");
+    let (_, all) = in_pod(attacker, "ping -6 -c2 -i0.2 -W1 ff02::1%eth0");
+    assert!(!all.contains(&link_local(victim)), "IPv6 multicast found a neighbour pod:\n{all}");
+
+    // 2. Egress deny-all escaped with an added address of the node's pod range.
+    let spoofed = attacker_ip.rsplit_once('.').map(|(net, _)| format!("{net}.250")).expect("IPv4");
+    let (added, out) = in_pod(attacker, &format!("ip addr add {spoofed}/32 dev eth0"));
+    assert!(added, "{out}");
+    let (reached, out) = in_pod(attacker, &format!("ping -c2 -i0.2 -W1 -I {spoofed} {remote_ip}"));
+    assert!(!reached, "a spoofed source escaped the egress policy:\n{out}");
+    // 3. The same with another pod's address (the victim's), to a pod that
+    // admits the victim.
+    let (_, _) = in_pod(attacker, &format!("ip addr add {victim_ip}/32 dev eth0"));
+    let (reached, out) = in_pod(attacker, &format!("ping -c2 -i0.2 -W1 -I {victim_ip} {remote_ip}"));
+    assert!(!reached, "another pod's address was usable:\n{out}");
+
+    // The attacker's own traffic that policy allows is untouched.
+    assert_eq!(connect(remote, "tcp", &format!("{attacker_ip}:80")).as_deref(), Some(attacker));
+}
