@@ -80,6 +80,7 @@ fn a_hostile_pod_gets_past_no_policy() {
 
     // 1. IPv6 link-local to a pod whose ingress is denied, in an IPv4-only cluster.
     let target = format!("{}%eth0", link_local(victim));
+    link_local(attacker); // usable on the attacker's side too
     assert!(tcp_answers(victim, &target), "the victim's responder listens on its link-local address");
     assert!(!tcp_answers(attacker, &target), "link-local reached a pod isolated by policy");
     let (_, all) = in_pod(attacker, "ping -6 -c2 -i0.2 -W1 ff02::1%eth0");
@@ -99,4 +100,33 @@ fn a_hostile_pod_gets_past_no_policy() {
 
     // The attacker's own traffic that policy allows is untouched.
     assert_eq!(connect(remote, "tcp", &format!("{attacker_ip}:80")).as_deref(), Some(attacker));
+
+    // 4. A new pod under the egress deny-all, connecting from its very
+    // first moment: from inside its namespace while its ADD runs, before
+    // the API has its address.
+    let target = remote_ip.clone();
+    let early = std::thread::spawn(move || connects_while_attached("weft-sbx-pod-prod-early", &target));
+    ok(&["add-pod", "early", "-n", "prod", "--node", "node-1", "-l", "app=attacker"]);
+    let (tries, connected) = early.join().expect("the connecting thread");
+    assert!(tries > 0, "no connection attempt ran while the pod was attached");
+    assert!(!connected, "a new pod under an egress deny-all connected before its policy was in place");
+}
+
+/// From inside the network namespace `netns` (waiting for it to appear),
+/// tries TCP to `ip`:80 over and over for 4 s; returns how many tries ran
+/// with the namespace present and whether one connected.
+fn connects_while_attached(netns: &str, ip: &str) -> (u32, bool) {
+    let path = format!("/run/netns/{netns}");
+    wait::until(&format!("the network namespace {netns}"), Duration::from_secs(60), || {
+        std::path::Path::new(&path).exists().then_some(())
+    });
+    let script = format!(
+        "n=0; end=$((SECONDS+4)); while ((SECONDS < end)); do n=$((n+1)); \
+         if timeout 0.3 bash -c 'exec 3<>/dev/tcp/{ip}/80 && head -c1 <&3' 2>/dev/null | grep -q .; then echo \"$n connected\"; exit 0; fi; \
+         done; echo \"$n\""
+    );
+    let out = std::process::Command::new("ip").args(["netns", "exec", netns, "bash", "-c", &script]).output();
+    let out = out.map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_default();
+    let tries = out.split_whitespace().next().and_then(|n| n.parse().ok()).unwrap_or(0);
+    (tries, out.contains("connected"))
 }

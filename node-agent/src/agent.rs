@@ -30,6 +30,9 @@ pub struct Agent {
     pub hostports: Arc<HostPorts>,
     /// What each pod may send (its own addresses only).
     pub guard: Guard,
+    /// Where ADD registers a pod for the policy loop and waits for its
+    /// rules (None: policy is not enforced on this node).
+    pub policy_pods: Option<Arc<crate::policy::attached::Attached>>,
     /// The API, when the agent has one: pods' host port annotations, Events.
     pub kube: Option<KubeAccess>,
     pub host: Handle,
@@ -71,6 +74,7 @@ impl Agent {
             ipam: Arc::new(ipam),
             hostports: Arc::new(hostports),
             guard: Guard::default(),
+            policy_pods: None,
             kube,
             host,
             metrics: Metrics::default(),

@@ -103,6 +103,10 @@ async fn run(config: Config) -> anyhow::Result<()> {
         .map(|c| agent::KubeAccess { pods: hostport::pods::PodCache::start(c.clone(), &config.node_name), client: c });
     let mut agent = Agent::new(config.clone(), ipam, hostports, kube, host, pod_mtu);
     agent.ipv6 = ipv6;
+    // Policy needs the API: with a lease, or a fixed pod CIDR plus --kubeconfig.
+    let policy_pods = (client.is_some() && config.network_policy)
+        .then(|| Arc::new(policy::attached::Attached::new(Arc::new(tokio::sync::Notify::new()))));
+    agent.policy_pods = policy_pods.clone();
     let agent = Arc::new(agent);
 
     // The bridge first: it holds the gateway address, which ADD needs and
@@ -157,14 +161,11 @@ async fn run(config: Config) -> anyhow::Result<()> {
         let ipam = Arc::clone(&agent.ipam);
         lease_gone = Box::pin(lease::hold(holder, move || ipam.all().len()));
     }
-    // Policy needs the API: with a lease, or a fixed pod CIDR plus --kubeconfig.
-    if let Some(client) = &client
-        && config.network_policy
-    {
+    if let (Some(client), Some(attached)) = (&client, policy_pods) {
         let metrics = Arc::clone(&agent.metrics.policy);
         let (node, resync, log) = (config.node_name.clone(), config.resync(), config.drop_log());
         let deny = config.policy_deny_action;
-        tokio::spawn(policy::sync::run(client.clone(), node, resync, deny, log, metrics));
+        tokio::spawn(policy::sync::run(client.clone(), node, resync, deny, log, metrics, attached));
     }
 
     let listener = bind_socket(&config.socket)?;

@@ -1,5 +1,6 @@
 //! ADD: reserve (an address, host ports) → program (veth pair into the pod,
-//! host ports) → persist (the record), answered only when all are done. One
+//! host ports, the pod's policy rules) → persist (the record) → open (the
+//! source guard lets the veth send), answered only when all are done. One
 //! [`Rollback`] guard undoes the reservation on any failure, and also when
 //! the ADD is dropped half-way (the CNI server runs each verb to its end
 //! in a task of its own, so that only happens when the agent shuts down).
@@ -16,6 +17,10 @@ use crate::dataplane::netns::{BlockingNetns, NetnsError};
 use crate::guard::Write;
 use crate::hostport::{self, HostPortError, PodIdentity, Wanted, publish, request};
 use crate::ipam::{Key, Record};
+
+/// How long an ADD waits for the policy loop to apply the new pod's rules
+/// before it fails (the runtime tries again): a pod never runs unpoliced.
+const POLICY_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl Agent {
     pub async fn add(self: &Arc<Self>, key: &Key, req: &CniRequest) -> Result<CniResult, AttachError> {
@@ -69,6 +74,12 @@ impl Agent {
         if let Some(p) = &ports {
             self.ipam.set_host_ports(ip, &pod_id.uid, p.ports.clone());
         }
+        // The policy loop compiles the pod with these addresses while the
+        // veth is made; the ADD answers once its rules are in the kernel.
+        let policy_pod = self.policy_pods.as_ref().zip(Some(pod_name(req)).filter(|p| !p.is_empty()));
+        if let Some((attached, pod)) = &policy_pod {
+            attached.admit(pod, &key.container_id, pod_ips.clone());
+        }
         let (host_mac, pod_mac) = (veth_mac(key, false), veth_mac(key, true));
         let spec = AttachSpec {
             host_veth: host_veth.clone(),
@@ -80,19 +91,17 @@ impl Agent {
             pod_mac,
         };
 
-        // The record's write, the host port rules, the source guard and the
-        // veth overlap. All must finish before we answer: the pod's first
-        // packet is checked. (Until the guard knows it, its veth sends
-        // nothing.) A crash in between leaves a record
+        // The record's write, the host port rules and the veth overlap (and
+        // the policy pass, above). All must finish before we answer. A
+        // crash in between leaves a record
         // with its veth (kept by start-up reconciliation, removed by the DEL
         // the runtime sends for the failed ADD), a record without a veth, or
         // a veth without a record (both removed at start-up).
         let ipam = Arc::clone(&self.ipam);
         let persist = tokio::task::spawn_blocking(move || ipam.persist(ip));
         let programmed = self.hostports.program(ports.as_ref());
-        let guarded = self.guard_pods(Write::Update);
         let attach = off_thread("attach the pod", move || link::attach(&mut pod, &spec));
-        let (ports, attached, persisted, guarded) = tokio::join!(programmed, attach, persist, guarded);
+        let (ports, attached, persisted) = tokio::join!(programmed, attach, persist);
         if let Err(e) = ports {
             rollback.undo().await;
             return Err(self.host_port_failure(&pod_id, e));
@@ -107,13 +116,26 @@ impl Agent {
             }
             (Ok(Ok(())), Ok(Err(e))) => Some(e.to_string()),
             (Ok(Ok(())), Err(join)) => Some(format!("IPAM write task failed: {join}")),
-            (Ok(Ok(())), Ok(Ok(()))) => guarded.err().map(|e| e.to_string()),
+            (Ok(Ok(())), Ok(Ok(()))) => None,
         };
         if let Some(e) = failure {
             rollback.undo().await;
             return Err(AttachError::Internal(format!("cannot attach {} to the pod network: {e}", key.ifname)));
         }
+        if let Some((attached, pod)) = &policy_pod
+            && let Err(e) = attached.wait_applied(pod, POLICY_WAIT).await
+        {
+            rollback.undo().await;
+            return Err(AttachError::TryAgain(e.to_string()));
+        }
+        // Only now may the pod send: its veth dropped everything until the
+        // guard knew it, so no packet of it ever went unpoliced. The guard
+        // takes committed records only, so it is committed first.
         self.ipam.commit(ip);
+        if let Err(e) = self.guard_pods(Write::Update).await {
+            rollback.undo().await;
+            return Err(AttachError::Internal(format!("cannot attach {} to the pod network: {e}", key.ifname)));
+        }
         rollback.disarm();
 
         Ok(CniResult {

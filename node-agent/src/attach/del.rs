@@ -30,9 +30,12 @@ impl Agent {
         veth?;
         let ipam = Arc::clone(&self.ipam);
         let key = key.clone();
-        tokio::task::spawn_blocking(move || ipam.release(&key))
+        let released = tokio::task::spawn_blocking(move || ipam.release(&key))
             .await
             .map_err(|e| AttachError::Internal(format!("IPAM release task failed: {e}")))??;
+        if let (Some(attached), Some((_, record))) = (&self.policy_pods, &released) {
+            attached.forget(&record.pod, &record.container_id);
+        }
         // The veth is gone, so its elements allow nothing: a failure here
         // costs no isolation, and the next resync removes them.
         if let Err(e) = self.guard_pods(Write::Update).await {

@@ -6,9 +6,9 @@ use crate::agent::{Agent, veth_mac};
 use crate::guard::{GuardedPort, Write};
 
 impl Agent {
-    /// Makes the source guard allow exactly the pods in the IPAM records
-    /// (those whose ADD is still running included). `Ok(true)` when
-    /// something had to be written.
+    /// Makes the source guard allow exactly the pods in the IPAM records,
+    /// but not those whose ADD is still running: an ADD opens its pod's
+    /// veth last. `Ok(true)` when something had to be written.
     pub async fn guard_pods(&self, how: Write) -> Result<bool, AttachError> {
         self.guard.write(how, || self.guarded_ports()).await.map_err(|e| AttachError::Internal(e.to_string()))
     }
@@ -17,6 +17,7 @@ impl Agent {
         self.ipam
             .all()
             .into_iter()
+            .filter(|(ip, _)| !self.ipam.is_pending(*ip))
             .map(|(ip, record)| GuardedPort {
                 pod_mac: veth_mac(&record.key(), true),
                 addrs: self.pod_addresses(ip, &record).iter().map(|a| a.address.addr()).collect(),

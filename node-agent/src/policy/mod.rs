@@ -4,12 +4,14 @@
 //!
 //! `model` is the semantics (pure), `incremental` recompiles only what a
 //! change affects (pure), `render` the nftables representation
-//! (pure), `sync` the watch-and-apply loop, `drop_log` the optional log of dropped
+//! (pure), `sync` the watch-and-apply loop, `attached` the pods ADD
+//! registered before the API reports them, `drop_log` the optional log of dropped
 //! packets. `render_iptables_old` and
 //! `ipset` are the engine it replaced, kept for the upgrade test and the
 //! benchmark beside the new one.
 
 mod addr_ranges;
+pub mod attached;
 pub mod drop_log;
 pub mod incremental;
 pub mod metrics;

@@ -25,6 +25,7 @@ use serde::de::DeserializeOwned;
 use weft_api::network_policy::{self as wnp, NetworkPolicy as WeftPolicy};
 use weft_api::watch::{self, Projection};
 
+use super::attached::{Attached, Taken};
 use super::drop_log;
 use super::incremental::Incremental;
 use super::metrics::{KindLabels, PolicyMetrics, ResultLabels};
@@ -111,6 +112,29 @@ fn pod_addresses(status: &PodStatus) -> Vec<IpAddr> {
     let v4 = parsed.iter().copied().find(IpAddr::is_ipv4);
     let v6 = parsed.iter().copied().find(IpAddr::is_ipv6);
     v4.into_iter().chain(v6).collect()
+}
+
+/// How long the policy loop waits for Weft's own policy cache before it
+/// enforces standard NetworkPolicy without it (the CRD may be missing).
+const WEFT_CACHE_GRACE: Duration = Duration::from_secs(30);
+
+/// Gives this node's pods that ADD registered the addresses ADD gave them
+/// (the API may not know them yet, or still show an earlier sandbox's);
+/// returns the keys of those found in the API.
+fn with_attached(pods: &mut [Arc<PodInfo>], node: &str, taken: &Taken) -> Vec<String> {
+    let mut found = Vec::new();
+    if taken.pods.is_empty() {
+        return found;
+    }
+    for pod in pods.iter_mut().filter(|p| p.node == node) {
+        let key = pod.key();
+        let Some(entry) = taken.pods.get(&key) else { continue };
+        if pod.ips != entry.ips {
+            Arc::make_mut(pod).ips = entry.ips.clone();
+        }
+        found.push(key);
+    }
+    found
 }
 
 /// The cluster as the stores see it; invalid Weft policies are left out (logged once per pass).
@@ -207,7 +231,8 @@ impl Compute {
 }
 
 /// Runs for the agent's lifetime; `deny`: what denies do with packets;
-/// `drop_log`: log dropped packets (off when `None`).
+/// `drop_log`: log dropped packets (off when `None`); `attached`: the pods
+/// ADD registered (their rules are applied before ADD answers).
 pub async fn run(
     client: Client,
     node: String,
@@ -215,8 +240,9 @@ pub async fn run(
     deny: render::DenyAction,
     drop_log: Option<render::DropLog>,
     metrics: Arc<PolicyMetrics>,
+    attached: Arc<Attached>,
 ) {
-    let changed = Arc::new(tokio::sync::Notify::new());
+    let changed = Arc::clone(&attached.changed);
     // Only what policy reads of each pod is kept (a pod object is kilobytes).
     let pods = watch::project(
         Api::<Pod>::all(client.clone()),
@@ -231,12 +257,21 @@ pub async fn run(
     tracing::info!("policy: waiting for the pod, namespace and policy caches");
     let ready = pods.wait_until_ready().await.is_ok()
         && namespaces.wait_until_ready().await.is_ok()
-        && standard.wait_until_ready().await.is_ok()
-        && weft.wait_until_ready().await.is_ok();
+        && standard.wait_until_ready().await.is_ok();
     if !ready {
         tracing::error!("a policy cache was dropped before it was ready; policy is not enforced");
         return;
     }
+    // Standard NetworkPolicy does not wait for Weft's CRD: without it (not
+    // installed, or no permission) Weft policies are enforced once their
+    // cache fills, and standard ones from now on.
+    if tokio::time::timeout(WEFT_CACHE_GRACE, weft.wait_until_ready()).await.is_err() {
+        tracing::error!(
+            "the weft.dev NetworkPolicy cache is not ready after {WEFT_CACHE_GRACE:?} (is the CRD installed, may the agent list it?); enforcing standard NetworkPolicy without it"
+        );
+    }
+    // Whether the rules of the last pass that had any reached the kernel.
+    let mut last_applied = false;
     // When the kernel is read next whatever changes: the resync, or a
     // retry. A deadline, not a timer restarted by each change, so that
     // constant churn elsewhere cannot put the resync off.
@@ -254,7 +289,10 @@ pub async fn run(
     }
     loop {
         let started = Instant::now();
-        let cluster = snapshot(&pods, &namespaces, &standard, &weft);
+        let taken = attached.take();
+        let mut cluster = snapshot(&pods, &namespaces, &standard, &weft);
+        let included = with_attached(&mut cluster.pods, &node, &taken);
+        let covered = |pod: &str| included.iter().any(|k| k == pod);
         let snapshot_took = started.elapsed();
         let m = metrics.as_ref();
         m.policies.get_or_create(&KindLabels { kind: "standard" }).set(cluster.standard.len() as i64);
@@ -275,7 +313,7 @@ pub async fn run(
             Err(e) => {
                 tracing::error!(error = %e, "computing the policy rules failed; retrying");
                 m.syncs.get_or_create(&ResultLabels { result: "error" }).inc();
-                next_change_or(&changed, tokio::time::Instant::now() + RETRY).await;
+                next_change_or(&changed, &attached, tokio::time::Instant::now() + RETRY).await;
                 continue;
             }
         };
@@ -287,7 +325,10 @@ pub async fn run(
             // The rules of the pass before: applied, or (it failed) retried
             // when `kernel_due` comes, with a full compile.
             m.syncs.get_or_create(&ResultLabels { result: "unaffected" }).inc();
-            next_change_or(&changed, kernel_due).await;
+            if last_applied {
+                attached.applied(&taken, covered);
+            }
+            next_change_or(&changed, &attached, kernel_due).await;
             continue;
         };
         let computed = started.elapsed();
@@ -307,6 +348,8 @@ pub async fn run(
         let mut pause = resync;
         match result {
             Ok(Ok(wrote)) => {
+                last_applied = true;
+                attached.applied(&taken, covered);
                 let report = Report::of(&rules, local_pods, wrote);
                 m.rules.set(report.rules as i64);
                 m.sets.set(report.sets as i64);
@@ -338,18 +381,20 @@ pub async fn run(
                 }
             }
             Ok(Err(e)) => {
+                last_applied = false;
                 m.syncs.get_or_create(&ResultLabels { result: "error" }).inc();
                 tracing::error!(error = %e, "policy sync failed; retrying");
                 pause = RETRY;
             }
             Err(e) => {
+                last_applied = false;
                 m.syncs.get_or_create(&ResultLabels { result: "error" }).inc();
                 tracing::error!(error = %e, "policy sync task failed; retrying");
                 pause = RETRY;
             }
         }
         kernel_due = tokio::time::Instant::now() + pause;
-        next_change_or(&changed, kernel_due).await;
+        next_change_or(&changed, &attached, kernel_due).await;
     }
 }
 
@@ -370,10 +415,11 @@ async fn read_counters(engine: Arc<Engine<Nft>>, labels: drop_log::Labels, metri
     }
 }
 
-/// Waits for a change (then lets a burst settle) or until `deadline`.
-async fn next_change_or(changed: &tokio::sync::Notify, deadline: tokio::time::Instant) {
+/// Waits for a change (then lets a burst settle, unless an ADD waits) or
+/// until `deadline`.
+async fn next_change_or(changed: &tokio::sync::Notify, attached: &Attached, deadline: tokio::time::Instant) {
     tokio::select! {
-        () = changed.notified() => tokio::time::sleep(DEBOUNCE).await,
+        () = changed.notified() => if !attached.pending() { tokio::time::sleep(DEBOUNCE).await },
         () = tokio::time::sleep_until(deadline) => {}
     }
 }
@@ -401,6 +447,27 @@ mod tests {
         c.standard.clear();
         let none = compute.want(&c, false).rules.expect("this node's rules changed");
         assert_eq!(*none, render::render(&[], None));
+    }
+
+    #[test]
+    fn attached_pods_of_this_node_take_the_addresses_add_gave_them() {
+        use crate::policy::model::tests::{NODE, cluster};
+        let attached = Attached::default();
+        let c = cluster();
+        let local = c.pods.iter().find(|p| p.node == NODE).unwrap().key();
+        let remote = c.pods.iter().find(|p| p.node != NODE).unwrap().key();
+        let new_ip: IpAddr = "10.244.9.9".parse().unwrap();
+        for pod in [&local, &remote, &"prod/not-in-the-api".to_owned()] {
+            attached.admit(pod, "c", vec![new_ip]);
+        }
+        let mut pods = c.pods.clone();
+        let found = with_attached(&mut pods, NODE, &attached.take());
+        assert_eq!(found, [local.clone()], "only this node's pods, and only those the API knows");
+        let ips = |key: &str| pods.iter().find(|p| p.key() == key).unwrap().ips.clone();
+        assert_eq!(ips(&local), [new_ip]);
+        assert_ne!(ips(&remote), [new_ip], "another node's pod is never changed");
+        // The snapshot's own copy changed, not the cache's entry.
+        assert_ne!(c.pods.iter().find(|p| p.key() == local).unwrap().ips, [new_ip]);
     }
 
     #[test]
