@@ -462,7 +462,7 @@ mod tests {
         }
         let mut pods = c.pods.clone();
         let found = with_attached(&mut pods, NODE, &attached.take());
-        assert_eq!(found, [local.clone()], "only this node's pods, and only those the API knows");
+        assert_eq!(found, std::slice::from_ref(&local), "only this node's pods, and only those the API knows");
         let ips = |key: &str| pods.iter().find(|p| p.key() == key).unwrap().ips.clone();
         assert_eq!(ips(&local), [new_ip]);
         assert_ne!(ips(&remote), [new_ip], "another node's pod is never changed");
