@@ -390,6 +390,18 @@ fn agent_writes_only_its_own_nodes_objects(cp: &ControlPlane, ns: &str, agent_sa
     assert!(ok, "the agent cannot apply its own node's HostPortAllocation: {text}");
     let (ok, text) = hpa(&b);
     assert!(!ok && text.contains("may not write hostportallocations"), "{text}");
+    // Another node's existing allocation cannot be moved to its own node
+    // (to be deleted next): the object as it was counts too.
+    let theirs = format!(
+        "apiVersion: weft.dev/v1alpha1\nkind: HostPortAllocation\nmetadata: {{name: vap-{a}, namespace: {ns}}}\n\
+         spec: {{nodeName: {b}, nodeIP: 10.0.0.2, podRef: {{name: web}}, ports: [{{containerPort: 80, hostPort: 8080}}]}}\n"
+    );
+    let stored = kubectl(cp, &["apply", "-f", "-"], Some(&theirs));
+    assert!(stored.status.success(), "{}", String::from_utf8_lossy(&stored.stderr));
+    let path = format!("/apis/weft.dev/v1alpha1/namespaces/{ns}/hostportallocations/vap-{a}");
+    let (ok, text) = as_agent(&path, "application/merge-patch+json", &format!(r#"{{"spec":{{"nodeName":"{a}"}}}}"#));
+    assert!(!ok && text.contains(&format!("may not take over hostportallocations of node {b}")), "{text}");
+    let _ = kubectl(cp, &["delete", "-f", "-"], Some(&theirs));
     // Its own Subnet: it may let go of the lease (remove the finalizer) and
     // do nothing else; another node's it may not touch at all.
     let subnet = |node: &str, body: &str| {

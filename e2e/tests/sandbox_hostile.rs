@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use weft_e2e::sandbox::testing::{Up, apply, connect, ok, run};
+use weft_e2e::sandbox::testing::{PausedAgent, Up, apply, connect, kubectl, ok, run};
 use weft_e2e::wait;
 
 const CONVERGE: Duration = Duration::from_secs(45);
@@ -61,7 +61,7 @@ fn tcp_answers(pod: &str, host: &str) -> bool {
 
 #[test]
 fn a_hostile_pod_gets_past_no_policy() {
-    let Some(_up) = Up::start(&["--nodes", "2"], &[]) else { return };
+    let Some(_up) = Up::start(&["--nodes", "3"], &[]) else { return };
     ok(&["add-pod", "victim", "-n", "prod", "--node", "node-1", "-l", "app=victim"]);
     ok(&["add-pod", "attacker", "-n", "prod", "--node", "node-1", "-l", "app=attacker"]);
     ok(&["add-pod", "remote", "-n", "dev", "--node", "node-2", "-l", "app=remote"]);
@@ -110,6 +110,27 @@ fn a_hostile_pod_gets_past_no_policy() {
     let (tries, connected) = early.join().expect("the connecting thread");
     assert!(tries > 0, "no connection attempt ran while the pod was attached");
     assert!(!connected, "a new pod under an egress deny-all connected before its policy was in place");
+
+    // 5. A node (its agent's token stolen) announces node-1's VTEP MAC as
+    // its own: the other nodes must keep reaching node-1. (node-2's agent is
+    // paused so that it does not put its own MAC back.)
+    ok(&["add-pod", "observer", "-n", "dev", "--node", "node-3", "-l", "app=observer"]);
+    let observer = "dev/observer";
+    assert_eq!(connect(observer, "tcp", &format!("{attacker_ip}:80")).as_deref(), Some(attacker));
+    let mac_of = |node: &str| kubectl(&["get", "subnet", node, "-o", "jsonpath={.status.vtepMAC}"]).trim().to_owned();
+    let node1_mac = mac_of("node-1");
+    let _paused = PausedAgent::new("node-2");
+    let patch = format!(r#"{{"status":{{"vtepMAC":"{node1_mac}"}}}}"#);
+    kubectl(&["patch", "subnet", "node-2", "--subresource=status", "--type=merge", "-p", &patch]);
+    wait::until("node-3 to reject node-2's copied VTEP MAC", CONVERGE, || {
+        let conditions = kubectl(&["get", "subnet", "node-3", "-o", "jsonpath={.status.conditions}"]);
+        (conditions.contains("node-2") && conditions.contains(&node1_mac)).then_some(())
+    });
+    assert_eq!(
+        connect(observer, "tcp", &format!("{attacker_ip}:80")).as_deref(),
+        Some(attacker),
+        "node-1 was cut off by another node announcing its VTEP MAC"
+    );
 }
 
 /// From inside the network namespace `netns` (waiting for it to appear),

@@ -44,6 +44,7 @@ pub struct Metrics {
     pub ipam_addresses: Family<StateLabels, Gauge>,
     pub released_on_start: Counter,
     pub unverified_attachments: Gauge,
+    pub unreadable_records: Gauge,
     pub lease_withdrawn: Gauge,
     pub host_ports: Family<StateLabels, Gauge>,
     pub host_port_repairs: Counter,
@@ -96,6 +97,12 @@ impl Default for Metrics {
             "Attachments kept by start-up reconciliation although they could not be verified (unreadable network namespace, changed routes or addresses); each is logged",
             unverified_attachments.clone(),
         );
+        let unreadable_records = Gauge::default();
+        registry.register(
+            "ipam_records_unreadable",
+            "IPAM records of this boot that could not be read: their addresses stay reserved (and veths without a record are kept) until an admin removes the files, each logged with its path",
+            unreadable_records.clone(),
+        );
         let lease_withdrawn = Gauge::default();
         registry.register(
             "lease_withdrawn",
@@ -147,6 +154,7 @@ impl Default for Metrics {
             ipam_addresses,
             released_on_start,
             unverified_attachments,
+            unreadable_records,
             lease_withdrawn,
             host_ports,
             host_port_repairs,

@@ -30,6 +30,15 @@ impl Agent {
     /// Deletes veths named like ours that no record accounts for (pending
     /// ones included: an ADD in flight holds its record from before its veth).
     pub async fn remove_orphan_veths(&self) -> Result<usize, AttachError> {
+        let unreadable = self.ipam.unreadable();
+        if !unreadable.is_empty() {
+            // One of those veths may be the pod of an unreadable record.
+            tracing::warn!(
+                records = unreadable.len(),
+                "keeping veths without a record while IPAM records are unreadable"
+            );
+            return Ok(0);
+        }
         let known: HashSet<String> = self.ipam.all().into_iter().map(|(_, r)| r.host_veth).collect();
         let veths = deadline("list veths", link::veths_with_prefix(&self.host, HOST_VETH_PREFIX)).await?;
         let mut removed = 0;

@@ -115,7 +115,13 @@ pub fn on_start(want: &Expected<'_>, host: Option<&ObservedHost>, pod: &Observed
         return Verdict::Release("its host veth is gone".into());
     };
     if *pod == ObservedPod::Gone {
-        return Verdict::Release("its network namespace is gone".into());
+        // The path is gone, but a veth's two ends go together: the pod's
+        // end still lives in some namespace (one whose bind mount was
+        // removed, a runtime that keeps namespaces elsewhere).
+        return Verdict::KeepUnverified(format!(
+            "its network namespace path is gone, but its host veth {} still exists",
+            host.name
+        ));
     }
     let host_ok = if host.up { want.driver.check_host(host) } else { Err(format!("host veth {} is down", host.name)) };
     match host_ok.and_then(|()| pod_matches(want, pod)) {
@@ -217,7 +223,13 @@ pub(crate) mod tests {
         let w = want();
         assert_eq!(on_start(&w, Some(&host()), &seen()), Verdict::Keep);
         assert!(matches!(on_start(&w, None, &seen()), Verdict::Release(_)));
-        assert!(matches!(on_start(&w, Some(&host()), &ObservedPod::Gone), Verdict::Release(_)));
+        assert!(matches!(on_start(&w, None, &ObservedPod::Gone), Verdict::Release(_)));
+        // Its namespace path gone but its veth there: the pod may still run.
+        let kept = on_start(&w, Some(&host()), &ObservedPod::Gone);
+        assert!(
+            matches!(&kept, Verdict::KeepUnverified(why) if why.contains("host veth weftv0123456789 still exists")),
+            "{kept:?}"
+        );
         // A replaced default route, an unreadable namespace, an address
         // moved elsewhere, a veth taken off the bridge: kept and reported.
         let vpn = ObservedPod::Seen {

@@ -1,7 +1,6 @@
 //! Start-up reconciliation of IPAM records with the kernel. The runtime
 //! never repeats an ADD, so a pod released here is disconnected for good:
-//! only attachments that are certainly gone (no host veth, no network
-//! namespace) are released. Anything the agent cannot verify (a namespace it
+//! only attachments that are certainly gone (no host veth) are released. Anything the agent cannot verify (a namespace it
 //! cannot enter, routes someone changed) is kept, logged and counted in
 //! `weft_agent_attachments_unverified`; the runtime's DEL or GC removes it
 //! when its pod goes. Veths of ours with no record are removed: their ADD
@@ -67,6 +66,7 @@ impl Agent {
         report.orphan_veths = self.remove_orphan_veths().await?;
         self.metrics.released_on_start.inc_by(report.released as u64);
         self.metrics.unverified_attachments.set(report.unverified as i64);
+        self.metrics.unreadable_records.set(self.ipam.unreadable().len() as i64);
         let attachment = self.settle_attachment();
         tracing::info!(?report, %attachment, "start-up reconciliation done");
         Ok(report)

@@ -2,7 +2,6 @@
 //! be handed out and which one comes next; and the IPv6 block of a
 //! dual-stack node, whose addresses follow the IPv4 ones.
 
-use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
@@ -84,13 +83,13 @@ impl Pool {
 
     /// The next free address after `after` (wrapping around), so that a
     /// just-released address is not reused at once; `None` when full.
-    pub fn next_free<V>(&self, used: &BTreeMap<IpAddr, V>, after: Option<IpAddr>) -> Option<IpAddr> {
+    pub fn next_free(&self, used: impl Fn(&IpAddr) -> bool, after: Option<IpAddr>) -> Option<IpAddr> {
         let (first, last) = (self.first(), self.last());
         let start = match after.filter(|a| self.contains(*a)).map(number) {
             Some(a) if a < last => a + 1,
             _ => first,
         };
-        (start..=last).chain(first..start).map(|n| self.address(n)).find(|ip| !used.contains_key(ip))
+        (start..=last).chain(first..start).map(|n| self.address(n)).find(|ip| !used(ip))
     }
 }
 
@@ -150,6 +149,8 @@ impl Ipv6Block {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use super::*;
 
     #[test]
@@ -184,7 +185,7 @@ mod tests {
         assert_eq!(p.size(), 5);
         let mut used = BTreeMap::new();
         let mut last = None;
-        while let Some(ip) = p.next_free(&used, last) {
+        while let Some(ip) = p.next_free(|ip| used.contains_key(ip), last) {
             used.insert(ip, ());
             last = Some(ip);
         }
@@ -196,9 +197,13 @@ mod tests {
     fn next_fit_wraps_and_skips_used() {
         let p = pool("10.0.0.0/29");
         let used: BTreeMap<_, _> = [(ip("10.0.0.2"), ())].into();
-        assert_eq!(p.next_free(&used, Some(ip("10.0.0.6"))), Some(ip("10.0.0.3")));
-        assert_eq!(p.next_free(&used, Some(ip("10.0.0.4"))), Some(ip("10.0.0.5")));
-        assert_eq!(p.next_free(&used, Some(ip("192.168.0.4"))), Some(ip("10.0.0.3")), "a cursor elsewhere restarts");
+        assert_eq!(p.next_free(|ip| used.contains_key(ip), Some(ip("10.0.0.6"))), Some(ip("10.0.0.3")));
+        assert_eq!(p.next_free(|ip| used.contains_key(ip), Some(ip("10.0.0.4"))), Some(ip("10.0.0.5")));
+        assert_eq!(
+            p.next_free(|ip| used.contains_key(ip), Some(ip("192.168.0.4"))),
+            Some(ip("10.0.0.3")),
+            "a cursor elsewhere restarts"
+        );
     }
 
     #[test]
@@ -208,16 +213,16 @@ mod tests {
         assert_eq!(p.size(), u64::MAX - 2, "2^64 less network, gateway and the last");
         assert_eq!(pool("fd00::/48").size(), u64::MAX, "counted up to what a u64 holds");
         let mut used = BTreeMap::new();
-        let a = p.next_free(&used, None).unwrap();
+        let a = p.next_free(|ip| used.contains_key(ip), None).unwrap();
         assert_eq!(a, ip("fd00:10:244:1::2"));
         used.insert(a, ());
-        assert_eq!(p.next_free(&used, Some(a)), Some(ip("fd00:10:244:1::3")));
+        assert_eq!(p.next_free(|ip| used.contains_key(ip), Some(a)), Some(ip("fd00:10:244:1::3")));
         assert!(p.contains(ip("fd00:10:244:1:ffff:ffff:ffff:fffe")) && !p.contains(ip("fd00:10:244:1::1")));
         assert!(!p.contains(ip("10.0.0.2")), "never an address of the other family");
         let small = pool("fd00::/126");
         assert_eq!(small.size(), 1);
         let one: BTreeMap<_, _> = [(ip("fd00::2"), ())].into();
-        assert_eq!(small.next_free(&one, None), None);
+        assert_eq!(small.next_free(|ip| one.contains_key(ip), None), None);
         assert!(Pool::new("fd00::/127".parse().unwrap()).is_err());
     }
 

@@ -106,6 +106,9 @@ struct Inner {
     by_key: HashMap<Key, IpAddr>,
     /// Addresses whose ADD is still in flight.
     pending: HashSet<IpAddr>,
+    /// Addresses whose record (written in this boot) could not be read:
+    /// some pod may hold them, so they are never handed out again.
+    unreadable: BTreeMap<IpAddr, PathBuf>,
     last: Option<IpAddr>,
 }
 
@@ -151,7 +154,17 @@ impl Ipam {
                     fs::remove_file(&path).map_err(io(&path))?;
                     continue;
                 }
-                Err(source) => return Err(IpamError::Corrupt { path, source }),
+                Err(source) => {
+                    // Written in this boot: its pod may be running, and
+                    // which pod that is cannot be known. Its address stays
+                    // taken; the agent starts anyway.
+                    tracing::error!(
+                        path = %path.display(), error = %source,
+                        "an IPAM record of this boot is unreadable: its address stays reserved until the file is removed (after making sure no pod uses the address)"
+                    );
+                    inner.unreadable.insert(ip, path);
+                    continue;
+                }
             };
             inner.by_key.insert(record.key(), ip);
             inner.by_ip.insert(ip, record);
@@ -179,7 +192,7 @@ impl Ipam {
         }
         let ip = self
             .pool
-            .next_free(&inner.by_ip, inner.last)
+            .next_free(|ip| inner.by_ip.contains_key(ip) || inner.unreadable.contains_key(ip), inner.last)
             .ok_or(IpamError::Exhausted { cidr: self.pool.cidr(), size: self.pool.size() })?;
         inner.last = Some(ip);
         inner.by_key.insert(key, ip);
@@ -219,6 +232,11 @@ impl Ipam {
         self.lock().pending.contains(&ip)
     }
 
+    /// Addresses kept out of use because their record is unreadable.
+    pub fn unreadable(&self) -> Vec<(IpAddr, PathBuf)> {
+        self.lock().unreadable.iter().map(|(ip, p)| (*ip, p.clone())).collect()
+    }
+
     pub fn get(&self, key: &Key) -> Option<(IpAddr, Record)> {
         let inner = self.lock();
         let ip = *inner.by_key.get(key)?;
@@ -250,7 +268,8 @@ impl Ipam {
     /// (allocated, free) addresses of the pool.
     pub fn usage(&self) -> (u64, u64) {
         let inner = self.lock();
-        let allocated = inner.by_ip.keys().filter(|ip| self.pool.contains(**ip)).count() as u64;
+        let taken = inner.by_ip.keys().chain(inner.unreadable.keys());
+        let allocated = taken.filter(|ip| self.pool.contains(**ip)).count() as u64;
         (allocated, self.pool.size().saturating_sub(allocated))
     }
 
@@ -343,13 +362,20 @@ mod tests {
     }
 
     #[test]
-    fn a_torn_record_from_before_the_boot_is_dropped_and_a_fresh_one_refused() {
+    fn a_torn_record_from_before_the_boot_is_dropped_and_one_of_this_boot_keeps_its_address() {
         let dir = tempfile::tempdir().unwrap();
-        let torn = dir.path().join("10.1.0.7");
+        let torn = dir.path().join("10.1.0.6");
         // What a power loss can leave: the rename landed, the data did not.
         fs::write(&torn, b"").unwrap();
-        let err = Ipam::open(Pool::new("10.1.0.0/24".parse().unwrap()).unwrap(), dir.path()).err();
-        assert!(matches!(err, Some(IpamError::Corrupt { .. })), "written in this boot: not ours to guess");
+        // Written in this boot: not ours to guess. The agent starts, and the
+        // address is never handed out while the file is there.
+        let kept = ipam(dir.path(), "10.1.0.4/30");
+        assert_eq!(kept.unreadable(), [("10.1.0.6".parse().unwrap(), torn.clone())]);
+        assert!(kept.all().is_empty() && torn.exists());
+        assert_eq!(kept.usage(), (1, 0));
+        assert!(matches!(kept.reserve(record("c1")), Err(IpamError::Exhausted { .. })), "10.1.0.6 is not free");
+        let torn = dir.path().join("10.1.0.7");
+        fs::write(&torn, b"").unwrap();
         fs::File::options().write(true).open(&torn).unwrap().set_modified(std::time::UNIX_EPOCH).unwrap();
         let a = ipam(dir.path(), "10.1.0.0/24");
         assert!(a.all().is_empty() && !torn.exists());

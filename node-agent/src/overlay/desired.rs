@@ -361,7 +361,10 @@ fn overlapping_cidrs(valid: &[(&Peer, PeerPath)]) -> HashMap<String, PeerError> 
 
 /// Peers announcing the same VTEP MAC that both get an FDB entry (reached
 /// over VXLAN, for both families or, with direct routing, for IPv6 only):
-/// one FDB entry cannot point at two nodes, so all of them are rejected.
+/// one FDB entry cannot point at two nodes. An agent's VTEP MAC is derived
+/// from its node IP, so when exactly one of them announces the MAC of its
+/// own node IP, that one keeps it and the others are rejected (a node
+/// copying another's MAC cuts off only itself); otherwise all are.
 fn duplicate_macs(local: &Local, valid: &[(&Peer, PeerPath)]) -> HashMap<String, PeerError> {
     let mut by_mac: HashMap<Mac, Vec<&str>> = HashMap::new();
     for (p, path) in valid {
@@ -373,8 +376,19 @@ fn duplicate_macs(local: &Local, valid: &[(&Peer, PeerPath)]) -> HashMap<String,
             by_mac.entry(mac).or_default().push(&p.node_name);
         }
     }
+    let natural: HashMap<&str, bool> = valid
+        .iter()
+        .map(|(p, _)| (p.node_name.as_str(), p.vtep_mac == Some(crate::dataplane::vxlan::mac_for(p.node_ip))))
+        .collect();
     let mut out = HashMap::new();
     for (mac, names) in by_mac.into_iter().filter(|(_, n)| n.len() > 1) {
+        let owners: Vec<&str> = names.iter().copied().filter(|n| natural.get(n) == Some(&true)).collect();
+        if let [owner] = owners[..] {
+            for name in names.iter().filter(|n| **n != owner) {
+                out.insert((*name).to_owned(), PeerError::DuplicateVtepMac { mac, other: owner.to_owned() });
+            }
+            continue;
+        }
         for (i, name) in names.iter().enumerate() {
             let other = names[(i + 1) % names.len()].to_owned();
             out.insert((*name).to_owned(), PeerError::DuplicateVtepMac { mac, other });
@@ -717,6 +731,21 @@ mod tests {
     }
 
     #[test]
+    fn a_node_copying_another_s_vtep_mac_cuts_off_only_itself() {
+        let owned = crate::dataplane::vxlan::mac_for(ip("10.0.0.2"));
+        let (victim, thief) =
+            (vx("victim", "10.244.2.0/24", "10.0.0.2", owned), vx("thief", "10.244.3.0/24", "10.0.0.3", owned));
+        for peers in [[victim.clone(), thief.clone()], [thief, victim]] {
+            let d = compute(&local(Backend::Vxlan, false), &peers);
+            assert!(d.paths.contains_key("victim"), "{:?}", d.errors);
+            assert!(!d.errors.contains_key("victim"));
+            assert!(matches!(&d.errors["thief"], PeerError::DuplicateVtepMac { other, .. } if other == "victim"));
+            assert_eq!(d.fdb.len(), 1);
+            assert!(d.fdb.values().all(|f| f.dst == ip("10.0.0.2")), "{:?}", d.fdb);
+        }
+    }
+
+    #[test]
     fn same_mac_is_fine_when_only_one_uses_vxlan() {
         let d = compute(
             &local(Backend::Vxlan, true),
@@ -859,9 +888,13 @@ mod tests {
         let (mut lone, mut twin6) = (p.clone(), twin.clone());
         (lone.node_ipv6, twin6.node_ipv6) = (None, None);
         let d = compute(&direct, &[lone, twin6]);
-        for name in ["n2", "n3"] {
-            assert!(matches!(d.errors.get(name), Some(PeerError::DuplicateVtepMac { .. })), "{name}: {:?}", d.errors);
-        }
+        // n2's MAC is the one its node IP gives: n3 copied it, and only n3 is cut off.
+        assert!(
+            matches!(d.errors.get("n3"), Some(PeerError::DuplicateVtepMac { other, .. }) if other == "n2"),
+            "{:?}",
+            d.errors
+        );
+        assert!(!d.errors.contains_key("n2"));
         // Reached by host-gw for both families, they need no FDB entry.
         assert!(compute(&direct, &[p.clone(), twin]).errors.is_empty());
 
