@@ -117,8 +117,16 @@ pub fn addresses_annotation(allocs: &[&HostPortAllocation]) -> String {
     serde_json::to_string(&map).unwrap_or_default()
 }
 
+/// Whether `a` belongs to `pod` as it is: the same pod (its UID, when the
+/// allocation names one) on the allocation's node. An agent may write
+/// allocations of its own node only, so one naming a pod of another node
+/// is not that pod's, whoever wrote it, and is never trusted.
 fn pod_alive(pod: Option<&Pod>, a: &HostPortAllocation) -> bool {
-    pod.is_some_and(|p| a.spec.pod_ref.uid.as_deref().is_none_or(|uid| p.metadata.uid.as_deref() == Some(uid)))
+    pod.is_some_and(|p| {
+        let same_pod = a.spec.pod_ref.uid.as_deref().is_none_or(|uid| p.metadata.uid.as_deref() == Some(uid));
+        let same_node = p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(a.spec.node_name.as_str());
+        same_pod && same_node
+    })
 }
 
 /// Per node: (ports of the range in use, size of the range).
@@ -355,11 +363,30 @@ mod tests {
     #[test]
     fn a_recreated_pod_does_not_keep_the_old_allocation_alive() {
         let a = alloc("n1", json!([{"containerPort": 80, "hostPort": 20000}]));
-        let pod =
-            |uid: &str| -> Pod { serde_json::from_value(json!({"metadata": {"name": "web", "uid": uid}})).unwrap() };
+        let pod = |uid: &str| -> Pod {
+            serde_json::from_value(
+                json!({"metadata": {"name": "web", "uid": uid}, "spec": {"nodeName": "n1", "containers": []}}),
+            )
+            .unwrap()
+        };
         assert!(pod_alive(Some(&pod("u1")), &a));
         assert!(!pod_alive(Some(&pod("u2")), &a));
         assert!(!pod_alive(None, &a));
+    }
+
+    #[test]
+    fn an_allocation_of_another_node_is_not_the_pod_s() {
+        // Written by node n2's agent (its own node) for a pod running on n1.
+        let forged = alloc("n2", json!([{"containerPort": 80, "hostPort": 20000}]));
+        let on = |node: Option<&str>| -> Pod {
+            serde_json::from_value(
+                json!({"metadata": {"name": "web", "uid": "u1"}, "spec": {"nodeName": node, "containers": []}}),
+            )
+            .unwrap()
+        };
+        assert!(!pod_alive(Some(&on(Some("n1"))), &forged));
+        assert!(!pod_alive(Some(&on(None)), &forged), "an unscheduled pod has no host ports");
+        assert!(pod_alive(Some(&on(Some("n2"))), &forged));
     }
 
     mod mock_api {
@@ -386,7 +413,7 @@ mod tests {
         fn pod(annotation: Option<&str>) -> Pod {
             let annotations = annotation.map(|a| json!({ADDRESSES_ANNOTATION: a})).unwrap_or(json!({}));
             serde_json::from_value(json!({"metadata": {"name": "web", "namespace": "default", "uid": "u1",
-                "annotations": annotations}}))
+                "annotations": annotations}, "spec": {"nodeName": "n1", "containers": []}}))
             .unwrap()
         }
 
