@@ -250,6 +250,8 @@ fn template_renders_defaults() {
             "ServiceAccount",
             "ServiceAccount",
             "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
             "ValidatingAdmissionPolicyBinding"
         ],
         "rendered: {out}"
@@ -258,6 +260,9 @@ fn template_renders_defaults() {
     let vap = find(&docs, "ValidatingAdmissionPolicy", "-agent-own-node");
     let who = vap["spec"]["matchConditions"][0]["expression"].as_str().expect("expression");
     assert!(who.contains("system:serviceaccount:weft-system:rel-weft-agent"), "{who}");
+    let vap = find(&docs, "ValidatingAdmissionPolicy", "-operator-pod-annotations");
+    let who = vap["spec"]["matchConditions"][0]["expression"].as_str().expect("expression");
+    assert!(who.contains("system:serviceaccount:weft-system:rel-weft-operator"), "{who}");
 
     // helm uninstall's clean-up: a post-delete hook with RBAC of its own.
     let hook = find(&docs, "Job", "-uninstall");
@@ -338,6 +343,48 @@ fn template_renders_defaults() {
     assert!(dash["panels"].as_array().is_some_and(|p| p.len() >= 8));
 }
 
+/// A server-side dry-run PATCH of `path` with `token`: (accepted, body and status code).
+fn dry_run_patch(cp: &ControlPlane, token: &str, path: &str, content_type: &str, body: &str) -> (bool, String) {
+    let url = format!("{}{path}?dryRun=All&fieldManager=weft-test", cp.server);
+    let out = Command::new("curl")
+        .args(["-sS", "--cacert", &cp.ca_cert.to_string_lossy(), "-X", "PATCH", "-w", "\n%{http_code}"])
+        .args(["-H", &format!("Authorization: Bearer {}", token.trim())])
+        .args(["-H", &format!("Content-Type: {content_type}"), "--data-binary", body, &url])
+        .output()
+        .expect("curl");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    (text.trim_end().ends_with("200") || text.trim_end().ends_with("201"), text)
+}
+
+/// The operator's pod writes change its host port annotation and nothing
+/// else (its RBAC says only "patch pods").
+fn operator_changes_only_its_pod_annotation(cp: &ControlPlane, ns: &str, op_sa: &str) {
+    let pod = control_plane::unique_name("annotated");
+    let object = format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: {pod}, namespace: {ns}, labels: {{app: web}}}}\n\
+         spec: {{serviceAccountName: {op_sa}, containers: [{{name: c, image: registry.k8s.io/pause:3.10.1}}]}}\n"
+    );
+    let created = kubectl(cp, &["apply", "-f", "-"], Some(&object));
+    assert!(created.status.success(), "{}", String::from_utf8_lossy(&created.stderr));
+    let token = kubectl_ok(cp, &["create", "token", op_sa, "-n", ns]);
+    let path = format!("/api/v1/namespaces/{ns}/pods/{pod}");
+    let patch = |body: &str| dry_run_patch(cp, &token, &path, "application/merge-patch+json", body);
+    let (ok, text) = patch(r#"{"metadata":{"annotations":{"weft.dev/host-port-addresses":"{}"}}}"#);
+    assert!(ok, "the operator cannot write its annotation: {text}");
+    for other in [
+        r#"{"metadata":{"labels":{"app":"db"}}}"#,
+        r#"{"metadata":{"annotations":{"weft.dev/host-port-addresses":"{}","other":"x"}}}"#,
+        r#"{"spec":{"activeDeadlineSeconds":5}}"#,
+    ] {
+        let (ok, text) = patch(other);
+        assert!(
+            !ok && text.contains("may only change pods' weft.dev/host-port-addresses"),
+            "{other} was allowed: {text}"
+        );
+    }
+    let _ = kubectl(cp, &["delete", "pod", &pod, "-n", ns, "--grace-period=0", "--force"], None);
+}
+
 /// With a token bound to an agent pod on node A (what kubelet hands the
 /// agent there), the admission policy lets it write A's Subnet status and
 /// HostPortAllocations, and nobody else's. Server-side dry runs: admission
@@ -360,17 +407,7 @@ fn agent_writes_only_its_own_nodes_objects(cp: &ControlPlane, ns: &str, agent_sa
         &["create", "token", agent_sa, "-n", ns, "--bound-object-kind", "Pod", "--bound-object-name", &pod],
     );
     // PATCH as the agent does it (kubectl would GET first, which the agent may not).
-    let as_agent = |path: &str, content_type: &str, body: &str| -> (bool, String) {
-        let url = format!("{}{path}?dryRun=All&fieldManager=weft-agent", cp.server);
-        let out = Command::new("curl")
-            .args(["-sS", "--cacert", &cp.ca_cert.to_string_lossy(), "-X", "PATCH", "-w", "\n%{http_code}"])
-            .args(["-H", &format!("Authorization: Bearer {}", token.trim())])
-            .args(["-H", &format!("Content-Type: {content_type}"), "--data-binary", body, &url])
-            .output()
-            .expect("curl");
-        let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        (text.trim_end().ends_with("200") || text.trim_end().ends_with("201"), text)
-    };
+    let as_agent = |path: &str, content_type: &str, body: &str| dry_run_patch(cp, &token, path, content_type, body);
     let subnet_status = |node: &str| {
         let path = format!("/apis/weft.dev/v1alpha1/subnets/{node}/status");
         as_agent(&path, "application/merge-patch+json", r#"{"status":{"vtepMAC":"02:00:00:00:00:01"}}"#)
@@ -467,7 +504,7 @@ fn template_renders_custom_values() {
     assert_eq!(env(a, "WEFT_DIRECT_ROUTING")["value"], "true");
     assert_eq!(env(a, "WEFT_POD_ATTACHMENT")["value"], "routed");
     assert_eq!(env(a, "WEFT_AGENT_SOCKET")["value"], "/run/weft-alt/agent.sock");
-    assert_eq!(env(a, "WEFT_METRICS_ADDR")["value"], "0.0.0.0:19646");
+    assert_eq!(env(a, "WEFT_METRICS_ADDR")["value"], "127.0.0.1:19646,$(WEFT_NODE_IP):19646");
     assert_eq!(env(a, "WEFT_LOG")["value"], "debug");
     assert_eq!(env(a, "WEFT_POLICY_DROP_LOG_GROUP")["value"], "77");
     assert_eq!(env(a, "WEFT_POLICY_DROP_LOG_RATE")["value"], "5");
@@ -544,7 +581,7 @@ fn dual_stack_values_reach_the_operator_and_the_agents() {
     assert!(!names(&agent).contains(&"WEFT_IPV6_CLUSTER_CIDR".into()), "{:?}", names(&agent));
     // Probes and scrapes reach the metrics servers over IPv6.
     assert_eq!(env(&op, "WEFT_METRICS_ADDR")["value"], "[::]:9647");
-    assert_eq!(env(&agent, "WEFT_METRICS_ADDR")["value"], "[::]:9646");
+    assert_eq!(env(&agent, "WEFT_METRICS_ADDR")["value"], "127.0.0.1:9646,[$(WEFT_NODE_IP)]:9646");
 }
 
 #[test]
@@ -672,7 +709,7 @@ fn install_upgrade_uninstall_on_a_real_apiserver() {
         "uninstall.removeWeftObjects=false",
     ]);
     let objects = release.assert_all_objects_exist();
-    assert_eq!(objects.len(), 16, "{objects:?}");
+    assert_eq!(objects.len(), 18, "{objects:?}");
     // The CRDs came from the chart's crds/ directory and are served.
     for crd in ["subnets.weft.dev", "hostportallocations.weft.dev", "networkpolicies.weft.dev"] {
         kubectl_ok(cp, &["get", "crd", crd]);
@@ -740,6 +777,7 @@ fn install_upgrade_uninstall_on_a_real_apiserver() {
     assert!(!can(&agent_sa, "create", "networkpolicies.networking.k8s.io", &[]));
 
     agent_writes_only_its_own_nodes_objects(cp, ns, &agent_sa);
+    operator_changes_only_its_pod_annotation(cp, ns, &op_sa);
 
     // Upgrade with changed values changes the objects, and removes disabled ones.
     helm.ok(&[
@@ -758,7 +796,7 @@ fn install_upgrade_uninstall_on_a_real_apiserver() {
     let conf: serde_json::Value = serde_json::from_str(&conf).expect("conflist JSON");
     assert_eq!(conf["plugins"][0]["mtu"], 1400);
     let objects = release.assert_all_objects_exist();
-    assert_eq!(objects.len(), 14, "the metrics Services are gone: {objects:?}");
+    assert_eq!(objects.len(), 16, "the metrics Services are gone: {objects:?}");
     let services = kubectl_ok(cp, &["get", "services", "-n", ns, "-o", "name"]);
     assert!(services.trim().is_empty(), "stray services after upgrade: {services}");
 

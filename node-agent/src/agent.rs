@@ -36,6 +36,9 @@ pub struct Agent {
     /// The API, when the agent has one: pods' host port annotations, Events.
     pub kube: Option<KubeAccess>,
     pub host: Handle,
+    /// A netlink socket of its own for health checks (STATUS, /readyz): a
+    /// flood of them never makes ADD's or start-up's dumps busy.
+    pub health: Handle,
     pub metrics: Metrics,
     /// MTU of pod interfaces when the network configuration sets none.
     pub pod_mtu: u32,
@@ -76,6 +79,7 @@ impl Agent {
             guard: Guard::default(),
             policy_pods: None,
             kube,
+            health: host.clone(),
             host,
             metrics: Metrics::default(),
             pod_mtu,

@@ -114,9 +114,10 @@ pub struct Config {
     #[arg(long, env = "WEFT_POLICY_DROP_LOG_RATE", default_value_t = 10,
           value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub policy_drop_log_rate: u32,
-    /// Address for /metrics, /healthz and /readyz.
-    #[arg(long, env = "WEFT_METRICS_ADDR", default_value = "0.0.0.0:9646")]
-    pub metrics_addr: SocketAddr,
+    /// Addresses for /metrics, /healthz and /readyz, comma-separated (the
+    /// chart: loopback for the probes and the node IP for Prometheus).
+    #[arg(long, env = "WEFT_METRICS_ADDR", default_value = "0.0.0.0:9646", value_delimiter = ',')]
+    pub metrics_addr: Vec<SocketAddr>,
 }
 
 /// `ipv4` or `ipv6` (the Subnet status spells it the same).

@@ -1,7 +1,15 @@
 //! `/metrics`, `/healthz` and `/readyz` over HTTP.
+//!
+//! Anyone who reaches the node may ask, so asking is no lever: the
+//! listeners are the addresses `--metrics-addr` names (the chart: loopback
+//! and the node IP), and `/readyz` runs at most one check at a time on a
+//! netlink socket of its own, answering everyone else with the last
+//! result while it is fresh: a flood costs the kernel one check a second
+//! and never touches the socket ADD and start-up use.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::extract::State;
@@ -14,25 +22,73 @@ use crate::agent::Agent;
 /// The agent, once it exists (it waits for its Subnet lease first).
 pub type AgentSlot = Arc<OnceLock<Arc<Agent>>>;
 
-pub async fn serve(
-    addr: SocketAddr,
+/// How long a readiness result answers other requests.
+const READY_FRESH: Duration = Duration::from_secs(1);
+
+#[derive(Clone)]
+struct AppState {
     agent: AgentSlot,
-    shutdown: impl Future<Output = ()> + Send + 'static,
+    ready: Arc<ReadyCache>,
+}
+
+/// Serves on every address of `addrs` until `shutdown()` resolves (one
+/// future per listener).
+pub async fn serve<F: Future<Output = ()> + Send + 'static>(
+    addrs: Vec<SocketAddr>,
+    agent: AgentSlot,
+    shutdown: impl Fn() -> F,
 ) -> anyhow::Result<()> {
+    let state = AppState { agent, ready: Arc::default() };
     let app = Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
-        .with_state(agent);
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|e| anyhow::anyhow!("cannot listen for metrics and health on {addr}: {e}"))?;
-    tracing::info!(%addr, "serving /metrics, /healthz, /readyz");
-    axum::serve(listener, app).with_graceful_shutdown(shutdown).await?;
+        .with_state(state);
+    let mut servers = Vec::new();
+    for addr in addrs {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot listen for metrics and health on {addr}: {e}"))?;
+        tracing::info!(%addr, "serving /metrics, /healthz, /readyz");
+        servers.push(tokio::spawn(axum::serve(listener, app.clone()).with_graceful_shutdown(shutdown()).into_future()));
+    }
+    for server in servers {
+        server.await??;
+    }
     Ok(())
 }
 
-async fn metrics(State(slot): State<AgentSlot>, headers: HeaderMap) -> impl IntoResponse {
+/// The last readiness result and whether a check runs.
+#[derive(Default)]
+struct ReadyCache {
+    /// Held by the one check in flight; nobody waits for it.
+    running: tokio::sync::Mutex<()>,
+    last: std::sync::Mutex<Option<(Instant, Result<(), String>)>>,
+}
+
+impl ReadyCache {
+    fn fresh(&self) -> Option<Result<(), String>> {
+        let last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        last.as_ref().filter(|(at, _)| at.elapsed() < READY_FRESH).map(|(_, r)| r.clone())
+    }
+
+    /// A fresh result, or one check (`check`) when none runs, or the last
+    /// result (stale) while another request's check runs.
+    async fn get<F: Future<Output = Result<(), String>>>(&self, check: impl FnOnce() -> F) -> Result<(), String> {
+        if let Some(r) = self.fresh() {
+            return r;
+        }
+        let Ok(_running) = self.running.try_lock() else {
+            let last = self.last.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            return last.map_or_else(|| Err("the first readiness check is still running".to_owned()), |(_, r)| r);
+        };
+        let r = check().await;
+        *self.last.lock().unwrap_or_else(|p| p.into_inner()) = Some((Instant::now(), r.clone()));
+        r
+    }
+}
+
+async fn metrics(State(AppState { agent: slot, .. }): State<AppState>, headers: HeaderMap) -> impl IntoResponse {
     let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
     let Some(agent) = slot.get() else {
         let (content_type, body) = weft_telemetry::negotiate(accept, "# EOF\n".to_owned());
@@ -50,12 +106,53 @@ async fn metrics(State(slot): State<AgentSlot>, headers: HeaderMap) -> impl Into
     }
 }
 
-async fn readyz(State(slot): State<AgentSlot>) -> impl IntoResponse {
+async fn readyz(State(AppState { agent: slot, ready }): State<AppState>) -> impl IntoResponse {
     let Some(agent) = slot.get() else {
         return (StatusCode::SERVICE_UNAVAILABLE, "not ready: waiting for this node's Subnet lease".to_owned());
     };
-    match agent.readiness().await {
+    match ready.get(|| async { agent.readiness().await.map_err(|e| e.to_string()) }).await {
         Ok(()) => (StatusCode::OK, "ready".to_owned()),
         Err(e) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {e}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_flood_of_readiness_requests_runs_one_check() {
+        let cache = Arc::new(ReadyCache::default());
+        let checks = Arc::new(AtomicUsize::new(0));
+        let (release, gate) = tokio::sync::watch::channel(false);
+        let mut requests = Vec::new();
+        for _ in 0..200 {
+            let (cache, checks, mut gate) = (Arc::clone(&cache), Arc::clone(&checks), gate.clone());
+            requests.push(tokio::spawn(async move {
+                cache
+                    .get(|| async move {
+                        checks.fetch_add(1, Ordering::SeqCst);
+                        let _ = gate.wait_for(|open| *open).await;
+                        Ok(())
+                    })
+                    .await
+            }));
+        }
+        // Every request has run up to its answer or to the one check.
+        tokio::task::yield_now().await;
+        release.send(true).unwrap();
+        let answers: Vec<_> = futures::future::join_all(requests).await.into_iter().map(Result::unwrap).collect();
+        assert_eq!(checks.load(Ordering::SeqCst), 1, "one check for 200 requests");
+        assert!(answers.iter().filter(|a| a.is_ok()).count() >= 1);
+        assert!(
+            answers
+                .iter()
+                .all(|a| a.as_ref().is_ok_and(|()| true) || a.as_ref().is_err_and(|e| e.contains("still running")))
+        );
+        // While fresh, the result answers without a check.
+        assert_eq!(cache.get(|| async { Err("not called".to_owned()) }).await, Ok(()));
+        assert_eq!(checks.load(Ordering::SeqCst), 1);
     }
 }

@@ -54,7 +54,9 @@ async fn run(config: Config) -> anyhow::Result<()> {
     let shutdown = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|stop| *stop).await;
     };
-    let http = tokio::spawn(http::serve(config.metrics_addr, Arc::clone(&slot), shutdown(stop_rx.clone())));
+    let http_stop = stop_rx.clone();
+    let http =
+        tokio::spawn(http::serve(config.metrics_addr.clone(), Arc::clone(&slot), move || shutdown(http_stop.clone())));
     let signal = wait_for_signal();
     tokio::pin!(signal);
 
@@ -103,6 +105,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
         .map(|c| agent::KubeAccess { pods: hostport::pods::PodCache::start(c.clone(), &config.node_name), client: c });
     let mut agent = Agent::new(config.clone(), ipam, hostports, kube, host, pod_mtu);
     agent.ipv6 = ipv6;
+    agent.health = dataplane::netns::Netns::current().context("cannot open netlink for health checks")?;
     // Policy needs the API: with a lease, or a fixed pod CIDR plus --kubeconfig.
     let policy_pods = (client.is_some() && config.network_policy)
         .then(|| Arc::new(policy::attached::Attached::new(Arc::new(tokio::sync::Notify::new()))));

@@ -45,6 +45,12 @@ ones, or in an IPv6-only cluster (clusterCIDR null) the IPv6 ones. */}}
 {{- end -}}
 {{/* Where the metrics servers listen: every IPv4 address, or in an
 IPv6-only cluster (whose probes and scrapes come over IPv6) every IPv6 one. */}}
+{{/* Loopback (the probes' 127.0.0.1, there on IPv6-only nodes too) and the node IP (from WEFT_NODE_IP, set before) with a port, for the agent's listeners. */}}
+{{- define "weft.localAddresses" -}}
+{{- if .root.Values.network.clusterCIDR -}}127.0.0.1:{{ .port }},$(WEFT_NODE_IP):{{ .port }}
+{{- else -}}127.0.0.1:{{ .port }},[$(WEFT_NODE_IP)]:{{ .port }}
+{{- end -}}
+{{- end -}}
 {{- define "weft.anyAddress" -}}
 {{- if .Values.network.clusterCIDR -}}0.0.0.0{{- else -}}[::]{{- end -}}
 {{- end -}}

@@ -1,6 +1,7 @@
 //! STATUS (and /readyz): ready when an ADD could succeed now. It only
-//! observes, takes no lock ADD takes and changes nothing: it is served to
-//! anyone who can reach the node, and repairs are the repair loop's.
+//! observes, takes no lock ADD takes, uses a netlink socket ADD does not
+//! and changes nothing: it is served to anyone who can reach the node, and
+//! repairs are the repair loop's.
 
 use super::{AttachError, deadline};
 use crate::agent::Agent;
@@ -13,14 +14,14 @@ impl Agent {
         }
         let bridge = &self.config.bridge;
         let not_ready = |why: String| AttachError::NotReady(format!("the pod network is not set up: {why}"));
-        let Some(link) = deadline("look up the bridge", link::by_name(&self.host, bridge)).await? else {
+        let Some(link) = deadline("look up the bridge", link::by_name(&self.health, bridge)).await? else {
             return Err(not_ready(format!("bridge {bridge} is missing")));
         };
         if !link::is_up(&link) {
             return Err(not_ready(format!("bridge {bridge} is down")));
         }
         let addresses =
-            deadline("list the bridge's addresses", link::all_addresses(&self.host, link.header.index)).await?;
+            deadline("list the bridge's addresses", link::all_addresses(&self.health, link.header.index)).await?;
         if let Some(gateway) = self.gateways().into_iter().find(|g| !addresses.contains(g)) {
             return Err(not_ready(format!("bridge {bridge} lacks the gateway address {gateway}")));
         }
