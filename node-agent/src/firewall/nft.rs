@@ -517,7 +517,7 @@ mod tests {
                    "elem": [{"prefix": {"addr": "10.1.0.0", "len": 16}}, "10.2.0.1", {"range": ["10.3.0.1", "10.3.0.9"]}]}},
           {"chain": {"family": "inet", "table": "weft", "name": "hostport-tcp-8080", "handle": 1}},
           {"chain": {"family": "inet", "table": "weft", "name": "hostport-prerouting", "handle": 2, "type": "nat", "hook": "prerouting", "prio": -100, "policy": "accept"}},
-          {"rule": {"family": "inet", "table": "weft", "chain": "hostport-tcp-8080", "handle": 7, "comment": "0123456789abcdef web", "expr": []}},
+          {"rule": {"family": "inet", "table": "weft", "chain": "hostport-tcp-8080", "handle": 7, "comment": "0123456789abcdef0123456789abcdef web", "expr": []}},
           {"rule": {"family": "inet", "table": "weft", "chain": "hostport-tcp-8080", "handle": 8, "expr": []}}]}"#;
         let obs = parse_listing(text).unwrap();
         assert_eq!(obs.counters["policy-c"].packets, 5_000_000_000, "64-bit counters");
@@ -532,7 +532,7 @@ mod tests {
         assert_eq!(set.unreadable, 1, "a range is not a form Weft writes");
         let c = &obs.chains["hostport-tcp-8080"];
         assert_eq!(c.hook, None);
-        assert_eq!(c.rule_ids, ["0123456789abcdef", ""], "a rule without our id reads as foreign");
+        assert_eq!(c.rule_ids, ["0123456789abcdef0123456789abcdef", ""], "a rule without our id reads as foreign");
         let base = obs.chains["hostport-prerouting"].hook.unwrap();
         assert_eq!((base.kind, base.point, base.priority), (ChainKind::Nat, HookPoint::Prerouting, -100));
     }

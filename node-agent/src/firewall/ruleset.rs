@@ -107,7 +107,7 @@ const MAX_COMMENT: usize = 128;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Rule {
     pub stmts: Vec<Statement<'static>>,
-    /// `<16 hex digits of hash> <text>`, within nftables' limit.
+    /// `<32 hex digits of digest> <text>`, within nftables' limit.
     pub comment: String,
 }
 
@@ -118,7 +118,7 @@ impl Rule {
     pub fn new(text: &str, stmts: Vec<Statement<'static>>) -> Rule {
         let body = serde_json::to_string(&stmts).unwrap_or_default();
         let safe: String = text.chars().map(|c| if c.is_ascii_graphic() || c == ' ' { c } else { '_' }).collect();
-        let mut comment = format!("{:016x} {safe}", fnv(&format!("{body}\n{safe}")));
+        let mut comment = format!("{} {safe}", digest(&format!("{body}\n{safe}")));
         comment.truncate(MAX_COMMENT);
         Rule { stmts, comment }
     }
@@ -129,10 +129,23 @@ impl Rule {
 }
 
 fn rule_id(comment: &str) -> &str {
-    comment.get(..16).filter(|h| h.bytes().all(|b| b.is_ascii_hexdigit())).unwrap_or("")
+    comment.get(..DIGEST_HEX).filter(|h| h.bytes().all(|b| b.is_ascii_hexdigit())).unwrap_or("")
 }
 
-/// FNV-1a, 64 bits: stable across builds, unlike std's hasher.
+/// Hex digits of a [`digest`].
+const DIGEST_HEX: usize = 32;
+
+/// 128 bits of SHA-256 in hex: the names of generated objects and rule
+/// ids. Tenants write the policies whose content is hashed, so the hash
+/// must be one nobody can make collide (two policies' rules would share a
+/// chain); stable across builds, unlike std's hasher.
+pub fn digest(text: &str) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(text.as_bytes())[..DIGEST_HEX / 2].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// FNV-1a, 64 bits: the iptables-era renderer's names (tests only).
+#[cfg(test)]
 pub fn fnv(text: &str) -> u64 {
     text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3))
 }

@@ -33,7 +33,7 @@ use nftables::stmt::Statement as NftStatement;
 use super::model::{Chain, Direction, Match, Peers, PodPolicy, Verdict};
 use crate::firewall::build::{self, Addr};
 use crate::firewall::ruleset::{
-    self, ChainKind, FILTER, Family, Hook, HookPoint, Key, Part, Proto, Rule, Set, SetKind, fnv,
+    self, ChainKind, FILTER, Family, Hook, HookPoint, Key, Part, Proto, Rule, Set, SetKind, digest,
 };
 
 type Statement = NftStatement<'static>;
@@ -142,12 +142,12 @@ impl Desired {
 
 fn counter_name(l: &CounterLabels) -> String {
     let dir = if l.direction == Direction::Ingress { "in" } else { "eg" };
-    format!("{OWNER}-count-{dir}-{}-{:016x}", l.verdict_str(), fnv(&l.policy))
+    format!("{OWNER}-count-{dir}-{}-{}", l.verdict_str(), digest(&l.policy))
 }
 
 pub fn set_name(nets: &[IpNet]) -> String {
     let text: String = nets.iter().map(|n| format!("{n},")).collect();
-    format!("{OWNER}-set-{:016x}", fnv(&text))
+    format!("{OWNER}-set-{}", digest(&text))
 }
 
 /// Names counters and sets as rules need them.
@@ -280,7 +280,7 @@ fn render_chain(dir: Direction, chain: &Chain, log: Option<DropLog>, deny: DenyA
     let rules = chain_rules(dir, chain, &mut Names { sets: &mut sets, counters: &mut counters, log, deny });
     let ids: String = rules.iter().map(|r| r.id()).collect();
     let tag = if dir == Direction::Ingress { "in" } else { "eg" };
-    RenderedChain { name: format!("{OWNER}-{tag}-{:016x}", fnv(&ids)), rules, sets, counters }
+    RenderedChain { name: format!("{OWNER}-{tag}-{}", digest(&ids)), rules, sets, counters }
 }
 
 /// The directions of a pod, as the two dispatch maps order them.
