@@ -177,6 +177,7 @@ cni:
   confFileName: 05-weft.conflist
 metrics:
   serviceMonitor: {enabled: true, interval: 15s, labels: {release: prom}}
+  prometheusRule: {enabled: true, labels: {release: prom}}
   dashboard: {enabled: false}
 "#;
 
@@ -463,6 +464,21 @@ fn agent_writes_only_its_own_nodes_objects(cp: &ControlPlane, ns: &str, agent_sa
     let _ = kubectl(cp, &["delete", "-f", "-", "--ignore-not-found"], Some(&objects));
 }
 
+/// The chart's alert rules are valid and fire as their unit tests say.
+#[test]
+fn alert_rules_pass_promtool() {
+    let present = Command::new("promtool").arg("--version").output().is_ok_and(|o| o.status.success());
+    if !prereq::require("promtool (Debian prometheus, e2e/scripts/setup-machine.sh)", present) {
+        return;
+    }
+    let rules = chart_dir().join("rules");
+    for args in [&["check", "rules", "alerts.yaml"][..], &["test", "rules", "alerts_test.yaml"]] {
+        let out = Command::new("promtool").args(args).current_dir(&rules).output().expect("promtool");
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success(), "promtool {args:?}:\n{text}");
+    }
+}
+
 #[test]
 fn template_renders_custom_values() {
     let Some(helm) = Helm::new() else { return };
@@ -479,6 +495,14 @@ fn template_renders_custom_values() {
     let docs = documents(&out);
     let k = kinds(&docs);
     assert_eq!(k.iter().filter(|k| *k == "ServiceMonitor").count(), 2, "{k:?}");
+    // The alerts are the rule file promtool tests (alert_rules_pass_promtool).
+    let rule = find(&docs, "PrometheusRule", "weft");
+    assert_eq!(rule["metadata"]["labels"]["release"], "prom");
+    let file: Value = serde_yaml::from_str(
+        &std::fs::read_to_string(chart_dir().join("rules/alerts.yaml")).expect("rules/alerts.yaml"),
+    )
+    .expect("rule file YAML");
+    assert_eq!(rule["spec"]["groups"], file["groups"]);
     assert_eq!(k.iter().filter(|k| *k == "ConfigMap").count(), 1, "dashboard disabled: {k:?}");
 
     let op = find(&docs, "Deployment", "-operator");

@@ -110,9 +110,16 @@ async fn readyz(State(AppState { agent: slot, ready }): State<AppState>) -> impl
     let Some(agent) = slot.get() else {
         return (StatusCode::SERVICE_UNAVAILABLE, "not ready: waiting for this node's Subnet lease".to_owned());
     };
-    match ready.get(|| async { agent.readiness().await.map_err(|e| e.to_string()) }).await {
-        Ok(()) => (StatusCode::OK, "ready".to_owned()),
-        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {e}")),
+    // Policy that cannot be applied is reported here (the rules last
+    // applied stay in force; new pods wait), not in STATUS: the node keeps
+    // running what it runs.
+    let policy = agent.policy_pods.as_ref().and_then(|p| p.failure());
+    match (ready.get(|| async { agent.readiness().await.map_err(|e| e.to_string()) }).await, policy) {
+        (Ok(()), None) => (StatusCode::OK, "ready".to_owned()),
+        (Err(e), _) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {e}")),
+        (Ok(()), Some(why)) => {
+            (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: network policy changes are not applied: {why}"))
+        }
     }
 }
 

@@ -58,6 +58,8 @@ pub struct Attached {
     pub changed: std::sync::Arc<Notify>,
     /// Wakes the ADDs waiting for a pass.
     applied: Notify,
+    /// Why the last pass could not apply its rules (None: it could).
+    failure: Mutex<Option<String>>,
 }
 
 impl Attached {
@@ -105,6 +107,16 @@ impl Attached {
                 return Err(NotApplied { pod: pod.to_owned(), after: limit });
             }
         }
+    }
+
+    /// Records whether the last pass reached the kernel (for /readyz).
+    pub fn set_failure(&self, failure: Option<String>) {
+        *self.failure.lock().unwrap_or_else(|p| p.into_inner()) = failure;
+    }
+
+    /// Why policy is not applied now, if it is not.
+    pub fn failure(&self) -> Option<String> {
+        self.failure.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// Whether an ADD waits for a pass (the loop then skips its debounce).

@@ -349,6 +349,7 @@ pub async fn run(
         match result {
             Ok(Ok(wrote)) => {
                 last_applied = true;
+                attached.set_failure(None);
                 attached.applied(&taken, covered);
                 let report = Report::of(&rules, local_pods, wrote);
                 m.rules.set(report.rules as i64);
@@ -382,12 +383,14 @@ pub async fn run(
             }
             Ok(Err(e)) => {
                 last_applied = false;
+                attached.set_failure(Some(e.to_string()));
                 m.syncs.get_or_create(&ResultLabels { result: "error" }).inc();
                 tracing::error!(error = %e, "policy sync failed; retrying");
                 pause = RETRY;
             }
             Err(e) => {
                 last_applied = false;
+                attached.set_failure(Some(format!("the policy task failed: {e}")));
                 m.syncs.get_or_create(&ResultLabels { result: "error" }).inc();
                 tracing::error!(error = %e, "policy sync task failed; retrying");
                 pause = RETRY;
