@@ -44,6 +44,8 @@ pub struct PolicyMetrics {
     pub local_pods: Gauge,
     pub rules: Gauge,
     pub sets: Gauge,
+    /// Standard policies refused for compiling past the bound (`limits`).
+    pub refused: Gauge,
     pub syncs: Family<ResultLabels, Counter>,
     pub sync_duration: Histogram,
     pub dropped: Family<DropLabels, Counter>,
@@ -63,6 +65,7 @@ impl PolicyMetrics {
             local_pods: Gauge::default(),
             rules: Gauge::default(),
             sets: Gauge::default(),
+            refused: Gauge::default(),
             syncs: Family::default(),
             // 1 ms .. ~33 s
             sync_duration: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
@@ -80,6 +83,11 @@ impl PolicyMetrics {
         registry.register("policy_local_pods", "Local pods under at least one policy", m.local_pods.clone());
         registry.register("policy_rules", "nftables rules in Weft's policy chains", m.rules.clone());
         registry.register("policy_sets", "Address sets Weft's policy rules use", m.sets.clone());
+        registry.register(
+            "policy_refused",
+            "Standard NetworkPolicies refused because they compile past the per-policy bound: their pods stay isolated and they admit nothing (each logged)",
+            m.refused.clone(),
+        );
         registry.register("policy_syncs", "Policy syncs, by result (unchanged, applied, error)", m.syncs.clone());
         registry.register_with_unit(
             "policy_sync_duration",

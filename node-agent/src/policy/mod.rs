@@ -14,6 +14,7 @@ mod addr_ranges;
 pub mod attached;
 pub mod drop_log;
 pub mod incremental;
+pub mod limits;
 pub mod metrics;
 pub mod model;
 pub mod render;

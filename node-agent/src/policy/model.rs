@@ -491,6 +491,17 @@ fn standard_view(p: &netv1::NetworkPolicy) -> Option<PolicyView<'_>> {
     let spec = p.spec.as_ref()?;
     let namespace = p.metadata.namespace.as_deref()?;
     let (ing, eg) = policy_types(spec);
+    if super::limits::standard_cost(spec) > super::limits::MAX_COST {
+        // Refused (see `limits`): its pods stay isolated, nothing is admitted.
+        return Some(PolicyView {
+            namespace,
+            name: p.metadata.name.as_deref().unwrap_or_default(),
+            pod_selector: spec.pod_selector.as_ref().unwrap_or(&EVERY_POD),
+            priority: None,
+            ingress: ing.then(Vec::new),
+            egress: eg.then(Vec::new),
+        });
+    }
     let ingress = ing.then(|| {
         spec.ingress
             .iter()

@@ -162,6 +162,21 @@ fn snapshot(
     c
 }
 
+/// `namespace/name` of the standard policies over the bound (`limits`).
+fn refused_policies(cluster: &Cluster) -> Vec<String> {
+    let over = |p: &&Arc<StandardPolicy>| {
+        p.spec.as_ref().is_some_and(|s| super::limits::standard_cost(s) > super::limits::MAX_COST)
+    };
+    let key = |p: &Arc<StandardPolicy>| {
+        format!(
+            "{}/{}",
+            p.metadata.namespace.as_deref().unwrap_or_default(),
+            p.metadata.name.as_deref().unwrap_or_default()
+        )
+    };
+    cluster.standard.iter().filter(over).map(key).collect()
+}
+
 /// Makes the kernel match `want`: after reading it when `full` (the
 /// resync, which finds tampering), else by writing what differs from the
 /// rules last applied. Blocking.
@@ -272,6 +287,7 @@ pub async fn run(
     }
     // Whether the rules of the last pass that had any reached the kernel.
     let mut last_applied = false;
+    let mut last_refused: Vec<String> = Vec::new();
     // When the kernel is read next whatever changes: the resync, or a
     // retry. A deadline, not a timer restarted by each change, so that
     // constant churn elsewhere cannot put the resync off.
@@ -297,6 +313,17 @@ pub async fn run(
         let m = metrics.as_ref();
         m.policies.get_or_create(&KindLabels { kind: "standard" }).set(cluster.standard.len() as i64);
         m.policies.get_or_create(&KindLabels { kind: "weft" }).set(cluster.weft.len() as i64);
+        let refused = refused_policies(&cluster);
+        m.refused.set(refused.len() as i64);
+        if refused != last_refused {
+            if !refused.is_empty() {
+                tracing::error!(
+                    policies = ?refused, bound = super::limits::MAX_COST,
+                    "refusing NetworkPolicies that compile past the per-policy bound: the pods they select stay isolated and they admit nothing"
+                );
+            }
+            last_refused = refused;
+        }
         let full = tokio::time::Instant::now() >= kernel_due;
         // Lost if the task panics: the next pass starts over.
         let mut c = compute.take().unwrap_or_else(|| Compute::new(&node, drop_log, deny));
