@@ -44,7 +44,7 @@ impl Agent {
         // Routed pods need the bridge too: it holds the gateway address.
         let bridge_index = self.ensure_bridge(false).await?;
         let driver = driver(self.attachment());
-        let (pod_id, wanted) = self.host_ports_wanted(req).await?;
+        let (pod_id, wanted, in_api) = self.host_ports_wanted(req).await?;
 
         let host_veth = host_veth_name(key);
         let record = Record {
@@ -76,7 +76,8 @@ impl Agent {
         }
         // The policy loop compiles the pod with these addresses while the
         // veth is made; the ADD answers once its rules are in the kernel.
-        let policy_pod = self.policy_pods.as_ref().zip(Some(pod_name(req)).filter(|p| !p.is_empty()));
+        // Only a pod the API knows can be selected by a policy (or be a peer).
+        let policy_pod = self.policy_pods.as_ref().zip(Some(pod_name(req)).filter(|p| in_api && !p.is_empty()));
         if let Some((attached, pod)) = &policy_pod {
             attached.admit(pod, &key.container_id, pod_ips.clone());
         }
@@ -213,16 +214,16 @@ async fn undo(agent: &Agent, key: &Key, host_veth: &str) {
 impl Agent {
     /// The pod's identity and the host ports it asks for: fixed ones from
     /// the runtime's `portMappings`, automatic ones from its annotation (read
-    /// from the API when the agent has one).
-    async fn host_ports_wanted(&self, req: &CniRequest) -> Result<(PodIdentity, Vec<Wanted>), AttachError> {
+    /// from the API when the agent has one); and whether the API has the Pod.
+    async fn host_ports_wanted(&self, req: &CniRequest) -> Result<(PodIdentity, Vec<Wanted>, bool), AttachError> {
         let arg = |k: &str| req.args.get(k).cloned().unwrap_or_default();
         let mut pod_id =
             PodIdentity { namespace: arg("K8S_POD_NAMESPACE"), name: arg("K8S_POD_NAME"), uid: arg("K8S_POD_UID") };
         let mut wanted = request::from_runtime_config(&req.config_json)
             .map_err(|e| self.host_port_failure(&pod_id, HostPortError::from(e)))?;
-        let Some(kube) = &self.kube else { return Ok((pod_id, wanted)) };
+        let Some(kube) = &self.kube else { return Ok((pod_id, wanted, false)) };
         if pod_id.name.is_empty() || pod_id.namespace.is_empty() {
-            return Ok((pod_id, wanted));
+            return Ok((pod_id, wanted, false));
         }
         let uid = Some(pod_id.uid.as_str()).filter(|u| !u.is_empty());
         let pod = kube
@@ -231,6 +232,7 @@ impl Agent {
             .await
             .map_err(|e| AttachError::TryAgain(e.to_string()))?;
         // No Pod object: a runtime used outside Kubernetes; nothing to read.
+        let in_api = pod.is_some();
         if let Some(pod) = pod {
             if pod_id.uid.is_empty() {
                 pod_id.uid = pod.metadata.uid.clone().unwrap_or_default();
@@ -249,7 +251,7 @@ impl Agent {
             }
             wanted.extend(auto);
         }
-        Ok((pod_id, wanted))
+        Ok((pod_id, wanted, in_api))
     }
 
     /// The CNI error for a host port failure, also recorded as an Event on the pod.

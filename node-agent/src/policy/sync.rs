@@ -268,6 +268,7 @@ pub async fn run(
     );
     let namespaces = reflect(Api::<Namespace>::all(client.clone()), "Namespace", Arc::clone(&changed), slim);
     let standard = reflect(Api::<StandardPolicy>::all(client.clone()), "NetworkPolicy", Arc::clone(&changed), slim);
+    let weft_client = client.clone();
     let weft = reflect(Api::<WeftPolicy>::all(client), "weft.dev NetworkPolicy", Arc::clone(&changed), slim);
     tracing::info!("policy: waiting for the pod, namespace and policy caches");
     let ready = pods.wait_until_ready().await.is_ok()
@@ -280,7 +281,14 @@ pub async fn run(
     // Standard NetworkPolicy does not wait for Weft's CRD: without it (not
     // installed, or no permission) Weft policies are enforced once their
     // cache fills, and standard ones from now on.
-    if tokio::time::timeout(WEFT_CACHE_GRACE, weft.wait_until_ready()).await.is_err() {
+    let weft_served = match Api::<WeftPolicy>::all(weft_client).list(&kube::api::ListParams::default().limit(1)).await {
+        Err(kube::Error::Api(e)) if e.code == 404 || e.code == 403 => {
+            tracing::error!(error = %e, "cannot list weft.dev NetworkPolicies (is the CRD installed, may the agent list it?); enforcing standard NetworkPolicy without them");
+            false
+        }
+        _ => true,
+    };
+    if weft_served && tokio::time::timeout(WEFT_CACHE_GRACE, weft.wait_until_ready()).await.is_err() {
         tracing::error!(
             "the weft.dev NetworkPolicy cache is not ready after {WEFT_CACHE_GRACE:?} (is the CRD installed, may the agent list it?); enforcing standard NetworkPolicy without it"
         );
