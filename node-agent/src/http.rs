@@ -3,13 +3,13 @@
 //! Anyone who reaches the node may ask, so asking is no lever: the
 //! listeners are the addresses `--metrics-addr` names (the chart: loopback
 //! and the node IP), and `/readyz` runs at most one check at a time on a
-//! netlink socket of its own, answering everyone else with the last
-//! result while it is fresh: a flood costs the kernel one check a second
-//! and never touches the socket ADD and start-up use.
+//! netlink socket of its own, answering the requests that come while it
+//! runs with the last result: a flood costs the kernel one check at a
+//! time and never touches the socket ADD and start-up use, and a request
+//! to an idle agent always sees the node as it is now.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
-use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::extract::State;
@@ -21,9 +21,6 @@ use crate::agent::Agent;
 
 /// The agent, once it exists (it waits for its Subnet lease first).
 pub type AgentSlot = Arc<OnceLock<Arc<Agent>>>;
-
-/// How long a readiness result answers other requests.
-const READY_FRESH: Duration = Duration::from_secs(1);
 
 #[derive(Clone)]
 struct AppState {
@@ -63,27 +60,18 @@ pub async fn serve<F: Future<Output = ()> + Send + 'static>(
 struct ReadyCache {
     /// Held by the one check in flight; nobody waits for it.
     running: tokio::sync::Mutex<()>,
-    last: std::sync::Mutex<Option<(Instant, Result<(), String>)>>,
+    last: std::sync::Mutex<Option<Result<(), String>>>,
 }
 
 impl ReadyCache {
-    fn fresh(&self) -> Option<Result<(), String>> {
-        let last = self.last.lock().unwrap_or_else(|p| p.into_inner());
-        last.as_ref().filter(|(at, _)| at.elapsed() < READY_FRESH).map(|(_, r)| r.clone())
-    }
-
-    /// A fresh result, or one check (`check`) when none runs, or the last
-    /// result (stale) while another request's check runs.
+    /// One check (`check`) when none runs, else the last result.
     async fn get<F: Future<Output = Result<(), String>>>(&self, check: impl FnOnce() -> F) -> Result<(), String> {
-        if let Some(r) = self.fresh() {
-            return r;
-        }
         let Ok(_running) = self.running.try_lock() else {
             let last = self.last.lock().unwrap_or_else(|p| p.into_inner()).clone();
-            return last.map_or_else(|| Err("the first readiness check is still running".to_owned()), |(_, r)| r);
+            return last.unwrap_or_else(|| Err("the first readiness check is still running".to_owned()));
         };
         let r = check().await;
-        *self.last.lock().unwrap_or_else(|p| p.into_inner()) = Some((Instant::now(), r.clone()));
+        *self.last.lock().unwrap_or_else(|p| p.into_inner()) = Some(r.clone());
         r
     }
 }
@@ -158,8 +146,7 @@ mod tests {
                 .iter()
                 .all(|a| a.as_ref().is_ok_and(|()| true) || a.as_ref().is_err_and(|e| e.contains("still running")))
         );
-        // While fresh, the result answers without a check.
-        assert_eq!(cache.get(|| async { Err("not called".to_owned()) }).await, Ok(()));
-        assert_eq!(checks.load(Ordering::SeqCst), 1);
+        // Once idle, a request checks again: nothing stale is served.
+        assert_eq!(cache.get(|| async { Err("bridge gone".to_owned()) }).await, Err("bridge gone".to_owned()));
     }
 }
