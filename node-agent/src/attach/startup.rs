@@ -9,7 +9,7 @@
 use std::path::Path;
 
 use super::observe::observe_pod;
-use super::observed::{Expected, Verdict, on_start};
+use super::observed::{Expected, ObservedHost, ObservedPod, Verdict, on_start};
 use super::{AttachError, driver};
 use crate::agent::Agent;
 
@@ -22,7 +22,28 @@ pub struct StartupReport {
     pub orphan_veths: usize,
 }
 
+/// How long start-up waits for the veth of a pod whose namespace is gone.
+const NETNS_TEARDOWN: std::time::Duration = std::time::Duration::from_secs(2);
+
 impl Agent {
+    /// The host veth of a pod whose namespace path is gone, once the kernel
+    /// had [`NETNS_TEARDOWN`] to remove it with the namespace; `None` when
+    /// it went.
+    async fn host_veth_after_netns_teardown(
+        &self,
+        ip: std::net::IpAddr,
+        record: &crate::ipam::Record,
+    ) -> Result<Option<ObservedHost>, AttachError> {
+        let deadline = tokio::time::Instant::now() + NETNS_TEARDOWN;
+        loop {
+            let host = self.observe_host(ip, record).await?;
+            if host.is_none() || tokio::time::Instant::now() >= deadline {
+                return Ok(host);
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    }
+
     /// Restores missing routes to routed pods, judges every record, releases
     /// what is gone, removes veths no record accounts for and settles how new
     /// pods are attached.
@@ -38,12 +59,18 @@ impl Agent {
                 ifname: &record.ifname,
                 addresses: self.pod_addresses(ip, &record),
             };
-            let host = self.observe_host(ip, &record).await?;
+            let mut host = self.observe_host(ip, &record).await?;
             // Without a host veth the pod's side needs no reading.
             let pod = match host {
                 Some(_) => observe_pod(Path::new(&record.netns), &record.ifname).await,
-                None => super::observed::ObservedPod::Gone,
+                None => ObservedPod::Gone,
             };
+            if pod == ObservedPod::Gone && host.is_some() {
+                // A deleted namespace takes its veths with it a little later
+                // (the kernel tears namespaces down asynchronously): give
+                // the veth that time before judging.
+                host = self.host_veth_after_netns_teardown(ip, &record).await?;
+            }
             match on_start(&want, host.as_ref(), &pod) {
                 Verdict::Keep => report.kept += 1,
                 Verdict::KeepUnverified(why) => {
