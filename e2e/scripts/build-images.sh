@@ -436,8 +436,10 @@ agnhost_bin() {
 # its alpine base (`apk add bind-tools curl netcat-openbsd iproute2 iperf
 # bash`), from Debian: the e2e tests run `curl`, `nc -u`, `dig`, `ss` and
 # `iperf` inside agnhost pods, `dig` and `getent` in jessie-dnsutils pods.
+# Plus GNU wget: the Service tests run `wget -q -O - -T 1` and Debian's
+# busybox 1.35 `wget` dies with SIGSEGV whenever `-T` is given.
 test_tools_layer() {
-  base_layer agnhost "$(dockerfile_arg DEBIAN_RELEASE)" bash bind9-dnsutils curl netcat-openbsd iproute2 iperf
+  base_layer agnhost "$(dockerfile_arg DEBIAN_RELEASE)" bash bind9-dnsutils curl netcat-openbsd iproute2 iperf wget
 }
 
 # e2e_image_version KEY NAME: the tag test/utils/image/manifest.go gives
@@ -464,11 +466,18 @@ jessie_dnsutils_image() {
 
 # CoreDNS (cluster DNS of the real-node cluster), from the binary
 # build-tools.sh builds, under the name kubeadm gives it.
+# The CoreDNS binary build-tools.sh builds.
+coredns_bin() {
+  local bin
+  bin=${WEFT_TOOLS_CACHE:-$HOME/.cache/weft/tools}/coredns-$(tools_var COREDNS_VERSION)/coredns
+  [[ -x $bin ]] || die "$bin is missing: run e2e/scripts/build-tools.sh"
+  echo "$bin"
+}
+
 coredns_image() {
   local version bin
   version=$(tools_var COREDNS_VERSION)
-  bin=${WEFT_TOOLS_CACHE:-$HOME/.cache/weft/tools}/coredns-$version/coredns
-  [[ -x $bin ]] || die "$bin is missing: run e2e/scripts/build-tools.sh"
+  bin=$(coredns_bin)
   local dir=$out_dir/.layers/coredns
   rm -rf "$dir" && mkdir -p "$dir/etc"
   install -m 0755 "$bin" "$dir/coredns"
@@ -514,11 +523,16 @@ agnhost_image() {
   install -m 0644 "$src/porter/localhost.crt" "$src/porter/localhost.key" "$dir/"
   dir_layer "$dir" "$out_dir/.layers/agnhost-base.tar"
   rm -rf "$dir"
-  # Layer 3: the binary (and the agnhost-2 link of the upstream image).
+  # Layer 3: the binary (and the agnhost-2 link of the upstream image), and
+  # /coredns as upstream's image has it (the DNS tests run it as a pod's
+  # own DNS server).
+  local coredns
+  coredns=$(coredns_bin)
   dir=$out_dir/.layers/agnhost-bin
   rm -rf "$dir" && mkdir -p "$dir"
   install -m 0755 "$bin" "$dir/agnhost"
   ln -s agnhost "$dir/agnhost-2"
+  install -m 0755 "$coredns" "$dir/coredns"
   dir_layer "$dir" "$out_dir/.layers/agnhost-bin.tar"
   rm -rf "$dir"
   local ref=registry.k8s.io/e2e-test-images/agnhost:$version

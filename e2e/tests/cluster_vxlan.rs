@@ -21,6 +21,7 @@ type Step = (&'static str, fn(&Cluster));
 fn weft_on_real_nodes_with_vxlan() {
     let Some(cluster) = Cluster::shared(&["--backend", "vxlan"]) else { return };
     let steps: &[Step] = &[
+        ("each node has its own hostname, which its hostNetwork pods share", hostnames),
         ("pods reach each other across and within nodes (TCP, UDP), a Service reaches both nodes", connectivity),
         ("spec hostPort and weft.dev/host-ports reachable from the other node", host_ports),
         ("standard and weft.dev NetworkPolicies enforced by the agent image", policies),
@@ -42,6 +43,28 @@ fn weft_on_real_nodes_with_vxlan() {
 
 fn pod<'a>(name: &'a str, node: &'a str, labels: &'a [(&'a str, &'a str)]) -> TestPod<'a> {
     TestPod { namespace: NS, name, node, labels, annotations: &[], host_port: None }
+}
+
+fn hostnames(_: &Cluster) {
+    for node in ["node-1", "node-2"] {
+        let (ran, name) = node_exec(node, &["hostname"]);
+        assert!(ran && name.trim() == node, "{node} calls itself {name:?}");
+        // The agent runs with hostNetwork: it shares the node's UTS namespace.
+        let agent = kubectl_ok(&[
+            "get",
+            "pods",
+            "-n",
+            "kube-system",
+            "-l",
+            "app.kubernetes.io/component=agent",
+            "--field-selector",
+            &format!("spec.nodeName={node}"),
+            "-o",
+            "jsonpath={.items[0].metadata.name}",
+        ]);
+        let name = kubectl_ok(&["exec", "-n", "kube-system", agent.trim(), "-c", "agent", "--", "hostname"]);
+        assert_eq!(name.trim(), node, "the agent pod on {node} calls itself {name:?}");
+    }
 }
 
 fn connectivity(cluster: &Cluster) {

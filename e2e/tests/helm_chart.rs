@@ -883,8 +883,8 @@ fn custom_values_render_objects_the_apiserver_accepts() {
     let _cleanup = DeleteNs(cp, &ns);
     let values = custom_values_file();
     // Every object of the non-default rendering passes the apiserver's
-    // validation (server-side dry run; the ServiceMonitor CRD is not installed
-    // here, so that one object is left out).
+    // validation (server-side dry run; the ServiceMonitor and PrometheusRule
+    // CRDs are not installed here, so those two objects are left out).
     let rendered = helm.ok(&[
         "template",
         "weft",
@@ -895,6 +895,8 @@ fn custom_values_render_objects_the_apiserver_accepts() {
         values.path().to_str().expect("path"),
         "--set",
         "metrics.serviceMonitor.enabled=false",
+        "--set",
+        "metrics.prometheusRule.enabled=false",
     ]);
     let out = kubectl(cp, &["apply", "--dry-run=server", "-n", &ns, "-f", "-"], Some(&rendered));
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();

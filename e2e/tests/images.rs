@@ -12,6 +12,10 @@
 //! The images come from `build-images.sh agent operator` (fast once its
 //! Debian base layers are cached), or from `WEFT_AGENT_IMAGE` /
 //! `WEFT_OPERATOR_IMAGE` when set to existing tarballs.
+//!
+//! The e2e test image agnhost (`target/images/agnhost.tar`, or
+//! `WEFT_AGNHOST_IMAGE`) runs every tool Kubernetes' sig-network tests call
+//! in it, as they call it.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::path::{Path, PathBuf};
@@ -742,4 +746,74 @@ fn images_contain_what_the_dockerfile_and_the_agent_need() {
         missing.is_empty(),
         "the agent image lacks programs the agent runs: {missing:?} (add their packages to the Dockerfile's agent stage)"
     );
+}
+
+/// What the upstream sig-network tests run inside agnhost pods, run in the
+/// image we build (its layers unpacked, chrooted in fresh network and UTS
+/// namespaces): each tool as the tests call it, against agnhost's own
+/// servers and the image's `/coredns`.
+const AGNHOST_TOOLS_SCRIPT: &str = r#"
+set -eu
+hostname agnhost-check
+ip link set lo up
+/agnhost netexec --http-port=8080 --udp-port=8081 >/tmp/netexec.log 2>&1 &
+/agnhost serve-hostname --port=9376 --http=true >/tmp/serve-hostname.log 2>&1 &
+printf '. {\n  hosts {\n    10.1.2.3 probe.example\n  }\n}\n' >/tmp/Corefile
+/coredns -conf /tmp/Corefile >/tmp/coredns.log 2>&1 &
+# The servers take a moment to listen: poll each, up to 10 s.
+ready() { for _ in $(seq 200); do "$@" >/dev/null 2>&1 && return 0; sleep 0.05; done; echo "never ready: $*"; exit 1; }
+ready curl -sf http://127.0.0.1:8080/hostname
+ready curl -sf http://127.0.0.1:9376/
+ready dig +short +time=1 +tries=1 @127.0.0.1 probe.example
+check() { want=$1; shift; got=$("$@" 2>&1) || { echo "FAIL ($?): $* -> $got"; exit 1; }
+  case $got in *"$want"*) echo "ok: $*";; *) echo "FAIL: $* -> $got (wanted $want)"; exit 1;; esac; }
+check agnhost-check wget -q -O - -T 1 http://127.0.0.1:8080/hostname
+check agnhost-check wget -T 5 -qO- http://127.0.0.1:8080/hostname
+check agnhost-check curl -s --max-time 1 http://127.0.0.1:8080/hostname
+check agnhost-check curl -s http://127.0.0.1:9376/
+check succeeded nc -vz -w 1 127.0.0.1 8080
+check agnhost-check sh -c 'echo hostname | nc -u -w 1 127.0.0.1 8081'
+check 10.1.2.3 dig +short +time=1 +tries=1 @127.0.0.1 probe.example
+check 10.1.2.3 nslookup probe.example 127.0.0.1
+echo 'nameserver 127.0.0.1' >/etc/resolv.conf
+check 10.1.2.3 getent hosts probe.example
+check 10.1.2.3 nslookup probe.example
+check 8080 ss -ltn
+check "1 packets received" ping -c 1 -W 1 127.0.0.1
+# Failures fail as upstream's loops expect (non-zero, within the timeout).
+if wget -q -O - -T 1 http://127.0.0.1:1/ >/dev/null 2>&1; then echo "FAIL: wget to a closed port succeeded"; exit 1; fi
+echo "all tools work"
+"#;
+
+#[test]
+fn agnhost_runs_the_tools_the_upstream_tests_call() {
+    if !prereq::require_root() {
+        return;
+    }
+    let archive = std::env::var_os("WEFT_AGNHOST_IMAGE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("target/images/agnhost.tar"));
+    let what = format!("{} (e2e/scripts/build-images.sh)", archive.display());
+    if !prereq::require(&what, archive.is_file()) {
+        return;
+    }
+    let image = Image::load(&archive).expect("agnhost image");
+    let root = tempfile::tempdir().expect("temporary directory");
+    for layer in image.manifest["Layers"].as_array().expect("Layers").iter().filter_map(Value::as_str) {
+        sh(&format!(r#"tar -xOf "$1" '{layer}' | tar --numeric-owner -xf - -C "$2""#), &[&archive, root.path()])
+            .expect("unpack a layer");
+    }
+    let out = Command::new("unshare")
+        // A PID namespace: its servers die with the script. The image has
+        // no device nodes (the runtime's business): the host's /dev, bound
+        // in a mount namespace of its own.
+        .args(["--net", "--uts", "--pid", "--mount", "--fork", "--kill-child"])
+        .args(["sh", "-c", r#"mount --rbind /dev "$1/dev" && exec chroot "$1" /bin/bash -c "$2""#, "sh"])
+        .arg(root.path())
+        .arg(AGNHOST_TOOLS_SCRIPT)
+        .output()
+        .expect("run unshare");
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && text.contains("all tools work"), "the agnhost image's tools:\n{text}");
+    eprintln!("{text}");
 }

@@ -112,6 +112,12 @@ impl NodeInfo {
         state_dir().join("ns").join(&self.name)
     }
 
+    /// The file holding the node's UTS namespace: its own hostname, as a
+    /// kind node container has (hostNetwork pods share it).
+    pub fn uts_ns(&self) -> PathBuf {
+        state_dir().join("ns").join(format!("{}.uts", self.name))
+    }
+
     /// kubelet's `cgroupRoot` and the node's process group, relative to a controller.
     pub fn cgroup(&self) -> String {
         format!("{CGROUP_PARENT}/{}", self.name)

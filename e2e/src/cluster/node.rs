@@ -45,11 +45,12 @@ pub fn command(node: &NodeInfo, program: &Path) -> Command {
     let procs = cgroup_dir("pids", &node.cgroup()).join("daemons/cgroup.procs");
     let mut c = Command::new("sh");
     c.arg("-ec")
-        .arg(r#"echo $$ > "$1"; net=$2; mnt=$3; shift 3; exec nsenter --net="$net" --mount="$mnt" -- "$@""#)
+        .arg(r#"echo $$ > "$1"; net=$2; mnt=$3; uts=$4; shift 4; exec nsenter --net="$net" --mount="$mnt" --uts="$uts" -- "$@""#)
         .arg("sh")
         .arg(procs)
         .arg(format!("/run/netns/{}", node.netns))
         .arg(node.mount_ns())
+        .arg(node.uts_ns())
         .arg(program);
     c
 }
@@ -191,6 +192,9 @@ pub fn create(node: &NodeInfo) -> anyhow::Result<()> {
     let ns_file = ns_dir.join(&node.name);
     std::fs::write(&ns_file, b"").with_context(|| format!("creating {}", ns_file.display()))?;
     run("unshare", &[&format!("--mount={}", path_str(&ns_file)?), "--propagation", "slave", "true"])?;
+    let uts_file = node.uts_ns();
+    std::fs::write(&uts_file, b"").with_context(|| format!("creating {}", uts_file.display()))?;
+    run("unshare", &[&format!("--uts={}", path_str(&uts_file)?), "hostname", &node.name])?;
 
     let mut script = String::from("set -e\n");
     for (host, sub) in NODE_PATHS {
@@ -377,10 +381,11 @@ pub fn destroy(node: &NodeInfo) {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    let ns_file = node.mount_ns();
-    if ns_file.exists() {
-        let _ = Command::new("umount").arg(&ns_file).status();
-        let _ = std::fs::remove_file(&ns_file);
+    for ns_file in [node.mount_ns(), node.uts_ns()] {
+        if ns_file.exists() {
+            let _ = Command::new("umount").arg(&ns_file).status();
+            let _ = std::fs::remove_file(&ns_file);
+        }
     }
     remove_cgroups(node);
     let _ = ip(&["netns", "del", &node.netns]);

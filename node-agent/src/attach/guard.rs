@@ -3,13 +3,13 @@
 
 use super::AttachError;
 use crate::agent::{Agent, veth_mac};
-use crate::guard::{GuardedPort, Write};
+use crate::guard::{GuardedPort, Write, Written};
 
 impl Agent {
     /// Makes the source guard allow exactly the pods in the IPAM records,
     /// but not those whose ADD is still running: an ADD opens its pod's
-    /// veth last. `Ok(true)` when something had to be written.
-    pub async fn guard_pods(&self, how: Write) -> Result<bool, AttachError> {
+    /// veth last.
+    pub async fn guard_pods(&self, how: Write) -> Result<Written, AttachError> {
         self.guard.write(how, || self.guarded_ports()).await.map_err(|e| AttachError::Internal(e.to_string()))
     }
 
@@ -25,13 +25,5 @@ impl Agent {
                 host_veth: record.host_veth,
             })
             .collect()
-    }
-
-    /// Reads the guard's drop counters into the metrics.
-    pub async fn count_guard_drops(&self) {
-        match self.guard.dropped().await {
-            Ok(n) => drop(self.metrics.guard_dropped.set(i64::try_from(n).unwrap_or(i64::MAX))),
-            Err(e) => tracing::warn!(error = %e, "cannot read the source guard's counters"),
-        }
     }
 }

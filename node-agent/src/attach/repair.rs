@@ -81,11 +81,14 @@ impl Agent {
             self.metrics.node_setting_repaired(setting);
         }
         self.repair_pod_routes().await?;
-        if self.guard_pods(Write::Full).await? {
+        let guard = self.guard_pods(Write::Full).await?;
+        if guard.changed {
             tracing::warn!("the pods' source guard had been changed or removed; wrote it again");
             self.metrics.guard_repairs.inc();
         }
-        self.count_guard_drops().await;
+        if let Some(dropped) = guard.dropped {
+            self.metrics.guard_dropped.set(i64::try_from(dropped).unwrap_or(i64::MAX));
+        }
         Ok(())
     }
 }

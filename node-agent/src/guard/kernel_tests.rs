@@ -135,9 +135,10 @@ impl Node {
         link_local(self.pod(i), "eth0")
     }
 
-    fn dropped(&self, guard: &Guard) -> u64 {
-        let (rt, g) = (runtime(), guard.clone());
-        self.node.run(move || rt.block_on(g.dropped())).expect("counters")
+    /// The drop counter, as a resync reads it (a full write of `which`).
+    fn dropped(&self, guard: &Guard, which: &[usize]) -> u64 {
+        let written = write(&self.node, guard, Write::Full, self.ports(which)).expect("full write");
+        written.dropped.expect("a full write reads the counters")
     }
 }
 
@@ -146,7 +147,7 @@ fn runtime() -> tokio::runtime::Runtime {
 }
 
 /// A guard write inside the node's namespace.
-fn write(node: &Ns, guard: &Guard, how: Write, ports: Vec<GuardedPort>) -> Result<bool, super::GuardError> {
+fn write(node: &Ns, guard: &Guard, how: Write, ports: Vec<GuardedPort>) -> Result<super::Written, super::GuardError> {
     let (rt, g) = (runtime(), guard.clone());
     node.run(move || rt.block_on(g.write(how, move || ports)))
 }
@@ -263,7 +264,7 @@ fn a_bridged_pod_sends_only_as_itself() {
         ),
     );
     assert!(!ping(a, "10.244.1.1"), "another pod's MAC and address are dropped");
-    assert!(n.dropped(&guard) > 0, "the drops are counted");
+    assert!(n.dropped(&guard, &[0, 1]) > 0, "the drops are counted");
 
     // A pod the guard forgot (its DEL) sends nothing at all: fails closed.
     n.guard(&guard, &[0]);
@@ -326,7 +327,7 @@ fn a_full_write_puts_back_a_flushed_guard_and_a_converged_one_writes_nothing() {
     let n = Node::new(Attachment::Bridge, false);
     let guard = Guard::default();
     n.guard(&guard, &[0, 1]);
-    let full = |g: &Guard, ports: Vec<GuardedPort>| write(&n.node, g, Write::Full, ports).expect("full write");
+    let full = |g: &Guard, ports: Vec<GuardedPort>| write(&n.node, g, Write::Full, ports).expect("full write").changed;
     assert!(!full(&guard, n.ports(&[0, 1])), "nothing to write when the kernel holds the guard");
     sh(&n.node, "nft flush ruleset");
     let spoofed = "ping -c1 -W1 -I 10.244.1.99 10.244.1.6";

@@ -62,38 +62,39 @@ pub enum Write {
     Full,
 }
 
+/// What a write did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Written {
+    /// Something had to be written.
+    pub changed: bool,
+    /// Frames the guard has dropped so far, both tables together (read in
+    /// the same pass as the rules by a [`Write::Full`]; `None` otherwise).
+    pub dropped: Option<u64>,
+}
+
 impl Guard {
     /// Makes the kernel allow exactly `ports()` (called under this guard's
-    /// turn, so it sees the records as of this write). `Ok(true)` when
-    /// something had to be written.
-    pub async fn write(&self, how: Write, ports: impl FnOnce() -> Vec<GuardedPort>) -> Result<bool, GuardError> {
+    /// turn, so it sees the records as of this write).
+    pub async fn write(&self, how: Write, ports: impl FnOnce() -> Vec<GuardedPort>) -> Result<Written, GuardError> {
         let _turn = self.turn.lock().await;
         let (bridge, inet) = desired::parts(&ports());
         let engines = Arc::clone(&self.engines);
-        let wrote = tokio::task::spawn_blocking(move || -> Result<bool, FirewallError> {
-            let write = |engine: &Engine<Nft>, part| match how {
-                Write::Update => engine.update(part),
-                Write::Full => engine.sync(part),
+        let written = tokio::task::spawn_blocking(move || -> Result<Written, FirewallError> {
+            let write = |engine: &Engine<Nft>, part| -> Result<(bool, Option<u64>), FirewallError> {
+                match how {
+                    Write::Update => Ok((engine.update(part)?, None)),
+                    Write::Full => {
+                        let (changed, counters) = engine.sync_counted(part)?;
+                        Ok((changed, Some(counters.get(desired::DROPPED).map_or(0, |c| c.packets))))
+                    }
+                }
             };
             // Both are always written: one failing must not leave the other stale.
             let (b, i) = (write(&engines.bridge, &bridge), write(&engines.inet, &inet));
-            Ok(b? | i?)
+            let ((bc, bd), (ic, id)) = (b?, i?);
+            Ok(Written { changed: bc | ic, dropped: bd.zip(id).map(|(b, i)| b + i) })
         })
         .await??;
-        Ok(wrote)
-    }
-
-    /// Frames dropped by the guard so far, both tables together.
-    pub async fn dropped(&self) -> Result<u64, GuardError> {
-        let engines = Arc::clone(&self.engines);
-        let total = tokio::task::spawn_blocking(move || -> Result<u64, FirewallError> {
-            let mut total = 0;
-            for engine in [&engines.bridge, &engines.inet] {
-                total += engine.counters(desired::OWNER)?.get(desired::DROPPED).map_or(0, |c| c.packets);
-            }
-            Ok(total)
-        })
-        .await??;
-        Ok(total)
+        Ok(written)
     }
 }
