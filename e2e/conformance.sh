@@ -3,7 +3,8 @@
 # real-node cluster, then a table: suite, passed, failed, skipped (each skip
 # with its reason), wall time. Exits non-zero on any failure.
 #
-# Usage: e2e/conformance.sh [netpol] [network-conformance]   (default: both)
+# Usage: e2e/conformance.sh [netpol] [network-conformance] [sig-network]
+#   (default: netpol and network-conformance, the part CI runs)
 # Uses the running cluster (e2e/cluster.sh up) if there is one; otherwise
 # brings one up and takes it down again afterwards. Reports and the table:
 # target/conformance/. What is skipped and why: docs/conformance.md.

@@ -37,6 +37,8 @@ pub struct Suite {
     /// `--ginkgo.focus`).
     pub focus: &'static [&'static str],
     pub skips: &'static [Skip],
+    /// Run when no suite is named (CI); the others are named to run.
+    pub by_default: bool,
 }
 
 const NO_SCTP: Skip = Skip {
@@ -51,6 +53,7 @@ pub const SUITES: &[Suite] = &[
         about: "every [Feature:NetworkPolicy] test (test/e2e/network/netpol)",
         focus: &[r"\[Feature:NetworkPolicy\]"],
         skips: &[NO_SCTP],
+        by_default: true,
     },
     Suite {
         name: "network-conformance",
@@ -78,6 +81,56 @@ pub const SUITES: &[Suite] = &[
                 when: When::NoClusterDns,
             },
         ],
+        by_default: true,
+    },
+    Suite {
+        name: "sig-network",
+        about: "every [sig-network] test, as Cilium's kind job runs them, less what this cluster cannot offer",
+        focus: &[r"\[sig-network\]"],
+        skips: &[
+            NO_SCTP,
+            Skip {
+                pattern: r"\[Feature:NetworkPolicy\]",
+                reason: "run by the netpol suite (the same tests)",
+                when: When::Always,
+            },
+            Skip {
+                pattern: r"LoadBalancer",
+                reason: "no load-balancer provider: nothing gives a Service of type LoadBalancer an address here",
+                when: When::Always,
+            },
+            Skip {
+                pattern: r"\[Feature:IPv6DualStack\]|\[Feature:Networking-IPv6\]",
+                reason: "the cluster is IPv4-only (dual-stack and IPv6-only clusters are separate runs, docs/conformance.md)",
+                when: When::Always,
+            },
+            Skip {
+                pattern: r"\[Feature:Networking-IPv4\]|\[Feature:Networking-DNS\]",
+                reason: "reaches the Internet (8.8.8.8, google.com): the test machine has no route out",
+                when: When::Always,
+            },
+            Skip {
+                pattern: r"\[Provider:GCE\]",
+                reason: "written for GCE clusters (their DNS names and metadata server)",
+                when: When::Always,
+            },
+            Skip {
+                pattern: r"\[Feature:OffByDefault\]",
+                reason: "an alpha feature gate that is off in the cluster, as in a default Kubernetes",
+                when: When::Always,
+            },
+            Skip {
+                pattern: r"\[Disruptive\]",
+                reason: "restarts or rewrites nodes over SSH (apiserver, kube-proxy, iptables) or moves kube-proxy between static pods and a DaemonSet; the nodes here have no SSH and kube-proxy is a node daemon",
+                when: When::Always,
+            },
+            Skip {
+                pattern: r"\[Feature:PerformanceDNS\]",
+                reason: "a scale test of cluster DNS (the maximum number of Services), not of the pod network",
+                when: When::Always,
+            },
+        ],
+        by_default: false,
     },
 ];
 

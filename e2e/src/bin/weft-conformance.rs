@@ -15,7 +15,8 @@ use weft_e2e::control_plane;
 #[derive(Parser)]
 #[command(name = "weft-conformance", about = "Kubernetes' own network tests against the Weft cluster")]
 struct Cli {
-    /// Suites to run (netpol, network-conformance); all when none is given.
+    /// Suites to run (netpol, network-conformance, sig-network); netpol and
+    /// network-conformance when none is given.
     suites: Vec<String>,
     /// Where the ginkgo JSON reports and the table go (e2e.test's output goes to the terminal).
     #[arg(long, default_value = "target/conformance")]
@@ -35,7 +36,7 @@ struct Cli {
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let suites = if cli.suites.is_empty() {
-        conformance::SUITES.iter().collect::<Vec<_>>()
+        conformance::SUITES.iter().filter(|s| s.by_default).collect::<Vec<_>>()
     } else {
         cli.suites
             .iter()
