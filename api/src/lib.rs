@@ -12,6 +12,7 @@ pub mod common;
 pub mod host_port;
 pub mod network_policy;
 pub mod selector;
+pub mod standard_policy;
 pub mod subnet;
 pub mod watch;
 

@@ -9,6 +9,9 @@
 #   registry.k8s.io/coredns/coredns:<version>  cluster DNS (binary from build-tools.sh)
 #   registry.k8s.io/e2e-test-images/agnhost:<version>   for the Kubernetes e2e tests
 #   registry.k8s.io/e2e-test-images/jessie-dnsutils:<version>   for their DNS tests
+#   registry.k8s.io/e2e-test-images/{busybox,nginx,regression-issue-74839}:<version>
+#   registry.k8s.io/build-image/distroless-iptables:<version>   the other images
+#                      the sig-network tests run
 #
 # The Dockerfile stays the source of truth for the Weft images: this script
 # reads each stage's runtime packages (its `apt-get install ...
@@ -17,7 +20,8 @@
 # cannot mirror. The Debian base (debian:<release>-slim plus the packages) is
 # made with mmdebstrap and cached; the binaries are a second layer.
 #
-# Usage: e2e/scripts/build-images.sh [agent|operator|pause|coredns|jessie-dnsutils|agnhost ...]
+# Usage: e2e/scripts/build-images.sh [agent|operator|pause|coredns|jessie-dnsutils|busybox|
+#        distroless-iptables|nginx|regression-issue-74839|agnhost ...]
 #        (default: all)
 # Prints `<name:tag> <path>` per image on stdout; progress goes to stderr.
 #
@@ -398,13 +402,14 @@ wait_for_idle() {
   done
 }
 
-# Builds k8s.io/kubernetes/test/images/agnhost (a package of the kubernetes
-# module, not a module of its own) in a throwaway module that requires
-# k8s.io/kubernetes and replaces its ./staging modules with the published ones,
-# as e2e/scripts/build-tools.sh does.
-agnhost_bin() {
-  local version=$1 src=$2
-  local out=$cache/agnhost-$version/agnhost
+# Builds the e2e test image program k8s.io/kubernetes/test/images/NAME (a
+# package of the kubernetes module, not a module of its own) in a throwaway
+# module that requires k8s.io/kubernetes and replaces its ./staging modules
+# with the published ones, as e2e/scripts/build-tools.sh does.
+# Usage: test_image_bin NAME VERSION
+test_image_bin() {
+  local name=$1 version=$2
+  local out=$cache/$name-$version/$name
   if [[ ! -x $out ]]; then
     local k8s staging gomod work parallel=()
     k8s=$(tools_var K8S_VERSION)
@@ -414,20 +419,20 @@ agnhost_bin() {
       sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
     work=$(mktemp -d)
     {
-      echo "module weft.dev/images/agnhost"
+      echo "module weft.dev/images/$name"
       echo "go $(sed -n 's/^go //p' "$gomod")"
       echo "require k8s.io/kubernetes $k8s"
       sed -n 's#^\s*\(k8s.io/[a-z0-9-]*\) => ./staging/.*#\1#p' "$gomod" |
         while read -r m; do echo "replace $m => $m $staging"; done
     } >"$work/go.mod"
-    log "building agnhost $version from k8s.io/kubernetes $k8s (once; cached as $out)"
+    log "building $name $version from k8s.io/kubernetes $k8s (once; cached as $out)"
     local start=$SECONDS
     mkdir -p "${out%/*}"
     (cd "$work" && GOFLAGS=-mod=mod CGO_ENABLED=0 go build "${parallel[@]}" -trimpath \
-      -ldflags="-s -w -X main.Version=$version" -o "$out.tmp" k8s.io/kubernetes/test/images/agnhost)
+      -ldflags="-s -w -X main.Version=$version" -o "$out.tmp" "k8s.io/kubernetes/test/images/$name")
     rm -rf "$work"
     mv "$out.tmp" "$out"
-    log "agnhost built in $((SECONDS - start)) s"
+    log "$name built in $((SECONDS - start)) s"
   fi
   echo "$out"
 }
@@ -499,7 +504,7 @@ agnhost_image() {
   log "agnhost version the e2e tests of $(tools_var K8S_VERSION) expect: $version"
   local busybox bin
   busybox=$(busybox_bin)
-  bin=$(agnhost_bin "$version" "$src")
+  bin=$(test_image_bin agnhost "$version")
 
   local base
   base=$(test_tools_layer)
@@ -542,15 +547,82 @@ agnhost_image() {
   echo "$ref $out_dir/agnhost.tar"
 }
 
+# busybox: upstream's image is busybox alone, its applets in /bin. The
+# conntrack tests run `sh -c "... nc boom-server 9000 ..."` and init
+# containers `sleep` in it.
+busybox_image() {
+  local version busybox dir
+  version=$(e2e_image_version BusyBox busybox)
+  busybox=$(busybox_bin)
+  dir=$out_dir/.layers/busybox
+  rm -rf "$dir" && mkdir -p "$dir/bin" "$dir/etc" "$dir/tmp"
+  chmod 1777 "$dir/tmp"
+  install -m 0755 "$busybox" "$dir/bin/busybox"
+  local applet
+  for applet in $("$busybox" --list); do
+    [[ $applet == busybox ]] || ln -s busybox "$dir/bin/$applet"
+  done
+  printf '%s\n' 'root:x:0:0:root:/root:/bin/sh' 'nobody:x:65534:65534:nobody:/home:/bin/false' >"$dir/etc/passwd"
+  printf '%s\n' 'root:x:0:' 'nogroup:x:65534:' >"$dir/etc/group"
+  dir_layer "$dir" "$out_dir/.layers/busybox.tar"
+  rm -rf "$dir"
+  local ref=registry.k8s.io/e2e-test-images/busybox:$version
+  docker_archive "$out_dir/busybox.tar" "$ref" "$(runtime_config null "" '["sh"]')" "$out_dir/.layers/busybox.tar"
+  echo "$ref $out_dir/busybox.tar"
+}
+
+# regression-issue-74839: the conntrack test's server that sends an
+# out-of-window TCP packet, built from the same Kubernetes source, on the
+# test tools layer (upstream: Debian bookworm base).
+regression_image() {
+  local version bin base dir
+  version=$(e2e_image_version RegressionIssue74839 regression-issue-74839)
+  bin=$(test_image_bin regression-issue-74839 "$version")
+  base=$(test_tools_layer)
+  dir=$out_dir/.layers/regression
+  rm -rf "$dir" && mkdir -p "$dir"
+  install -m 0755 "$bin" "$dir/regression-issue-74839"
+  dir_layer "$dir" "$out_dir/.layers/regression.tar"
+  rm -rf "$dir"
+  local ref=registry.k8s.io/e2e-test-images/regression-issue-74839:$version
+  docker_archive "$out_dir/regression-issue-74839.tar" "$ref" \
+    "$(runtime_config '["/regression-issue-74839"]' "")" "$base" "$out_dir/.layers/regression.tar"
+  echo "$ref $out_dir/regression-issue-74839.tar"
+}
+
+# distroless-iptables: the KubeProxy test reads conntrack entries from a
+# hostNetwork pod of this image (`which conntrack`, `conntrack -L | grep`).
+# Upstream it is distroless with iptables and conntrack; here Debian's.
+distroless_iptables_image() {
+  local version base
+  version=$(e2e_image_version DistrolessIptables distroless-iptables)
+  base=$(base_layer distroless-iptables "$(dockerfile_arg DEBIAN_RELEASE)" conntrack iptables)
+  local ref=registry.k8s.io/build-image/distroless-iptables:$version
+  docker_archive "$out_dir/distroless-iptables.tar" "$ref" "$(runtime_config null "" '["/bin/sh"]')" "$base"
+  echo "$ref $out_dir/distroless-iptables.tar"
+}
+
+# nginx: the Endpoints and EndpointSlice tests run it as a plain server.
+# Upstream's is nginx 1.14 on Debian; here Debian bookworm's nginx.
+nginx_image() {
+  local version base
+  version=$(e2e_image_version Nginx nginx)
+  base=$(base_layer nginx "$(dockerfile_arg DEBIAN_RELEASE)" nginx-light)
+  local ref=registry.k8s.io/e2e-test-images/nginx:$version
+  docker_archive "$out_dir/nginx.tar" "$ref" \
+    "$(runtime_config null "" '["nginx","-g","daemon off;"]')" "$base"
+  echo "$ref $out_dir/nginx.tar"
+}
+
 # ---------------------------------------------------------------------------
 
-all=(agent operator pause coredns jessie-dnsutils agnhost)
+all=(agent operator pause coredns jessie-dnsutils busybox distroless-iptables nginx regression-issue-74839 agnhost)
 want=("$@")
 ((${#want[@]})) || want=("${all[@]}")
 for w in "${want[@]}"; do
   [[ " ${all[*]} " == *" $w "* ]] || die "unknown image '$w' (${all[*]})"
 done
-# agnhost last: its Go build is the slow, heavy one.
+# The Go-built test images last: their builds are the slow, heavy ones.
 for w in "${all[@]}"; do
   [[ " ${want[*]} " == *" $w "* ]] || continue
   case $w in
@@ -559,6 +631,10 @@ for w in "${all[@]}"; do
     pause) pause_image ;;
     coredns) coredns_image ;;
     jessie-dnsutils) jessie_dnsutils_image ;;
+    busybox) busybox_image ;;
+    distroless-iptables) distroless_iptables_image ;;
+    nginx) nginx_image ;;
+    regression-issue-74839) regression_image ;;
     agnhost) agnhost_image ;;
   esac
 done

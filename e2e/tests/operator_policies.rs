@@ -1,10 +1,13 @@
-//! The operator's weft.dev NetworkPolicy controller against the real
-//! apiserver: `Accepted` with the validation problems the CRD schema cannot
-//! see, and `selectedPods` following pods and their labels.
+//! The operator's policy controllers against the real apiserver: weft.dev
+//! NetworkPolicy `Accepted` with the validation problems the CRD schema
+//! cannot see, `selectedPods` following pods and their labels; a Warning
+//! Event on a standard NetworkPolicy the agents refuse as too large.
 
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::api::networking::v1::NetworkPolicy as StandardPolicy;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use weft_api::NetworkPolicy;
@@ -102,4 +105,67 @@ async fn operator_reports_acceptance_and_selected_pods() {
         .expect("fixed");
     let p = policies.get(&bad).await.expect("get");
     assert_eq!(p.status.and_then(|s| s.observed_generation), p.metadata.generation);
+}
+
+#[tokio::test]
+async fn operator_warns_about_a_standard_policy_the_agents_refuse() {
+    let Some(cp) = ControlPlane::shared() else { return };
+    let client = cp.client().await.expect("client");
+    install_crds(&client).await.expect("CRDs");
+    let ns = new_namespace(&client, "op-std").await.expect("namespace");
+    let op = OperatorProcess::start(
+        cp,
+        &[
+            "--cluster-cidr=10.214.0.0/16".into(),
+            format!("--node-selector=weft.dev/e2e={ns}"),
+            format!("--leader-election-namespace={ns}"),
+        ],
+    )
+    .expect("operator starts");
+    // 700 excepts of an ipBlock: about 700 x 32 prefixes once cut out, over
+    // the bound of 20,000; the apiserver takes it as valid.
+    let excepts: Vec<String> = (0..700).map(|i| format!("10.{}.{}.0/24", i / 256, i % 256)).collect();
+    let policy: StandardPolicy = serde_json::from_value(json!({
+        "metadata": {"name": "huge"},
+        "spec": {"podSelector": {}, "ingress": [{"from": [{"ipBlock": {"cidr": "10.0.0.0/8", "except": excepts}}]}]},
+    }))
+    .expect("policy");
+    let policies: Api<StandardPolicy> = Api::namespaced(client.clone(), &ns);
+    policies.create(&PostParams::default(), &policy).await.expect("the apiserver accepts it");
+
+    let events: Api<Event> = Api::namespaced(client.clone(), &ns);
+    let refused = || {
+        let events = events.clone();
+        async move {
+            let list = events.list(&Default::default()).await?;
+            Ok::<_, anyhow::Error>(list.items.into_iter().find(|e| {
+                e.reason.as_deref() == Some("PolicyRefused")
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("huge")
+            }))
+        }
+    };
+    wait_for(Duration::from_secs(30), "a PolicyRefused Event on the policy", || async {
+        Ok(refused().await?.is_some())
+    })
+    .await
+    .expect("event");
+    let e = refused().await.expect("list").expect("event");
+    assert_eq!(e.type_.as_deref(), Some("Warning"));
+    let note = e.note.unwrap_or_default();
+    assert!(note.contains("over Weft's bound of 20000") && note.contains("admits nothing"), "{note}");
+    let gauge = || async {
+        let (_, body) = op.http_get("/metrics").await?;
+        Ok::<_, anyhow::Error>(body.lines().any(|l| l == "weft_operator_standard_network_policies_refused 1"))
+    };
+    wait_for(Duration::from_secs(10), "the refused-policy gauge at 1", gauge).await.expect("gauge");
+
+    // Made small, it is enforced again: the gauge goes back to 0.
+    let small =
+        json!({"spec": {"ingress": [{"from": [{"ipBlock": {"cidr": "10.0.0.0/8", "except": ["10.1.0.0/16"]}}]}]}});
+    policies.patch("huge", &PatchParams::default(), &Patch::Merge(small)).await.expect("shrink");
+    let zero = || async {
+        let (_, body) = op.http_get("/metrics").await?;
+        Ok::<_, anyhow::Error>(body.lines().any(|l| l == "weft_operator_standard_network_policies_refused 0"))
+    };
+    wait_for(Duration::from_secs(30), "the refused-policy gauge at 0", zero).await.expect("gauge 0");
 }

@@ -1,5 +1,5 @@
-//! Weft operator: per-node Subnet leases, host port allocations' upkeep and
-//! Weft NetworkPolicy status.
+//! Weft operator: per-node Subnet leases, host port allocations' upkeep,
+//! Weft NetworkPolicy status and Events for refused standard policies.
 
 pub mod config;
 pub mod hostports;
@@ -11,5 +11,6 @@ mod mock_api;
 pub mod pods;
 pub mod policies;
 pub mod run;
+pub mod standard_policies;
 pub mod subnets;
 pub mod uninstall;

@@ -43,6 +43,7 @@ pub struct Metrics {
     pub host_port_collected: Counter,
     /// weft.dev NetworkPolicies by `state` (accepted, rejected).
     pub network_policies: Family<StateLabel, Gauge>,
+    pub standard_policies_refused: Gauge,
     ready: AtomicBool,
 }
 
@@ -91,6 +92,12 @@ impl Metrics {
             "weft.dev NetworkPolicies by state (accepted, rejected)",
             network_policies.clone(),
         );
+        let standard_policies_refused = Gauge::default();
+        registry.register(
+            "standard_network_policies_refused",
+            "Standard NetworkPolicies over Weft's size bound (the agents isolate their pods and admit nothing)",
+            standard_policies_refused.clone(),
+        );
         Metrics {
             registry,
             host_ports,
@@ -102,6 +109,7 @@ impl Metrics {
             pool_exhausted,
             leader,
             network_policies,
+            standard_policies_refused,
             ready: AtomicBool::new(false),
         }
     }

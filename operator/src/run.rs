@@ -125,6 +125,8 @@ async fn run_controllers(
 
     let recorder =
         Recorder::new(client.clone(), Reporter { controller: "weft-operator".into(), instance: Some(identity) });
+    let standard_policies =
+        crate::standard_policies::run(client.clone(), recorder.clone(), metrics.clone(), term.clone());
     let ctx = Arc::new(Context {
         nodes_api,
         subnets_api: subnets_api.clone(),
@@ -192,7 +194,7 @@ async fn run_controllers(
     let hostports =
         crate::hostports::run(client.clone(), pods.store.clone(), pods.changed, metrics.clone(), resync, term.clone());
     let policies = crate::policies::run(client.clone(), pods.store, pods.touched, metrics.clone(), term, resync);
-    tokio::join!(nodes, subnets, wake, ready, hostports, policies);
+    tokio::join!(nodes, subnets, wake, ready, hostports, policies, standard_policies);
     anyhow::bail!("controllers stopped")
 }
 

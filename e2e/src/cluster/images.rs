@@ -6,8 +6,18 @@ use anyhow::Context;
 
 /// The images a node needs: Weft's two, the pause image, cluster DNS and the
 /// images of the upstream e2e tests.
-pub const REQUIRED: &[&str] =
-    &["weft-agent.tar", "weft-operator.tar", "pause.tar", "coredns.tar", "agnhost.tar", "jessie-dnsutils.tar"];
+pub const REQUIRED: &[&str] = &[
+    "weft-agent.tar",
+    "weft-operator.tar",
+    "pause.tar",
+    "coredns.tar",
+    "agnhost.tar",
+    "jessie-dnsutils.tar",
+    "busybox.tar",
+    "distroless-iptables.tar",
+    "nginx.tar",
+    "regression-issue-74839.tar",
+];
 
 /// Where build-images.sh writes its tarballs (`$WEFT_IMAGES_DIR`, default
 /// the workspace's `target/images`).
