@@ -31,6 +31,10 @@ struct Cli {
     /// Print each suite's tests (to run, and skipped with the reason) and stop.
     #[arg(long)]
     list: bool,
+    /// Run only the suite's tests whose names match this regex (Go/RE2, as
+    /// ginkgo's --focus), e.g. to run again the ones that failed.
+    #[arg(long)]
+    only: Option<String>,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -66,11 +70,12 @@ fn main() -> anyhow::Result<()> {
 
     let listing = output(Command::new(&e2e_test).arg("--list-tests")).context("e2e.test --list-tests")?;
     let all_tests = conformance::parse_test_list(&listing);
+    let only = cli.only.as_deref().map(regex::Regex::new).transpose().context("--only")?;
     anyhow::ensure!(!all_tests.is_empty(), "e2e.test --list-tests listed no tests");
     if cli.list {
         // What a run does: it deploys cluster DNS when there is none.
         for suite in suites {
-            let plan = suite.plan(&all_tests, Environment { cluster_dns: true })?;
+            let plan = narrow(suite.plan(&all_tests, Environment { cluster_dns: true })?, only.as_ref());
             println!("{} ({}):", suite.name, suite.about);
             plan.run.iter().for_each(|n| println!("  run   {n}"));
             plan.skipped.iter().for_each(|(n, why)| println!("  skip  {n}\n          {why}"));
@@ -88,7 +93,12 @@ fn main() -> anyhow::Result<()> {
 
     let mut results = Vec::new();
     for suite in suites {
-        let plan = suite.plan(&all_tests, env)?;
+        let plan = narrow(suite.plan(&all_tests, env)?, only.as_ref());
+        // With --only, exactly the planned tests (ginkgo ORs repeated --focus flags).
+        let focus = match &only {
+            Some(_) => plan.run.iter().map(|n| regex::escape(n)).collect::<Vec<_>>().join("|"),
+            None => suite.focus_regex(),
+        };
         eprintln!(
             "== {}: {} ({} tests to run, {} skipped with a reason)",
             suite.name,
@@ -106,16 +116,19 @@ fn main() -> anyhow::Result<()> {
             cmd.current_dir(&report_dir)
                 .env("PATH", path_with(&tools))
                 .arg(format!("--procs={}", cli.procs))
-                .arg(format!("--focus={}", suite.focus_regex()))
+                .arg(format!("--focus={focus}"))
                 .arg(format!("--timeout={}", cli.timeout))
                 .arg(format!("--json-report={}", report_path.display()))
                 .args(["--no-color", "--silence-skips"]);
             if let Some(skip) = suite.skip_regex(env) {
                 cmd.arg(format!("--skip={skip}"));
             }
+            // --num-nodes as Kubernetes' own CI passes it: without it the
+            // tests that need two nodes skip themselves ("not -1").
             cmd.arg(&e2e_test)
                 .arg("--")
                 .arg("--provider=skeleton")
+                .arg(format!("--num-nodes={}", state.nodes.len()))
                 .arg(format!("--kubeconfig={}", state.kubeconfig.display()));
             // Its exit status says "some test failed"; the report says which.
             let status = cmd.status().context("cannot run ginkgo")?;
@@ -155,4 +168,13 @@ fn path_with(tools: &Path) -> std::ffi::OsString {
         paths.extend(std::env::split_paths(&p));
     }
     std::env::join_paths(paths).unwrap_or_default()
+}
+
+/// The plan's tests that `only` matches (all of them without it).
+fn narrow(mut plan: conformance::Plan, only: Option<&regex::Regex>) -> conformance::Plan {
+    if let Some(only) = only {
+        plan.run.retain(|n| only.is_match(n));
+        plan.skipped.retain(|(n, _)| only.is_match(n));
+    }
+    plan
 }

@@ -162,8 +162,10 @@ impl ProxyMode {
 }
 
 /// kube-proxy's configuration. conntrack sizes stay at the kernel's (a node
-/// namespace cannot change the host-wide table size). The pod ranges are
-/// those of the cluster's `families`.
+/// namespace cannot change the host-wide table size); the TCP timeouts are
+/// per namespace, so kube-proxy sets its defaults (established 24 h,
+/// CLOSE_WAIT 1 h) as on any node. The pod ranges are those of the
+/// cluster's `families`.
 pub fn kube_proxy_yaml(node: &NodeInfo, kubeconfig: &Path, mode: ProxyMode, families: &Families) -> String {
     let (cluster_cidr, bind) = match families {
         Families::Ipv4 => (CLUSTER_CIDR.to_owned(), "0.0.0.0"),
@@ -185,8 +187,6 @@ healthzBindAddress: 127.0.0.1:10256
 conntrack:
   maxPerCore: 0
   min: 0
-  tcpEstablishedTimeout: 0s
-  tcpCloseWaitTimeout: 0s
 "#,
         kubeconfig = kubeconfig.display(),
         name = node.name,
@@ -235,6 +235,8 @@ mod tests {
         assert!(y.contains("failCgroupV1: false"));
         let p = kube_proxy_yaml(&n2, Path::new("/kp"), ProxyMode::Nftables, &Families::Ipv4);
         assert!(p.contains("hostnameOverride: node-2\n") && p.contains("mode: nftables\n"), "{p}");
+        // kube-proxy sets its conntrack timeouts (per namespace) as on any node.
+        assert!(!p.contains("Timeout"), "{p}");
         let dual = Families::DualStack("fd00:10:244::/56".into());
         let p = kube_proxy_yaml(&n2, Path::new("/kp"), ProxyMode::Iptables, &dual);
         assert!(p.contains("mode: iptables\n"), "{p}");
