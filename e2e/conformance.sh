@@ -14,7 +14,9 @@ cd "$(dirname "$0")/.."
 e2e/scripts/setup-machine.sh
 e2e/scripts/build-tools.sh --e2e-test
 export WEFT_TOOLS_DIR="${WEFT_TOOLS_DIR:-$(e2e/scripts/build-tools.sh --print-dir)}"
-cargo build -p weft-e2e --bins
+# The whole workspace, as e2e/test.sh and cluster.sh build it: one package
+# alone unifies features differently and rebuilds dependencies.
+cargo build --workspace --bins
 if ! target/debug/weft-cluster status >/dev/null 2>&1; then
   trap 'target/debug/weft-cluster down' EXIT
   e2e/cluster.sh up

@@ -15,7 +15,8 @@
 //!
 //! The e2e test image agnhost (`target/images/agnhost.tar`, or
 //! `WEFT_AGNHOST_IMAGE`) runs every tool Kubernetes' sig-network tests call
-//! in it, as they call it.
+//! in it, as they call it; busybox, nginx, distroless-iptables and
+//! regression-issue-74839 do what those tests have them do.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::path::{Path, PathBuf};
@@ -785,19 +786,23 @@ if wget -q -O - -T 1 http://127.0.0.1:1/ >/dev/null 2>&1; then echo "FAIL: wget 
 echo "all tools work"
 "#;
 
-#[test]
-fn agnhost_runs_the_tools_the_upstream_tests_call() {
+/// Runs `script` with `shell` inside the image `target/images/<name>.tar`
+/// (or the file `env` names, when set): its layers unpacked, chrooted in fresh network,
+/// UTS, PID and mount namespaces. `None` when the prerequisites are missing
+/// (and not on CI); otherwise whether it succeeded, and its output.
+fn run_in_image(name: &str, env: Option<&str>, shell: &str, script: &str) -> Option<(bool, String)> {
     if !prereq::require_root() {
-        return;
+        return None;
     }
-    let archive = std::env::var_os("WEFT_AGNHOST_IMAGE")
+    let archive = env
+        .and_then(std::env::var_os)
         .map(PathBuf::from)
-        .unwrap_or_else(|| repo_root().join("target/images/agnhost.tar"));
+        .unwrap_or_else(|| repo_root().join(format!("target/images/{name}.tar")));
     let what = format!("{} (e2e/scripts/build-images.sh)", archive.display());
     if !prereq::require(&what, archive.is_file()) {
-        return;
+        return None;
     }
-    let image = Image::load(&archive).expect("agnhost image");
+    let image = Image::load(&archive).expect("image");
     let root = tempfile::tempdir().expect("temporary directory");
     for layer in image.manifest["Layers"].as_array().expect("Layers").iter().filter_map(Value::as_str) {
         sh(&format!(r#"tar -xOf "$1" '{layer}' | tar --numeric-owner -xf - -C "$2""#), &[&archive, root.path()])
@@ -808,12 +813,59 @@ fn agnhost_runs_the_tools_the_upstream_tests_call() {
         // no device nodes (the runtime's business): the host's /dev, bound
         // in a mount namespace of its own.
         .args(["--net", "--uts", "--pid", "--mount", "--fork", "--kill-child"])
-        .args(["sh", "-c", r#"mount --rbind /dev "$1/dev" && exec chroot "$1" /bin/bash -c "$2""#, "sh"])
+        .args([
+            "sh",
+            "-c",
+            r#"mkdir -p "$1/dev" && mount --rbind /dev "$1/dev" && exec chroot "$1" "$2" -c "$3""#,
+            "sh",
+        ])
         .arg(root.path())
-        .arg(AGNHOST_TOOLS_SCRIPT)
+        .arg(shell)
+        .arg(script)
         .output()
         .expect("run unshare");
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success() && text.contains("all tools work"), "the agnhost image's tools:\n{text}");
+    Some((out.status.success(), text))
+}
+
+#[test]
+fn agnhost_runs_the_tools_the_upstream_tests_call() {
+    let Some((ok, text)) = run_in_image("agnhost", Some("WEFT_AGNHOST_IMAGE"), "/bin/bash", AGNHOST_TOOLS_SCRIPT)
+    else {
+        return;
+    };
+    assert!(ok && text.contains("all tools work"), "the agnhost image's tools:\n{text}");
     eprintln!("{text}");
+}
+
+/// The other images the sig-network tests run, each doing what the tests
+/// have it do.
+#[test]
+fn the_other_test_images_run_what_the_tests_run_in_them() {
+    let cases: [(&str, &str, &str); 4] = [
+        // conntrack.go: `sh -c "while true; do sleep 2; nc boom-server 9000& done"`.
+        (
+            "busybox",
+            "/bin/sh",
+            "ip link set lo up; nc -l -p 9000 >/tmp/got & for i in $(seq 100); do echo hi | nc -w 1 127.0.0.1 9000 && break; sleep 0.1; done; wait; test \"$(cat /tmp/got)\" = hi && echo done",
+        ),
+        // kube_proxy.go: `which conntrack`, `conntrack -L -f ipv4 -d IP | grep ...`.
+        (
+            "distroless-iptables",
+            "/bin/sh",
+            "which conntrack && conntrack -L -f ipv4 && iptables --version && echo done",
+        ),
+        // endpoints.go: a plain server on port 80.
+        (
+            "nginx",
+            "/bin/bash",
+            "ip link set lo up 2>/dev/null || true; nginx -g 'daemon off;' & for i in $(seq 100); do exec 3<>/dev/tcp/127.0.0.1/80 && break; sleep 0.1; done; printf 'GET / HTTP/1.0\\r\\n\\r\\n' >&3; head -1 <&3 | grep -q '200 OK' && echo done",
+        ),
+        // conntrack.go: the server is the entrypoint.
+        ("regression-issue-74839", "/bin/sh", "test -x /regression-issue-74839 && echo done"),
+    ];
+    for (name, shell, script) in cases {
+        let Some((ok, text)) = run_in_image(name, None, shell, script) else { return };
+        assert!(ok && text.contains("done"), "{name}:\n{text}");
+    }
 }
