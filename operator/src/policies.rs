@@ -21,7 +21,7 @@ use weft_api::NetworkPolicy;
 use weft_api::network_policy::{CONDITION_ACCEPTED, validate};
 
 use crate::leader::{NotLeader, Term};
-use crate::metrics::{ControllerLabel, Metrics};
+use crate::metrics::Metrics;
 
 const FIELD_MANAGER: &str = "weft-operator-policies";
 const CONTROLLER: &str = "networkpolicy";
@@ -68,13 +68,8 @@ pub fn desired_status(policy: &NetworkPolicy, pods: &[Arc<Pod>]) -> (bool, &'sta
 
 async fn reconcile(policy: Arc<NetworkPolicy>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     let started = Instant::now();
-    let label = ControllerLabel { controller: CONTROLLER };
-    ctx.metrics.reconcile.get_or_create(&label).inc();
     let result = reconcile_inner(&policy, &ctx).await;
-    ctx.metrics.reconcile_duration.get_or_create(&label).observe(started.elapsed().as_secs_f64());
-    if result.is_err() {
-        ctx.metrics.reconcile_errors.get_or_create(&label).inc();
-    }
+    ctx.metrics.observe(CONTROLLER, started.elapsed(), result.is_err());
     let (accepted, rejected) = ctx
         .policies
         .state()

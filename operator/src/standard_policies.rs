@@ -20,7 +20,7 @@ use kube::{Client, Resource, ResourceExt};
 use weft_api::standard_policy::refusal;
 
 use crate::leader::{NotLeader, Term};
-use crate::metrics::{ControllerLabel, Metrics};
+use crate::metrics::Metrics;
 
 const CONTROLLER: &str = "standard-networkpolicy";
 /// The Event's reason (`kubectl get events --field-selector reason=…`).
@@ -52,13 +52,8 @@ impl Ctx {
 
 async fn reconcile(policy: Arc<NetworkPolicy>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     let started = Instant::now();
-    let label = ControllerLabel { controller: CONTROLLER };
-    ctx.metrics.reconcile.get_or_create(&label).inc();
     let result = reconcile_inner(&policy, &ctx).await;
-    ctx.metrics.reconcile_duration.get_or_create(&label).observe(started.elapsed().as_secs_f64());
-    if result.is_err() {
-        ctx.metrics.reconcile_errors.get_or_create(&label).inc();
-    }
+    ctx.metrics.observe(CONTROLLER, started.elapsed(), result.is_err());
     let refused = ctx.policies.state().iter().filter(|p| p.spec.as_ref().and_then(refusal).is_some()).count();
     ctx.metrics.standard_policies_refused.set(i64::try_from(refused).unwrap_or(i64::MAX));
     result
