@@ -39,8 +39,9 @@ struct Ctx {
     recorder: Recorder,
     metrics: Arc<Metrics>,
     term: Term,
-    /// The generation each refused policy was last reported at: a policy is
-    /// reported again only when it changes (or the operator restarts).
+    /// The generation each refused policy was last reported at (an Event
+    /// published): a policy is reported again only when it changes (or the
+    /// operator restarts). Its size is the refused-policy gauge.
     reported: Mutex<HashMap<ObjectRef<NetworkPolicy>, Option<i64>>>,
 }
 
@@ -54,7 +55,14 @@ async fn reconcile(policy: Arc<NetworkPolicy>, ctx: Arc<Ctx>) -> Result<Action, 
     let started = Instant::now();
     let result = reconcile_inner(&policy, &ctx).await;
     ctx.metrics.observe(CONTROLLER, started.elapsed(), result.is_err());
-    let refused = ctx.policies.state().iter().filter(|p| p.spec.as_ref().and_then(refusal).is_some()).count();
+    // The refused policies are those reported and still there (a deleted
+    // one is not reconciled: it leaves the map here), without costing every
+    // policy again on each reconcile.
+    let refused = {
+        let mut reported = ctx.reported();
+        reported.retain(|key, _| ctx.policies.get(key).is_some());
+        reported.len()
+    };
     ctx.metrics.standard_policies_refused.set(i64::try_from(refused).unwrap_or(i64::MAX));
     result
 }
