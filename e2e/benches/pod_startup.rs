@@ -38,6 +38,7 @@ fn round(tag: &str, nodes: &[String]) -> Vec<Duration> {
                 labels: &[],
                 annotations: &[],
                 host_port: None,
+                capabilities: &[],
             }
             .yaml()
         })
@@ -90,8 +91,15 @@ fn main() {
         std::fs::write(&path, reference_conflist(n.index)).expect("write reference conflist");
     }
     // containerd notices the new conflist; a pod's address says which ran.
-    let probe =
-        TestPod { namespace: NS, name: "which", node: &nodes[0], labels: &[], annotations: &[], host_port: None };
+    let probe = TestPod {
+        namespace: NS,
+        name: "which",
+        node: &nodes[0],
+        labels: &[],
+        annotations: &[],
+        host_port: None,
+        capabilities: &[],
+    };
     let mut seen_reference = false;
     for _ in 0..20 {
         let ip = probe.run();

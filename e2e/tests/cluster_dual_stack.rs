@@ -5,7 +5,8 @@
 //! (TCP and UDP, VXLAN), an IPv6 Service through kube-proxy reaches its pod,
 //! and a spec `hostPort` answers on the node's IPv6 address. NetworkPolicy
 //! decides both families alike, and an `ipBlock` matches only its own
-//! family. The VXLAN
+//! family, and a hostile pod gets past it in neither
+//! (`weft_e2e::cluster::hostile`). The VXLAN
 //! tunnels run over the IPv6 underlay (`network.vxlanUnderlay=ipv6`), so
 //! IPv4 pod traffic crosses inside IPv6 packets, with the 70-byte overhead
 //! taken off the pods' MTU. (`sandbox_dual_stack` runs VXLAN over IPv4.)
@@ -49,7 +50,15 @@ fn dual_stack_pods_services_and_host_ports_on_real_nodes() {
 
     let ns = "weft-dual-stack";
     namespace(ns, &[]);
-    let pod = |name, node, host_port| TestPod { namespace: ns, name, node, labels: &[], annotations: &[], host_port };
+    let pod = |name, node, host_port| TestPod {
+        namespace: ns,
+        name,
+        node,
+        labels: &[],
+        annotations: &[],
+        host_port,
+        capabilities: &[],
+    };
     pod("a", "node-1", None).run();
     pod("c", "node-2", Some(HOST_PORT)).run();
     kubectl_ok(&["label", "pod", "-n", ns, "c", "app=c"]);
@@ -124,4 +133,7 @@ fn dual_stack_pods_services_and_host_ports_on_real_nodes() {
     both((false, true), "c admitting only a's IPv6 address");
     kubectl_ok(&["delete", "networkpolicy", "-n", ns, "c-ingress"]);
     both((true, true), "no policy: a reaches c over both families");
+
+    // The hostile pod's attacks, over both families.
+    weft_e2e::cluster::hostile::attacks_fail("weft-hostile");
 }

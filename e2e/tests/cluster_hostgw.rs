@@ -2,8 +2,9 @@
 //! attached routed (`agent.podAttachment=routed`: a /32 and a /128 per pod,
 //! no bridge): kubelet and containerd exec weft-cni, Weft installed by its
 //! chart; pods reach each other on one node and across nodes (TCP, UDP,
-//! both families; IPv6 blocks routed to the nodes' IPv6 addresses), and a
-//! Service through kube-proxy reaches pods on both nodes. The VXLAN
+//! both families; IPv6 blocks routed to the nodes' IPv6 addresses), a
+//! Service through kube-proxy reaches pods on both nodes, and a hostile
+//! routed pod gets past no policy (`weft_e2e::cluster::hostile`). The VXLAN
 //! binaries (cluster_vxlan.rs, cluster_dual_stack.rs) cover the rest.
 
 use std::time::Duration;
@@ -36,4 +37,7 @@ fn routed_dual_stack_pods_and_services_connect_with_host_gw() {
         });
         assert_eq!(answer, to);
     }
+
+    // The hostile pod's attacks, against routed pods, both families.
+    weft_e2e::cluster::hostile::attacks_fail("weft-hostile");
 }

@@ -5,7 +5,8 @@
 //! VXLAN from its IPv6 node address; pods get one IPv6 address (their
 //! status lists it alone), reach each other across nodes (TCP and UDP), a
 //! Service through kube-proxy reaches its pod, a spec `hostPort` answers on
-//! the node's address, and NetworkPolicy decides IPv6 traffic.
+//! the node's address, and NetworkPolicy decides IPv6 traffic, also against
+//! a hostile pod (`weft_e2e::cluster::hostile`).
 
 use std::time::Duration;
 
@@ -47,7 +48,15 @@ fn ipv6_only_pods_services_and_host_ports_on_real_nodes() {
 
     let ns = "weft-ipv6-only";
     namespace(ns, &[]);
-    let pod = |name, node, host_port| TestPod { namespace: ns, name, node, labels: &[], annotations: &[], host_port };
+    let pod = |name, node, host_port| TestPod {
+        namespace: ns,
+        name,
+        node,
+        labels: &[],
+        annotations: &[],
+        host_port,
+        capabilities: &[],
+    };
     pod("a", "node-1", None).run();
     pod("c", "node-2", Some(HOST_PORT)).run();
     kubectl_ok(&["label", "pod", "-n", ns, "c", "app=c"]);
@@ -101,4 +110,7 @@ fn ipv6_only_pods_services_and_host_ports_on_real_nodes() {
     expect(false, "an IPv4 block never matches a");
     kubectl_ok(&["delete", "networkpolicy", "-n", ns, "c-ingress"]);
     expect(true, "no policy: a reaches c");
+
+    // The hostile pod's attacks, over IPv6 only.
+    weft_e2e::cluster::hostile::attacks_fail("weft-hostile");
 }

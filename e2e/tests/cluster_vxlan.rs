@@ -25,6 +25,7 @@ fn weft_on_real_nodes_with_vxlan() {
         ("pods reach each other across and within nodes (TCP, UDP), a Service reaches both nodes", connectivity),
         ("spec hostPort and weft.dev/host-ports reachable from the other node", host_ports),
         ("standard and weft.dev NetworkPolicies enforced by the agent image", policies),
+        ("a hostile pod gets past no policy (link-local, spoofed sources, its first packets)", hostile),
         ("deleted pods leave no address, veth or host-port rule", nothing_leaks),
         ("a hung agent makes its node NotReady through CNI STATUS, and it recovers", status_follows_the_agent),
         ("helm upgrade restarts the agents with traffic flowing, no packet lost", upgrade_without_loss),
@@ -42,7 +43,7 @@ fn weft_on_real_nodes_with_vxlan() {
 }
 
 fn pod<'a>(name: &'a str, node: &'a str, labels: &'a [(&'a str, &'a str)]) -> TestPod<'a> {
-    TestPod { namespace: NS, name, node, labels, annotations: &[], host_port: None }
+    TestPod { namespace: NS, name, node, labels, annotations: &[], host_port: None, capabilities: &[] }
 }
 
 fn hostnames(_: &Cluster) {
@@ -177,6 +178,10 @@ spec:
 }
 
 /// Weft's host veths, IPAM records and host-port rules on a node.
+fn hostile(_: &Cluster) {
+    weft_e2e::cluster::hostile::attacks_fail("weft-hostile");
+}
+
 fn node_footprint(cluster: &Cluster, node_name: &str) -> (usize, usize, String) {
     let state = cluster.state();
     let info = state.node(node_name).expect("node").clone();

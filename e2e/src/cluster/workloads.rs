@@ -21,6 +21,8 @@ pub struct TestPod<'a> {
     pub annotations: &'a [(&'a str, &'a str)],
     /// A spec `hostPort` for the HTTP port.
     pub host_port: Option<u16>,
+    /// Capabilities added to the container's (`NET_ADMIN`: a pod owner may ask for it).
+    pub capabilities: &'a [&'a str],
 }
 
 impl TestPod<'_> {
@@ -30,6 +32,7 @@ impl TestPod<'_> {
             serde_json::to_string(&m).expect("labels serialize")
         };
         let host_port = self.host_port.map(|p| format!(", hostPort: {p}")).unwrap_or_default();
+        let capabilities = serde_json::to_string(self.capabilities).expect("capabilities serialize");
         format!(
             r#"apiVersion: v1
 kind: Pod
@@ -49,6 +52,7 @@ spec:
     ports:
     - {{name: http, containerPort: {HTTP_PORT}, protocol: TCP{host_port}}}
     - {{name: udp, containerPort: {UDP_PORT}, protocol: UDP}}
+    securityContext: {{capabilities: {{add: {capabilities}}}}}
 "#,
             name = self.name,
             ns = self.namespace,
@@ -172,6 +176,7 @@ pub fn pods_and_a_service_connect(ns: &str) -> String {
         labels: &[("app", "echo")],
         annotations: &[],
         host_port: None,
+        capabilities: &[],
     };
     let a = pod("a", "node-1").run();
     let b = pod("b", "node-1").run();
