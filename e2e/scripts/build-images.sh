@@ -327,6 +327,9 @@ weft_image() {
   for b in "${stage_bins[@]}"; do
     path=$(binary_path "$b")
     install -m 0755 "$path" "$stage_dir$stage_bin_dest$b"
+    # Debug builds carry ~60 MB of DWARF each, which every node would
+    # import; symbols stay, so backtraces still name functions.
+    strip --strip-debug "$stage_dir$stage_bin_dest$b"
   done
   dir_layer "$stage_dir" "$out_dir/.layers/$name-bin.tar"
   rm -rf "$stage_dir"

@@ -91,7 +91,7 @@ fn main() -> anyhow::Result<()> {
                 supervise::MAX_NODES
             );
             anyhow::ensure!(["vxlan", "host-gw"].contains(&backend.as_str()), "--backend must be vxlan or host-gw");
-            let images = cluster::images::tarballs()?;
+            let images = cluster::images::tarballs(cluster::images::CLUSTER)?;
             let state = supervise::up(&supervise::UpOptions { nodes, backend, helm_sets: sets, images })?;
             print_usage(&state);
         }

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use anyhow::Context;
 use clap::Parser;
-use weft_e2e::cluster::{State, dns};
+use weft_e2e::cluster::{State, dns, images, node};
 use weft_e2e::conformance::{self, Environment, SuiteResult};
 use weft_e2e::control_plane;
 
@@ -90,6 +90,13 @@ fn main() -> anyhow::Result<()> {
         dns::deploy(&state.kubeconfig, weft_e2e::cluster::supervise::Families::of(&state.helm_values).dns_ip())?;
     }
     let env = Environment { cluster_dns: dns::deployed(&state.kubeconfig) };
+    // The nodes start with Weft's and agnhost's images; the tests run more.
+    let images = images::tarballs(images::UPSTREAM_TESTS)?;
+    eprintln!("== importing the upstream tests' images into {} nodes", state.nodes.len());
+    std::thread::scope(|s| {
+        let imports: Vec<_> = state.nodes.iter().map(|n| s.spawn(|| node::import_images(n, &images))).collect();
+        imports.into_iter().try_for_each(|h| h.join().map_err(|_| anyhow::anyhow!("an image import panicked"))?)
+    })?;
 
     let mut results = Vec::new();
     for suite in suites {

@@ -237,8 +237,21 @@ pub fn start_daemon(node: &NodeInfo, name: &str, program: &Path, args: &[String]
 /// Pid of a daemon the node started, if it still runs.
 pub fn daemon_pid(node: &NodeInfo, name: &str) -> Option<i32> {
     let pid = std::fs::read_to_string(node.dir().join(format!("{name}.pid"))).ok()?.trim().parse::<i32>().ok()?;
-    // SAFETY: signal 0 only checks for existence.
-    (unsafe { libc::kill(pid, 0) } == 0).then_some(pid)
+    running(pid).then_some(pid)
+}
+
+/// Whether `pid` still runs. A daemon that exited stays a zombie while the
+/// supervisor that started it lives (it does not wait for its daemons):
+/// that counts as gone, and is reaped here when it is our child.
+fn running(pid: i32) -> bool {
+    let mut status = 0;
+    // SAFETY: waitpid(2) on one pid with WNOHANG reaps only an exited child of ours.
+    if unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) } == pid {
+        return false;
+    }
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
+    // The state follows the command name, which is in parentheses.
+    stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next()).is_some_and(|state| state != "Z")
 }
 
 /// Stops a daemon: SIGTERM, then SIGKILL after `grace`.
@@ -283,7 +296,20 @@ pub fn start_containerd(node: &NodeInfo, images: &[PathBuf]) -> anyhow::Result<(
     std::fs::write(&config, configs::containerd_toml())?;
     start_daemon(node, "containerd", &tools.join("containerd"), &[format!("--config={}", config.display())])?;
     wait_for_path(node, configs::CONTAINERD_SOCKET, "containerd", Duration::from_secs(60))?;
+    import_images(node, images)
+}
+
+/// Imports `images` (docker-archive tarballs) into the node's containerd
+/// (Kubernetes namespace), each once: a marker file in the node's directory
+/// remembers what was imported.
+pub fn import_images(node: &NodeInfo, images: &[PathBuf]) -> anyhow::Result<()> {
+    let tools = crate::control_plane::tools_dir();
     for image in images {
+        let name = image.file_name().context("an image tarball without a file name")?.to_string_lossy();
+        let marker = node.dir().join(format!("imported-{name}"));
+        if marker.exists() {
+            continue;
+        }
         let out = command(node, &tools.join("ctr"))
             .args(["--address", configs::CONTAINERD_SOCKET, "-n", "k8s.io", "images", "import"])
             .arg(image)
@@ -297,6 +323,7 @@ pub fn start_containerd(node: &NodeInfo, images: &[PathBuf]) -> anyhow::Result<(
                 String::from_utf8_lossy(&out.stderr).trim()
             );
         }
+        std::fs::write(&marker, b"")?;
     }
     Ok(())
 }

@@ -79,12 +79,12 @@ pub fn down() -> anyhow::Result<()> {
 pub fn cleanup_leftovers() {
     let nodes_dir = state_dir().join("nodes");
     if let Ok(entries) = std::fs::read_dir(&nodes_dir) {
-        for e in entries.filter_map(Result::ok) {
-            let name = e.file_name().to_string_lossy().into_owned();
-            if let Some(index) = name.strip_prefix("node-").and_then(|i| i.parse().ok()) {
-                node::destroy(&NodeInfo::new(index));
-            }
-        }
+        let nodes: Vec<NodeInfo> = entries
+            .filter_map(Result::ok)
+            .filter_map(|e| e.file_name().to_string_lossy().strip_prefix("node-").and_then(|i| i.parse().ok()))
+            .map(NodeInfo::new)
+            .collect();
+        destroy_nodes(&nodes);
     }
     for ns in super::existing_namespaces() {
         let _ = ip(&["netns", "del", &ns]);
@@ -94,6 +94,16 @@ pub fn cleanup_leftovers() {
         let _ = Command::new("umount").arg(&ns_dir).stderr(std::process::Stdio::null()).status();
     }
     let _ = Command::new("rm").args(["-rf", "--one-file-system"]).arg(state_dir()).status();
+}
+
+/// Removes nodes side by side (each waits for its daemons and deletes its
+/// files, independently of the others).
+fn destroy_nodes(nodes: &[NodeInfo]) {
+    std::thread::scope(|s| {
+        for n in nodes {
+            s.spawn(move || node::destroy(n));
+        }
+    });
 }
 
 /// The supervisor: builds everything, writes the state, waits for SIGTERM.
@@ -107,9 +117,7 @@ pub async fn supervise(opts: UpOptions) -> anyhow::Result<()> {
         Ok(parts) => parts,
         Err(e) => {
             eprintln!("cluster start failed: {e:#}");
-            for i in 1..=MAX_NODES {
-                node::destroy(&NodeInfo::new(i));
-            }
+            destroy_nodes(&(1..=MAX_NODES).map(NodeInfo::new).collect::<Vec<_>>());
             for ns in super::existing_namespaces() {
                 let _ = ip(&["netns", "del", &ns]);
             }
@@ -127,9 +135,7 @@ pub async fn supervise(opts: UpOptions) -> anyhow::Result<()> {
     eprintln!("tearing the cluster down");
     routes.abort();
     if let Ok(state) = State::load() {
-        for n in &state.nodes {
-            node::destroy(n);
-        }
+        destroy_nodes(&state.nodes);
     }
     for mut c in children {
         process::stop(&mut c, Duration::from_secs(5));
@@ -244,10 +250,10 @@ async fn build(opts: &UpOptions) -> anyhow::Result<Parts> {
         ca: cp.pki.ca_cert.clone(),
         certs_dir: cp.pki.ca_cert.parent().context("the CA certificate has no directory")?.to_path_buf(),
     };
-    let mut nodes = Vec::new();
-    for i in 1..=opts.nodes {
-        nodes.push(add_node(i, &creds, &opts.images, &families)?);
-    }
+    let nodes = {
+        let (creds, images, families, count) = (creds.clone(), opts.images.clone(), families.clone(), opts.nodes);
+        tokio::task::spawn_blocking(move || add_nodes(1..=count, &creds, &images, &families)).await??
+    };
     let client = cp.client().await?;
     wait_registered(&client, &nodes).await?;
     control_plane::wait_for(Duration::from_secs(60), "every kubelet to report a Ready condition", || async {
@@ -293,6 +299,20 @@ async fn build(opts: &UpOptions) -> anyhow::Result<Parts> {
     };
     state.save()?;
     Ok((cp, children))
+}
+
+/// Makes nodes side by side: most of a node's start is importing the
+/// images into its own containerd.
+fn add_nodes(
+    indexes: std::ops::RangeInclusive<usize>,
+    creds: &node::Credentials,
+    images: &[PathBuf],
+    families: &Families,
+) -> anyhow::Result<Vec<NodeInfo>> {
+    std::thread::scope(|s| {
+        let started: Vec<_> = indexes.map(|i| s.spawn(move || add_node(i, creds, images, families))).collect();
+        started.into_iter().map(|h| h.join().map_err(|_| anyhow::anyhow!("starting a node panicked"))?).collect()
+    })
 }
 
 /// Makes node `index` and starts its daemons for a cluster of `families`.

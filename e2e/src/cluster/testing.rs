@@ -103,7 +103,10 @@ impl Cluster {
                     .iter()
                     .all(|b| control_plane::tools_dir().join(b).is_file()),
             )
-            || !prereq::require("the images (e2e/scripts/build-images.sh)", super::images::tarballs().is_ok())
+            || !prereq::require(
+                "the images (e2e/scripts/build-images.sh)",
+                super::images::tarballs(super::images::CLUSTER).is_ok(),
+            )
         {
             return None;
         }
