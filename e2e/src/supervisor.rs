@@ -164,10 +164,7 @@ pub fn wait_for_ready<T>(
 /// Sends SIGTERM to a supervisor and waits up to `timeout` for it to finish
 /// tearing down.
 pub fn stop(pid: u32, timeout: Duration) {
-    let alive = || {
-        // SAFETY: signal 0 only checks for existence.
-        unsafe { libc::kill(pid as i32, 0) == 0 }
-    };
+    let alive = || running(pid as i32);
     // SAFETY: plain kill(2).
     if unsafe { libc::kill(pid as i32, libc::SIGTERM) } == 0 {
         let deadline = Instant::now() + timeout;
@@ -177,9 +174,41 @@ pub fn stop(pid: u32, timeout: Duration) {
     }
 }
 
+/// Whether `pid` still runs. A process a supervisor started and then
+/// exited stays a zombie while the supervisor lives (it does not wait for
+/// its daemons): that counts as gone, and is reaped here when it is our
+/// child. (`kill(pid, 0)` succeeds on a zombie: waiting on it for a grace
+/// period made every teardown tens of seconds long.)
+pub fn running(pid: i32) -> bool {
+    let mut status = 0;
+    // SAFETY: waitpid(2) on one pid with WNOHANG reaps only an exited child of ours.
+    if unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) } == pid {
+        return false;
+    }
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
+    // The state follows the command name, which is in parentheses.
+    stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next()).is_some_and(|state| state != "Z")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_exited_child_not_yet_waited_for_is_not_running() {
+        let mut sleeper = std::process::Command::new("sleep").arg("30").spawn().expect("sleep");
+        let pid = sleeper.id() as i32;
+        assert!(running(pid), "a sleeping child runs");
+        // SAFETY: plain kill(2) of our own child.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+        // Until reaped it is a zombie, which kill(pid, 0) still finds.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while running(pid) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(!running(pid), "a killed child is gone");
+        let _ = sleeper.try_wait();
+    }
 
     #[test]
     fn leftovers_without_a_lock_do_not_take_the_machine_but_a_held_lock_does() {

@@ -237,21 +237,7 @@ pub fn start_daemon(node: &NodeInfo, name: &str, program: &Path, args: &[String]
 /// Pid of a daemon the node started, if it still runs.
 pub fn daemon_pid(node: &NodeInfo, name: &str) -> Option<i32> {
     let pid = std::fs::read_to_string(node.dir().join(format!("{name}.pid"))).ok()?.trim().parse::<i32>().ok()?;
-    running(pid).then_some(pid)
-}
-
-/// Whether `pid` still runs. A daemon that exited stays a zombie while the
-/// supervisor that started it lives (it does not wait for its daemons):
-/// that counts as gone, and is reaped here when it is our child.
-fn running(pid: i32) -> bool {
-    let mut status = 0;
-    // SAFETY: waitpid(2) on one pid with WNOHANG reaps only an exited child of ours.
-    if unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) } == pid {
-        return false;
-    }
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
-    // The state follows the command name, which is in parentheses.
-    stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next()).is_some_and(|state| state != "Z")
+    crate::supervisor::running(pid).then_some(pid)
 }
 
 /// Stops a daemon: SIGTERM, then SIGKILL after `grace`.

@@ -224,8 +224,7 @@ pub fn stop_by_pidfile(pidfile: &std::path::Path, kill9: bool) {
         // SAFETY: plain kill(2) of a process this sandbox started.
         unsafe { libc::kill(pid, libc::SIGTERM) };
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        // SAFETY: signal 0 only checks for existence.
-        while unsafe { libc::kill(pid, 0) } == 0 && std::time::Instant::now() < deadline {
+        while crate::supervisor::running(pid) && std::time::Instant::now() < deadline {
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
     }
