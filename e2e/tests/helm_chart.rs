@@ -777,9 +777,14 @@ fn install_upgrade_uninstall_on_a_real_apiserver() {
     assert!(!can(&agent_sa, "update", "subnets.weft.dev", &[]));
     assert!(!can(&agent_sa, "create", "subnets.weft.dev", &[]));
     assert!(!can(&agent_sa, "delete", "subnets.weft.dev", &[]));
-    // The agent never reads Nodes; it applies its HostPortAllocations
-    // (server-side apply creates them, so it needs create as well as patch).
-    assert!(!can(&agent_sa, "get", "nodes", &[]));
+    // The agent lists Nodes (the addresses its peers claim are checked
+    // against them) and never writes one; it applies its
+    // HostPortAllocations (server-side apply creates them, so it needs
+    // create as well as patch).
+    assert!(can(&agent_sa, "watch", "nodes", &[]));
+    assert!(!can(&agent_sa, "patch", "nodes", &[]));
+    assert!(!can(&agent_sa, "patch", "nodes", &["--subresource=status"]));
+    assert!(!can(&agent_sa, "delete", "nodes", &[]));
     assert!(can(&agent_sa, "create", "hostportallocations.weft.dev", &["-n", "default"]));
     assert!(can(&agent_sa, "patch", "hostportallocations.weft.dev", &["-n", "default"]));
     assert!(can(&agent_sa, "create", "events", &["-n", "default"]));

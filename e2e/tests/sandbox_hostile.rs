@@ -131,6 +131,22 @@ fn a_hostile_pod_gets_past_no_policy() {
         Some(attacker),
         "node-1 was cut off by another node announcing its VTEP MAC"
     );
+
+    // 6. The same node claims node-1's address as its own node address
+    // (where its peers would tunnel or route its pods' traffic): its Node
+    // does not list that address, so the others refuse the claim.
+    let node1_ip = kubectl(&["get", "subnet", "node-1", "-o", "jsonpath={.status.nodeIP}"]).trim().to_owned();
+    let patch = format!(r#"{{"status":{{"nodeIP":"{node1_ip}"}}}}"#);
+    kubectl(&["patch", "subnet", "node-2", "--subresource=status", "--type=merge", "-p", &patch]);
+    wait::until("node-3 to refuse node-2's claim of node-1's address", CONVERGE, || {
+        let conditions = kubectl(&["get", "subnet", "node-3", "-o", "jsonpath={.status.conditions}"]);
+        (conditions.contains("node-2") && conditions.contains(&format!("claims node address {node1_ip}"))).then_some(())
+    });
+    assert_eq!(
+        connect(observer, "tcp", &format!("{attacker_ip}:80")).as_deref(),
+        Some(attacker),
+        "node-1 was cut off by another node claiming its address"
+    );
 }
 
 /// From inside the network namespace `netns` (waiting for it to appear),

@@ -151,7 +151,8 @@ async fn run(config: Config) -> anyhow::Result<()> {
         Box::pin(std::future::pending());
     if let (Some(api), Some(OverlayStart { reconciler, facts, .. })) = (&subnets, overlay) {
         let resync = config.resync();
-        tokio::spawn(peer_sync::run(api.clone(), reconciler, config.node_name.clone(), resync));
+        let nodes = Api::<k8s_openapi::api::core::v1::Node>::all(api.clone().into_client());
+        tokio::spawn(peer_sync::run(api.clone(), nodes, reconciler, config.node_name.clone(), resync));
         let holder = lease::Holder {
             api: api.clone(),
             node: config.node_name.clone(),
