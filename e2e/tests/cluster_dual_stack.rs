@@ -50,15 +50,7 @@ fn dual_stack_pods_services_and_host_ports_on_real_nodes() {
 
     let ns = "weft-dual-stack";
     namespace(ns, &[]);
-    let pod = |name, node, host_port| TestPod {
-        namespace: ns,
-        name,
-        node,
-        labels: &[],
-        annotations: &[],
-        host_port,
-        capabilities: &[],
-    };
+    let pod = |name, node, host_port| TestPod { namespace: ns, name, node, host_port, ..Default::default() };
     pod("a", "node-1", None).run();
     pod("c", "node-2", Some(HOST_PORT)).run();
     kubectl_ok(&["label", "pod", "-n", ns, "c", "app=c"]);

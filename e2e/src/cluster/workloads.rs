@@ -13,6 +13,7 @@ pub const HTTP_PORT: u16 = 8080;
 pub const UDP_PORT: u16 = 8081;
 
 /// An agnhost netexec pod, scheduled by the scheduler onto `node`.
+#[derive(Default)]
 pub struct TestPod<'a> {
     pub namespace: &'a str,
     pub name: &'a str,
