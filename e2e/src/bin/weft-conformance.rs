@@ -93,10 +93,7 @@ fn main() -> anyhow::Result<()> {
     // The nodes start with Weft's and agnhost's images; the tests run more.
     let images = images::tarballs(images::UPSTREAM_TESTS)?;
     eprintln!("== importing the upstream tests' images into {} nodes", state.nodes.len());
-    std::thread::scope(|s| {
-        let imports: Vec<_> = state.nodes.iter().map(|n| s.spawn(|| node::import_images(n, &images))).collect();
-        imports.into_iter().try_for_each(|h| h.join().map_err(|_| anyhow::anyhow!("an image import panicked"))?)
-    })?;
+    node::import_images_everywhere(&state.nodes, &images)?;
 
     let mut results = Vec::new();
     for suite in suites {

@@ -274,15 +274,32 @@ pub fn wait_for_path(node: &NodeInfo, path: &str, daemon: &str, timeout: Duratio
     Ok(())
 }
 
-/// Starts containerd and imports `images` (docker-archive tarballs) into its
-/// Kubernetes namespace.
-pub fn start_containerd(node: &NodeInfo, images: &[PathBuf]) -> anyhow::Result<()> {
+/// Starts the node's containerd.
+pub fn start_containerd(node: &NodeInfo) -> anyhow::Result<()> {
     let tools = crate::control_plane::tools_dir();
     let config = node.dir().join("containerd.toml");
     std::fs::write(&config, configs::containerd_toml())?;
     start_daemon(node, "containerd", &tools.join("containerd"), &[format!("--config={}", config.display())])?;
     wait_for_path(node, configs::CONTAINERD_SOCKET, "containerd", Duration::from_secs(60))?;
-    import_images(node, images)
+    // The socket file appears a moment before containerd listens on it.
+    let socket = host_view(node, configs::CONTAINERD_SOCKET)?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while let Err(e) = std::os::unix::net::UnixStream::connect(&socket) {
+        if Instant::now() > deadline {
+            bail!("{}'s containerd does not accept connections on {}: {e}", node.name, socket.display());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(())
+}
+
+/// Imports `images` into every node's containerd, the nodes side by side
+/// (the bulk of a cluster's start).
+pub fn import_images_everywhere(nodes: &[NodeInfo], images: &[PathBuf]) -> anyhow::Result<()> {
+    std::thread::scope(|s| {
+        let imports: Vec<_> = nodes.iter().map(|n| s.spawn(|| import_images(n, images))).collect();
+        imports.into_iter().try_for_each(|h| h.join().map_err(|_| anyhow::anyhow!("an image import panicked"))?)
+    })
 }
 
 /// Imports `images` (docker-archive tarballs) into the node's containerd

@@ -301,18 +301,22 @@ async fn build(opts: &UpOptions) -> anyhow::Result<Parts> {
     Ok((cp, children))
 }
 
-/// Makes nodes side by side: most of a node's start is importing the
-/// images into its own containerd.
+/// Makes nodes: their namespaces and containerd one after the other (when
+/// whole nodes started side by side, a loaded CI run once found a node's
+/// containerd refusing its first connection), the images into all of them
+/// side by side (most of a node's start), then their kubelets.
 fn add_nodes(
     indexes: std::ops::RangeInclusive<usize>,
     creds: &node::Credentials,
     images: &[PathBuf],
     families: &Families,
 ) -> anyhow::Result<Vec<NodeInfo>> {
-    std::thread::scope(|s| {
-        let started: Vec<_> = indexes.map(|i| s.spawn(move || add_node(i, creds, images, families))).collect();
-        started.into_iter().map(|h| h.join().map_err(|_| anyhow::anyhow!("starting a node panicked"))?).collect()
-    })
+    let nodes = indexes.map(node_with_runtime).collect::<anyhow::Result<Vec<_>>>()?;
+    node::import_images_everywhere(&nodes, images)?;
+    for info in &nodes {
+        node::start_kubelet_and_proxy(info, creds, families)?;
+    }
+    Ok(nodes)
 }
 
 /// Makes node `index` and starts its daemons for a cluster of `families`.
@@ -322,11 +326,15 @@ pub fn add_node(
     images: &[PathBuf],
     families: &Families,
 ) -> anyhow::Result<NodeInfo> {
+    add_nodes(index..=index, creds, images, families)?.pop().context("no node was made")
+}
+
+/// Node `index`'s namespaces, mounts and cgroups, and its containerd.
+fn node_with_runtime(index: usize) -> anyhow::Result<NodeInfo> {
     anyhow::ensure!((1..=MAX_NODES).contains(&index), "node index {index} is outside 1..={MAX_NODES}");
     let info = NodeInfo::new(index);
     node::create(&info).with_context(|| format!("creating {}", info.name))?;
-    node::start_containerd(&info, images)?;
-    node::start_kubelet_and_proxy(&info, creds, families)?;
+    node::start_containerd(&info)?;
     Ok(info)
 }
 
