@@ -108,7 +108,7 @@ pub fn attacks_fail(ns: &str) {
         ("remote", "node-2", &[("app", "remote")], &[]),
     ];
     for (name, node, labels, capabilities) in pods {
-        apply(&TestPod { namespace: ns, name, node, labels, annotations: &[], host_port: None, capabilities }.yaml());
+        apply(&TestPod { namespace: ns, name, node, labels, capabilities, ..Default::default() }.yaml());
     }
     for (name, ..) in pods {
         wait_running(ns, name);
@@ -162,11 +162,11 @@ pub fn attacks_fail(ns: &str) {
         }
     }
     // The attacker's own traffic that policy allows is untouched.
-    for (i, _) in remote.iter().enumerate() {
-        assert_eq!(reaches("remote", &attacker[i]).as_deref(), Some("attacker"));
+    for ip in &attacker {
+        assert_eq!(reaches("remote", ip).as_deref(), Some("attacker"));
     }
 
-    // 5. A new pod under the egress deny-all connects from its first moment:
+    // 4. A new pod under the egress deny-all connects from its first moment:
     // its container starts right after weft-cni's ADD returns.
     apply(&early_pod(ns, &remote[0]));
     let log = eventually("the early pod's connection attempts", Duration::from_secs(120), || {
