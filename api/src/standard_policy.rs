@@ -17,6 +17,11 @@ use k8s_openapi::api::networking::v1 as netv1;
 /// its rules (about what the agent writes for it).
 pub const MAX_COST: u64 = 20_000;
 
+/// The most the standard policies that select one node's pods may cost
+/// together: past it, the newest are refused on that node (each agent
+/// enforces it for its own pods).
+pub const MAX_NODE_COST: u64 = 200_000;
+
 /// What `spec` may compile to, at most: for each rule, its peers' weight
 /// (1 for pods or namespaces, an `ipBlock` 1 plus 32 per IPv4 or 128 per
 /// IPv6 `except`) times its port entries (at least 1).

@@ -70,6 +70,12 @@ impl std::fmt::Display for VxlanUnderlay {
     printcolumn(name = "Backend", type_ = "string", json_path = ".spec.backend"),
     printcolumn(name = "NodeIP", type_ = "string", json_path = ".status.nodeIP"),
     printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
+    printcolumn(
+        name = "Policy",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"PolicyApplied\")].status",
+        priority = 1
+    ),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
     doc = "Per-node pod CIDR lease handed out by the Weft operator"
 )]

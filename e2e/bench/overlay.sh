@@ -15,6 +15,8 @@
 #   weft host-gw vs plain routing over the underlay, pods bridged, then routed
 #   weft vxlan with 100 NetworkPolicies (default deny plus allows) selecting
 #                both pods vs the same path under no policy
+#   weft vxlan through the pods' source guard vs the same path with the
+#                guard skipped for another pod pair
 # in interleaved rounds (e2e/bench/compare.py: this machine is noisy, so each
 # round measures both), and measures overlay convergence (new peer Subnet ->
 # route+FDB+neighbour on another node). Prints tables; asserts nothing.
@@ -31,7 +33,9 @@ SECS=${SECS:-4}
 export RUST_BACKTRACE=0
 N1=weft-sbx-node-1 N2=weft-sbx-node-2
 
+AGENTS_PAUSED=
 cleanup() {
+  if [[ $AGENTS_PAUSED ]]; then signal_agents CONT || true; fi
   pkill -f "iperf3 -s -p 5301" 2>/dev/null || true
   for ns in bench-p1 bench-p2 bench-q1 bench-q2; do ip netns del "$ns" 2>/dev/null || true; done
   $SBX down >/dev/null 2>&1 || true
@@ -106,6 +110,40 @@ policy_cost() {
   POLICY_RULES=$(ip netns exec $N2 nft list table inet weft | grep -c 'counter name "policy-count')
   compare_pairs "wpol:weft-sbx-pod-bench-pol-c:weft-sbx-pod-bench-pol-d:$d_ip" \
     "wnop:weft-sbx-pod-default-a:weft-sbx-pod-default-b:$B_IP"
+}
+
+# The node-side veth, in node namespace $1, of pod namespace $2's eth0.
+host_veth() {
+  local idx
+  idx=$(ip -n "$2" -o link show eth0 | sed -n 's/.*eth0@if\([0-9]*\).*/\1/p')
+  ip -n "$1" -o link | awk -F': ' -v i="$idx" '$1==i {sub(/@.*/, "", $2); print $2}'
+}
+
+# SIGSTOP or SIGCONT ($1: STOP, CONT) both sandbox agents.
+signal_agents() {
+  local n
+  for n in node-1 node-2; do kill -"$1" "$(cat "${WEFT_SANDBOX_DIR:-/run/weft-sandbox}/$n/agent.pid")"; done
+}
+
+# In the running vxlan sandbox: a -> b through the source guard against
+# pods e (node-1) -> f (node-2) that skip it (an accept for their veths
+# ahead of the guard's rules, on both nodes, with the agents paused so
+# that their resync does not take it away), interleaved.
+guard_cost() {
+  $SBX add-pod e --node node-1 >/dev/null
+  $SBX add-pod f --node node-2 >/dev/null
+  local f_ip ve vf
+  f_ip=$($SBX pods | awk '$1=="default/f" {print $3}')
+  ve=$(host_veth $N1 weft-sbx-pod-default-e) vf=$(host_veth $N2 weft-sbx-pod-default-f)
+  [[ $ve && $vf ]] || { echo "no host veth for pod e or f" >&2; exit 1; }
+  signal_agents STOP
+  AGENTS_PAUSED=1
+  ip netns exec $N1 nft insert rule bridge weft guard-bridged iifname "$ve" accept
+  ip netns exec $N2 nft insert rule bridge weft guard-bridged iifname "$vf" accept
+  compare_pairs "wgrd:weft-sbx-pod-default-a:weft-sbx-pod-default-b:$B_IP" \
+    "wnog:weft-sbx-pod-default-e:weft-sbx-pod-default-f:$f_ip"
+  signal_agents CONT
+  AGENTS_PAUSED=
 }
 
 # A baseline "pod" in node namespace $1: netns $2 with address $3, gateway
@@ -200,6 +238,7 @@ $SBX down >/dev/null
 del_baseline_pods
 vxlan wv
 policy_cost
+guard_cost
 
 # Convergence: a new node's Subnet with its VTEP data -> programmed on node-1.
 KC() { $SBX kubectl "$@"; }
@@ -326,9 +365,11 @@ triple wv6o "weft IPv6-only cluster, bridged" bridged "hand-built VXLAN"
 triple wv6or "weft IPv6-only cluster, routed" routed "hand-built VXLAN"
 if want vxlan; then
 pair wpol wnop "weft vxlan, 100 policies" "weft vxlan, no policy" "ratio 100 policies / none"
+pair wgrd wnog "weft vxlan, source guard" "weft vxlan, guard skipped" "ratio guard / skipped"
 echo
 echo "100 policies: default deny + 98 unrelated allows + 1 allowing the pair, all selecting both"
 echo "pods (${POLICY_RULES} counted policy rules on the server's node); the pair without policy is"
-echo "another pod pair on the same two nodes."
+echo "another pod pair on the same two nodes. Source guard: pods a -> b against pods e -> f on the"
+echo "same nodes whose veths an accept ahead of the guard's rules exempts (agents paused meanwhile)."
 echo "Convergence (Subnet status with VTEP data -> route+FDB+neighbour on another node), 15 peers: median ${conv_median} ms, max ${conv_max} ms"
 fi

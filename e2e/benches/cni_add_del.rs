@@ -11,7 +11,6 @@
 //! second, as anything that can reach a node could): its ADDs must not wait
 //! for the health checks.
 
-use std::io::{Read, Write};
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -84,7 +83,9 @@ fn main() {
     };
     let stop = Arc::new(AtomicBool::new(false));
     let probes = Arc::new(AtomicU64::new(0));
-    let hammer = hammer_readyz(&probed_node, Arc::clone(&stop), Arc::clone(&probes));
+    let to = std::net::SocketAddr::from(([127, 0, 0, 1], 9646));
+    let pace = Some(Duration::from_millis(5));
+    let hammer = weft_e2e::flood::readyz(probed_node.path(), to, pace, Arc::clone(&stop), Arc::clone(&probes));
 
     // Dual-stack: an IPv4 and an IPv6 address per pod, from one ADD.
     let dual_node = Netns::new("bench-dual");
@@ -164,29 +165,4 @@ fn main() {
     print_table(&format!("CNI ADD/DEL latency, {ITERATIONS} iterations each, rotating order (ms)"), &rows[..4]);
     print_table("Dual-stack (IPv4 + IPv6 per pod), same run (ms)", &rows[4..]);
     println!("\n/readyz requests during the run: {} ({answered} answered)", probes.load(Ordering::Relaxed));
-}
-
-/// GETs the agent's /readyz from inside `node`, about 200 times a second,
-/// until `stop`; returns how many got an answer.
-fn hammer_readyz(node: &Netns, stop: Arc<AtomicBool>, sent: Arc<AtomicU64>) -> std::thread::JoinHandle<u64> {
-    let path = node.path();
-    std::thread::spawn(move || {
-        let ns = std::fs::File::open(&path).expect("node namespace");
-        // This thread only; it never returns to the bench's namespace.
-        nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
-        let mut answered = 0;
-        while !stop.load(Ordering::Relaxed) {
-            sent.fetch_add(1, Ordering::Relaxed);
-            if let Ok(mut s) = std::net::TcpStream::connect("127.0.0.1:9646") {
-                let _ = s.write_all(b"GET /readyz HTTP/1.1\r\nHost: agent\r\nConnection: close\r\n\r\n");
-                let mut body = Vec::new();
-                if s.read_to_end(&mut body).is_ok() && !body.is_empty() {
-                    answered += 1;
-                }
-            }
-            // A load generator's pacing, not synchronisation.
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        answered
-    })
 }

@@ -1,6 +1,7 @@
 //! Policy scale: one weft-agent with 5,000 pods and 1,000 NetworkPolicies in
 //! the API (250 of the pods on its node): full sync, policy changes and pod
-//! label changes (median and p95), rules programmed, agent RSS. Set
+//! label changes (median and p95), rules programmed, agent RSS, and the
+//! same under the oversized-policy attack (refused, not held back). Set
 //! `WEFT_BIN_DIR` to measure another agent build (an older engine) the same way. (The engine beside the
 //! iptables one it replaced, on the same compiled rules, is the agent's
 //! `policy::kernel_tests::engines_side_by_side`.)
@@ -120,6 +121,28 @@ fn policy(k: usize, port: u16) -> NetworkPolicy {
         spec["policyTypes"] = json!(["Ingress", "Egress"]);
     }
     serde_json::from_value(json!({"metadata": {"name": format!("np{k}")}, "spec": spec})).expect("policy")
+}
+
+/// Policies of the attack just under the per-policy bound.
+const HEAVY: usize = 20;
+
+/// The attack's policy far past the per-policy bound: every pod of its
+/// namespace, from all of IPv6 but 20,000 /64s (compiled, millions of
+/// prefixes).
+fn oversized() -> NetworkPolicy {
+    let excepts: Vec<String> = (0..20_000).map(|i| format!("fd00:0:0:{i:x}::/64")).collect();
+    serde_json::from_value(json!({"metadata": {"name": "attack-oversized"}, "spec": {"podSelector": {},
+        "ingress": [{"from": [{"ipBlock": {"cidr": "fd00::/16", "except": excepts}}]}]}}))
+    .expect("policy")
+}
+
+/// An attack policy just under the per-policy bound (599 IPv4 excepts:
+/// about 19,200 entries), selecting every pod of its namespace.
+fn heavy(k: usize) -> NetworkPolicy {
+    let excepts: Vec<String> = (0..599).map(|i| format!("10.{}.{}.0/24", i / 256, i % 256)).collect();
+    serde_json::from_value(json!({"metadata": {"name": format!("attack-heavy-{k}")}, "spec": {"podSelector": {},
+        "ingress": [{"from": [{"ipBlock": {"cidr": "10.0.0.0/8", "except": excepts}}], "ports": [{"port": 9000 + k}]}]}}))
+    .expect("policy")
 }
 
 /// The `p`th percentile of `samples`, in seconds.
@@ -290,7 +313,39 @@ async fn bench(pods: usize, policies: usize, ns_path: &str) {
         label_passes.push(Duration::from_secs_f64(pass));
     }
     let rss_after = rss_mib(agent.0.id());
-    let phases = change_phases(&std::fs::read_to_string(dir.path().join("agent.log")).unwrap_or_default());
+    let phases_log = std::fs::read_to_string(dir.path().join("agent.log")).unwrap_or_default();
+
+    // The oversized-policy attack: a tenant of b0 (some of whose pods are
+    // local) writes one policy far past the per-policy bound and
+    // `HEAVY` just under it, past the per-node bound together; timed until
+    // the agent has applied a pass that refuses them, then its RSS, then
+    // one policy change of another tenant, timed as above.
+    let attack = Instant::now();
+    let before = syncs();
+    api.create(&PostParams::default(), &oversized()).await.expect("create the oversized policy");
+    for k in 0..HEAVY {
+        api.create(&PostParams::default(), &heavy(k)).await.expect("create a heavy policy");
+    }
+    let refused =
+        wait::until_every("the agent to refuse the attack's policies", Duration::from_secs(300), POLL, || {
+            let m = metrics();
+            let refused = metric(&m, "weft_agent_policy_refused ");
+            (metric(&m, "weft_agent_policy_syncs_total{result=\"applied\"}") > before.0 && refused >= 2.0)
+                .then_some(refused)
+        });
+    let attack_wall = attack.elapsed();
+    let rss_attack = rss_mib(agent.0.id());
+    let other: Api<NetworkPolicy> = Api::namespaced(client.clone(), "b1");
+    let mut other_changes = Vec::new();
+    for i in 0..CHANGES {
+        let before = syncs();
+        let t = Instant::now();
+        let patch = json!({"spec": policy(1, 81 + i as u16).spec});
+        other.patch("np1", &PatchParams::default(), &Patch::Merge(&patch)).await.expect("patch policy");
+        other_changes.push(next_sync(before, t).0);
+    }
+    let rules_attack = metric(&metrics(), "weft_agent_policy_rules ");
+    let phases = change_phases(&phases_log);
     let rules_after = metric(&metrics(), "weft_agent_policy_rules ");
 
     drop(agent);
@@ -317,6 +372,16 @@ async fn bench(pods: usize, policies: usize, ns_path: &str) {
         "| firewall rules programmed after full sync / after changes; address sets | {rules} / {rules_after}; {sets} |"
     );
     println!("| agent RSS after full sync / after changes | {rss:.1} MiB / {rss_after:.1} MiB |");
+    println!(
+        "| oversized-policy attack (1 policy of 20,000 IPv6 excepts + {HEAVY} of about 19,200 entries): written → refused and applied | {:.2} s, {refused} refused |",
+        attack_wall.as_secs_f64()
+    );
+    println!("| agent RSS / firewall rules under the attack | {rss_attack:.1} MiB / {rules_attack} |");
+    println!(
+        "| another tenant's policy change under the attack: API write → applied, median / p95 of {CHANGES} | {:.3} s / {:.3} s |",
+        percentile(&other_changes, 50),
+        percentile(&other_changes, 95)
+    );
     if let Some([snapshot, compute, kernel]) = phases {
         println!(
             "| the passes of the changes, median: snapshot of the caches / compile + render / kernel write | {snapshot:.1} / {compute:.1} / {kernel:.1} ms |"

@@ -8,6 +8,7 @@ pub mod cluster;
 pub mod cni;
 pub mod conformance;
 pub mod control_plane;
+pub mod flood;
 pub mod netns;
 pub mod prereq;
 pub mod sandbox;

@@ -6,8 +6,12 @@
 //!
 //! One sandbox runs per machine, so these tests take turns ([`Up`]).
 
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
+use weft_e2e::flood;
 use weft_e2e::sandbox::testing::{PausedAgent, Up, apply, connect, kubectl, ok, run};
 use weft_e2e::wait;
 
@@ -111,7 +115,37 @@ fn a_hostile_pod_gets_past_no_policy() {
     assert!(tries > 0, "no connection attempt ran while the pod was attached");
     assert!(!connected, "a new pod under an egress deny-all connected before its policy was in place");
 
-    // 5. A node (its agent's token stolen) announces node-1's VTEP MAC as
+    // 5. A pod floods its node's agent with readiness requests (the node
+    // address is reachable from pods) while the agent starts: start-up
+    // still finishes (an aborted one exits the agent) and pods are
+    // attached, as readiness checks run one at a time on a netlink socket
+    // of their own.
+    let stop = Arc::new(AtomicBool::new(false));
+    let sent = Arc::new(AtomicU64::new(0));
+    let to: SocketAddr = "10.250.0.11:9646".parse().expect("node-1's agent");
+    // Four senders, each waiting for its answer and 1 ms more (refused
+    // connections come back at once; without the pause, four busy loops
+    // would only measure how slow a 2-core machine gets).
+    let pace = Some(Duration::from_millis(1));
+    let floods: Vec<_> = (0..4)
+        .map(|_| flood::readyz("/run/netns/weft-sbx-pod-prod-victim", to, pace, Arc::clone(&stop), Arc::clone(&sent)))
+        .collect();
+    ok(&["restart-agent", "node-1", "--kill"]);
+    let started = std::time::Instant::now();
+    wait::until("node-1's restarted agent to attach a pod under the flood", Duration::from_secs(90), || {
+        run(&["add-pod", "after-flood", "-n", "dev", "--node", "node-1"]).0.then_some(())
+    });
+    let during = sent.load(Ordering::Relaxed);
+    stop.store(true, Ordering::Relaxed);
+    let answered: u64 = floods.into_iter().map(|f| f.join().expect("a flood thread")).sum();
+    assert!(during > 100 && answered > 0, "the flood did not reach the agent: {during} sent, {answered} answered");
+    eprintln!(
+        "attack 5: {during} readiness requests ({answered} answered) while node-1's agent started; a pod attached after {:?}",
+        started.elapsed()
+    );
+    assert_eq!(connect("dev/after-flood", "tcp", &format!("{remote_ip}:80")).as_deref(), Some(remote));
+
+    // 6. A node (its agent's token stolen) announces node-1's VTEP MAC as
     // its own: the other nodes must keep reaching node-1. (node-2's agent is
     // paused so that it does not put its own MAC back.)
     ok(&["add-pod", "observer", "-n", "dev", "--node", "node-3", "-l", "app=observer"]);
@@ -132,7 +166,7 @@ fn a_hostile_pod_gets_past_no_policy() {
         "node-1 was cut off by another node announcing its VTEP MAC"
     );
 
-    // 6. The same node claims node-1's address as its own node address
+    // 7. The same node claims node-1's address as its own node address
     // (where its peers would tunnel or route its pods' traffic): its Node
     // does not list that address, so the others refuse the claim.
     let node1_ip = kubectl(&["get", "subnet", "node-1", "-o", "jsonpath={.status.nodeIP}"]).trim().to_owned();

@@ -211,11 +211,14 @@ fn host_ports_reach_pods_from_everywhere_and_survive_agent_restarts() {
         Command::new("ip").args(["netns", "exec", "weft-sbx-node-1", "nft", "list", "table", "ip", "other"]).output();
     let other = String::from_utf8_lossy(&other.expect("nft").stdout).into_owned();
     assert!(other.contains("tcp dport 1 counter"), "another component's table was touched:\n{other}");
-    let metrics = Command::new("ip")
-        .args(["netns", "exec", "weft-sbx-node-1", "curl", "-s", "http://127.0.0.1:9646/metrics"])
-        .output()
-        .expect("curl");
-    let metrics = String::from_utf8_lossy(&metrics.stdout).into_owned();
+    // (Once, a single request here got no answer at all in CI: ask until
+    // one comes, so that a failure says what the agent counted.)
+    let metrics = wait::until("node-1's agent to answer /metrics", Duration::from_secs(30), || {
+        let args = ["netns", "exec", "weft-sbx-node-1", "curl", "-sf", "-m", "5", "http://127.0.0.1:9646/metrics"];
+        let out = Command::new("ip").args(args).output().ok()?;
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        text.contains("weft_agent_").then_some(text)
+    });
     assert!(metrics.contains("weft_agent_host_port_rule_repairs_total 1"), "{metrics}");
     assert!(metrics.contains("weft_agent_host_ports{state=\"allocated\"} 5"), "{metrics}");
 }

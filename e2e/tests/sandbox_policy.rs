@@ -545,4 +545,75 @@ spec:
     assert!(line.contains("proto=tcp") && line.contains("dport=80"), "{line}");
     let logged = metric_sum(&agent_metrics("10.250.0.12"), "weft_agent_policy_drop_log_records_total", "logged");
     assert!(logged > 0.0, "no logged records counted");
+
+    // A node that cannot write its policy says so where an operator looks
+    // (its Subnet's condition, an Event on its Node, its readiness), and
+    // says so again once it can.
+    let policy_condition = |field: &str| {
+        kubectl(&[
+            "get",
+            "subnets.weft.dev",
+            "node-2",
+            "-o",
+            &format!("jsonpath={{.status.conditions[?(@.type==\"PolicyApplied\")].{field}}}"),
+        ])
+    };
+    wait::until("node-2's PolicyApplied condition", CONVERGE, || (policy_condition("status") == "True").then_some(()));
+    let held = TableHeldByAnother::new("node-2");
+    wait::until("node-2 to report policy not applied", CONVERGE, || {
+        (policy_condition("status") == "False").then_some(())
+    });
+    // Why, as the failing pass saw it (nft 1.0.6 cannot even list a table
+    // with the owner flag: its JSON stops at the flags).
+    let why = policy_condition("message");
+    let reason = why.split_once("new pods wait at ADD): ").map(|(_, r)| r.trim()).unwrap_or_default();
+    assert!(why.contains("not applied") && reason.contains("nft"), "{why}");
+    let node_events = |reason: &str| {
+        let selector = format!("involvedObject.kind=Node,involvedObject.name=node-2,reason={reason}");
+        kubectl(&["get", "events", "-n", "default", "--field-selector", &selector, "-o", "jsonpath={.items[*].type}"])
+    };
+    wait::until("a Warning Event on node-2", CONVERGE, || (node_events("PolicyNotApplied") == "Warning").then_some(()));
+    let ready = in_node("node-2", "curl", &["-s", "-m", "5", "http://127.0.0.1:9646/readyz"]);
+    assert!(ready.contains("network policy changes are not applied"), "{ready}");
+    drop(held);
+    wait::until("node-2 to report policy applied again", CONVERGE, || {
+        (policy_condition("status") == "True").then_some(())
+    });
+    wait::until("a Normal Event on node-2", CONVERGE, || (node_events("PolicyApplied") == "Normal").then_some(()));
+    expect_matrix("deny-all rewritten once the table could be written", "tcp", 80, |_, to| ns_of(to) != "prod");
+}
+
+/// Weft's `inet weft` table on a node, replaced by an empty one that only
+/// a process of the test may write (nftables' owner flag, held by an
+/// interactive `nft` until this is dropped, also on a panic): every write
+/// of the agent fails with EPERM, as a broken kernel or a hostile
+/// component would make it fail.
+struct TableHeldByAnother(std::process::Child);
+
+impl TableHeldByAnother {
+    fn new(node: &str) -> Self {
+        use std::io::Write;
+        let mut nft = Command::new("ip")
+            .args(["netns", "exec", &format!("weft-sbx-{node}"), "nft", "-i"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("nft -i");
+        let stdin = nft.stdin.as_mut().expect("nft's stdin");
+        // One line, one transaction: the agent cannot put its table back between.
+        stdin.write_all(b"delete table inet weft; add table inet weft { flags owner; }\n").expect("write to nft");
+        stdin.flush().expect("flush to nft");
+        wait::until("the held table", Duration::from_secs(10), || {
+            in_node(node, "nft", &["list", "table", "inet", "weft"]).contains("flags owner").then_some(())
+        });
+        TableHeldByAnother(nft)
+    }
+}
+
+impl Drop for TableHeldByAnother {
+    fn drop(&mut self) {
+        // The owner's socket closes with it: the kernel removes the table.
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }

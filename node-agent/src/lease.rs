@@ -155,6 +155,38 @@ async fn publish_status(
     Ok(())
 }
 
+/// One condition of this node's Subnet, as an agent task reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Condition {
+    pub kind: &'static str,
+    pub ok: bool,
+    pub reason: &'static str,
+    pub message: String,
+}
+
+/// Writes `condition` into this node's Subnet status with server-side
+/// apply as `manager`. Each task that reports a condition applies as a
+/// manager of its own, so no apply removes another's condition.
+pub async fn publish_condition(
+    api: &Api<Subnet>,
+    node: &str,
+    manager: &str,
+    condition: &Condition,
+) -> Result<(), kube::Error> {
+    let patch = json!({
+        "apiVersion": "weft.dev/v1alpha1",
+        "kind": "Subnet",
+        "status": {"conditions": [{
+            "type": condition.kind,
+            "status": if condition.ok { "True" } else { "False" },
+            "reason": condition.reason,
+            "message": condition.message,
+            "lastTransitionTime": k8s_openapi::jiff::Timestamp::now().to_string(),
+        }]},
+    });
+    api.patch_status(node, &PatchParams::apply(manager).force(), &Patch::Apply(&patch)).await.map(|_| ())
+}
+
 /// Whether the lease is withdrawn, and why; read by ADD and STATUS.
 #[derive(Debug, Default)]
 pub struct Withdrawal(RwLock<Option<String>>);

@@ -7,6 +7,7 @@ mod attachment;
 mod cni_server;
 mod config;
 mod dataplane;
+mod events;
 mod firewall;
 mod guard;
 mod heap;
@@ -166,6 +167,10 @@ async fn run(config: Config) -> anyhow::Result<()> {
         lease_gone = Box::pin(lease::hold(holder, move || ipam.all().len()));
     }
     if let (Some(client), Some(attached)) = (&client, policy_pods) {
+        if let Some(api) = &subnets {
+            let failure = attached.watch_failure();
+            tokio::spawn(policy::report::run(api.clone(), config.node_name.clone(), failure));
+        }
         let metrics = Arc::clone(&agent.metrics.policy);
         let (node, resync, log) = (config.node_name.clone(), config.resync(), config.drop_log());
         let deny = config.policy_deny_action;

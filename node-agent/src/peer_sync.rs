@@ -15,11 +15,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::Api;
 use kube::runtime::watcher;
-use serde_json::json;
 use weft_api::subnet::Subnet;
 
+use crate::lease::{Condition, publish_condition};
 use crate::overlay::{Peer, Reconciler};
 
 /// Field manager for the peer condition (separate from the one that writes
@@ -172,18 +172,9 @@ fn describe(invalid: &BTreeMap<String, String>) -> String {
 }
 
 async fn publish(api: &Api<Subnet>, node: &str, (ok, message): &(bool, String)) -> Result<(), kube::Error> {
-    let patch = json!({
-        "apiVersion": "weft.dev/v1alpha1",
-        "kind": "Subnet",
-        "status": {"conditions": [{
-            "type": CONDITION_PEERS,
-            "status": if *ok { "True" } else { "False" },
-            "reason": if *ok { "AllPeersProgrammed" } else { "PeerProblems" },
-            "message": message,
-            "lastTransitionTime": k8s_openapi::jiff::Timestamp::now().to_string(),
-        }]},
-    });
-    api.patch_status(node, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&patch)).await.map(|_| ())
+    let reason = if *ok { "AllPeersProgrammed" } else { "PeerProblems" };
+    let condition = Condition { kind: CONDITION_PEERS, ok: *ok, reason, message: message.clone() };
+    publish_condition(api, node, FIELD_MANAGER, &condition).await
 }
 
 #[cfg(test)]

@@ -7,13 +7,13 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Event;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use serde_json::json;
 use weft_api::host_port::{HostPort, HostPortAllocation, HostPortAllocationSpec, NODE_LABEL, PodRef, PortRangeSpec};
 
 use super::{Allocation, HostPorts, PodIdentity};
 
+use crate::events;
 use crate::lease::FIELD_MANAGER;
 
 /// Name of the object for one allocation: the pod's name and a hash of the
@@ -128,39 +128,17 @@ async fn publish_once(client: &kube::Client, addresses: &NodeAddresses, hp: &Hos
 
 /// Records a Warning Event on the pod, in the background.
 pub fn warn_pod(client: &kube::Client, node: &str, pod: &PodIdentity, reason: &'static str, message: String) {
-    if pod.name.is_empty() || pod.namespace.is_empty() {
+    if pod.namespace.is_empty() {
         return;
     }
-    let (client, node, pod) = (client.clone(), node.to_owned(), pod.clone());
-    tokio::spawn(async move {
-        let now = k8s_openapi::jiff::Timestamp::now().to_string();
-        let event = json!({
-            "metadata": {"generateName": format!("{}.", pod.name), "namespace": pod.namespace},
-            "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": pod.name, "namespace": pod.namespace,
-                               "uid": (!pod.uid.is_empty()).then_some(&pod.uid)},
-            "reason": reason,
-            "message": message,
-            "type": "Warning",
-            "source": {"component": "weft-agent", "host": node},
-            "reportingComponent": "weft.dev/weft-agent",
-            "reportingInstance": node,
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
-        });
-        let result = match serde_json::from_value::<Event>(event) {
-            Ok(ev) => {
-                Api::<Event>::namespaced(client, &pod.namespace).create(&PostParams::default(), &ev).await.map(|_| ())
-            }
-            Err(e) => {
-                tracing::error!(error = %e, "malformed Event");
-                Ok(())
-            }
-        };
-        if let Err(e) = result {
-            tracing::warn!(pod = %format!("{}/{}", pod.namespace, pod.name), error = %e, "cannot record an Event on the pod");
-        }
-    });
+    let regarding = events::Regarding {
+        api_version: "v1",
+        kind: "Pod",
+        namespace: pod.namespace.clone(),
+        name: pod.name.clone(),
+        uid: pod.uid.clone(),
+    };
+    events::record(client, node, regarding, events::Kind::Warning, reason, message);
 }
 
 #[cfg(test)]

@@ -13,7 +13,7 @@ use std::net::IpAddr;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use tokio::sync::Notify;
+use tokio::sync::{Notify, watch};
 
 /// One attached pod.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -51,7 +51,6 @@ pub struct NotApplied {
     pub after: Duration,
 }
 
-#[derive(Default)]
 pub struct Attached {
     inner: Mutex<Inner>,
     /// Wakes the policy loop.
@@ -59,12 +58,18 @@ pub struct Attached {
     /// Wakes the ADDs waiting for a pass.
     applied: Notify,
     /// Why the last pass could not apply its rules (None: it could).
-    failure: Mutex<Option<String>>,
+    failure: watch::Sender<Option<String>>,
+}
+
+impl Default for Attached {
+    fn default() -> Self {
+        Attached::new(std::sync::Arc::default())
+    }
 }
 
 impl Attached {
     pub fn new(changed: std::sync::Arc<Notify>) -> Self {
-        Attached { changed, ..Default::default() }
+        Attached { inner: Mutex::default(), changed, applied: Notify::new(), failure: watch::Sender::new(None) }
     }
 
     fn inner(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -109,14 +114,24 @@ impl Attached {
         }
     }
 
-    /// Records whether the last pass reached the kernel (for /readyz).
+    /// Records whether the last pass reached the kernel (for /readyz and
+    /// the node's `PolicyApplied` condition).
     pub fn set_failure(&self, failure: Option<String>) {
-        *self.failure.lock().unwrap_or_else(|p| p.into_inner()) = failure;
+        self.failure.send_if_modified(|now| {
+            let changed = *now != failure;
+            *now = failure;
+            changed
+        });
     }
 
     /// Why policy is not applied now, if it is not.
     pub fn failure(&self) -> Option<String> {
-        self.failure.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.failure.borrow().clone()
+    }
+
+    /// Sees every change of [`failure`](Self::failure).
+    pub fn watch_failure(&self) -> watch::Receiver<Option<String>> {
+        self.failure.subscribe()
     }
 
     /// Whether an ADD waits for a pass (the loop then skips its debounce).

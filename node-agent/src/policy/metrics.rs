@@ -44,7 +44,7 @@ pub struct PolicyMetrics {
     pub local_pods: Gauge,
     pub rules: Gauge,
     pub sets: Gauge,
-    /// Standard policies refused for compiling past the bound (`limits`).
+    /// Standard policies refused for compiling past a bound (`limits`).
     pub refused: Gauge,
     pub syncs: Family<ResultLabels, Counter>,
     pub sync_duration: Histogram,
@@ -85,7 +85,7 @@ impl PolicyMetrics {
         registry.register("policy_sets", "Address sets Weft's policy rules use", m.sets.clone());
         registry.register(
             "policy_refused",
-            "Standard NetworkPolicies refused because they compile past the per-policy bound: their pods stay isolated and they admit nothing (each logged)",
+            "Standard NetworkPolicies refused because they compile past the per-policy bound, or on this node past the per-node bound: their pods stay isolated and they admit nothing (each logged; per-node refusals get an Event on the policy)",
             m.refused.clone(),
         );
         registry.register("policy_syncs", "Policy syncs, by result (unchanged, applied, error)", m.syncs.clone());

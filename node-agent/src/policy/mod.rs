@@ -4,7 +4,8 @@
 //!
 //! `model` is the semantics (pure), `incremental` recompiles only what a
 //! change affects (pure), `render` the nftables representation
-//! (pure), `sync` the watch-and-apply loop, `attached` the pods ADD
+//! (pure), `sync` the watch-and-apply loop, `report` its failures as a
+//! Subnet condition and Node Events, `attached` the pods ADD
 //! registered before the API reports them, `drop_log` the optional log of dropped
 //! packets. `render_iptables_old` and
 //! `ipset` are the engine it replaced, kept for the upgrade test and the
@@ -18,6 +19,7 @@ pub mod limits;
 pub mod metrics;
 pub mod model;
 pub mod render;
+pub mod report;
 pub mod sync;
 
 #[cfg(test)]

@@ -41,6 +41,9 @@ use crate::firewall::{Engine, FirewallError};
 const DEBOUNCE: Duration = Duration::from_millis(5);
 /// Retry delay after a failed pass.
 const RETRY: Duration = Duration::from_secs(1);
+/// How long the caches may take to fill before that is reported as a
+/// failure (new pods wait for them at ADD meanwhile).
+const CACHE_GRACE: Duration = Duration::from_secs(30);
 /// How often the policy counters are read into the metrics.
 const COUNTERS_EVERY: Duration = Duration::from_secs(10);
 
@@ -177,6 +180,30 @@ fn refused_policies(cluster: &Cluster) -> Vec<String> {
     cluster.standard.iter().filter(over).map(key).collect()
 }
 
+/// Logs and puts a Warning Event on each standard policy newly refused
+/// for this node's bound (`was`: those refused the pass before).
+fn report_node_refusals(
+    client: &Client,
+    node: &str,
+    now: &[super::limits::NodeRefusal],
+    was: &[super::limits::NodeRefusal],
+) {
+    let key = |r: &super::limits::NodeRefusal| (r.namespace.clone(), r.name.clone(), r.uid.clone());
+    let was: std::collections::HashSet<_> = was.iter().map(key).collect();
+    for r in now.iter().filter(|r| !was.contains(&key(r))) {
+        let message = super::limits::node_refusal_message(r, node);
+        tracing::error!(policy = %format!("{}/{}", r.namespace, r.name), "{message}");
+        let regarding = crate::events::Regarding {
+            api_version: "networking.k8s.io/v1",
+            kind: "NetworkPolicy",
+            namespace: r.namespace.clone(),
+            name: r.name.clone(),
+            uid: r.uid.clone(),
+        };
+        crate::events::record(client, node, regarding, crate::events::Kind::Warning, "PolicyRefused", message);
+    }
+}
+
 /// Makes the kernel match `want`: after reading it when `full` (the
 /// resync, which finds tampering), else by writing what differs from the
 /// rules last applied. Blocking.
@@ -268,14 +295,27 @@ pub async fn run(
     );
     let namespaces = reflect(Api::<Namespace>::all(client.clone()), "Namespace", Arc::clone(&changed), slim);
     let standard = reflect(Api::<StandardPolicy>::all(client.clone()), "NetworkPolicy", Arc::clone(&changed), slim);
-    let weft_client = client.clone();
+    let (weft_client, events_client) = (client.clone(), client.clone());
     let weft = reflect(Api::<WeftPolicy>::all(client), "weft.dev NetworkPolicy", Arc::clone(&changed), slim);
     tracing::info!("policy: waiting for the pod, namespace and policy caches");
-    let ready = pods.wait_until_ready().await.is_ok()
-        && namespaces.wait_until_ready().await.is_ok()
-        && standard.wait_until_ready().await.is_ok();
+    let caches = async {
+        pods.wait_until_ready().await.is_ok()
+            && namespaces.wait_until_ready().await.is_ok()
+            && standard.wait_until_ready().await.is_ok()
+    };
+    tokio::pin!(caches);
+    let ready = match tokio::time::timeout(CACHE_GRACE, &mut caches).await {
+        Ok(ready) => ready,
+        Err(_) => {
+            attached.set_failure(Some(format!(
+                "the Pod, Namespace and NetworkPolicy caches are not filled after {CACHE_GRACE:?} (may the agent list them? see its log)"
+            )));
+            caches.await
+        }
+    };
     if !ready {
         tracing::error!("a policy cache was dropped before it was ready; policy is not enforced");
+        attached.set_failure(Some("a policy cache was dropped before it was ready (see the agent's log)".to_owned()));
         return;
     }
     // Standard NetworkPolicy does not wait for Weft's CRD: without it (not
@@ -296,6 +336,7 @@ pub async fn run(
     // Whether the rules of the last pass that had any reached the kernel.
     let mut last_applied = false;
     let mut last_refused: Vec<String> = Vec::new();
+    let mut last_over_node: Vec<super::limits::NodeRefusal> = Vec::new();
     // When the kernel is read next whatever changes: the resync, or a
     // retry. A deadline, not a timer restarted by each change, so that
     // constant churn elsewhere cannot put the resync off.
@@ -322,7 +363,8 @@ pub async fn run(
         m.policies.get_or_create(&KindLabels { kind: "standard" }).set(cluster.standard.len() as i64);
         m.policies.get_or_create(&KindLabels { kind: "weft" }).set(cluster.weft.len() as i64);
         let refused = refused_policies(&cluster);
-        m.refused.set(refused.len() as i64);
+        let over_node = super::limits::enforce_node_bound(&mut cluster, &node);
+        m.refused.set((refused.len() + over_node.len()) as i64);
         if refused != last_refused {
             if !refused.is_empty() {
                 tracing::error!(
@@ -332,6 +374,8 @@ pub async fn run(
             }
             last_refused = refused;
         }
+        report_node_refusals(&events_client, &node, &over_node, &last_over_node);
+        last_over_node = over_node;
         let full = tokio::time::Instant::now() >= kernel_due;
         // Lost if the task panics: the next pass starts over.
         let mut c = compute.take().unwrap_or_else(|| Compute::new(&node, drop_log, deny));
