@@ -335,13 +335,14 @@ async fn bench(pods: usize, policies: usize, ns_path: &str) {
         });
     let attack_wall = attack.elapsed();
     let rss_attack = rss_mib(agent.0.id());
-    let other: Api<NetworkPolicy> = Api::namespaced(client.clone(), "b1");
+    // np20 selects local pods of b20 (as np0 does of b0).
+    let other: Api<NetworkPolicy> = Api::namespaced(client.clone(), "b20");
     let mut other_changes = Vec::new();
     for i in 0..CHANGES {
         let before = syncs();
         let t = Instant::now();
-        let patch = json!({"spec": policy(1, 81 + i as u16).spec});
-        other.patch("np1", &PatchParams::default(), &Patch::Merge(&patch)).await.expect("patch policy");
+        let patch = json!({"spec": policy(20, 81 + i as u16).spec});
+        other.patch("np20", &PatchParams::default(), &Patch::Merge(&patch)).await.expect("patch policy");
         other_changes.push(next_sync(before, t).0);
     }
     let rules_attack = metric(&metrics(), "weft_agent_policy_rules ");

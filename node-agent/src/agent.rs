@@ -165,15 +165,9 @@ impl Agent {
     }
 }
 
-/// FNV-1a of an attachment key and a salt: stable across Rust versions,
-/// unlike std's DefaultHasher.
+/// A hash of an attachment key and a salt, the same in every build.
 fn key_hash(key: &Key, salt: u8) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in key.container_id.bytes().chain([0]).chain(key.ifname.bytes()).chain([0, salt]) {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    h
+    crate::stable_hash::fnv1a_64(key.container_id.bytes().chain([0]).chain(key.ifname.bytes()).chain([0, salt]))
 }
 
 pub fn host_veth_name(key: &Key) -> String {

@@ -20,6 +20,7 @@ mod node_settings;
 mod overlay;
 mod peer_sync;
 mod policy;
+mod stable_hash;
 #[cfg(test)]
 mod test_support;
 

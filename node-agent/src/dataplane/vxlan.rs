@@ -33,10 +33,7 @@ pub fn mtu_for(underlay_mtu: u32, local: IpAddr) -> u32 {
 pub fn mac_for(node_ip: IpAddr) -> [u8; 6] {
     let [a, b, c, d] = match node_ip {
         IpAddr::V4(ip) => ip.octets(),
-        IpAddr::V6(ip) => {
-            let hash = ip.octets().iter().fold(0x811c_9dc5u32, |h, b| (h ^ u32::from(*b)).wrapping_mul(0x0100_0193));
-            hash.to_be_bytes()
-        }
+        IpAddr::V6(ip) => crate::stable_hash::fnv1a_32(ip.octets()).to_be_bytes(),
     };
     [0x02, 0x57, a, b, c, d]
 }

@@ -144,12 +144,6 @@ pub fn digest(text: &str) -> String {
     sha2::Sha256::digest(text.as_bytes())[..DIGEST_HEX / 2].iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// FNV-1a, 64 bits: the iptables-era renderer's names (tests only).
-#[cfg(test)]
-pub fn fnv(text: &str) -> u64 {
-    text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3))
-}
-
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Chain {
     pub hook: Option<Hook>,

@@ -118,12 +118,14 @@ fn bridged_rules() -> Vec<Rule> {
                 build::accept(),
             ],
         ),
+        // The set lookup last: every other frame is through with this rule
+        // after the protocol and type compares (each lookup costs).
         Rule::new(
             "neighbour discovery of a pod with IPv6",
             vec![
-                build::key_in_set(&[InIface, EtherSrc], &set("nd")),
-                build::hop_limit(255),
                 build::icmpv6_type_in(&ND_TYPES),
+                build::hop_limit(255),
+                build::key_in_set(&[InIface, EtherSrc], &set("nd")),
                 build::accept(),
             ],
         ),
@@ -158,10 +160,10 @@ fn routed_rules() -> Vec<Rule> {
         Rule::new(
             "link-local neighbour discovery of a pod with IPv6",
             vec![
-                build::key_in_set(&[InIface], &set("nd")),
-                build::addr_in(build::Addr::Src, "fe80::/10".parse::<ipnet::IpNet>().unwrap_or_default()),
-                build::hop_limit(255),
                 build::icmpv6_type_in(&ND_TYPES),
+                build::hop_limit(255),
+                build::addr_in(build::Addr::Src, "fe80::/10".parse::<ipnet::IpNet>().unwrap_or_default()),
+                build::key_in_set(&[InIface], &set("nd")),
                 build::accept(),
             ],
         ),

@@ -20,11 +20,7 @@ use crate::lease::FIELD_MANAGER;
 /// attachment, so a pod recreated under the same name (perhaps on another
 /// node) never fights over one object.
 pub fn object_name(a: &Allocation) -> String {
-    let mut h: u32 = 0x811c_9dc5;
-    for b in a.container_id.bytes().chain([0]).chain(a.ifname.bytes()) {
-        h ^= u32::from(b);
-        h = h.wrapping_mul(0x0100_0193);
-    }
+    let h = crate::stable_hash::fnv1a_32(a.container_id.bytes().chain([0]).chain(a.ifname.bytes()));
     let pod: String = a.pod_name.chars().take(240).collect();
     format!("{pod}-{h:08x}")
 }

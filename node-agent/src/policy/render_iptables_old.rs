@@ -24,7 +24,7 @@ use std::fmt::Write as _;
 use ipnet::{IpNet, Ipv4Net};
 
 use super::model::{Chain, Direction, Match, Peers, PodPolicy, Verdict};
-use crate::firewall::ruleset::fnv;
+use crate::stable_hash::fnv1a_64;
 
 pub const FORWARD_CHAIN: &str = "WEFT-FORWARD";
 const INGRESS_PREFIX: &str = "WEFT-PI-";
@@ -45,7 +45,7 @@ pub struct Desired {
 
 pub fn set_name(nets: &[Ipv4Net]) -> String {
     let text: String = nets.iter().map(|n| format!("{n},")).collect();
-    format!("{SET_PREFIX}{:016x}", fnv(&text))
+    format!("{SET_PREFIX}{:016x}", fnv1a_64(text.bytes()))
 }
 
 fn comment(text: &str) -> String {
@@ -125,7 +125,7 @@ pub fn render(pods: &[PodPolicy]) -> Desired {
             let Some(chain) = chain else { continue };
             let mut sets = BTreeMap::new();
             let body = chain_lines("@", dir, chain, &mut sets);
-            let name = format!("{prefix}{:016x}", fnv(&body.join("\n")));
+            let name = format!("{prefix}{:016x}", fnv1a_64(body.join("\n").bytes()));
             d.sets.append(&mut sets);
             let rules: Vec<String> = body.iter().map(|l| l.replacen("-A @", &format!("-A {name}"), 1)).collect();
             d.chains.entry(name.clone()).or_insert(rules);
