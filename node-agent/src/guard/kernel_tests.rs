@@ -231,8 +231,11 @@ fn a_bridged_pod_sends_only_as_itself() {
         .join()
         .unwrap();
     };
-    send_spoof(frame);
+    // Sent again on each look: the kernel overrides an entry only once a
+    // jiffy has passed since its last update (locktime 0), and the node's
+    // ping may have updated it a moment before.
     eventually("the node to take the spoofed ARP reply", || {
+        send_spoof(frame.clone());
         node_neighbour_mac(&n.node, "10.244.1.6").contains(&mac(MAC_A))
     });
     sh(&n.node, "ip neigh flush dev weft0");
@@ -250,7 +253,14 @@ fn a_bridged_pod_sends_only_as_itself() {
     let broadcast = answers(a, "-b 10.244.1.255");
     assert!(!broadcast.contains("from 10.244.1.6"), "broadcast is dropped: {broadcast}");
     assert!(ping(&n.node, "10.244.1.6"));
-    send_spoof(spoof);
+    // Sent again and again for half a second (many jiffies: what refuses
+    // it cannot be the kernel's one-jiffy lock), never taken.
+    let until = Instant::now() + Duration::from_millis(500);
+    while Instant::now() < until {
+        send_spoof(spoof.clone());
+        let entry = node_neighbour_mac(&n.node, "10.244.1.6");
+        assert!(!entry.contains(&mac(MAC_A)), "the spoofed ARP reply was taken: {entry}");
+    }
     // The reply it sends would land at once; the node's ping proves B still answers at its own MAC.
     assert!(ping(&n.node, "10.244.1.6"));
     let entry = node_neighbour_mac(&n.node, "10.244.1.6");
