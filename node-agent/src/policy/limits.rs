@@ -29,15 +29,18 @@ pub struct NodeRefusal {
 /// policies never push out older ones; a refused policy costs nothing,
 /// and so does one over the per-policy bound (refused everywhere).
 pub fn enforce_node_bound(cluster: &mut Cluster, node: &str) -> Vec<NodeRefusal> {
-    let cost = |p: &netv1::NetworkPolicy| p.spec.as_ref().map(standard_cost).filter(|c| *c <= MAX_COST).unwrap_or(0);
-    // Cheap first: all the policies of namespaces with a local pod.
+    // Cheap first: the policies of namespaces with a local pod, each costed
+    // once (a cost walks every except of the policy).
     let local_namespaces: HashSet<&str> =
         cluster.pods.iter().filter(|p| p.node == node).map(|p| p.namespace.as_str()).collect();
-    let in_local_namespace =
-        |p: &netv1::NetworkPolicy| p.metadata.namespace.as_deref().is_some_and(|ns| local_namespaces.contains(ns));
-    let upper: u64 =
-        cluster.standard.iter().filter(|p| in_local_namespace(p)).map(|p| cost(p)).fold(0, u64::saturating_add);
-    if upper <= MAX_NODE_COST {
+    let costed: Vec<(usize, u64)> = cluster
+        .standard
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| p.metadata.namespace.as_deref().is_some_and(|ns| local_namespaces.contains(ns)))
+        .filter_map(|(i, p)| Some((i, p.spec.as_ref().map(standard_cost).filter(|c| (1..=MAX_COST).contains(c))?)))
+        .collect();
+    if costed.iter().fold(0u64, |sum, (_, c)| sum.saturating_add(*c)) <= MAX_NODE_COST {
         return Vec::new();
     }
     let selects_local = |p: &netv1::NetworkPolicy| {
@@ -45,25 +48,20 @@ pub fn enforce_node_bound(cluster: &mut Cluster, node: &str) -> Vec<NodeRefusal>
         let Some(sel) = spec.pod_selector.as_ref() else { return true };
         cluster.pods.iter().any(|pod| pod.node == node && selects(ns, sel, pod))
     };
-    let mut order: Vec<usize> = (0..cluster.standard.len())
-        .filter(|&i| in_local_namespace(&cluster.standard[i]) && cost(&cluster.standard[i]) > 0)
-        .filter(|&i| selects_local(&cluster.standard[i]))
-        .collect();
-    order.sort_by(|&a, &b| {
-        let key = |p: &netv1::NetworkPolicy| {
-            let m = &p.metadata;
-            (m.creation_timestamp.clone(), m.namespace.clone(), m.name.clone())
-        };
-        key(&cluster.standard[a]).cmp(&key(&cluster.standard[b]))
-    });
+    let mut order: Vec<(usize, u64)> =
+        costed.into_iter().filter(|(i, _)| selects_local(&cluster.standard[*i])).collect();
+    let age = |i: usize| {
+        let m = &cluster.standard[i].metadata;
+        (m.creation_timestamp.as_ref(), m.namespace.as_deref(), m.name.as_deref())
+    };
+    order.sort_by(|a, b| age(a.0).cmp(&age(b.0)));
     let (mut total, mut refused) = (0u64, Vec::new());
-    for i in order {
-        let policy = &cluster.standard[i];
-        let c = cost(policy);
+    for (i, c) in order {
         if total.saturating_add(c) <= MAX_NODE_COST {
             total += c;
             continue;
         }
+        let policy = &cluster.standard[i];
         let m = &policy.metadata;
         refused.push(NodeRefusal {
             namespace: m.namespace.clone().unwrap_or_default(),

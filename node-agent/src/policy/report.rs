@@ -77,10 +77,15 @@ pub async fn run(api: Api<Subnet>, node: String, mut failure: watch::Receiver<Op
                 }
             }
         }
-        let pause = if retry { RETRY } else { Duration::MAX };
+        if !retry {
+            if failure.changed().await.is_err() {
+                return;
+            }
+            continue;
+        }
         tokio::select! {
             changed = failure.changed() => if changed.is_err() { return },
-            () = tokio::time::sleep(pause) => {}
+            () = tokio::time::sleep(RETRY) => {}
         }
     }
 }
