@@ -7,7 +7,8 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 use nftables::expr::{
-    BinaryOperation, Expression, Fib, FibFlag, FibResult, Meta, MetaKey, NamedExpression, Payload, PayloadField, Range,
+    BinaryOperation, Expression, Fib, FibFlag, FibResult, Meta, MetaKey, NamedExpression, Payload, PayloadBase,
+    PayloadField, PayloadRaw, Range,
 };
 use nftables::stmt::{self, Counter, Mangle, Match, NAT, NATFamily, NATFlag, Operator, Statement};
 use nftables::types::RejectCode;
@@ -210,6 +211,11 @@ pub enum Field {
     ArpSenderIp,
     /// The IP source address of a family.
     Src(Family),
+    /// The target address of an IPv6 neighbour solicitation or
+    /// advertisement (bytes 8–23 of the ICMPv6 message). nft 1.0.6 has no
+    /// name for it, and refuses it in a lookup of an IPv6 set: a rule that
+    /// uses it is written over netlink (`nfnl_rule`).
+    NdTarget,
 }
 
 impl Field {
@@ -220,6 +226,11 @@ impl Field {
             Field::ArpSenderMac => field("arp", "saddr ether"),
             Field::ArpSenderIp => field("arp", "saddr ip"),
             Field::Src(family) => Addr::Src.expr(family),
+            Field::NdTarget => Expression::Named(NamedExpression::Payload(Payload::PayloadRaw(PayloadRaw {
+                base: PayloadBase::TH,
+                offset: 64,
+                len: 128,
+            }))),
         }
     }
 }
@@ -261,7 +272,7 @@ fn stmt_set_item(s: &'static str) -> nftables::expr::SetItem<'static> {
     nftables::expr::SetItem::Element(Expression::String(s.into()))
 }
 
-#[cfg(test)] // the diff's tests
+/// `jump <chain>`: the chain's verdict, or on to the next rule if it has none.
 pub fn jump(chain: &str) -> Statement<'static> {
     Statement::Jump(stmt::JumpTarget { target: chain.to_owned().into() })
 }

@@ -629,7 +629,7 @@ mod tests {
             Op::AddSet("policy-set-1".into(), SetKind::Nets(Family::V4)),
             Op::AddChain("policy-in-1".into(), None),
             Op::DeleteElements("policy-ingress".into(), true, vec![net("10.0.0.9/32")]),
-            Op::AddRule("policy-in-1".into(), Rule::new("r", vec![build::accept()])),
+            Op::AddRule("policy-in-1".into(), Rule::new("r", vec![build::ct_state(&["established"]), build::accept()])),
             Op::AddElements("policy-set-1".into(), vec![(net("10.1.0.0/16"), None), (net("10.2.0.1/32"), None)]),
             Op::AddElements("policy-ingress".into(), vec![(net("10.0.0.1/32"), jump("policy-in-1"))]),
             Op::DeleteChain("policy-in-0".into()),

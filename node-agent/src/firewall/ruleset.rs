@@ -581,8 +581,12 @@ pub fn diff(have: &Observed, want: &Part) -> Vec<Op> {
                 // (a base chain: no rule jumps to it).
                 create.push(Op::FlushChain(name.clone()));
                 create.push(Op::DeleteChain(name.clone()));
-                create.push(Op::AddChain(name.clone(), chain.hook));
+                fill.push(Op::AddChain(name.clone(), chain.hook));
             }
+            // A base chain is made right before its rules, in their
+            // transaction (it never hooks in empty, whatever other chains
+            // are written in between); a regular one first (rules jump to it).
+            None if chain.hook.is_some() => fill.push(Op::AddChain(name.clone(), chain.hook)),
             None => create.push(Op::AddChain(name.clone(), chain.hook)),
         }
         fill.extend(chain.rules.iter().map(|r| Op::AddRule(name.clone(), r.clone())));

@@ -12,7 +12,10 @@
 //!   MAC and IPv4 address; IPv4 and IPv6 must come from the pod's own
 //!   addresses, to a unicast destination; neighbour discovery (router and
 //!   neighbour solicitations and advertisements, hop limit 255) is let
-//!   through for pods that have IPv6, as their gateway needs it. Everything
+//!   through for pods that have IPv6, as their gateway needs it, from the
+//!   pod's own addresses (its IPv6 ones, its link-local one, or none while
+//!   it checks for duplicates), and an advertisement only for one of them:
+//!   else a pod could make the node send another pod's traffic to it. Everything
 //!   else (link-local data, multicast, broadcast, IPv6 from an IPv4-only
 //!   pod, VLAN tags, other EtherTypes) is dropped.
 //! - routed pods (table `inet weft`, prerouting): IPv4 and IPv6 must come
@@ -23,7 +26,7 @@
 //! A veth of Weft's that is in no set (its ADD has not finished, or its
 //! record is gone) sends nothing: the guard fails closed.
 
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv6Addr};
 
 use crate::agent::HOST_VETH_PREFIX;
 use crate::attachment::Attachment;
@@ -40,7 +43,15 @@ pub const DROPPED: &str = "guard-dropped";
 const PRIORITY: i32 = -300;
 /// What a pod with IPv6 needs of neighbour discovery (never router
 /// advertisements or redirects: only the node routes).
-const ND_TYPES: [&str; 3] = ["nd-router-solicit", "nd-neighbor-solicit", "nd-neighbor-advert"];
+const ND_TYPES: [&str; 3] = ["nd-router-solicit", "nd-neighbor-solicit", ND_ADVERT];
+const ND_SOLICITS: [&str; 2] = ["nd-router-solicit", "nd-neighbor-solicit"];
+const ND_ADVERT: &str = "nd-neighbor-advert";
+/// The regular chain of the bridge table that checks what a neighbour
+/// advertisement announces: written over netlink (nft 1.0.6 cannot build its rule).
+const ADVERTISED: &str = "advertised";
+/// A bridged pod's (veth, MAC, own IPv6 address) for neighbour discovery
+/// (named apart from the routed table's `nd`, keyed by the veth alone).
+const ND_OWN: &str = "nd-own";
 
 /// One pod interface: the node's end of its veth, the pod's MAC and addresses.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -64,9 +75,14 @@ pub fn parts(ports: &[GuardedPort]) -> (Part, Part) {
     };
     let with_mac = |addr| PortFields { mac: true, addr };
     let without_mac = |addr| PortFields { mac: false, addr };
+    // A bridged pod's neighbour discovery is keyed by its own addresses too.
     sets(
         &mut bridge,
-        &[("ip4", with_mac(Some(Family::V4))), ("ip6", with_mac(Some(Family::V6))), ("nd", with_mac(None))],
+        &[
+            ("ip4", with_mac(Some(Family::V4))),
+            ("ip6", with_mac(Some(Family::V6))),
+            (ND_OWN, with_mac(Some(Family::V6))),
+        ],
     );
     sets(
         &mut inet,
@@ -89,7 +105,16 @@ pub fn parts(ports: &[GuardedPort]) -> (Part, Part) {
             add(if addr.is_ipv4() { "ip4" } else { "ip6" }, Some(*addr));
         }
         if port.addrs.iter().any(IpAddr::is_ipv6) {
-            add("nd", None);
+            match port.mode {
+                Attachment::Bridge => {
+                    let own = port.addrs.iter().copied().filter(IpAddr::is_ipv6);
+                    let extra = [link_local_of(port.pod_mac), Ipv6Addr::UNSPECIFIED].map(IpAddr::V6);
+                    for addr in own.chain(extra) {
+                        add(ND_OWN, Some(addr));
+                    }
+                }
+                Attachment::Routed => add("nd", None),
+            }
         }
     }
 
@@ -98,6 +123,7 @@ pub fn parts(ports: &[GuardedPort]) -> (Part, Part) {
     }
     let hook = Some(Hook { kind: ChainKind::Filter, point: HookPoint::Prerouting, priority: PRIORITY });
     bridge.chains.insert(bridge.name("bridged"), Chain { hook, rules: bridged_rules() });
+    bridge.chains.insert(bridge.name(ADVERTISED), Chain { hook: None, rules: advertised_rules() });
     inet.chains.insert(inet.name("routed"), Chain { hook, rules: routed_rules() });
     (bridge, inet)
 }
@@ -118,16 +144,31 @@ fn bridged_rules() -> Vec<Rule> {
                 build::accept(),
             ],
         ),
-        // The set lookup last: every other frame is through with this rule
-        // after the protocol and type compares (each lookup costs).
+        // The set lookups last: every other frame is through with these
+        // rules after the protocol and type compares (each lookup costs).
         Rule::new(
-            "neighbour discovery of a pod with IPv6",
+            "solicitations of a pod with IPv6, from its own addresses",
             vec![
-                build::icmpv6_type_in(&ND_TYPES),
+                build::icmpv6_type_in(&ND_SOLICITS),
                 build::hop_limit(255),
-                build::key_in_set(&[InIface, EtherSrc], &set("nd")),
+                build::key_in_set(&[InIface, EtherSrc, Src(Family::V6)], &set(ND_OWN)),
                 build::accept(),
             ],
+        ),
+        Rule::new(
+            "advertisements of a pod with IPv6, from its own addresses, checked for what they announce",
+            vec![
+                build::icmpv6_type_in(&[ND_ADVERT]),
+                build::hop_limit(255),
+                build::key_in_set(&[InIface, EtherSrc, Src(Family::V6)], &set(ND_OWN)),
+                build::jump(&set(ADVERTISED)),
+            ],
+        ),
+        // Also what the check did not accept (and everything, before that
+        // chain has its rules): an advertisement is never data.
+        Rule::new(
+            "any other neighbour discovery",
+            vec![build::icmpv6_type_in(&ND_TYPES), build::count_into(DROPPED), build::drop()],
         ),
         Rule::new(
             "no broadcast or multicast between pods",
@@ -143,6 +184,27 @@ fn bridged_rules() -> Vec<Rule> {
         ),
         Rule::new("anything else a pod sends", vec![build::count_into(DROPPED), build::drop()]),
     ]
+}
+
+/// An advertisement (a pod's own, by the rule that jumps here) must
+/// announce one of the pod's own addresses.
+fn advertised_rules() -> Vec<Rule> {
+    use Field::*;
+    vec![
+        Rule::new(
+            "an advertisement of the pod's own address",
+            vec![build::key_in_set(&[InIface, EtherSrc, NdTarget], &set(ND_OWN)), build::accept()],
+        ),
+        Rule::new("an advertisement of another's address", vec![build::count_into(DROPPED), build::drop()]),
+    ]
+}
+
+/// The link-local address the kernel gives an interface with `mac`
+/// (modified EUI-64, the default address generation mode).
+fn link_local_of(mac: [u8; 6]) -> Ipv6Addr {
+    let [a, b, c, d, e, f] = mac;
+    let group = |hi: u8, lo: u8| u16::from_be_bytes([hi, lo]);
+    Ipv6Addr::new(0xfe80, 0, 0, 0, group(a ^ 0x02, b), group(c, 0xff), group(0xfe, d), group(e, f))
 }
 
 fn routed_rules() -> Vec<Rule> {
@@ -209,10 +271,15 @@ mod tests {
         assert_eq!(v4[0].mac, Some([2, 0, 0, 0, 0, 5]));
         assert_eq!(v4[0].addr, Some("10.244.1.5".parse().unwrap()));
         assert_eq!(elements(&bridge, "ip6").len(), 1);
-        // Only the dual-stack pod may speak neighbour discovery.
-        let nd = elements(&bridge, "nd");
-        assert_eq!(nd.len(), 1);
-        assert_eq!((nd[0].iface.as_str(), nd[0].addr), ("weftv0000000001", None));
+        // Only the dual-stack pod may speak neighbour discovery: from and
+        // for its own IPv6 address, its link-local one, or none (DAD).
+        let nd = elements(&bridge, "nd-own");
+        let nd: Vec<_> = nd.iter().map(|k| (k.iface.as_str(), k.addr.map(|a| a.to_string()))).collect();
+        let own = |a: &str| ("weftv0000000001", Some(a.to_owned()));
+        assert_eq!(nd.len(), 3, "{nd:?}");
+        for addr in ["fd00:10:244:1::5", "fe80::ff:fe00:5", "::"] {
+            assert!(nd.contains(&own(addr)), "{addr} in {nd:?}");
+        }
         // The routed pod is the inet table's, without a MAC.
         let r4 = elements(&inet, "ip4");
         assert_eq!(r4.len(), 1);
@@ -240,6 +307,25 @@ mod tests {
             assert_eq!(last.stmts.last(), Some(&build::drop()), "fails closed: {last:?}");
             assert!(part.counters.contains(DROPPED));
         }
+    }
+
+    #[test]
+    fn the_link_local_address_is_the_modified_eui64_of_the_mac() {
+        assert_eq!(link_local_of([0x02, 0x42, 0xac, 0x11, 0x00, 0x02]).to_string(), "fe80::42:acff:fe11:2");
+        assert_eq!(link_local_of([0x00, 0x1b, 0x21, 0x3a, 0x4f, 0x5c]).to_string(), "fe80::21b:21ff:fe3a:4f5c");
+    }
+
+    #[test]
+    fn an_advertisement_is_checked_in_a_chain_netlink_can_write_and_dropped_if_it_returns() {
+        let (bridge, _) = parts(&[]);
+        let advertised = &bridge.chains["guard-advertised"];
+        assert_eq!(advertised.hook, None);
+        for rule in &advertised.rules {
+            assert!(crate::firewall::nfnl_rule::encode(rule).is_some(), "{rule:?}");
+        }
+        let rules = &bridge.chains["guard-bridged"].rules;
+        let jump = rules.iter().position(|r| r.stmts.contains(&build::jump("guard-advertised"))).expect("a jump");
+        assert_eq!(rules[jump + 1].stmts.last(), Some(&build::drop()), "{:?}", rules[jump + 1]);
     }
 
     #[test]

@@ -4,6 +4,7 @@
 //! fail with it, while the pods' own traffic still flows.
 //! Needs root: skips loudly without it, fails under CI=true.
 
+use std::net::Ipv6Addr;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -193,6 +194,55 @@ fn arp_reply(mac: [u8; 6], ip: [u8; 4], to: [u8; 6], to_ip: [u8; 4]) -> Vec<u8> 
     f
 }
 
+/// An ICMPv6 neighbour discovery message (`ty` 135 solicitation, 136
+/// advertisement) from `mac`/`src` to `to_mac`/`dst` about `target`, with
+/// `mac` as its link-layer address option; an advertisement is solicited
+/// and overrides what the receiver knows.
+fn neighbour_message(ty: u8, mac: [u8; 6], src: Ipv6Addr, to_mac: [u8; 6], dst: Ipv6Addr, target: Ipv6Addr) -> Vec<u8> {
+    let option_type = if ty == 135 { 1 } else { 2 };
+    let flags = if ty == 136 { 0x60 } else { 0 };
+    let mut icmp = vec![ty, 0, 0, 0, flags, 0, 0, 0];
+    icmp.extend(target.octets());
+    icmp.extend([option_type, 1]);
+    icmp.extend(mac);
+    // The checksum covers a pseudo-header: addresses, length, next header.
+    let mut sum: u32 = 0;
+    let mut pseudo = Vec::new();
+    pseudo.extend(src.octets());
+    pseudo.extend(dst.octets());
+    pseudo.extend((icmp.len() as u32).to_be_bytes());
+    pseudo.extend([0, 0, 0, 58]);
+    for chunk in pseudo.chunks(2).chain(icmp.chunks(2)) {
+        sum += u32::from(u16::from_be_bytes([chunk[0], *chunk.get(1).unwrap_or(&0)]));
+    }
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    icmp[2..4].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+    let mut f = Vec::new();
+    f.extend(to_mac);
+    f.extend(mac);
+    f.extend([0x86, 0xdd, 0x60, 0, 0, 0]);
+    f.extend((icmp.len() as u16).to_be_bytes());
+    f.extend([58, 255]);
+    f.extend(src.octets());
+    f.extend(dst.octets());
+    f.extend(icmp);
+    f
+}
+
+/// Sends `frame` out of the pod's `eth0`, from a thread in its namespace.
+fn send_from(pod: &Ns, frame: Vec<u8>) {
+    let path = format!("/run/netns/{}", pod.name());
+    std::thread::spawn(move || {
+        let f = std::fs::File::open(path).unwrap();
+        nix::sched::setns(&f, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+        send_frame("eth0", &frame);
+    })
+    .join()
+    .unwrap();
+}
+
 fn node_neighbour_mac(node: &Ns, ip: &str) -> String {
     sh(node, &format!("ip neigh show {ip} dev weft0"))
 }
@@ -303,6 +353,71 @@ fn a_dual_stack_bridged_pod_keeps_neighbour_discovery_and_its_own_ipv6_only() {
     assert!(ping(a, "-I 10.244.1.5 10.244.1.6"), "and IPv4");
     assert!(!ping(a, "-I fd00:10:244:1::99 fd00:10:244:1::6"), "a spoofed IPv6 source is dropped");
     assert!(!ping(a, &format!("-6 {b_ll}%eth0")), "link-local data between pods is dropped");
+    assert!(n.dropped(&guard, &[0, 1]) > 0, "the drops are counted (and the table reads back)");
+}
+
+/// Neighbour discovery is how a pod on a bridge could take another's IPv6
+/// traffic: an advertisement of the other's address at its own MAC, or a
+/// solicitation from the other's address. Both reach the node without the
+/// check; with it, neither does, while the pod's own neighbour discovery
+/// (from its link-local address too) still works.
+#[test]
+fn a_bridged_pod_cannot_claim_another_pods_ipv6_address_by_neighbour_discovery() {
+    if !require_root() {
+        return;
+    }
+    let n = Node::new(Attachment::Bridge, true);
+    let (a, b) = (n.pod(0), n.pod(1));
+    let bridge_mac = sh(&n.node, "cat /sys/class/net/weft0/address");
+    let bridge_mac: Vec<u8> = bridge_mac.trim().split(':').map(|h| u8::from_str_radix(h, 16).unwrap()).collect();
+    let bridge_mac: [u8; 6] = bridge_mac.try_into().unwrap();
+    let (a_ip, b_ip, gw): (Ipv6Addr, Ipv6Addr, Ipv6Addr) =
+        ("fd00:10:244:1::5".parse().unwrap(), "fd00:10:244:1::6".parse().unwrap(), "fd00:10:244:1::1".parse().unwrap());
+    let a_ll: Ipv6Addr = n.link_local(0).parse().unwrap();
+    let b_at_a = |node: &Ns| node_neighbour_mac(node, "fd00:10:244:1::6").contains(&mac(MAC_A));
+    let ping6 = |from: &Ns, to: &str| ok(from, &format!("ping -c1 -W2 {to}"));
+    let advert = neighbour_message(136, MAC_A, a_ip, bridge_mac, gw, b_ip);
+    let solicit = neighbour_message(135, MAC_A, b_ip, bridge_mac, gw, gw);
+
+    // Without the check (the guard before it): each one is taken.
+    let reset = |node: &Ns| {
+        sh(node, "ip -6 neigh flush dev weft0");
+        assert!(ping6(node, "fd00:10:244:1::6"), "the node reaches B");
+    };
+    for (what, frame) in [("advertisement", &advert), ("solicitation", &solicit)] {
+        reset(&n.node);
+        eventually(&format!("the node to take the spoofed {what}"), || {
+            send_from(a, frame.clone());
+            b_at_a(&n.node)
+        });
+    }
+
+    let guard = Guard::default();
+    n.guard(&guard, &[0, 1]);
+    for (what, frame) in [("advertisement", &advert), ("solicitation", &solicit)] {
+        reset(&n.node);
+        let until = Instant::now() + Duration::from_millis(500);
+        while Instant::now() < until {
+            send_from(a, frame.clone());
+            let entry = node_neighbour_mac(&n.node, "fd00:10:244:1::6");
+            assert!(!b_at_a(&n.node), "the spoofed {what} was taken: {entry}");
+        }
+    }
+    // The pod's own: an advertisement of its link-local address, and the
+    // neighbour discovery of its own traffic.
+    sh(
+        &n.node,
+        &format!("ip -6 neigh flush dev weft0 && ip -6 neigh add {a_ll} lladdr 02:00:00:00:00:99 dev weft0 nud stale"),
+    );
+    eventually("the node to take A's advertisement of its own link-local address", || {
+        send_from(a, neighbour_message(136, MAC_A, a_ll, bridge_mac, gw, a_ll));
+        node_neighbour_mac(&n.node, &a_ll.to_string()).contains(&mac(MAC_A))
+    });
+    sh(a, "ip -6 neigh flush dev eth0");
+    sh(b, "ip -6 neigh flush dev eth0");
+    assert!(ping6(a, "-I fd00:10:244:1::5 fd00:10:244:1::6"), "pod to pod over IPv6");
+    assert!(ping6(b, "fd00:10:244:1::1"), "pod to gateway over IPv6");
+    assert!(n.dropped(&guard, &[0, 1]) > 0, "the spoofed messages are counted");
 }
 
 #[test]
