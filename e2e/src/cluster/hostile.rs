@@ -8,9 +8,10 @@
 //! Not here: ARP and neighbour advertisements for another pod's address.
 //! An ARP reply for it is a race the owner wins (the attacker's image has
 //! no tool to send unsolicited ones), so it would pass without the guard
-//! too; the guard's kernel tests check those frames. Neighbour
-//! advertisements for another pod's IPv6 address are not checked yet (the
-//! guard lets a pod with IPv6 send any neighbour discovery).
+//! too; the guard's kernel tests check those frames, and the neighbour
+//! solicitations and advertisements a pod sends to claim another pod's
+//! IPv6 address (`a_bridged_pod_cannot_claim_another_pods_ipv6_address_by_
+//! neighbour_discovery`), which the image cannot send either.
 
 use std::net::IpAddr;
 use std::time::Duration;
