@@ -17,10 +17,11 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
 
-use crate::agent::Agent;
+use crate::attach::Attacher;
 
-/// The agent, once it exists (it waits for its Subnet lease first).
-pub type AgentSlot = Arc<OnceLock<Arc<Agent>>>;
+/// The pod attachment state, once it exists (the agent waits for its
+/// Subnet lease first).
+pub type AgentSlot = Arc<OnceLock<Arc<Attacher>>>;
 
 #[derive(Clone)]
 struct AppState {

@@ -1,7 +1,6 @@
 //! weft-agent: the node agent. Serves weft-cni on a Unix socket, owns the
 //! node's pod addresses and programs the node's dataplane.
 
-mod agent;
 mod attach;
 mod attachment;
 mod cni_server;
@@ -15,6 +14,7 @@ mod hostport;
 mod http;
 mod ipam;
 mod lease;
+mod masquerade;
 mod metrics;
 mod node_settings;
 mod overlay;
@@ -35,7 +35,7 @@ use tokio_stream::wrappers::UnixListenerStream;
 use weft_api::subnet::Subnet;
 use weft_proto::cni::v1::cni_server::CniServer;
 
-use agent::Agent;
+use attach::Attacher;
 use config::Config;
 use ipam::{Ipam, Ipv6Block, Pool};
 
@@ -104,27 +104,28 @@ async fn run(config: Config) -> anyhow::Result<()> {
     let hostports = host_ports(&config, &pool, ipv6.as_ref(), &ipam);
     let kube = client
         .clone()
-        .map(|c| agent::KubeAccess { pods: hostport::pods::PodCache::start(c.clone(), &config.node_name), client: c });
-    let mut agent = Agent::new(config.clone(), ipam, hostports, kube, host, pod_mtu);
-    agent.ipv6 = ipv6;
-    agent.health = dataplane::netns::Netns::current().context("cannot open netlink for health checks")?;
+        .map(|c| attach::KubeAccess { pods: hostport::pods::PodCache::start(c.clone(), &config.node_name), client: c });
+    let metrics = Arc::new(metrics::Metrics::default());
+    let mut attacher = Attacher::new(config.clone(), ipam, hostports, kube, host, pod_mtu, Arc::clone(&metrics));
+    attacher.ipv6 = ipv6;
+    attacher.health = dataplane::netns::Netns::current().context("cannot open netlink for health checks")?;
     // Policy needs the API: with a lease, or a fixed pod CIDR plus --kubeconfig.
     let policy_pods = (client.is_some() && config.network_policy)
         .then(|| Arc::new(policy::attached::Attached::new(Arc::new(tokio::sync::Notify::new()))));
-    agent.policy_pods = policy_pods.clone();
-    let agent = Arc::new(agent);
+    attacher.policy_pods = policy_pods.clone();
+    let attacher = Arc::new(attacher);
 
     // The bridge first: it holds the gateway address, which ADD needs and
     // which the routes to routed pods come from.
-    agent.ensure_bridge(true).await.context("cannot set up the node bridge")?;
-    agent.reconcile_on_start().await.context("start-up reconciliation failed")?;
+    attacher.ensure_bridge(true).await.context("cannot set up the node bridge")?;
+    attacher.reconcile_on_start().await.context("start-up reconciliation failed")?;
     // Before the CNI socket opens: no pod may send unchecked.
-    agent.guard_pods(guard::Write::Full).await.context("cannot set up the pods' source guard")?;
-    agent.metrics.set_host_port_usage(agent.hostports.usage());
-    tokio::spawn(sync_host_ports(Arc::clone(&agent)));
-    tokio::spawn(attach::repair::run(Arc::clone(&agent)));
+    attacher.guard_pods(guard::Write::Full).await.context("cannot set up the pods' source guard")?;
+    metrics.set_host_port_usage(attacher.hostports.usage());
+    tokio::spawn(sync_host_ports(Arc::clone(&attacher.hostports), Arc::clone(&metrics), config.resync()));
+    tokio::spawn(attach::repair::run(Arc::clone(&attacher)));
     if let (Some(c), Some(node_ip)) = (&client, config.node_ip) {
-        let (resync, hp) = (config.resync(), Arc::clone(&agent.hostports));
+        let (resync, hp) = (config.resync(), Arc::clone(&attacher.hostports));
         // An IPv6-only node's IPv6 address is its node IP: listed once.
         let ipv6 = config.node_ipv6().filter(|v6| std::net::IpAddr::V6(*v6) != node_ip);
         let node = hostport::publish::NodeAddresses { name: config.node_name.clone(), node_ip, ipv6 };
@@ -132,9 +133,9 @@ async fn run(config: Config) -> anyhow::Result<()> {
     }
     // Bridged pods need bridge netfilter (policy between local pods), routed
     // ones forwarding; the repair loop keeps it so.
-    let mode = agent.attachment();
+    let mode = attacher.attachment();
     let settings = attach::driver(mode)
-        .ensure_node_settings(agent.ipv6_pods())
+        .ensure_node_settings(attacher.ipv6_pods())
         .with_context(|| format!("node settings for {mode} pods"))?;
     for setting in settings {
         tracing::info!(%mode, setting, "turned on a node setting {mode} pods need");
@@ -142,10 +143,10 @@ async fn run(config: Config) -> anyhow::Result<()> {
     if let (Some(_), Some(cluster_cidr)) = (&subnets, config.cluster_cidr) {
         let (period, settings) = (config.resync(), node_settings_of(&config, &lease, cluster_cidr)?);
         let routable = overlay.as_ref().and_then(|o| o.ipv6_routable);
-        tokio::spawn(node_settings::run(Arc::clone(&agent), settings, period, routable));
+        tokio::spawn(node_settings::run(Arc::clone(&metrics), settings, period, routable));
     }
-    agent.metrics.set_ipam_usage(agent.ipam.usage());
-    let _ = slot.set(Arc::clone(&agent));
+    metrics.set_ipam_usage(attacher.ipam.usage());
+    let _ = slot.set(Arc::clone(&attacher));
 
     // Resolves when the lease has been withdrawn and let go: the agent then
     // exits, and its restart waits for the node's new lease.
@@ -160,11 +161,11 @@ async fn run(config: Config) -> anyhow::Result<()> {
             node: config.node_name.clone(),
             lease: lease.clone(),
             facts,
-            withdrawal: Arc::clone(&agent.lease),
-            gauge: agent.metrics.lease_withdrawn.clone(),
+            withdrawal: Arc::clone(&attacher.lease),
+            gauge: metrics.lease_withdrawn.clone(),
             resync,
         };
-        let ipam = Arc::clone(&agent.ipam);
+        let ipam = Arc::clone(&attacher.ipam);
         lease_gone = Box::pin(lease::hold(holder, move || ipam.all().len()));
     }
     if let (Some(client), Some(attached)) = (&client, policy_pods) {
@@ -172,7 +173,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
             let failure = attached.watch_failure();
             tokio::spawn(policy::report::run(api.clone(), config.node_name.clone(), failure));
         }
-        let metrics = Arc::clone(&agent.metrics.policy);
+        let metrics = Arc::clone(&metrics.policy);
         let (node, resync, log) = (config.node_name.clone(), config.resync(), config.drop_log());
         let deny = config.policy_deny_action;
         tokio::spawn(policy::sync::run(client.clone(), node, resync, deny, log, metrics, attached));
@@ -183,7 +184,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
     // The CNI server runs on a runtime of its own, so that CNI requests and
     // the reconcilers never queue behind each other; the verbs' blocking
     // kernel work goes to the blocking pool (attach::off_thread).
-    let service = CniServer::new(cni_server::CniService::new(Arc::clone(&agent)));
+    let service = CniServer::new(cni_server::CniService::new(Arc::clone(&attacher)));
     let stop = shutdown(stop_rx);
     let grpc = std::thread::Builder::new()
         .name("weft-cni-server".into())
@@ -237,7 +238,7 @@ fn node_settings_of(
     use ipnet::IpNet;
     let (ipv4, pods6, cluster6) = match (lease.cidr, cluster_cidr) {
         (IpNet::V4(pods), IpNet::V4(cluster)) => {
-            (Some(dataplane::masquerade::Ranges { pods, cluster }), lease.cidr6, config.ipv6_cluster_cidr)
+            (Some(masquerade::Ranges { pods, cluster }), lease.cidr6, config.ipv6_cluster_cidr)
         }
         (IpNet::V6(pods), IpNet::V6(cluster)) => (None, Some(pods), Some(cluster)),
         (pods, cluster) => {
@@ -356,14 +357,17 @@ fn host_ports(config: &Config, pool: &Pool, ipv6: Option<&Ipv6Block>, ipam: &Ipa
 
 /// Rewrites the host port rules whenever someone else changed them (a
 /// component restoring the nat table, a hand edit), every resync period.
-async fn sync_host_ports(agent: Arc<Agent>) {
-    let period = agent.config.resync();
+async fn sync_host_ports(
+    hostports: Arc<hostport::HostPorts>,
+    metrics: Arc<metrics::Metrics>,
+    period: std::time::Duration,
+) {
     let mut first = true;
     loop {
-        match agent.hostports.sync().await {
+        match hostports.sync().await {
             Ok(true) if !first => {
                 tracing::warn!("host port rules had been changed by someone else; rewritten");
-                agent.metrics.host_port_repairs.inc();
+                metrics.host_port_repairs.inc();
             }
             // An upgrade in place: the iptables-era chains go once the
             // nftables host port (and, at start-up, masquerade) rules are in.

@@ -12,9 +12,9 @@ use std::time::Duration;
 
 use ipnet::{Ipv4Net, Ipv6Net};
 
-use crate::agent::Agent;
-use crate::dataplane::masquerade::{self, Ranges};
 use crate::dataplane::{ipv6_reach, sysctl};
+use crate::masquerade::{self, Ranges};
+use crate::metrics::Metrics;
 
 /// Whether IPv6 pod traffic leaving the cluster is masqueraded (agent flag
 /// `--ipv6-masquerade`).
@@ -119,7 +119,7 @@ pub fn ensure(settings: &NodeSettings, last_routable: Option<bool>) -> anyhow::R
 
 /// Checks every `period`, for as long as the agent runs (the first check is
 /// start-up's own, in `setup_overlay`: `first_routable` is its answer).
-pub async fn run(agent: Arc<Agent>, settings: NodeSettings, period: Duration, first_routable: Option<bool>) {
+pub async fn run(metrics: Arc<Metrics>, settings: NodeSettings, period: Duration, first_routable: Option<bool>) {
     let mut last_routable = first_routable;
     loop {
         tokio::time::sleep(period).await;
@@ -128,7 +128,7 @@ pub async fn run(agent: Arc<Agent>, settings: NodeSettings, period: Duration, fi
                 last_routable = pass.ipv6_routable;
                 for setting in pass.repaired {
                     tracing::warn!(setting, "a node setting the overlay needs had been undone; put it back");
-                    agent.metrics.node_setting_repaired(setting);
+                    metrics.node_setting_repaired(setting);
                 }
             }
             Ok(Err(e)) => tracing::error!(error = %e, "cannot check the overlay's node settings"),

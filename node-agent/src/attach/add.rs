@@ -10,8 +10,9 @@ use std::sync::Arc;
 
 use weft_proto::cni::v1::{CniRequest, CniResult, Dns, Interface, IpConfig, Route};
 
+use super::Attacher;
+use super::names::{host_veth_name, veth_mac};
 use super::{AttachError, driver, off_thread};
-use crate::agent::{Agent, host_veth_name, veth_mac};
 use crate::dataplane::link::{self, AttachSpec};
 use crate::dataplane::netns::{BlockingNetns, NetnsError};
 use crate::guard::Write;
@@ -22,7 +23,7 @@ use crate::ipam::{Key, Record};
 /// before it fails (the runtime tries again): a pod never runs unpoliced.
 const POLICY_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
-impl Agent {
+impl Attacher {
     pub async fn add(self: &Arc<Self>, key: &Key, req: &CniRequest) -> Result<CniResult, AttachError> {
         if req.netns.is_empty() {
             return Err(AttachError::InvalidRequest("CNI_NETNS is required for ADD".into()));
@@ -167,14 +168,14 @@ impl Agent {
 /// disarms it: awaited on a failure, so the error answers after the clean-up;
 /// spawned when the ADD is dropped before either.
 struct Rollback {
-    agent: Arc<Agent>,
+    agent: Arc<Attacher>,
     key: Key,
     host_veth: String,
     armed: bool,
 }
 
 impl Rollback {
-    fn new(agent: &Arc<Agent>, key: &Key, host_veth: &str) -> Self {
+    fn new(agent: &Arc<Attacher>, key: &Key, host_veth: &str) -> Self {
         Self { agent: Arc::clone(agent), key: key.clone(), host_veth: host_veth.to_owned(), armed: true }
     }
 
@@ -205,13 +206,13 @@ impl Drop for Rollback {
     }
 }
 
-async fn undo(agent: &Agent, key: &Key, host_veth: &str) {
+async fn undo(agent: &Attacher, key: &Key, host_veth: &str) {
     if let Err(e) = agent.teardown(key, host_veth).await {
         tracing::error!(container = %key.container_id, ifname = %key.ifname, error = %e, "could not undo a failed ADD");
     }
 }
 
-impl Agent {
+impl Attacher {
     /// The pod's identity and the host ports it asks for: fixed ones from
     /// the runtime's `portMappings`, automatic ones from its annotation (read
     /// from the API when the agent has one); and whether the API has the Pod.

@@ -5,12 +5,12 @@ use std::path::Path;
 use ipnet::IpNet;
 
 use super::AttachError;
+use super::Attacher;
 use super::observe::observe_pod;
 use super::observed::{Expected, compare};
-use crate::agent::Agent;
 use crate::ipam::Key;
 
-impl Agent {
+impl Attacher {
     /// `netns` is CNI_NETNS when the runtime gave one, else the record's.
     pub async fn check(&self, key: &Key, netns: &str, prev_result: &[u8]) -> Result<(), AttachError> {
         let Some((ip, record)) = self.ipam.get(key) else {

@@ -4,13 +4,14 @@
 
 use std::sync::Arc;
 
+use super::Attacher;
+use super::names::host_veth_name;
 use super::{AttachError, deadline};
-use crate::agent::{Agent, host_veth_name};
 use crate::dataplane::link;
 use crate::guard::Write;
 use crate::ipam::Key;
 
-impl Agent {
+impl Attacher {
     pub async fn del(&self, key: &Key) -> Result<(), AttachError> {
         // The name is derived from the key, so a lost record cannot leak the veth.
         let host_veth = self.ipam.get(key).map(|(_, r)| r.host_veth).unwrap_or_else(|| host_veth_name(key));

@@ -3,12 +3,13 @@
 
 use std::collections::HashSet;
 
+use super::Attacher;
 use super::{AttachError, deadline};
-use crate::agent::{Agent, HOST_VETH_PREFIX};
 use crate::dataplane::link;
+use crate::dataplane::link::HOST_VETH_PREFIX;
 use crate::ipam::Key;
 
-impl Agent {
+impl Attacher {
     /// Releases what `valid` does not list; returns how many attachments.
     pub async fn gc(&self, valid: &HashSet<Key>) -> Result<u32, AttachError> {
         let mut released = 0;

@@ -2,10 +2,11 @@
 //! veth, pod MAC and addresses (see `crate::guard`).
 
 use super::AttachError;
-use crate::agent::{Agent, veth_mac};
+use super::Attacher;
+use super::names::veth_mac;
 use crate::guard::{GuardedPort, Write, Written};
 
-impl Agent {
+impl Attacher {
     /// Makes the source guard allow exactly the pods in the IPAM records,
     /// but not those whose ADD is still running: an ADD opens its pod's
     /// veth last.

@@ -1,6 +1,7 @@
 //! The pod attachment path: what the CNI verbs, start-up reconciliation
 //! and the repair loop do to this node's pods.
 //!
+//! - [`Attacher`] owns what they need; its methods are the verbs.
 //! - [`add`]: reserve → program → persist; one [`add::Rollback`] guard undoes
 //!   a reservation on every failure and when the ADD is dropped half-way.
 //! - [`check`]: observe ([`observe`]) → compare ([`observed`], pure).
@@ -17,12 +18,14 @@
 //! Verbs return [`AttachError`]; `cni_server` turns it into CNI error codes.
 
 mod add;
+mod attacher;
 mod bridge;
 mod check;
 mod del;
 mod error;
 mod gc;
 mod guard;
+mod names;
 mod observe;
 mod observed;
 mod ordering;
@@ -37,6 +40,7 @@ use std::time::Duration;
 
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
+pub use attacher::{Attacher, KubeAccess};
 pub use error::AttachError;
 pub use ordering::KeyLocks;
 

@@ -5,14 +5,14 @@
 use std::net::IpAddr;
 use std::path::Path;
 
+use super::Attacher;
 use super::observed::{ObservedHost, ObservedPod, PodIface};
 use super::{AttachError, KERNEL_TIMEOUT, deadline, driver};
-use crate::agent::Agent;
 use crate::dataplane::netns::{Netns, NetnsError};
 use crate::dataplane::{DataplaneError, link};
 use crate::ipam::Record;
 
-impl Agent {
+impl Attacher {
     /// The node's end of `record`'s attachment; `None` when its host veth
     /// does not exist.
     pub(super) async fn observe_host(&self, ip: IpAddr, record: &Record) -> Result<Option<ObservedHost>, AttachError> {

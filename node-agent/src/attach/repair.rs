@@ -9,14 +9,15 @@
 
 use std::sync::Arc;
 
+use super::Attacher;
+use super::names::veth_mac;
 use super::{AttachError, driver, off_thread};
-use crate::agent::{Agent, veth_mac};
 use crate::dataplane::link::{self, PodAddress};
 use crate::dataplane::netlink_blocking::BlockingNetlink;
 use crate::dataplane::{DataplaneError, kernel_op};
 use crate::guard::Write;
 
-impl Agent {
+impl Attacher {
     /// Restores the routes to routed pods that are missing; returns how many pods needed it.
     pub async fn repair_pod_routes(&self) -> Result<u64, AttachError> {
         let ipam = &self.ipam;
@@ -94,7 +95,7 @@ impl Agent {
 }
 
 /// Repairs every resync period, for as long as the agent runs.
-pub async fn run(agent: Arc<Agent>) {
+pub async fn run(agent: Arc<Attacher>) {
     let period = agent.config.resync();
     loop {
         tokio::time::sleep(period).await;

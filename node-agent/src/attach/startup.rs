@@ -8,10 +8,10 @@
 
 use std::path::Path;
 
+use super::Attacher;
 use super::observe::observe_pod;
 use super::observed::{Expected, ObservedHost, ObservedPod, Verdict, on_start};
 use super::{AttachError, driver};
-use crate::agent::Agent;
 
 /// What start-up reconciliation did.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -25,7 +25,7 @@ pub struct StartupReport {
 /// How long start-up waits for the veth of a pod whose namespace is gone.
 const NETNS_TEARDOWN: std::time::Duration = std::time::Duration::from_secs(2);
 
-impl Agent {
+impl Attacher {
     /// The host veth of a pod whose namespace path is gone, once the kernel
     /// had [`NETNS_TEARDOWN`] to remove it with the namespace; `None` when
     /// it went.

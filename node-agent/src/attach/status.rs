@@ -3,11 +3,11 @@
 //! and changes nothing: it is served to anyone who can reach the node, and
 //! repairs are the repair loop's.
 
+use super::Attacher;
 use super::{AttachError, deadline};
-use crate::agent::Agent;
 use crate::dataplane::link;
 
-impl Agent {
+impl Attacher {
     pub async fn readiness(&self) -> Result<(), AttachError> {
         if let Some(why) = self.lease.reason() {
             return Err(AttachError::NotReady(format!("this node's pod CIDR lease is withdrawn: {why}")));

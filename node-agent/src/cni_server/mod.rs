@@ -16,17 +16,17 @@ use weft_proto::cni::v1::{
 };
 use weft_proto::{ErrorCode, validate};
 
-use crate::agent::Agent;
 use crate::attach::AttachError;
+use crate::attach::Attacher;
 use crate::hostport::{HostPortError, StoreError};
 use crate::ipam::{IpamError, Key};
 
 pub struct CniService {
-    agent: Arc<Agent>,
+    agent: Arc<Attacher>,
 }
 
 impl CniService {
-    pub fn new(agent: Arc<Agent>) -> Self {
+    pub fn new(agent: Arc<Attacher>) -> Self {
         Self { agent }
     }
 
@@ -54,10 +54,10 @@ fn key_of(req: &CniRequest) -> Result<Key, CniError> {
 /// Runs a container verb on its attachment's turn, in a task of its own:
 /// if weft-cni goes away (killed, timed out) tonic drops this future, but
 /// the verb still finishes or undoes itself, so nothing is left half-made.
-async fn on_turn<T, F, Fut>(agent: &Arc<Agent>, req: &CniRequest, verb: F) -> Result<T, CniError>
+async fn on_turn<T, F, Fut>(agent: &Arc<Attacher>, req: &CniRequest, verb: F) -> Result<T, CniError>
 where
     T: Send + 'static,
-    F: FnOnce(Arc<Agent>, Key) -> Fut + Send + 'static,
+    F: FnOnce(Arc<Attacher>, Key) -> Fut + Send + 'static,
     Fut: Future<Output = Result<T, AttachError>> + Send + 'static,
 {
     let key = key_of(req)?;

@@ -24,6 +24,10 @@ use super::netlink_blocking::BlockingNetlink;
 use super::netns::BlockingNetns;
 use super::{DataplaneError, dump, errno, kernel_op, op};
 
+/// The start of the name of every pod veth's host end: what the guard
+/// and GC recognise as Weft's.
+pub const HOST_VETH_PREFIX: &str = "weftv";
+
 const ENODEV: i32 = libc::ENODEV;
 const EEXIST: i32 = libc::EEXIST;
 

@@ -7,7 +7,6 @@ pub mod exec;
 pub mod iptables;
 pub mod ipv6_reach;
 pub mod link;
-pub mod masquerade;
 pub mod netlink_blocking;
 pub mod netns;
 pub mod routes;

@@ -28,8 +28,8 @@
 
 use std::net::{IpAddr, Ipv6Addr};
 
-use crate::agent::HOST_VETH_PREFIX;
 use crate::attachment::Attachment;
+use crate::dataplane::link::HOST_VETH_PREFIX;
 use crate::firewall::build::{self, Field};
 use crate::firewall::ruleset::{
     Chain, ChainKind, Family, Hook, HookPoint, IfName, Key, Part, PortFields, PortKey, Rule, Set, SetKind,

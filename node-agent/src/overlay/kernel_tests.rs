@@ -21,7 +21,7 @@ use rtnetlink::Handle;
 
 use super::desired::VxlanUnderlay;
 use super::{Backend, LocalVtep, OverlayConfig, Peer, PeerError, PeerIssue, PeerPath, Reconciler, Report};
-use crate::dataplane::masquerade;
+use crate::masquerade;
 use crate::test_support::require_root;
 
 const CLUSTER: &str = "10.244.0.0/16";

@@ -20,7 +20,7 @@ use k8s_openapi::api::networking::v1 as netv1;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use weft_api::network_policy as wnp;
-use weft_api::selector;
+use weft_api::{selector, standard_policy};
 
 use super::addr_ranges::{self, Range};
 
@@ -491,7 +491,7 @@ fn standard_view(p: &netv1::NetworkPolicy) -> Option<PolicyView<'_>> {
     let spec = p.spec.as_ref()?;
     let namespace = p.metadata.namespace.as_deref()?;
     let (ing, eg) = policy_types(spec);
-    if super::limits::standard_cost(spec) > super::limits::MAX_COST {
+    if standard_policy::standard_cost(spec) > standard_policy::MAX_COST {
         // Refused (see `limits`): its pods stay isolated, nothing is admitted.
         return Some(PolicyView {
             namespace,

@@ -1,5 +1,8 @@
-//! The agent's shared state: configuration, IPAM, host ports, the node's
-//! netlink handle and metrics. What the CNI verbs do with it is in `attach/`.
+//! [`Attacher`]: what attaching pods needs (configuration, IPAM, host
+//! ports, the source guard, the policy loop's hand-over, the node's netlink
+//! handles, the bridge and the mode of new pods, per-key ordering) and owns.
+//! Its verbs are in the files beside this one: `add`, `check`, `del`, `gc`,
+//! `status`, start-up reconciliation and the repair loop.
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -8,23 +11,18 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use ipnet::IpNet;
 use rtnetlink::Handle;
 
-use crate::attach::{AttachError, KeyLocks, deadline};
+use super::{AttachError, KeyLocks, deadline};
 use crate::attachment::{self, Attachment};
 use crate::config::Config;
 use crate::dataplane::link::{self, PodAddress};
 use crate::guard::Guard;
 use crate::hostport::HostPorts;
 use crate::hostport::pods::PodCache;
-use crate::ipam::{Ipam, Ipv6Block, Key, Record};
+use crate::ipam::{Ipam, Ipv6Block, Record};
 use crate::lease::Withdrawal;
 use crate::metrics::Metrics;
 
-/// Host ends of pod veths are named `weftv` + 10 hex digits of a stable hash
-/// of (container ID, ifname): unique per attachment, derivable without a
-/// record, and recognisable as ours.
-pub const HOST_VETH_PREFIX: &str = "weftv";
-
-pub struct Agent {
+pub struct Attacher {
     pub config: Config,
     pub ipam: Arc<Ipam>,
     pub hostports: Arc<HostPorts>,
@@ -39,7 +37,7 @@ pub struct Agent {
     /// A netlink socket of its own for health checks (STATUS, /readyz): a
     /// flood of them never makes ADD's or start-up's dumps busy.
     pub health: Handle,
-    pub metrics: Metrics,
+    pub metrics: Arc<Metrics>,
     /// MTU of pod interfaces when the network configuration sets none.
     pub pod_mtu: u32,
     /// The bridge's index once it is known to be set up.
@@ -62,7 +60,7 @@ pub struct KubeAccess {
     pub pods: PodCache,
 }
 
-impl Agent {
+impl Attacher {
     pub fn new(
         config: Config,
         ipam: Ipam,
@@ -70,6 +68,7 @@ impl Agent {
         kube: Option<KubeAccess>,
         host: Handle,
         pod_mtu: u32,
+        metrics: Arc<Metrics>,
     ) -> Self {
         Self {
             routed: AtomicBool::new(config.pod_attachment == Attachment::Routed),
@@ -81,7 +80,7 @@ impl Agent {
             kube,
             health: host.clone(),
             host,
-            metrics: Metrics::default(),
+            metrics,
             pod_mtu,
             bridge: tokio::sync::Mutex::new(None),
             locks: KeyLocks::default(),
@@ -147,7 +146,7 @@ impl Agent {
     /// pod whose pool address is `ip`: that one, and on a dual-stack node
     /// when the pod has it (`has_ipv6`) the IPv6 address of its host number.
     pub fn addresses_of(&self, ip: IpAddr, has_ipv6: bool, mode: Attachment) -> Vec<PodAddress> {
-        let driver = crate::attach::driver(mode);
+        let driver = super::driver(mode);
         let pool = self.ipam.pool();
         let primary = PodAddress { address: driver.pod_address(ip, pool.cidr()), gateway: pool.gateway() };
         let second = self.ipv6.filter(|_| has_ipv6).and_then(|block| {
@@ -162,36 +161,5 @@ impl Agent {
     /// Forgets the bridge's index, so the next ADD checks the kernel again.
     pub async fn forget_bridge(&self) {
         *self.bridge.lock().await = None;
-    }
-}
-
-/// A hash of an attachment key and a salt, the same in every build.
-fn key_hash(key: &Key, salt: u8) -> u64 {
-    crate::stable_hash::fnv1a_64(key.container_id.bytes().chain([0]).chain(key.ifname.bytes()).chain([0, salt]))
-}
-
-pub fn host_veth_name(key: &Key) -> String {
-    format!("{HOST_VETH_PREFIX}{:010x}", key_hash(key, 0) & 0xff_ffff_ffff)
-}
-
-/// A locally administered unicast MAC for one end of an attachment's veth
-/// pair (`pod` picks the end), derived from the key.
-pub fn veth_mac(key: &Key, pod: bool) -> [u8; 6] {
-    let h = key_hash(key, if pod { 2 } else { 1 }).to_be_bytes();
-    [0x02, h[3], h[4], h[5], h[6], h[7]]
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn host_veth_names_fit_and_differ() {
-        let a = host_veth_name(&Key { container_id: "abc".into(), ifname: "eth0".into() });
-        let b = host_veth_name(&Key { container_id: "abc".into(), ifname: "eth1".into() });
-        assert_eq!(a.len(), 15);
-        assert!(a.starts_with(HOST_VETH_PREFIX));
-        assert_ne!(a, b);
-        assert_eq!(a, host_veth_name(&Key { container_id: "abc".into(), ifname: "eth0".into() }));
     }
 }
