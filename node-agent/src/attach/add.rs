@@ -86,7 +86,6 @@ impl Attacher {
         let spec = AttachSpec {
             host_veth: host_veth.clone(),
             ifname: key.ifname.clone(),
-            host: driver.host_side(bridge_index),
             addresses: addresses.clone(),
             mtu,
             host_mac,
@@ -102,7 +101,7 @@ impl Attacher {
         let ipam = Arc::clone(&self.ipam);
         let persist = tokio::task::spawn_blocking(move || ipam.persist(ip));
         let programmed = self.hostports.program(ports.as_ref());
-        let attach = off_thread("attach the pod", move || link::attach(&mut pod, &spec));
+        let attach = off_thread("attach the pod", move || driver.attach(&mut pod, &spec, bridge_index));
         let (ports, attached, persisted) = tokio::join!(programmed, attach, persist);
         if let Err(e) = ports {
             rollback.undo().await;

@@ -5,8 +5,7 @@
 //! `status`, start-up reconciliation and the repair loop.
 
 use std::net::IpAddr;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 use ipnet::IpNet;
 use rtnetlink::Handle;
@@ -42,9 +41,9 @@ pub struct Attacher {
     pub pod_mtu: u32,
     /// The bridge's index once it is known to be set up.
     bridge: tokio::sync::Mutex<Option<u32>>,
-    /// Whether new pods are routed rather than bridged: the configured mode
-    /// once start-up reconciliation has seen the pods already here.
-    routed: AtomicBool,
+    /// How new pods are attached: the configured mode once start-up
+    /// reconciliation has seen the pods already here.
+    mode: Mutex<Attachment>,
     /// One verb at a time per attachment.
     pub locks: KeyLocks,
     /// Set while this node's Subnet lease is withdrawn: no new pods.
@@ -71,7 +70,7 @@ impl Attacher {
         metrics: Arc<Metrics>,
     ) -> Self {
         Self {
-            routed: AtomicBool::new(config.pod_attachment == Attachment::Routed),
+            mode: Mutex::new(config.pod_attachment),
             config,
             ipam: Arc::new(ipam),
             hostports: Arc::new(hostports),
@@ -91,7 +90,7 @@ impl Attacher {
 
     /// How new pods are attached.
     pub fn attachment(&self) -> Attachment {
-        if self.routed.load(Ordering::Relaxed) { Attachment::Routed } else { Attachment::Bridge }
+        *self.mode.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Settles the mode of new pods from the configured one and the pods
@@ -105,7 +104,7 @@ impl Attacher {
                 "pods attached {mode} still run on this node: new pods are attached {mode} too, until the agent starts on a node without them"
             );
         }
-        self.routed.store(mode == Attachment::Routed, Ordering::Relaxed);
+        *self.mode.lock().unwrap_or_else(|p| p.into_inner()) = mode;
         mode
     }
 

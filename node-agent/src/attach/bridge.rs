@@ -3,11 +3,15 @@
 
 use ipnet::IpNet;
 
+use netlink_packet_route::neighbour::NeighbourState;
+
 use super::Driver;
 use super::observed::ObservedHost;
 use crate::attachment::Attachment;
-use crate::dataplane::link::HostSide;
-use crate::dataplane::{DataplaneError, bridge_netfilter};
+use crate::dataplane::link::{self, AttachSpec};
+use crate::dataplane::netlink_blocking::BlockingNetlink;
+use crate::dataplane::netns::BlockingNetns;
+use crate::dataplane::{DataplaneError, bridge_netfilter, kernel_op};
 
 pub struct Bridge;
 
@@ -20,8 +24,21 @@ impl Driver for Bridge {
         block.prefix_len()
     }
 
-    fn host_side(&self, bridge_index: u32) -> HostSide {
-        HostSide::Bridge(bridge_index)
+    /// The host end is a port of the bridge with hairpin on: with bridge
+    /// netfilter, a pod's traffic to its own host port is DNATed while being
+    /// bridged and must be allowed back out of the port it came in on. The
+    /// node's neighbour entry for each address is set as the pod's first
+    /// packet would teach it: a previous holder of the address (a deleted
+    /// pod) may have left a still-valid entry with its MAC, and traffic the
+    /// node routes to the pod (from other nodes) would go there for seconds.
+    fn attach(&self, pod: &mut BlockingNetns, spec: &AttachSpec, bridge: u32) -> Result<(), DataplaneError> {
+        let mut then = vec![link::hairpin(&spec.host_veth)];
+        for a in &spec.addresses {
+            then.push(link::set_neighbour(bridge, a.address.addr(), spec.pod_mac, NeighbourState::Reachable));
+        }
+        let mut host = BlockingNetlink::new().map_err(kernel_op("open a netlink socket"))?;
+        link::create_veth(&mut host, pod, spec, Some(bridge), then)?;
+        link::configure_pod(&mut pod.netlink, spec, false)
     }
 
     fn routes_to_pod(&self) -> bool {

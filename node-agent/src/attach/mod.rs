@@ -46,7 +46,8 @@ pub use ordering::KeyLocks;
 
 use crate::attachment::Attachment;
 use crate::dataplane::DataplaneError;
-use crate::dataplane::link::HostSide;
+use crate::dataplane::link::AttachSpec;
+use crate::dataplane::netns::BlockingNetns;
 use observed::ObservedHost;
 
 /// The longest a kernel call on a request path may take. Netlink answers in
@@ -55,8 +56,19 @@ use observed::ObservedHost;
 /// holding the attachment (and the runtime) for ever.
 pub const KERNEL_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// What differs between the ways a pod's veth joins the node. A new mode (a
-/// VM runtime's tap, say) is a new implementation in a file of its own.
+/// What differs between the ways a pod joins the node: how its interface is
+/// made and wired on both ends (`attach`), what the node's end must look
+/// like (`check_host`, and the routes the repair loop puts back), and the
+/// node settings the mode needs. The building blocks are `dataplane::link`'s,
+/// which know no mode.
+///
+/// A third mode is a file of its own implementing this trait, plus its
+/// [`Attachment`] value and a line in [`driver`]. The likely one, a tap for
+/// VM runtimes (the pod's end a tap device a hypervisor opens instead of a
+/// veth peer), fits it: `attach` makes the tap and wires the node's end as
+/// either existing mode does, and the rest is the same. What it would also
+/// need is outside the trait: DEL and GC find pods by their host veth name
+/// (`names::host_veth_name`), so a tap's host end must be named the same way.
 pub trait Driver: Send + Sync {
     fn mode(&self) -> Attachment;
 
@@ -64,8 +76,11 @@ pub trait Driver: Send + Sync {
     /// address of `block` (the pod CIDR or the IPv6 block).
     fn pod_prefix(&self, block: IpNet) -> u8;
 
-    /// Where ADD puts the host end of the veth, given the bridge's index.
-    fn host_side(&self, bridge_index: u32) -> HostSide;
+    /// Makes the pod's interface and the node's end of it as `spec` says
+    /// (`bridge`: the node bridge's index, which holds the gateways).
+    /// Blocking: the caller runs it off the CNI server's thread. On failure
+    /// the caller deletes the host veth, which removes what was made on it.
+    fn attach(&self, pod: &mut BlockingNetns, spec: &AttachSpec, bridge: u32) -> Result<(), DataplaneError>;
 
     /// Whether the node reaches the pod by a /32 (and /128) route on the
     /// host veth, which the repair loop puts back when it goes.

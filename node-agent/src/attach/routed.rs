@@ -9,11 +9,15 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 
+use netlink_packet_route::RouteNetlinkMessage;
+
 use super::Driver;
 use super::observed::ObservedHost;
 use crate::attachment::Attachment;
-use crate::dataplane::link::HostSide;
-use crate::dataplane::{DataplaneError, sysctl};
+use crate::dataplane::link::{self, AttachSpec, PodAddress};
+use crate::dataplane::netlink_blocking::BlockingNetlink;
+use crate::dataplane::netns::BlockingNetns;
+use crate::dataplane::{DataplaneError, kernel_op, sysctl};
 
 pub struct Routed;
 
@@ -34,8 +38,23 @@ impl Driver for Routed {
         vec![(IpNet::from(gateway), None), (super::default_route(gateway), Some(gateway))]
     }
 
-    fn host_side(&self, _bridge_index: u32) -> HostSide {
-        HostSide::Routed
+    /// No master for the host end: the node routes to the pod on it
+    /// (`link::route_to_pod`, which the repair loop shares), and the pod's
+    /// gateway is off its /32 subnet. The node's IPv6 side answers for the
+    /// gateway on the veth (proxy NDP).
+    fn attach(&self, pod: &mut BlockingNetns, spec: &AttachSpec, _bridge: u32) -> Result<(), DataplaneError> {
+        let mut host = BlockingNetlink::new().map_err(kernel_op("open a netlink socket"))?;
+        let answers = link::create_veth(&mut host, pod, spec, None, vec![link::look_up(&spec.host_veth)])?;
+        link::configure_pod(&mut pod.netlink, spec, true)?;
+        let Some(RouteNetlinkMessage::NewLink(veth)) = answers.first() else {
+            return Err(DataplaneError::Unexpected(format!("{} did not appear on the node", spec.host_veth)));
+        };
+        let addresses: Vec<_> = spec.addresses.iter().map(PodAddress::pair).collect();
+        link::route_to_pod(&mut host, veth.header.index, &addresses, spec.pod_mac)?;
+        if spec.addresses.iter().any(|a| a.address.addr().is_ipv6()) {
+            sysctl::enable_proxy_ndp(&spec.host_veth)?;
+        }
+        Ok(())
     }
 
     fn routes_to_pod(&self) -> bool {

@@ -193,7 +193,6 @@ pub async fn all_default_gateways(h: &Handle) -> Result<Vec<IpAddr>, DataplaneEr
 pub struct AttachSpec {
     pub host_veth: String,
     pub ifname: String,
-    pub host: HostSide,
     /// The pod's addresses, one per family, the primary one first.
     pub addresses: Vec<PodAddress>,
     pub mtu: u32,
@@ -217,24 +216,60 @@ impl PodAddress {
     }
 }
 
-/// Where the host end of a pod's veth goes.
-#[derive(Debug, Clone, Copy)]
-pub enum HostSide {
-    /// A port of the bridge with this index, hairpin on.
-    Bridge(u32),
-    /// No master: the node routes to the pod with a /32 on the host end.
-    Routed,
+/// One netlink request on the node, in the batch that creates a veth pair,
+/// and what it does (for the error).
+pub struct HostRequest {
+    pub message: RouteNetlinkMessage,
+    pub flags: u16,
+    pub what: String,
 }
 
-/// Creates the veth pair in one request: the host end up (and plugged into
-/// the bridge, hairpin on, when bridged), the pod end directly inside the
-/// pod's namespace under its final name (the kernel refuses to bring a peer
-/// up in another namespace at creation). Then address, up and default route
-/// in the pod, and when routed the node's route to the pod. Blocks for the
-/// kernel's time, about 1 ms (a few syscalls on blocking sockets, see
-/// [`BlockingNetlink`]). On failure the caller deletes the host end, which
-/// removes the pod end and the node's route too.
-pub fn attach(pod: &mut BlockingNetns, spec: &AttachSpec) -> Result<(), DataplaneError> {
+/// The hairpin option of a bridge port (it needs the port to exist, so it
+/// rides after the veth's creation; sysfs would spin on the RTNL lock while
+/// the new link settles: 2 ms).
+pub fn hairpin(port: &str) -> HostRequest {
+    let mut hairpin = LinkUnspec::new_with_name(port).build();
+    hairpin.attributes.push(LinkAttribute::LinkInfo(vec![LinkInfo::PortData(InfoPortData::BridgePort(vec![
+        InfoBridgePort::HairpinMode(true),
+    ]))]));
+    HostRequest {
+        message: RouteNetlinkMessage::NewLink(hairpin),
+        flags: 0,
+        what: format!("set hairpin mode on {port}"),
+    }
+}
+
+/// A link's own message (its index), as an answer of the batch.
+pub fn look_up(name: &str) -> HostRequest {
+    HostRequest {
+        message: RouteNetlinkMessage::GetLink(LinkUnspec::new_with_name(name).build()),
+        flags: 0,
+        what: format!("look up {name}"),
+    }
+}
+
+/// A neighbour entry on the node (made or replaced).
+pub fn set_neighbour(index: u32, ip: IpAddr, mac: [u8; 6], state: NeighbourState) -> HostRequest {
+    HostRequest {
+        message: RouteNetlinkMessage::NewNeighbour(neighbour(index, ip, mac, state)),
+        flags: NLM_F_CREATE | NLM_F_REPLACE,
+        what: format!("set the node's neighbour entry of {ip}"),
+    }
+}
+
+/// Creates the veth pair in one request: the host end up (a port of
+/// `controller` when given), the pod end directly inside the pod's namespace
+/// under its final name (the kernel refuses to bring a peer up in another
+/// namespace at creation); `then` follows in the same batch. Returns the
+/// answers of `then`. On failure the caller deletes the host end, which
+/// removes the pod end and anything made on it too.
+pub fn create_veth(
+    host: &mut BlockingNetlink,
+    pod: &BlockingNetns,
+    spec: &AttachSpec,
+    controller: Option<u32>,
+    then: Vec<HostRequest>,
+) -> Result<Vec<RouteNetlinkMessage>, DataplaneError> {
     use std::os::fd::AsRawFd;
     let mut peer = LinkMessageBuilder::<LinkUnspec>::new()
         .name(spec.ifname.clone())
@@ -247,68 +282,25 @@ pub fn attach(pod: &mut BlockingNetns, spec: &AttachSpec) -> Result<(), Dataplan
         .set_info_data(InfoData::Veth(InfoVeth::Peer(peer)))
         .mtu(spec.mtu)
         .address(spec.host_mac.to_vec());
-    if let HostSide::Bridge(index) = spec.host {
+    if let Some(index) = controller {
         veth = veth.controller(index);
     }
     let mut veth = veth.up().build();
     single_queue(&mut veth);
-    let second = match spec.host {
-        // Hairpin rides in the same datagram: it is a bridge port option, so
-        // it needs the port to exist (sysfs would spin on the RTNL lock while
-        // the new link settles: 2 ms). With bridge netfilter, a pod's traffic
-        // to its own host port is DNATed while being bridged and must be
-        // allowed back out of the port it came in on.
-        HostSide::Bridge(_) => {
-            let mut hairpin = LinkUnspec::new_with_name(&spec.host_veth).build();
-            hairpin.attributes.push(LinkAttribute::LinkInfo(vec![LinkInfo::PortData(InfoPortData::BridgePort(vec![
-                InfoBridgePort::HairpinMode(true),
-            ]))]));
-            RouteNetlinkMessage::NewLink(hairpin)
-        }
-        // The host end's index, for its route.
-        HostSide::Routed => RouteNetlinkMessage::GetLink(LinkUnspec::new_with_name(&spec.host_veth).build()),
-    };
-    let mut requests = vec![(RouteNetlinkMessage::NewLink(veth), NLM_F_CREATE | NLM_F_EXCL), (second, 0)];
-    if let HostSide::Bridge(index) = spec.host {
-        // The node's ARP entry for the address, as the pod's first packet
-        // would teach it. A previous holder of the address (a deleted pod)
-        // may have left a still-valid entry with its MAC there; traffic
-        // the node routes to the pod (from other nodes) would go to that
-        // MAC for seconds, until the entry aged and was probed again. The
-        // same for each family's address.
-        for a in &spec.addresses {
-            let neighbour = neighbour(index, a.address.addr(), spec.pod_mac, NeighbourState::Reachable);
-            requests.push((RouteNetlinkMessage::NewNeighbour(neighbour), NLM_F_CREATE | NLM_F_REPLACE));
-        }
+    let mut what = Vec::with_capacity(then.len());
+    let mut requests = vec![(RouteNetlinkMessage::NewLink(veth), NLM_F_CREATE | NLM_F_EXCL)];
+    for r in then {
+        requests.push((r.message, r.flags));
+        what.push(r.what);
     }
-    let mut host = BlockingNetlink::new().map_err(kernel_op("open a netlink socket"))?;
-    let answers = host.batch(requests).map_err(|(at, e)| match at {
+    host.batch(requests).map_err(|(at, e)| match at {
         0 if e.raw_os_error() == Some(EEXIST) => DataplaneError::Unexpected(format!(
             "create veth {} / {}: an interface of that name already exists (in the pod or on the node)",
             spec.host_veth, spec.ifname
         )),
         0 => kernel_op(format!("create veth {} / {}", spec.host_veth, spec.ifname))(e),
-        1 if matches!(spec.host, HostSide::Bridge(_)) => {
-            kernel_op(format!("set hairpin mode on {}", spec.host_veth))(e)
-        }
-        _ if matches!(spec.host, HostSide::Bridge(_)) => {
-            let ips: Vec<String> = spec.addresses.iter().map(|a| a.address.addr().to_string()).collect();
-            kernel_op(format!("set the node's neighbour entries of {}", ips.join(", ")))(e)
-        }
-        _ => kernel_op(format!("look up {}", spec.host_veth))(e),
-    })?;
-    configure_pod(&mut pod.netlink, spec)?;
-    if let HostSide::Routed = spec.host {
-        let Some(RouteNetlinkMessage::NewLink(link)) = answers.first() else {
-            return Err(DataplaneError::Unexpected(format!("{} did not appear on the node", spec.host_veth)));
-        };
-        let addresses: Vec<_> = spec.addresses.iter().map(PodAddress::pair).collect();
-        route_to_pod(&mut host, link.header.index, &addresses, spec.pod_mac)?;
-        if spec.addresses.iter().any(|a| a.address.addr().is_ipv6()) {
-            super::sysctl::enable_proxy_ndp(&spec.host_veth)?;
-        }
-    }
-    Ok(())
+        n => kernel_op(what.get(n - 1).cloned().unwrap_or_else(|| format!("set up {}", spec.host_veth)))(e),
+    })
 }
 
 /// The node's side of a routed pod on the host veth with index
@@ -429,12 +421,16 @@ fn single_queue(link: &mut LinkMessage) {
 }
 
 /// Up, then each family's address and default route, in one batch once
-/// the interface's index is known. Routed, the gateway is not on the pod's
-/// (/32) subnet: the route is on-link and the gateway's MAC (the host
-/// end's) is entered up front. IPv6 routes are on-link in both modes: the
-/// gateway is reachable at once, whether or not the address's prefix route
-/// is in place yet (a routed pod's /128 has none).
-fn configure_pod(nl: &mut BlockingNetlink, spec: &AttachSpec) -> Result<(), DataplaneError> {
+/// the interface's index is known. `gateway_off_subnet`: the gateway is not
+/// on the pod's subnet (a /32 address), so the route is on-link and the
+/// gateway's MAC (the host end's) is entered up front. IPv6 routes are
+/// on-link in any case: the gateway is reachable at once, whether or not
+/// the address's prefix route is in place yet (a /128 has none).
+pub fn configure_pod(
+    nl: &mut BlockingNetlink,
+    spec: &AttachSpec,
+    gateway_off_subnet: bool,
+) -> Result<(), DataplaneError> {
     let ifname = &spec.ifname;
     let found = nl
         .request(RouteNetlinkMessage::GetLink(LinkUnspec::new_with_name(ifname).build()), 0)
@@ -443,7 +439,6 @@ fn configure_pod(nl: &mut BlockingNetlink, spec: &AttachSpec) -> Result<(), Data
         return Err(DataplaneError::Unexpected(format!("{ifname} did not appear in the pod namespace")));
     };
     let index = link.header.index;
-    let routed = matches!(spec.host, HostSide::Routed);
     let mut msgs = vec![(RouteNetlinkMessage::SetLink(LinkUnspec::new_with_index(index).up().build()), 0)];
     let mut what = vec![format!("set {ifname} up")];
     for a in &spec.addresses {
@@ -452,7 +447,7 @@ fn configure_pod(nl: &mut BlockingNetlink, spec: &AttachSpec) -> Result<(), Data
         let route = match a.gateway {
             IpAddr::V4(gw) => {
                 let route = RouteMessageBuilder::<Ipv4Addr>::new().gateway(gw).output_interface(index);
-                if routed { route.onlink() } else { route }.build()
+                if gateway_off_subnet { route.onlink() } else { route }.build()
             }
             IpAddr::V6(gw) => {
                 RouteMessageBuilder::<Ipv6Addr>::new().gateway(gw).output_interface(index).onlink().build()
@@ -460,7 +455,7 @@ fn configure_pod(nl: &mut BlockingNetlink, spec: &AttachSpec) -> Result<(), Data
         };
         msgs.push((RouteNetlinkMessage::NewRoute(route), NLM_F_CREATE | NLM_F_EXCL));
         what.push(format!("add the default route via {} in the pod", a.gateway));
-        if routed {
+        if gateway_off_subnet {
             let gateway = neighbour(index, a.gateway, spec.host_mac, NeighbourState::Permanent);
             msgs.push((RouteNetlinkMessage::NewNeighbour(gateway), NLM_F_CREATE | NLM_F_REPLACE));
             what.push(format!("add the neighbour entry of gateway {} in the pod", a.gateway));
