@@ -8,8 +8,8 @@
 //! Subnet condition and Node Events, `attached` the pods ADD
 //! registered before the API reports them, `drop_log` the optional log of dropped
 //! packets. `render_iptables_old` and
-//! `ipset` are the engine it replaced, kept for the upgrade test and the
-//! benchmark beside the new one.
+//! `ipset` are the engine it replaced, kept (in `node-agent/old_engines/`,
+//! test builds only) for the upgrade test and the benchmark beside the new one.
 
 mod addr_ranges;
 pub mod attached;
@@ -22,9 +22,13 @@ pub mod render;
 pub mod report;
 pub mod sync;
 
+// The engine this one replaced (iptables and ipset), kept outside `src/`
+// for the upgrade test and the benchmark beside the new one.
 #[cfg(test)]
+#[path = "../../old_engines/policy_ipset.rs"]
 mod ipset;
 #[cfg(test)]
 mod kernel_tests;
 #[cfg(test)]
+#[path = "../../old_engines/policy_iptables.rs"]
 mod render_iptables_old;
