@@ -53,9 +53,7 @@ impl Netns {
 
     /// A `Command` that runs `cmd` inside the namespace.
     pub fn command(&self, cmd: impl AsRef<std::ffi::OsStr>) -> Command {
-        let mut c = Command::new("ip");
-        c.args(["netns", "exec", &self.name]).arg(cmd);
-        c
+        crate::control_plane::process::in_netns(&self.name, cmd)
     }
 
     /// True when one ICMP echo to `ip` is answered within a second.

@@ -155,7 +155,7 @@ fn exec_with_kubeconfig(tool: &str, args: &[String]) -> anyhow::Result<()> {
 
 fn print_usage(state: &State) {
     println!("Weft cluster up: {} nodes, backend {}", state.nodes.len(), state.backend);
-    let families = supervise::Families::of(&state.helm_values);
+    let families = weft_e2e::cluster::families::Families::of(&state.helm_values);
     for n in &state.nodes {
         let ips: Vec<String> = families.node_ips(n).iter().map(ToString::to_string).collect();
         println!("  {}  {}  (network namespace {})", n.name, ips.join(", "), n.netns);

@@ -87,7 +87,7 @@ fn main() -> anyhow::Result<()> {
     // DNS as kubeadm does when the cluster has none.
     if !dns::deployed(&state.kubeconfig) {
         eprintln!("== deploying CoreDNS (kube-dns at {})", weft_e2e::cluster::CLUSTER_DNS_IP);
-        dns::deploy(&state.kubeconfig, weft_e2e::cluster::supervise::Families::of(&state.helm_values).dns_ip())?;
+        dns::deploy(&state.kubeconfig, weft_e2e::cluster::families::Families::of(&state.helm_values).dns_ip())?;
     }
     let env = Environment { cluster_dns: dns::deployed(&state.kubeconfig) };
     // The nodes start with Weft's and agnhost's images; the tests run more.

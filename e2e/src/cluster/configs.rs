@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use super::supervise::Families;
+use super::families::Families;
 use super::{CLUSTER_CIDR, NodeInfo, PAUSE_IMAGE};
 
 /// containerd's socket inside a node.

@@ -21,6 +21,7 @@
 pub mod configs;
 pub mod cp_routes;
 pub mod dns;
+pub mod families;
 pub mod hostile;
 pub mod images;
 pub mod node;

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 
-use super::supervise::Families;
+use super::families::Families;
 use super::{CGROUP_PARENT, CP_IP, NodeInfo, UNDERLAY_NS, configs, state_dir};
 use crate::sandbox::{ip, spawn_detached};
 

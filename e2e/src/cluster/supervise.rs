@@ -13,11 +13,12 @@ use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, DeleteParams};
 use weft_api::subnet::Subnet;
 
+use super::families::Families;
 use super::{
     CLUSTER_CIDR, CP_IP, CP_NS, FORWARD_PORT, IMAGE_TAG, NodeInfo, SERVICE_CIDR, State, UNDERLAY_NS, node, state_dir,
 };
 use crate::control_plane::pki::ClientIdentity;
-use crate::control_plane::{self, ControlPlane, Options, process};
+use crate::control_plane::{self, ControlPlane, Options, kube_util, process};
 use crate::sandbox::ip;
 
 /// Nodes that can exist at once (client certificates are issued up front).
@@ -217,7 +218,7 @@ async fn build(opts: &UpOptions) -> anyhow::Result<Parts> {
     let in_cluster = cp.in_namespace_kubeconfig();
     let kc = in_cluster.display().to_string();
     let tools = control_plane::tools_dir();
-    let mut kcm = crate::sandbox::cluster::in_ns(CP_NS, &tools.join("kube-controller-manager"));
+    let mut kcm = process::in_netns(CP_NS, tools.join("kube-controller-manager"));
     kcm.args([
         format!("--kubeconfig={kc}"),
         format!("--authentication-kubeconfig={kc}"),
@@ -234,7 +235,7 @@ async fn build(opts: &UpOptions) -> anyhow::Result<Parts> {
         "--v=1".into(),
     ]);
     children.push(process::spawn_tied(kcm, &dir.join("kube-controller-manager.log"))?);
-    let mut scheduler = crate::sandbox::cluster::in_ns(CP_NS, &tools.join("kube-scheduler"));
+    let mut scheduler = process::in_netns(CP_NS, tools.join("kube-scheduler"));
     scheduler.args([
         format!("--kubeconfig={kc}"),
         format!("--authentication-kubeconfig={kc}"),
@@ -385,17 +386,7 @@ pub async fn wait_ready(client: &kube::Client, nodes: &[NodeInfo], timeout: Dura
             })
         };
         let list = subnets.list(&Default::default()).await?;
-        Ok(nodes.iter().all(|n| {
-            ready(&n.name)
-                && list.items.iter().any(|s| {
-                    s.spec.node_name == n.name
-                        && s.status.as_ref().is_some_and(|st| {
-                            ["Ready", "PeersProgrammed"]
-                                .iter()
-                                .all(|t| st.conditions.iter().any(|c| c.type_ == *t && c.status == "True"))
-                        })
-                })
-        }))
+        Ok(nodes.iter().all(|n| ready(&n.name) && kube_util::subnet_ready(&list.items, &n.name)))
     })
     .await
 }
@@ -458,61 +449,6 @@ pub const SERVICE_CIDR6: &str = "fd00:96::/112";
 /// Its first address: the `kubernetes` Service of an IPv6-only cluster.
 pub const SERVICE_IP6: &str = "fd00:96::1";
 
-/// The pod address families of a cluster, from the chart values it is
-/// installed with.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Families {
-    Ipv4,
-    /// `--set network.ipv6ClusterCIDR=…`: dual-stack, with this IPv6 pod
-    /// range; both node addresses on each kubelet, both Service ranges and
-    /// kube-proxy on both families.
-    DualStack(String),
-    /// `network.ipv6ClusterCIDR` with `network.clusterCIDR=null`: IPv6-only,
-    /// with this pod range; kubelets, Services and kube-proxy on IPv6 alone.
-    Ipv6Only(String),
-}
-
-impl Families {
-    /// The kube-dns Service's address: kubelet's clusterDNS.
-    pub fn dns_ip(&self) -> &'static str {
-        match self {
-            Families::Ipv6Only(_) => super::CLUSTER_DNS_IP6,
-            _ => super::CLUSTER_DNS_IP,
-        }
-    }
-
-    /// A node's addresses in the cluster's families, IPv4 first (kubelet's
-    /// `--node-ip`).
-    pub fn node_ips(&self, node: &super::NodeInfo) -> Vec<std::net::IpAddr> {
-        let v6 = crate::sandbox::node_ipv6(node.ip).into();
-        match self {
-            Families::Ipv4 => vec![node.ip.into()],
-            Families::DualStack(_) => vec![node.ip.into(), v6],
-            Families::Ipv6Only(_) => vec![v6],
-        }
-    }
-
-    /// The pod ranges of the cluster, IPv4 first.
-    pub fn cluster_cidrs(&self) -> anyhow::Result<Vec<ipnet::IpNet>> {
-        let ranges: Vec<&str> = match self {
-            Families::Ipv4 => vec![super::CLUSTER_CIDR],
-            Families::DualStack(v6) => vec![super::CLUSTER_CIDR, v6],
-            Families::Ipv6Only(v6) => vec![v6],
-        };
-        ranges.iter().map(|r| r.parse().with_context(|| format!("cluster CIDR {r:?}"))).collect()
-    }
-
-    pub fn of(helm_sets: &[String]) -> Self {
-        let last = |key: &str| helm_sets.iter().rev().find_map(|s| s.strip_prefix(key)).filter(|v| *v != "null");
-        let v4_dropped = helm_sets.iter().rev().find_map(|s| s.strip_prefix("network.clusterCIDR=")) == Some("null");
-        match last("network.ipv6ClusterCIDR=") {
-            None => Families::Ipv4,
-            Some(v6) if v4_dropped => Families::Ipv6Only(v6.to_owned()),
-            Some(v6) => Families::DualStack(v6.to_owned()),
-        }
-    }
-}
-
 /// The chart's values for this cluster: the images built here, never pulled.
 pub fn helm_values(backend: &str, extra: &[String]) -> Vec<String> {
     let mut v: Vec<String> = [
@@ -530,37 +466,4 @@ pub fn helm_values(backend: &str, extra: &[String]) -> Vec<String> {
     .into();
     v.extend(extra.iter().cloned());
     v
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_families_follow_the_last_chart_values() {
-        let of = |sets: &[&str]| Families::of(&sets.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>());
-        let v6 = "network.ipv6ClusterCIDR=fd00:10:244::/56";
-        assert_eq!(of(&[]), Families::Ipv4);
-        assert_eq!(of(&[v6]), Families::DualStack("fd00:10:244::/56".into()));
-        assert_eq!(of(&[v6, "network.clusterCIDR=null"]), Families::Ipv6Only("fd00:10:244::/56".into()));
-        let back = ["network.clusterCIDR=null", "network.clusterCIDR=10.244.0.0/16", v6];
-        assert_eq!(of(&back), Families::DualStack("fd00:10:244::/56".into()), "a later IPv4 CIDR wins");
-        assert_eq!(of(&[v6, "network.ipv6ClusterCIDR=null"]), Families::Ipv4);
-        assert_eq!(of(&[v6, "network.clusterCIDR=null"]).dns_ip(), "fd00:96::a");
-        let ranges = |f: Families| f.cluster_cidrs().unwrap().iter().map(ToString::to_string).collect::<Vec<_>>();
-        assert_eq!(ranges(of(&[v6])), ["10.244.0.0/16", "fd00:10:244::/56"]);
-        assert_eq!(ranges(of(&[v6, "network.clusterCIDR=null"])), ["fd00:10:244::/56"]);
-        let err = of(&["network.ipv6ClusterCIDR=fd00::/999"]).cluster_cidrs().unwrap_err();
-        assert!(format!("{err:#}").contains("fd00::/999"), "{err:#}");
-    }
-
-    #[test]
-    fn a_node_has_an_address_of_each_family_of_the_cluster() {
-        let node = crate::cluster::NodeInfo::new(2);
-        let ips = |f: Families| f.node_ips(&node).iter().map(ToString::to_string).collect::<Vec<_>>();
-        assert_eq!(ips(Families::Ipv4), ["10.251.0.12"]);
-        let dual = Families::DualStack("fd00:10:244::/56".into());
-        assert_eq!(ips(dual), ["10.251.0.12", "fd00:250::c"]);
-        assert_eq!(ips(Families::Ipv6Only("fd00:10:244::/56".into())), ["fd00:250::c"]);
-    }
 }

@@ -100,3 +100,15 @@ where
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// Whether `node`'s Subnet among `subnets` is Ready with its peers programmed.
+pub fn subnet_ready(subnets: &[weft_api::subnet::Subnet], node: &str) -> bool {
+    subnets.iter().any(|s| {
+        s.spec.node_name == node
+            && s.status.as_ref().is_some_and(|st| {
+                ["Ready", "PeersProgrammed"]
+                    .iter()
+                    .all(|t| st.conditions.iter().any(|c| c.type_ == *t && c.status == "True"))
+            })
+    })
+}

@@ -207,11 +207,7 @@ impl ControlPlane {
         };
         let in_ns = |program: PathBuf| -> Command {
             match &opts.netns {
-                Some(ns) => {
-                    let mut c = Command::new("ip");
-                    c.args(["netns", "exec", ns]).arg(program);
-                    c
-                }
+                Some(ns) => process::in_netns(ns, program),
                 None => Command::new(program),
             }
         };

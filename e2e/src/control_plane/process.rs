@@ -35,6 +35,14 @@ fn spawner() -> &'static std::sync::Mutex<mpsc::Sender<SpawnJob>> {
     })
 }
 
+/// `ip netns exec <netns> <program>`: a command that runs inside a named
+/// network namespace.
+pub fn in_netns(netns: &str, program: impl AsRef<std::ffi::OsStr>) -> Command {
+    let mut c = Command::new("ip");
+    c.args(["netns", "exec", netns]).arg(program);
+    c
+}
+
 /// Spawns `cmd` so that it is SIGKILLed when the test binary exits. Output
 /// goes to `log` (stdout and stderr).
 pub fn spawn_tied(mut cmd: Command, log: &Path) -> anyhow::Result<Child> {

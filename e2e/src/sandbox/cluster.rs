@@ -3,7 +3,6 @@
 //! removes it all when it gets SIGTERM from `down`.
 
 use std::net::SocketAddr;
-use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
@@ -11,9 +10,8 @@ use anyhow::{Context, bail};
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, PostParams};
 use serde_json::json;
-use weft_api::subnet::Subnet;
 
-use super::{CP_IP, CP_NS, FORWARD_PORT, NodeInfo, State, UNDERLAY_NS, ip, state_dir};
+use super::{CP_IP, CP_NS, FORWARD_PORT, State, UNDERLAY_NS, ip, state_dir};
 use crate::control_plane::{self, Component, ControlPlane, Options, process};
 
 /// The sandbox's supervisor and starting locks (one sandbox per machine).
@@ -204,7 +202,7 @@ async fn build(nodes: usize, backend: &str) -> anyhow::Result<Parts> {
         infos.push(super::nodes::add(&client, i, &in_cluster).await?);
     }
 
-    wait_ready(&client, &infos).await?;
+    super::nodes::wait_ready(&client, &infos).await?;
     let state = State {
         supervisor_pid: std::process::id(),
         kubeconfig: cp.kubeconfig.clone(),
@@ -214,29 +212,4 @@ async fn build(nodes: usize, backend: &str) -> anyhow::Result<Parts> {
     };
     state.save()?;
     Ok((cp, children))
-}
-
-/// Waits until every node's Subnet is Ready with its peers programmed.
-pub async fn wait_ready(client: &kube::Client, nodes: &[NodeInfo]) -> anyhow::Result<()> {
-    let subnets = Api::<Subnet>::all(client.clone());
-    control_plane::wait_for(Duration::from_secs(180), "every node's Subnet Ready with peers programmed", || async {
-        let list = subnets.list(&Default::default()).await?;
-        Ok(nodes.iter().all(|n| {
-            list.items.iter().any(|s| {
-                s.spec.node_name == n.name
-                    && s.status.as_ref().is_some_and(|st| {
-                        ["Ready", "PeersProgrammed"]
-                            .iter()
-                            .all(|t| st.conditions.iter().any(|c| c.type_ == *t && c.status == "True"))
-                    })
-            })
-        }))
-    })
-    .await
-}
-
-pub fn in_ns(netns: &str, program: &Path) -> Command {
-    let mut c = Command::new("ip");
-    c.args(["netns", "exec", netns]).arg(program);
-    c
 }

@@ -4,14 +4,17 @@
 
 use std::net::Ipv4Addr;
 use std::path::Path;
+use std::time::Duration;
 
 use anyhow::Context;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
+use weft_api::subnet::Subnet;
 
 use super::{NodeInfo, State, UNDERLAY_NS, UNDERLAY_PREFIX, UNDERLAY_PREFIX6, ip, state_dir};
 use crate::bins;
+use crate::control_plane::{self, kube_util, process};
 
 /// Creates `netns` (loopback up) with a veth to the underlay bridge carrying `addr`.
 pub fn attach_to_underlay(netns: &str, tag: &str, addr: Ipv4Addr) -> anyhow::Result<()> {
@@ -70,7 +73,7 @@ async fn register(api: &Api<Node>, name: &str, addr: Ipv4Addr) -> anyhow::Result
 /// Starts the node's agent detached, appending to its log.
 pub fn start_agent(node: &NodeInfo, kubeconfig: &Path) -> anyhow::Result<u32> {
     let dir = state_dir().join(&node.name);
-    let mut cmd = super::cluster::in_ns(&node.netns, &bins::weft("weft-agent"));
+    let mut cmd = process::in_netns(&node.netns, bins::weft("weft-agent"));
     let node_ips = format!("{},{}", node.ip, super::node_ipv6(node.ip));
     let node_ip = if super::ipv6_only() { super::node_ipv6(node.ip).to_string() } else { node.ip.to_string() };
     cmd.args(["--node-name", &node.name, "--node-ip", &node_ip, "--cluster-cidr", super::cluster_cidr()])
@@ -108,7 +111,7 @@ pub async fn add_to_running() -> anyhow::Result<NodeInfo> {
     let info = add(&client, index, &state.in_cluster_kubeconfig).await?;
     state.nodes.push(info.clone());
     state.save()?;
-    super::cluster::wait_ready(&client, &state.nodes).await?;
+    wait_ready(&client, &state.nodes).await?;
     Ok(info)
 }
 
@@ -131,4 +134,14 @@ pub async fn remove(name: &str) -> anyhow::Result<()> {
     let _ = ip(&["netns", "del", &info.netns]);
     state.nodes.retain(|n| n.name != name);
     state.save()
+}
+
+/// Waits until every node's Subnet is Ready with its peers programmed.
+pub async fn wait_ready(client: &kube::Client, nodes: &[NodeInfo]) -> anyhow::Result<()> {
+    let subnets = Api::<Subnet>::all(client.clone());
+    control_plane::wait_for(Duration::from_secs(180), "every node's Subnet Ready with peers programmed", || async {
+        let list = subnets.list(&Default::default()).await?;
+        Ok(nodes.iter().all(|n| kube_util::subnet_ready(&list.items, &n.name)))
+    })
+    .await
 }

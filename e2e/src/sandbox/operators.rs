@@ -29,7 +29,7 @@ fn identity(replica: &str) -> String {
 /// Starts one replica; returns its pid.
 pub fn start(replica: &str, kubeconfig: &Path, backend: &str) -> anyhow::Result<u32> {
     let port = if replica == REPLICAS[0] { 9090 } else { 9092 };
-    let mut op = super::cluster::in_ns(CP_NS, &bins::weft("weft-operator"));
+    let mut op = crate::control_plane::process::in_netns(CP_NS, bins::weft("weft-operator"));
     op.env("KUBECONFIG", kubeconfig).args([
         format!("--identity={}", identity(replica)),
         format!("--cluster-cidr={}", super::cluster_cidr()),
