@@ -1,8 +1,22 @@
-//! FNV-1a, for what is derived from a key and must come out the same in
-//! every build and Rust version (std's hasher promises neither): host veth
-//! names and MACs, host port object names, IPv6 VTEP MACs. None of those
-//! keys is a tenant's; names a tenant can steer (the firewall's) use
-//! SHA-256 instead (`firewall::ruleset::digest`).
+//! Every hash whose value leaves the process (a name or MAC in the kernel,
+//! a firewall object): they must come out the same in every build and Rust
+//! version, which std's hasher does not promise.
+//!
+//! - [`digest`] (SHA-256): names a tenant can steer (the firewall's, from
+//!   policy content), where a collision would merge two tenants' rules.
+//! - FNV-1a: host veth names and MACs, host port object names, IPv6 VTEP
+//!   MACs. Their keys are not a tenant's (container IDs, node addresses);
+//!   and running pods carry these names and MACs, so another hash would
+//!   cut them off after an upgrade in place (the guard keys pods by MAC).
+
+/// Hex digits of a [`digest`] (128 bits).
+pub const DIGEST_HEX: usize = 32;
+
+/// 128 bits of SHA-256 in hex: nobody can make two texts collide.
+pub fn digest(text: &str) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(text.as_bytes())[..DIGEST_HEX / 2].iter().map(|b| format!("{b:02x}")).collect()
+}
 
 /// FNV-1a, 64 bits.
 pub fn fnv1a_64(bytes: impl IntoIterator<Item = u8>) -> u64 {

@@ -133,16 +133,9 @@ fn rule_id(comment: &str) -> &str {
 }
 
 /// Hex digits of a [`digest`].
-const DIGEST_HEX: usize = 32;
+const DIGEST_HEX: usize = crate::stable_hash::DIGEST_HEX;
 
-/// 128 bits of SHA-256 in hex: the names of generated objects and rule
-/// ids. Tenants write the policies whose content is hashed, so the hash
-/// must be one nobody can make collide (two policies' rules would share a
-/// chain); stable across builds, unlike std's hasher.
-pub fn digest(text: &str) -> String {
-    use sha2::Digest;
-    sha2::Sha256::digest(text.as_bytes())[..DIGEST_HEX / 2].iter().map(|b| format!("{b:02x}")).collect()
-}
+pub use crate::stable_hash::digest;
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Chain {
