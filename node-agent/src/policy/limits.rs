@@ -100,6 +100,19 @@ pub fn node_refusal_message(r: &NodeRefusal, node: &str) -> String {
     )
 }
 
+/// `namespace/name` of the standard policies over the bound (`limits`).
+pub fn refused_policies(cluster: &Cluster) -> Vec<String> {
+    let over = |p: &&Arc<netv1::NetworkPolicy>| p.spec.as_ref().is_some_and(|s| standard_cost(s) > MAX_COST);
+    let key = |p: &Arc<netv1::NetworkPolicy>| {
+        format!(
+            "{}/{}",
+            p.metadata.namespace.as_deref().unwrap_or_default(),
+            p.metadata.name.as_deref().unwrap_or_default()
+        )
+    };
+    cluster.standard.iter().filter(over).map(key).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use serde_json::json;

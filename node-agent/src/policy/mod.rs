@@ -2,7 +2,7 @@
 //! (`weft.dev/v1alpha1`) NetworkPolicies compiled into the `policy` part of
 //! Weft's nftables table for this node's pods (see docs/network-policy.md).
 //!
-//! `model` is the semantics (pure), `incremental` recompiles only what a
+//! `caches` is the view of the API, `model` the semantics (pure), `incremental` recompiles only what a
 //! change affects (pure), `render` the nftables representation
 //! (pure), `sync` the watch-and-apply loop, `report` its failures as a
 //! Subnet condition and Node Events, `attached` the pods ADD
@@ -13,6 +13,7 @@
 
 mod addr_ranges;
 pub mod attached;
+mod caches;
 pub mod drop_log;
 pub mod incremental;
 pub mod limits;

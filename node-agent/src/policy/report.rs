@@ -1,16 +1,19 @@
 //! Tells operators, where they look, when this node cannot apply network
 //! policy: a `PolicyApplied` condition on the node's Subnet (`kubectl get
 //! subnets -o wide`, `kubectl describe subnet`) and an Event on the Node
-//! when policy stops being applied and when it is applied again.
+//! when policy stops being applied and when it is applied again; a Warning
+//! Event on each standard policy refused for this node's bound.
 //! Meanwhile the rules last applied stay in force and new pods wait at ADD
 //! (`sync`); `/readyz` says the same.
 
 use std::time::Duration;
 
+use kube::Client;
 use kube::api::Api;
 use tokio::sync::watch;
 use weft_api::subnet::Subnet;
 
+use super::limits;
 use crate::events::{self, Kind, Regarding};
 use crate::lease::{Condition, publish_condition};
 
@@ -87,6 +90,25 @@ pub async fn run(api: Api<Subnet>, node: String, mut failure: watch::Receiver<Op
             changed = failure.changed() => if changed.is_err() { return },
             () = tokio::time::sleep(RETRY) => {}
         }
+    }
+}
+
+/// Logs and puts a Warning Event on each standard policy newly refused
+/// for this node's bound (`was`: those refused the pass before).
+pub fn node_refusals(client: &Client, node: &str, now: &[limits::NodeRefusal], was: &[limits::NodeRefusal]) {
+    let key = |r: &limits::NodeRefusal| (r.namespace.clone(), r.name.clone(), r.uid.clone());
+    let was: std::collections::HashSet<_> = was.iter().map(key).collect();
+    for r in now.iter().filter(|r| !was.contains(&key(r))) {
+        let message = limits::node_refusal_message(r, node);
+        tracing::error!(policy = %format!("{}/{}", r.namespace, r.name), "{message}");
+        let regarding = Regarding {
+            api_version: "networking.k8s.io/v1",
+            kind: "NetworkPolicy",
+            namespace: r.namespace.clone(),
+            name: r.name.clone(),
+            uid: r.uid.clone(),
+        };
+        events::record(client, node, regarding, Kind::Warning, "PolicyRefused", message);
     }
 }
 

@@ -9,28 +9,20 @@
 //! resync compiles and renders everything, reads the kernel and writes what
 //! differs, so a missed event or a tampered rule is repaired by the next one.
 
-use std::collections::BTreeMap;
-use std::fmt::Debug;
-use std::hash::Hash;
-use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Namespace, Pod, PodStatus};
-use k8s_openapi::api::networking::v1::NetworkPolicy as StandardPolicy;
-use kube::runtime::reflector::Store;
-use kube::runtime::watcher;
-use kube::{Api, Client, Resource};
-use serde::de::DeserializeOwned;
-use weft_api::network_policy::{self as wnp, NetworkPolicy as WeftPolicy};
-use weft_api::watch::{self, Projection};
+use kube::Client;
 
-use super::attached::{Attached, Taken};
+use super::attached::Attached;
+use super::caches::{Caches, with_attached};
 use super::drop_log;
 use super::incremental::Incremental;
+use super::limits::{self, NodeRefusal};
 use super::metrics::{KindLabels, PolicyMetrics, ResultLabels};
-use super::model::{Cluster, NamedPort, PodInfo, Proto};
+use super::model::Cluster;
 use super::render::{self, Desired};
+use super::report;
 use crate::firewall::nft::Nft;
 use crate::firewall::ruleset::SetKind;
 use crate::firewall::{Engine, FirewallError};
@@ -41,9 +33,6 @@ use crate::firewall::{Engine, FirewallError};
 const DEBOUNCE: Duration = Duration::from_millis(5);
 /// Retry delay after a failed pass.
 const RETRY: Duration = Duration::from_secs(1);
-/// How long the caches may take to fill before that is reported as a
-/// failure (new pods wait for them at ADD meanwhile).
-const CACHE_GRACE: Duration = Duration::from_secs(30);
 /// How often the policy counters are read into the metrics.
 const COUNTERS_EVERY: Duration = Duration::from_secs(10);
 
@@ -54,154 +43,6 @@ pub struct Report {
     pub rules: usize,
     pub sets: usize,
     pub local_pods: usize,
-}
-
-/// Keeps only what policy reads, so that the caches stay small with many pods.
-fn slim<K: Resource>(obj: &mut K) {
-    let meta = obj.meta_mut();
-    meta.managed_fields = None;
-    meta.annotations = None;
-    meta.owner_references = None;
-}
-
-fn reflect<K>(api: Api<K>, what: &'static str, changed: Arc<tokio::sync::Notify>, trim: fn(&mut K)) -> Store<K>
-where
-    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
-    K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
-{
-    weft_api::watch::reflect(api, watcher::Config::default(), what, trim, Some(changed))
-}
-
-/// What policy needs of a Pod object; None for pods outside the pod network
-/// (host network, finished, or not addressed yet without a node).
-pub fn pod_info(pod: &Pod) -> Option<PodInfo> {
-    let spec = pod.spec.as_ref()?;
-    if spec.host_network == Some(true) {
-        return None;
-    }
-    let status = pod.status.as_ref();
-    if status.and_then(|s| s.phase.as_deref()).is_some_and(|p| p == "Succeeded" || p == "Failed") {
-        return None;
-    }
-    let ips = status.map(pod_addresses).unwrap_or_default();
-    let ports = spec
-        .containers
-        .iter()
-        .chain(spec.init_containers.iter().flatten())
-        .flat_map(|c| c.ports.iter().flatten())
-        .filter_map(|p| {
-            Some(NamedPort {
-                name: p.name.clone()?,
-                port: u16::try_from(p.container_port).ok()?,
-                proto: Proto::parse(p.protocol.as_deref())?,
-            })
-        })
-        .collect();
-    Some(PodInfo {
-        namespace: pod.metadata.namespace.clone()?,
-        name: pod.metadata.name.clone()?,
-        labels: pod.metadata.labels.clone().unwrap_or_default(),
-        ips,
-        node: spec.node_name.clone().unwrap_or_default(),
-        ports,
-    })
-}
-
-/// A pod's addresses from `podIPs` (else `podIP`): the first valid one of
-/// each family, IPv4 first; anything unparsable is no address.
-fn pod_addresses(status: &PodStatus) -> Vec<IpAddr> {
-    let listed = status.pod_ips.iter().flatten().map(|p| p.ip.as_str()).chain(status.pod_ip.as_deref());
-    let parsed: Vec<IpAddr> = listed.filter_map(|ip| ip.parse().ok()).collect();
-    let v4 = parsed.iter().copied().find(IpAddr::is_ipv4);
-    let v6 = parsed.iter().copied().find(IpAddr::is_ipv6);
-    v4.into_iter().chain(v6).collect()
-}
-
-/// How long the policy loop waits for Weft's own policy cache before it
-/// enforces standard NetworkPolicy without it (the CRD may be missing).
-const WEFT_CACHE_GRACE: Duration = Duration::from_secs(30);
-
-/// Gives this node's pods that ADD registered the addresses ADD gave them
-/// (the API may not know them yet, or still show an earlier sandbox's);
-/// returns the keys of those found in the API.
-fn with_attached(pods: &mut [Arc<PodInfo>], node: &str, taken: &Taken) -> Vec<String> {
-    let mut found = Vec::new();
-    if taken.pods.is_empty() {
-        return found;
-    }
-    for pod in pods.iter_mut().filter(|p| p.node == node) {
-        let key = pod.key();
-        let Some(entry) = taken.pods.get(&key) else { continue };
-        if pod.ips != entry.ips {
-            Arc::make_mut(pod).ips = entry.ips.clone();
-        }
-        found.push(key);
-    }
-    found
-}
-
-/// The cluster as the stores see it; invalid Weft policies are left out (logged once per pass).
-fn snapshot(
-    pods: &Projection<PodInfo>,
-    namespaces: &Store<Namespace>,
-    standard: &Store<StandardPolicy>,
-    weft: &Store<WeftPolicy>,
-) -> Cluster {
-    let mut c =
-        Cluster { pods: pods.values(), namespaces: BTreeMap::new(), standard: standard.state(), weft: Vec::new() };
-    for ns in namespaces.state() {
-        if let Some(name) = &ns.metadata.name {
-            c.namespaces.insert(name.clone(), ns.metadata.labels.clone().unwrap_or_default());
-        }
-    }
-    for p in weft.state() {
-        let problems = wnp::validate(&p.spec);
-        if problems.is_empty() {
-            c.weft.push(p);
-        } else {
-            tracing::debug!(namespace = ?p.metadata.namespace, name = ?p.metadata.name, ?problems, "ignoring an invalid Weft NetworkPolicy");
-        }
-    }
-    c
-}
-
-/// `namespace/name` of the standard policies over the bound (`limits`).
-fn refused_policies(cluster: &Cluster) -> Vec<String> {
-    let over = |p: &&Arc<StandardPolicy>| {
-        p.spec.as_ref().is_some_and(|s| super::limits::standard_cost(s) > super::limits::MAX_COST)
-    };
-    let key = |p: &Arc<StandardPolicy>| {
-        format!(
-            "{}/{}",
-            p.metadata.namespace.as_deref().unwrap_or_default(),
-            p.metadata.name.as_deref().unwrap_or_default()
-        )
-    };
-    cluster.standard.iter().filter(over).map(key).collect()
-}
-
-/// Logs and puts a Warning Event on each standard policy newly refused
-/// for this node's bound (`was`: those refused the pass before).
-fn report_node_refusals(
-    client: &Client,
-    node: &str,
-    now: &[super::limits::NodeRefusal],
-    was: &[super::limits::NodeRefusal],
-) {
-    let key = |r: &super::limits::NodeRefusal| (r.namespace.clone(), r.name.clone(), r.uid.clone());
-    let was: std::collections::HashSet<_> = was.iter().map(key).collect();
-    for r in now.iter().filter(|r| !was.contains(&key(r))) {
-        let message = super::limits::node_refusal_message(r, node);
-        tracing::error!(policy = %format!("{}/{}", r.namespace, r.name), "{message}");
-        let regarding = crate::events::Regarding {
-            api_version: "networking.k8s.io/v1",
-            kind: "NetworkPolicy",
-            namespace: r.namespace.clone(),
-            name: r.name.clone(),
-            uid: r.uid.clone(),
-        };
-        crate::events::record(client, node, regarding, crate::events::Kind::Warning, "PolicyRefused", message);
-    }
 }
 
 /// Makes the kernel match `want`: after reading it when `full` (the
@@ -284,136 +125,115 @@ pub async fn run(
     metrics: Arc<PolicyMetrics>,
     attached: Arc<Attached>,
 ) {
-    let changed = Arc::clone(&attached.changed);
-    // Only what policy reads of each pod is kept (a pod object is kilobytes).
-    let pods = watch::project(
-        Api::<Pod>::all(client.clone()),
-        watcher::Config::default(),
-        "Pod",
-        pod_info,
-        Arc::clone(&changed),
-    );
-    let namespaces = reflect(Api::<Namespace>::all(client.clone()), "Namespace", Arc::clone(&changed), slim);
-    let standard = reflect(Api::<StandardPolicy>::all(client.clone()), "NetworkPolicy", Arc::clone(&changed), slim);
-    let (weft_client, events_client) = (client.clone(), client.clone());
-    let weft = reflect(Api::<WeftPolicy>::all(client), "weft.dev NetworkPolicy", Arc::clone(&changed), slim);
-    tracing::info!("policy: waiting for the pod, namespace and policy caches");
-    let caches = async {
-        pods.wait_until_ready().await.is_ok()
-            && namespaces.wait_until_ready().await.is_ok()
-            && standard.wait_until_ready().await.is_ok()
-    };
-    tokio::pin!(caches);
-    let ready = match tokio::time::timeout(CACHE_GRACE, &mut caches).await {
-        Ok(ready) => ready,
-        Err(_) => {
-            attached.set_failure(Some(format!(
-                "the Pod, Namespace and NetworkPolicy caches are not filled after {CACHE_GRACE:?} (may the agent list them? see its log)"
-            )));
-            caches.await
-        }
-    };
-    if !ready {
-        tracing::error!("a policy cache was dropped before it was ready; policy is not enforced");
-        attached.set_failure(Some("a policy cache was dropped before it was ready (see the agent's log)".to_owned()));
+    let caches = Caches::start(&client, &attached.changed);
+    if !caches.wait_filled(&client, &attached).await {
         return;
     }
-    // Standard NetworkPolicy does not wait for Weft's CRD: without it (not
-    // installed, or no permission) Weft policies are enforced once their
-    // cache fills, and standard ones from now on.
-    let weft_served = match Api::<WeftPolicy>::all(weft_client).list(&kube::api::ListParams::default().limit(1)).await {
-        Err(kube::Error::Api(e)) if e.code == 404 || e.code == 403 => {
-            tracing::error!(error = %e, "cannot list weft.dev NetworkPolicies (is the CRD installed, may the agent list it?); enforcing standard NetworkPolicy without them");
-            false
-        }
-        _ => true,
-    };
-    if weft_served && tokio::time::timeout(WEFT_CACHE_GRACE, weft.wait_until_ready()).await.is_err() {
-        tracing::error!(
-            "the weft.dev NetworkPolicy cache is not ready after {WEFT_CACHE_GRACE:?} (is the CRD installed, may the agent list it?); enforcing standard NetworkPolicy without it"
-        );
-    }
-    // Whether the rules of the last pass that had any reached the kernel.
-    let mut last_applied = false;
-    let mut last_refused: Vec<String> = Vec::new();
-    let mut last_over_node: Vec<super::limits::NodeRefusal> = Vec::new();
-    // When the kernel is read next whatever changes: the resync, or a
-    // retry. A deadline, not a timer restarted by each change, so that
-    // constant churn elsewhere cannot put the resync off.
-    let mut kernel_due = tokio::time::Instant::now();
-    // Whether rules were ever applied (then the iptables-era ones are gone).
-    let mut cleaned_up = false;
-    let engine = Arc::new(Engine::new(Nft::default()));
-    let mut compute = Some(Compute::new(&node, drop_log, deny));
-    let labels: drop_log::Labels = Arc::new(std::sync::Mutex::new(Default::default()));
-    tokio::spawn(read_counters(Arc::clone(&engine), Arc::clone(&labels), Arc::clone(&metrics)));
-    if let Some(log) = drop_log
-        && let Err(e) = drop_log::start(log, Arc::clone(&labels), Arc::clone(&metrics))
-    {
-        tracing::error!(error = %e, "cannot start the policy drop log reader; policy is enforced without it");
-    }
+    let mut policy = PolicyLoop::start(client, node, resync, deny, drop_log, metrics, Arc::clone(&attached));
     loop {
+        let next = policy.pass(&caches).await;
+        next_change_or(&attached.changed, &attached, next).await;
+    }
+}
+
+/// The loop's state between passes.
+struct PolicyLoop {
+    node: String,
+    resync: Duration,
+    events: Client,
+    metrics: Arc<PolicyMetrics>,
+    attached: Arc<Attached>,
+    engine: Arc<Engine<Nft>>,
+    /// The compiler and renderer with what they did last; made anew when a
+    /// pass's task fails (the next pass starts over).
+    compute: Arc<std::sync::Mutex<Compute>>,
+    new_compute: Box<dyn Fn() -> Compute + Send>,
+    /// What each counter of the rules last applied counts (metrics, drop log).
+    labels: drop_log::Labels,
+    /// Whether the rules of the last pass that had any reached the kernel.
+    last_applied: bool,
+    last_refused: Vec<String>,
+    last_over_node: Vec<NodeRefusal>,
+    /// When the kernel is read next whatever changes: the resync, or a
+    /// retry. A deadline, not a timer restarted by each change, so that
+    /// constant churn elsewhere cannot put the resync off.
+    kernel_due: tokio::time::Instant,
+    /// Whether rules were ever applied (then the iptables-era ones are gone).
+    cleaned_up: bool,
+}
+
+impl PolicyLoop {
+    /// Also starts the counters' reader and, when asked, the drop log.
+    fn start(
+        events: Client,
+        node: String,
+        resync: Duration,
+        deny: render::DenyAction,
+        drop_log: Option<render::DropLog>,
+        metrics: Arc<PolicyMetrics>,
+        attached: Arc<Attached>,
+    ) -> Self {
+        let engine = Arc::new(Engine::new(Nft::default()));
+        let labels: drop_log::Labels = Arc::new(std::sync::Mutex::new(Default::default()));
+        tokio::spawn(read_counters(Arc::clone(&engine), Arc::clone(&labels), Arc::clone(&metrics)));
+        if let Some(log) = drop_log
+            && let Err(e) = drop_log::start(log, Arc::clone(&labels), Arc::clone(&metrics))
+        {
+            tracing::error!(error = %e, "cannot start the policy drop log reader; policy is enforced without it");
+        }
+        let compute_node = node.clone();
+        let new_compute = Box::new(move || Compute::new(&compute_node, drop_log, deny));
+        PolicyLoop {
+            compute: Arc::new(std::sync::Mutex::new(new_compute())),
+            new_compute,
+            node,
+            resync,
+            events,
+            metrics,
+            attached,
+            engine,
+            labels,
+            last_applied: false,
+            last_refused: Vec::new(),
+            last_over_node: Vec::new(),
+            kernel_due: tokio::time::Instant::now(),
+            cleaned_up: false,
+        }
+    }
+
+    /// One pass: the cluster from the caches (with the pods ADD registered)
+    /// within the bounds, this node's rules computed and, when they changed
+    /// or the kernel is due, applied. Returns when the kernel is due next.
+    async fn pass(&mut self, caches: &Caches) -> tokio::time::Instant {
         let started = Instant::now();
-        let taken = attached.take();
-        let mut cluster = snapshot(&pods, &namespaces, &standard, &weft);
-        let included = with_attached(&mut cluster.pods, &node, &taken);
+        let taken = self.attached.take();
+        let mut cluster = caches.snapshot();
+        let included = with_attached(&mut cluster.pods, &self.node, &taken);
         let covered = |pod: &str| included.iter().any(|k| k == pod);
         let snapshot_took = started.elapsed();
-        let m = metrics.as_ref();
-        m.policies.get_or_create(&KindLabels { kind: "standard" }).set(cluster.standard.len() as i64);
-        m.policies.get_or_create(&KindLabels { kind: "weft" }).set(cluster.weft.len() as i64);
-        let refused = refused_policies(&cluster);
-        let over_node = super::limits::enforce_node_bound(&mut cluster, &node);
-        m.refused.set((refused.len() + over_node.len()) as i64);
-        if refused != last_refused {
-            if !refused.is_empty() {
-                tracing::error!(
-                    policies = ?refused, bound = super::limits::MAX_COST,
-                    "refusing NetworkPolicies that compile past the per-policy bound: the pods they select stay isolated and they admit nothing"
-                );
-            }
-            last_refused = refused;
-        }
-        report_node_refusals(&events_client, &node, &over_node, &last_over_node);
-        last_over_node = over_node;
-        let full = tokio::time::Instant::now() >= kernel_due;
-        // Lost if the task panics: the next pass starts over.
-        let mut c = compute.take().unwrap_or_else(|| Compute::new(&node, drop_log, deny));
-        let Want { rules, local_pods, recompiled, took } = match tokio::task::spawn_blocking(move || {
-            let want = c.want(&cluster, full);
-            (c, want)
-        })
-        .await
-        {
-            Ok((c, want)) => {
-                compute = Some(c);
-                want
-            }
-            Err(e) => {
-                tracing::error!(error = %e, "computing the policy rules failed; retrying");
-                m.syncs.get_or_create(&ResultLabels { result: "error" }).inc();
-                next_change_or(&changed, &attached, tokio::time::Instant::now() + RETRY).await;
-                continue;
-            }
+        self.bound(&mut cluster);
+        let full = tokio::time::Instant::now() >= self.kernel_due;
+        let Some(want) = self.compute(cluster, full).await else {
+            return tokio::time::Instant::now() + RETRY;
         };
         // Only the kernel shows tampering, so the resync (or a retry) always
         // reads it; otherwise only rules that changed go to it. Pod churn
         // elsewhere in the cluster that cannot change this node's rules
         // ends here.
-        let Some(rules) = rules else {
+        let Some(rules) = want.rules.clone() else {
             // The rules of the pass before: applied, or (it failed) retried
             // when `kernel_due` comes, with a full compile.
-            m.syncs.get_or_create(&ResultLabels { result: "unaffected" }).inc();
-            if last_applied {
-                attached.applied(&taken, covered);
+            self.metrics.syncs.get_or_create(&ResultLabels { result: "unaffected" }).inc();
+            if self.last_applied {
+                self.attached.applied(&taken, covered);
             }
-            next_change_or(&changed, &attached, kernel_due).await;
-            continue;
+            return self.kernel_due;
         };
         let computed = started.elapsed();
-        let (rules2, metrics2, engine2) = (Arc::clone(&rules), Arc::clone(&metrics), Arc::clone(&engine));
+        let (metrics, engine) = (Arc::clone(&self.metrics), Arc::clone(&self.engine));
+        let applying = Arc::clone(&rules);
         let result = tokio::task::spawn_blocking(move || {
-            let applied = apply(&engine2, &rules2, full, Some(&metrics2));
+            let applied = apply(&engine, &applying, full, Some(&metrics));
             // What the pass (or, at the start and after a resync period, a
             // relist) allocated briefly is free now: hand it back before
             // the pass is reported done. Blocking threads each keep an
@@ -422,62 +242,118 @@ pub async fn run(
             applied
         })
         .await;
-        let elapsed = started.elapsed();
-        let ms = |d: Duration| d.as_secs_f64() * 1e3;
-        let mut pause = resync;
-        match result {
+        let timings = Timings { total: started.elapsed(), snapshot: snapshot_took, computed };
+        let failure = match result {
             Ok(Ok(wrote)) => {
-                last_applied = true;
-                attached.set_failure(None);
-                attached.applied(&taken, covered);
-                let report = Report::of(&rules, local_pods, wrote);
-                m.rules.set(report.rules as i64);
-                m.sets.set(report.sets as i64);
-                m.local_pods.set(report.local_pods as i64);
-                m.sync_duration.observe(elapsed.as_secs_f64());
-                let result = if report.wrote { "applied" } else { "unchanged" };
-                m.syncs.get_or_create(&ResultLabels { result }).inc();
-                if report.wrote {
-                    tracing::info!(
-                        rules = report.rules,
-                        sets = report.sets,
-                        local_pods = report.local_pods,
-                        recompiled_pods = recompiled,
-                        full,
-                        elapsed_ms = format_args!("{:.1}", ms(elapsed)),
-                        snapshot_ms = format_args!("{:.1}", ms(snapshot_took)),
-                        compute_ms = format_args!("{:.1}", ms(computed - snapshot_took)),
-                        compile_ms = format_args!("{:.1}", ms(took.0)),
-                        render_ms = format_args!("{:.1}", ms(took.1)),
-                        kernel_ms = format_args!("{:.1}", ms(elapsed - computed)),
-                        "policy rules applied"
-                    );
-                }
-                *labels.lock().unwrap_or_else(|p| p.into_inner()) = rules.counters.clone();
-                if !cleaned_up {
-                    // An upgrade in place: the iptables-era policy goes once this is in.
-                    crate::firewall::legacy::remove_once("policy", crate::firewall::legacy::remove_policy).await;
-                    cleaned_up = true;
-                }
+                // ADDs waiting for these rules answer first.
+                self.attached.set_failure(None);
+                self.attached.applied(&taken, covered);
+                self.applied(&rules, &want, full, wrote, timings).await;
+                None
             }
-            Ok(Err(e)) => {
-                last_applied = false;
-                attached.set_failure(Some(e.to_string()));
-                m.syncs.get_or_create(&ResultLabels { result: "error" }).inc();
+            Ok(Err(e)) => Some(e.to_string()),
+            Err(e) => Some(format!("the policy task failed: {e}")),
+        };
+        self.last_applied = failure.is_none();
+        let pause = match failure {
+            None => self.resync,
+            Some(e) => {
+                self.metrics.syncs.get_or_create(&ResultLabels { result: "error" }).inc();
                 tracing::error!(error = %e, "policy sync failed; retrying");
-                pause = RETRY;
+                self.attached.set_failure(Some(e));
+                RETRY
             }
+        };
+        self.kernel_due = tokio::time::Instant::now() + pause;
+        self.kernel_due
+    }
+
+    /// Applies the per-policy and per-node bounds to `cluster`, and reports
+    /// what they newly refuse.
+    fn bound(&mut self, cluster: &mut Cluster) {
+        let m = self.metrics.as_ref();
+        m.policies.get_or_create(&KindLabels { kind: "standard" }).set(cluster.standard.len() as i64);
+        m.policies.get_or_create(&KindLabels { kind: "weft" }).set(cluster.weft.len() as i64);
+        let refused = limits::refused_policies(cluster);
+        let over_node = limits::enforce_node_bound(cluster, &self.node);
+        m.refused.set((refused.len() + over_node.len()) as i64);
+        if refused != self.last_refused {
+            if !refused.is_empty() {
+                tracing::error!(
+                    policies = ?refused, bound = limits::MAX_COST,
+                    "refusing NetworkPolicies that compile past the per-policy bound: the pods they select stay isolated and they admit nothing"
+                );
+            }
+            self.last_refused = refused;
+        }
+        report::node_refusals(&self.events, &self.node, &over_node, &self.last_over_node);
+        self.last_over_node = over_node;
+    }
+
+    /// This node's rules for `cluster`, computed off the runtime; None when
+    /// the task failed (counted and logged).
+    async fn compute(&mut self, cluster: Cluster, full: bool) -> Option<Want> {
+        let compute = Arc::clone(&self.compute);
+        let task = tokio::task::spawn_blocking(move || {
+            let mut c = compute.lock().unwrap_or_else(|p| p.into_inner());
+            c.want(&cluster, full)
+        });
+        match task.await {
+            Ok(want) => Some(want),
             Err(e) => {
-                last_applied = false;
-                attached.set_failure(Some(format!("the policy task failed: {e}")));
-                m.syncs.get_or_create(&ResultLabels { result: "error" }).inc();
-                tracing::error!(error = %e, "policy sync task failed; retrying");
-                pause = RETRY;
+                tracing::error!(error = %e, "computing the policy rules failed; retrying");
+                self.metrics.syncs.get_or_create(&ResultLabels { result: "error" }).inc();
+                self.compute = Arc::new(std::sync::Mutex::new((self.new_compute)()));
+                None
             }
         }
-        kernel_due = tokio::time::Instant::now() + pause;
-        next_change_or(&changed, &attached, kernel_due).await;
     }
+
+    /// What a pass that reached the kernel leaves: the metrics, a log line
+    /// when it wrote, the counters' labels, and (once) the removal of the
+    /// iptables-era policy.
+    async fn applied(&mut self, rules: &Desired, want: &Want, full: bool, wrote: bool, t: Timings) {
+        let m = self.metrics.as_ref();
+        let report = Report::of(rules, want.local_pods, wrote);
+        m.rules.set(report.rules as i64);
+        m.sets.set(report.sets as i64);
+        m.local_pods.set(report.local_pods as i64);
+        m.sync_duration.observe(t.total.as_secs_f64());
+        let result = if report.wrote { "applied" } else { "unchanged" };
+        m.syncs.get_or_create(&ResultLabels { result }).inc();
+        if report.wrote {
+            let ms = |d: Duration| format!("{:.1}", d.as_secs_f64() * 1e3);
+            tracing::info!(
+                rules = report.rules,
+                sets = report.sets,
+                local_pods = report.local_pods,
+                recompiled_pods = want.recompiled,
+                full,
+                elapsed_ms = ms(t.total),
+                snapshot_ms = ms(t.snapshot),
+                compute_ms = ms(t.computed - t.snapshot),
+                compile_ms = ms(want.took.0),
+                render_ms = ms(want.took.1),
+                kernel_ms = ms(t.total - t.computed),
+                "policy rules applied"
+            );
+        }
+        *self.labels.lock().unwrap_or_else(|p| p.into_inner()) = rules.counters.clone();
+        if !self.cleaned_up {
+            // An upgrade in place: the iptables-era policy goes once this is in.
+            crate::firewall::legacy::remove_once("policy", crate::firewall::legacy::remove_policy).await;
+            self.cleaned_up = true;
+        }
+    }
+}
+
+/// Where a pass's time went: in all, to the snapshot, and until its rules
+/// were computed.
+#[derive(Clone, Copy)]
+struct Timings {
+    total: Duration,
+    snapshot: Duration,
+    computed: Duration,
 }
 
 /// Reads the policy counters into the metrics every [`COUNTERS_EVERY`]
@@ -508,9 +384,13 @@ async fn next_change_or(changed: &tokio::sync::Notify, attached: &Attached, dead
 
 #[cfg(test)]
 mod tests {
+    use k8s_openapi::api::core::v1::Pod;
+    use k8s_openapi::api::networking::v1::NetworkPolicy as StandardPolicy;
     use serde_json::json;
 
     use super::*;
+    use crate::policy::caches::pod_info;
+    use crate::policy::model::PodInfo;
 
     #[test]
     fn only_a_change_of_this_node_s_rules_or_a_resync_reaches_the_kernel() {
@@ -529,61 +409,6 @@ mod tests {
         c.standard.clear();
         let none = compute.want(&c, false).rules.expect("this node's rules changed");
         assert_eq!(*none, render::render(&[], None));
-    }
-
-    #[test]
-    fn attached_pods_of_this_node_take_the_addresses_add_gave_them() {
-        use crate::policy::model::tests::{NODE, cluster};
-        let attached = Attached::default();
-        let c = cluster();
-        let local = c.pods.iter().find(|p| p.node == NODE).unwrap().key();
-        let remote = c.pods.iter().find(|p| p.node != NODE).unwrap().key();
-        let new_ip: IpAddr = "10.244.9.9".parse().unwrap();
-        for pod in [&local, &remote, &"prod/not-in-the-api".to_owned()] {
-            attached.admit(pod, "c", vec![new_ip]);
-        }
-        let mut pods = c.pods.clone();
-        let found = with_attached(&mut pods, NODE, &attached.take());
-        assert_eq!(found, std::slice::from_ref(&local), "only this node's pods, and only those the API knows");
-        let ips = |key: &str| pods.iter().find(|p| p.key() == key).unwrap().ips.clone();
-        assert_eq!(ips(&local), [new_ip]);
-        assert_ne!(ips(&remote), [new_ip], "another node's pod is never changed");
-        // The snapshot's own copy changed, not the cache's entry.
-        assert_ne!(c.pods.iter().find(|p| p.key() == local).unwrap().ips, [new_ip]);
-    }
-
-    #[test]
-    fn pods_become_policy_pods_with_named_ports() {
-        let pod: Pod = serde_json::from_value(json!({
-            "metadata": {"name": "web", "namespace": "prod", "labels": {"app": "web"}},
-            "spec": {"nodeName": "n1", "containers": [{"name": "c", "ports": [
-                {"name": "http", "containerPort": 8080},
-                {"containerPort": 9000},
-                {"name": "dns", "containerPort": 53, "protocol": "UDP"}]}]},
-            "status": {"podIP": "fd00::5", "podIPs": [{"ip": "fd00::5"}, {"ip": "bogus"}, {"ip": "fd00::6"}, {"ip": "10.0.0.5"}]}
-        }))
-        .unwrap();
-        let info = pod_info(&pod).unwrap();
-        let addrs: Vec<IpAddr> = ["10.0.0.5", "fd00::5"].map(|a| a.parse().unwrap()).into();
-        assert_eq!(info.ips, addrs, "one address per family, IPv4 first");
-        assert_eq!(info.key(), "prod/web");
-        assert_eq!(info.node, "n1");
-        assert_eq!(
-            info.ports,
-            [
-                NamedPort { name: "http".into(), port: 8080, proto: Proto::Tcp },
-                NamedPort { name: "dns".into(), port: 53, proto: Proto::Udp }
-            ]
-        );
-        let mut host = pod.clone();
-        host.spec.as_mut().unwrap().host_network = Some(true);
-        assert_eq!(pod_info(&host), None, "host-network pods are not policy pods");
-        let mut done = pod.clone();
-        done.status.as_mut().unwrap().phase = Some("Succeeded".into());
-        assert_eq!(pod_info(&done), None, "a finished pod's address may belong to another pod");
-        let mut pending = pod;
-        pending.status = None;
-        assert!(pod_info(&pending).unwrap().ips.is_empty());
     }
 
     /// Benchmark of the pure part of a pass at the scale of
