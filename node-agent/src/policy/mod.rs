@@ -2,14 +2,15 @@
 //! (`weft.dev/v1alpha1`) NetworkPolicies compiled into the `policy` part of
 //! Weft's nftables table for this node's pods (see docs/network-policy.md).
 //!
-//! `caches` is the view of the API, `model` the semantics (pure), `incremental` recompiles only what a
-//! change affects (pure), `render` the nftables representation
-//! (pure), `sync` the watch-and-apply loop, `report` its failures as a
-//! Subnet condition and Node Events, `attached` the pods ADD
-//! registered before the API reports them, `drop_log` the optional log of dropped
-//! packets. `render_iptables_old` and
-//! `ipset` are the engine it replaced, kept (in `node-agent/old_engines/`,
-//! test builds only) for the upgrade test and the benchmark beside the new one.
+//! `caches` is the view of the API, `model` the semantics (pure),
+//! `incremental` recompiles only what a change affects (pure), `render` the
+//! nftables representation (pure), `limits` the bounds on what policies may
+//! compile to, `sync` the watch-and-apply loop, `report` its failures as a
+//! Subnet condition and Events, `attached` the pods ADD registered before
+//! the API reports them, `drop_log` the optional log of dropped packets.
+//! `render_iptables_old` and `ipset` are the engine it replaced, kept (in
+//! `node-agent/old_engines/`, test builds only) for the upgrade test and the
+//! benchmark beside the new one.
 
 mod addr_ranges;
 pub mod attached;
