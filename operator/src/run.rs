@@ -1,7 +1,6 @@
 //! Wiring: client, metrics server, leader election, the two controllers.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use anyhow::Context as _;
 use futures::StreamExt;
@@ -13,7 +12,6 @@ use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
-use tokio::sync::Mutex;
 use weft_api::Subnet;
 
 use crate::config::Config;
@@ -139,13 +137,9 @@ async fn run_controllers(
         metrics: metrics.clone(),
         recorder,
         term: term.clone(),
-        alloc_lock: Mutex::new(()),
-        pending: std::sync::Mutex::new(Vec::new()),
-        last_write_rv: std::sync::Mutex::new(None),
-        exhausted_nodes: std::sync::Mutex::new(Default::default()),
-        waiting_for_space: AtomicBool::new(false),
-        deletions: AtomicU64::new(0),
-        absent_since: std::sync::Mutex::new(Default::default()),
+        allocator: Default::default(),
+        reported: Default::default(),
+        absences: Default::default(),
     });
 
     let wake = {
@@ -156,12 +150,11 @@ async fn run_controllers(
                 let ctx = ctx.clone();
                 let tx = retry_tx.clone();
                 async move {
-                    if let Ok(watcher::Event::Delete(_)) = ev {
-                        ctx.deletions.fetch_add(1, Ordering::SeqCst);
-                        if ctx.waiting_for_space.swap(false, Ordering::SeqCst) {
-                            // Full channel means a wake-up is already pending.
-                            let _ = tx.try_send(());
-                        }
+                    if let Ok(watcher::Event::Delete(_)) = ev
+                        && ctx.allocator.subnet_deleted()
+                    {
+                        // Full channel means a wake-up is already pending.
+                        let _ = tx.try_send(());
                     }
                 }
             })

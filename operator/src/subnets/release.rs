@@ -1,0 +1,379 @@
+//! Letting leases go: a Subnet whose node has been absent for the release
+//! grace period, or that overlaps one that keeps its block ([`Claim`]), is
+//! withdrawn (deleted); its finalizer keeps the block reserved until nobody
+//! can be using it ([`may_let_go`]).
+
+use std::collections::HashMap;
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use ipnet::IpNet;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, ListParams, Preconditions};
+use kube::runtime::controller::Action;
+use kube::runtime::reflector::ObjectRef;
+use weft_api::Subnet;
+use weft_api::subnet::{REASON_LEASE_WITHDRAWN, holds_lease, let_go_patch};
+
+use super::plan::{Agent, Claim, blocks, may_let_go, ready_condition};
+use super::{Context, Error, kube_err, managed, status};
+use crate::ipam::overlaps;
+
+/// Since when each Subnet's node has been seen absent (this replica's view:
+/// a new leader starts counting again, which only delays).
+#[derive(Default)]
+pub struct Absences(Mutex<HashMap<String, Instant>>);
+
+impl Absences {
+    /// When `subnet`'s node was first seen absent (now, if not before).
+    fn since(&self, subnet: &str) -> Instant {
+        // Plain data; a panic elsewhere cannot leave it torn.
+        *self.0.lock().unwrap_or_else(PoisonError::into_inner).entry(subnet.to_owned()).or_insert_with(Instant::now)
+    }
+
+    fn forget(&self, subnet: &str) {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).remove(subnet);
+    }
+}
+
+/// Releases a Subnet whose Node is gone (or replaced), and withdraws the
+/// newer of two overlapping Subnets.
+pub(super) async fn reconcile(subnet: &Subnet, ctx: &Context) -> Result<Action, Error> {
+    super::update_lease_gauges(ctx);
+    let name = subnet.name_any();
+    let node_name = &subnet.spec.node_name;
+    // Ask the API, not the node cache: this reconcile is often triggered by
+    // the Node's deletion, which the cache (fed by another watch) may not
+    // have seen yet.
+    let node = ctx.nodes_api.get_opt(node_name).await.map_err(kube_err("looking up node of", node_name))?;
+    if subnet.metadata.deletion_timestamp.is_some() {
+        return let_go_when_unused(ctx, subnet, node.is_some()).await;
+    }
+    if node.is_none() {
+        if !managed(ctx, subnet) {
+            return Ok(Action::await_change());
+        }
+        let grace = ctx.config.release_grace();
+        let since = ctx.absences.since(&name);
+        let absent_for = since.elapsed();
+        if absent_for < grace {
+            tracing::info!(subnet = %name, node = %node_name, ?absent_for, "node is absent; its lease is kept while it may register again");
+            return Ok(Action::requeue(grace - absent_for + Duration::from_millis(100)));
+        }
+        tracing::info!(subnet = %name, node = %node_name, cidr = %subnet.spec.cidr, "node has been absent for {grace:?}, withdrawing its lease");
+        delete_subnet(ctx, subnet).await?;
+        ctx.absences.forget(&name);
+        return Ok(Action::await_change());
+    }
+    ctx.absences.forget(&name);
+    status::ensure_lease_metadata(ctx, subnet).await?;
+
+    let mine: Vec<IpNet> = blocks(subnet).collect();
+    let me = Claim::of(subnet, true);
+    let winner = ctx.subnets.state().into_iter().find(|other| {
+        other.name_any() != subnet.name_any()
+            && blocks(other).any(|theirs| mine.iter().any(|m| overlaps(m, &theirs)))
+            && Claim::of(other, ctx.nodes.get(&ObjectRef::new(&other.spec.node_name)).is_some()).beats(&me)
+    });
+    if let Some(winner) = winner {
+        tracing::warn!(
+            subnet = %subnet.name_any(), cidr = %subnet.spec.cidr, kept = %winner.name_any(), kept_cidr = %winner.spec.cidr,
+            "subnet overlaps one that keeps its block, withdrawing it so its node is reallocated once the block is let go"
+        );
+        delete_subnet(ctx, subnet).await?;
+    }
+    Ok(Action::requeue(ctx.config.resync()))
+}
+
+/// A withdrawn Subnet: removes the lease finalizer once nobody can still be
+/// using the block (see [`may_let_go`]).
+async fn let_go_when_unused(ctx: &Context, subnet: &Subnet, node_present: bool) -> Result<Action, Error> {
+    if !holds_lease(subnet) || !managed(ctx, subnet) {
+        return Ok(Action::await_change());
+    }
+    let name = subnet.name_any();
+    let pods = pods_in_block(ctx, subnet).await?;
+    let agent = match ready_condition(subnet) {
+        None => Agent::NeverUsed,
+        Some(c) if c.reason == REASON_LEASE_WITHDRAWN => Agent::Draining,
+        Some(_) => Agent::Silent,
+    };
+    let withdrawn_for = subnet.metadata.deletion_timestamp.as_ref().map_or(Duration::ZERO, |t| {
+        Duration::from_secs(u64::try_from(Timestamp::now().as_second() - t.0.as_second()).unwrap_or(0))
+    });
+    let grace = ctx.config.release_grace();
+    if let Err(waiting) = may_let_go(node_present, agent, pods, withdrawn_for, grace) {
+        tracing::info!(subnet = %name, cidr = %subnet.spec.cidr, "withdrawn lease kept: {waiting}");
+        return Ok(Action::requeue(Duration::from_secs(5)));
+    }
+    status::patch_metadata(ctx, subnet, &let_go_patch(subnet)).await?;
+    tracing::info!(subnet = %name, cidr = %subnet.spec.cidr, "let go of a withdrawn lease: no pod uses its block");
+    Ok(Action::await_change())
+}
+
+/// Pods the API has on the Subnet's node with an address in its block.
+async fn pods_in_block(ctx: &Context, subnet: &Subnet) -> Result<usize, Error> {
+    let blocks: Vec<IpNet> = blocks(subnet).collect();
+    if blocks.is_empty() {
+        return Ok(0);
+    }
+    let pods: Api<Pod> = Api::all(ctx.subnets_api.clone().into_client());
+    let lp = ListParams::default().fields(&format!("spec.nodeName={}", subnet.spec.node_name));
+    let list = pods.list(&lp).await.map_err(kube_err("listing the pods on the node of", &subnet.name_any()))?;
+    Ok(list
+        .items
+        .iter()
+        .filter(|p| {
+            let ips = p.status.as_ref().and_then(|s| s.pod_ips.as_ref());
+            ips.into_iter()
+                .flatten()
+                .any(|ip| ip.ip.parse::<std::net::IpAddr>().is_ok_and(|ip| blocks.iter().any(|b| b.contains(&ip))))
+        })
+        .count())
+}
+
+/// Deletes exactly this Subnet (UID precondition), tolerating it being gone.
+async fn delete_subnet(ctx: &Context, subnet: &Subnet) -> Result<(), Error> {
+    let name = subnet.name_any();
+    let dp = DeleteParams {
+        preconditions: subnet.uid().map(|uid| Preconditions { uid: Some(uid), resource_version: None }),
+        ..Default::default()
+    };
+    ctx.term.check()?;
+    match ctx.subnets_api.delete(&name, &dp).await {
+        Ok(_) => {
+            tracing::info!(subnet = %name, cidr = %subnet.spec.cidr, "released subnet");
+            Ok(())
+        }
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(()),
+        Err(e) => Err(kube_err("deleting", &name)(e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use clap::Parser;
+    use k8s_openapi::api::core::v1::Node;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+    use kube::runtime::events::Recorder;
+    use serde_json::json;
+    use weft_api::subnet::CONDITION_READY;
+
+    use super::super::plan::new_subnet;
+    use super::super::reconcile_subnet;
+    use super::*;
+    use crate::config::Config;
+    use crate::leader::Term;
+    use crate::metrics::Metrics;
+
+    fn leased(node: &str, cidr: &str, withdrawn: bool) -> Subnet {
+        let cfg = Config::try_parse_from(["x"]).expect("config");
+        let mut s = new_subnet(node, &[cidr.parse().expect("cidr")], &cfg);
+        if withdrawn {
+            s.metadata.deletion_timestamp = Some(Time(Timestamp::now()));
+        }
+        s
+    }
+
+    /// Reconcilers against a mocked API server: each test scripts the
+    /// requests the reconciler must make, in order, and the answers.
+    mod mock_api {
+        use super::*;
+        use crate::mock_api::{Handle, expect, json_response, no_more_requests, not_found, store};
+        use http::{Method, StatusCode};
+        use kube::runtime::events::Reporter;
+
+        fn context(grace: &str) -> (Arc<Context>, Handle) {
+            context_with(grace, &[], &[])
+        }
+
+        /// A context whose caches hold `subnets` and Nodes named `nodes`.
+        fn context_with(grace: &str, subnets: &[Subnet], nodes: &[&str]) -> (Arc<Context>, Handle) {
+            let nodes =
+                nodes.iter().map(|n| serde_json::from_value::<Node>(json!({"metadata": {"name": n}})).expect("node"));
+            let (client, handle) = crate::mock_api::client();
+            let config =
+                Config::try_parse_from(["x", "--cluster-cidr", "10.9.0.0/16", "--release-grace-seconds", grace])
+                    .expect("config");
+            let ctx = Context {
+                nodes_api: Api::all(client.clone()),
+                subnets_api: Api::all(client.clone()),
+                nodes: store(nodes),
+                subnets: store(subnets.iter().cloned()),
+                pool: config.pool().expect("pool"),
+                secondary: None,
+                config,
+                metrics: Arc::new(Metrics::new()),
+                recorder: Recorder::new(client, Reporter { controller: "test".into(), instance: None }),
+                term: Term::always(),
+                allocator: Default::default(),
+                reported: Default::default(),
+                absences: Default::default(),
+            };
+            (Arc::new(ctx), handle)
+        }
+
+        fn subnet(withdrawn: bool, agent_used: bool) -> Subnet {
+            let mut s = leased("n1", "10.9.4.0/24", withdrawn);
+            s.metadata.uid = Some("uid-1".into());
+            s.metadata.resource_version = Some("7".into());
+            if agent_used {
+                s.status = Some(weft_api::SubnetStatus {
+                    conditions: vec![Condition {
+                        type_: CONDITION_READY.into(),
+                        status: "True".into(),
+                        reason: "DatapathProgrammed".into(),
+                        message: String::new(),
+                        last_transition_time: Time(Timestamp::now()),
+                        observed_generation: None,
+                    }],
+                    ..Default::default()
+                });
+            }
+            s
+        }
+
+        #[tokio::test]
+        async fn a_lease_whose_node_is_gone_past_the_grace_is_withdrawn_with_a_uid_precondition() {
+            let (ctx, mut api) = context("0");
+            let reconcile = tokio::spawn(reconcile_subnet(Arc::new(subnet(false, true)), ctx));
+            expect(&mut api, Method::GET, "/api/v1/nodes/n1", not_found("node n1")).await;
+            let body = expect(
+                &mut api,
+                Method::DELETE,
+                "/apis/weft.dev/v1alpha1/subnets/n1",
+                json_response(StatusCode::OK, serde_json::to_value(subnet(true, true)).expect("json")),
+            )
+            .await;
+            assert_eq!(body["preconditions"]["uid"], "uid-1", "{body}");
+            let action = reconcile.await.expect("task").expect("reconcile");
+            assert_eq!(action, Action::await_change());
+        }
+
+        #[tokio::test]
+        async fn a_lease_whose_node_is_briefly_absent_is_kept() {
+            let (ctx, mut api) = context("60");
+            let reconcile = tokio::spawn(reconcile_subnet(Arc::new(subnet(false, true)), ctx));
+            expect(&mut api, Method::GET, "/api/v1/nodes/n1", not_found("node n1")).await;
+            let action = reconcile.await.expect("task").expect("reconcile");
+            // Nothing written; looked at again once the grace is over.
+            assert!(no_more_requests(&mut api).await, "no write");
+            assert!(action != Action::await_change(), "{action:?}");
+        }
+
+        #[tokio::test]
+        async fn a_withdrawn_block_is_kept_while_a_pod_uses_it_and_let_go_after() {
+            let (ctx, mut api) = context("0");
+            let pod_in_block = json!({"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": [
+                {"metadata": {"name": "web", "namespace": "shop"}, "spec": {"containers": []},
+                 "status": {"podIPs": [{"ip": "10.9.4.7"}]}},
+            ]});
+            let empty = json!({"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": []});
+
+            let reconcile = tokio::spawn(reconcile_subnet(Arc::new(subnet(true, false)), ctx.clone()));
+            expect(&mut api, Method::GET, "/api/v1/nodes/n1", not_found("node n1")).await;
+            let list = expect(&mut api, Method::GET, "/api/v1/pods", json_response(StatusCode::OK, pod_in_block)).await;
+            assert!(list["query"].as_str().is_some_and(|q| q.contains("spec.nodeName%3Dn1")), "{list}");
+            let action = reconcile.await.expect("task").expect("reconcile");
+            assert!(action != Action::await_change(), "kept, and looked at again: {action:?}");
+            assert!(no_more_requests(&mut api).await, "no write");
+
+            let reconcile = tokio::spawn(reconcile_subnet(Arc::new(subnet(true, false)), ctx));
+            expect(&mut api, Method::GET, "/api/v1/nodes/n1", not_found("node n1")).await;
+            expect(&mut api, Method::GET, "/api/v1/pods", json_response(StatusCode::OK, empty)).await;
+            let patch = expect(
+                &mut api,
+                Method::PATCH,
+                "/apis/weft.dev/v1alpha1/subnets/n1",
+                json_response(StatusCode::OK, serde_json::to_value(subnet(true, false)).expect("json")),
+            )
+            .await;
+            assert_eq!(patch["metadata"]["finalizers"], json!([]), "{patch}");
+            assert_eq!(patch["metadata"]["resourceVersion"], "7", "guarded by the resourceVersion: {patch}");
+            assert_eq!(reconcile.await.expect("task").expect("reconcile"), Action::await_change());
+        }
+
+        fn node_json(name: &str) -> http::Response<kube::client::Body> {
+            json_response(StatusCode::OK, json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}))
+        }
+
+        /// `name` for node `node`, leasing `cidr`, created `age_s` seconds ago.
+        fn claim(name: &str, node: &str, cidr: &str, age_s: i64, agent_used: bool) -> Subnet {
+            let mut s = subnet(false, agent_used);
+            s.metadata.name = Some(name.into());
+            s.metadata.uid = Some(format!("uid-{name}"));
+            s.spec.node_name = node.into();
+            s.spec.cidr = cidr.into();
+            let created = Timestamp::now() - k8s_openapi::jiff::SignedDuration::from_secs(age_s);
+            s.metadata.creation_timestamp = Some(Time(created));
+            s
+        }
+
+        #[tokio::test]
+        async fn an_older_overlapping_subnet_nobody_uses_never_takes_a_live_node_s_block() {
+            // A restored or hand-written object, older than n1's lease, for
+            // a node that does not exist, and one naming n1 itself.
+            let live = claim("n1", "n1", "10.9.4.0/24", 60, true);
+            let ghost = claim("ghost", "n9", "10.9.4.0/23", 3600, false);
+            let twin = claim("twin", "n1", "10.9.4.128/25", 3600, false);
+            let (ctx, mut api) = context_with("60", &[live.clone(), ghost, twin.clone()], &["n1"]);
+
+            let reconcile = tokio::spawn(reconcile_subnet(Arc::new(live), ctx.clone()));
+            expect(&mut api, Method::GET, "/api/v1/nodes/n1", node_json("n1")).await;
+            reconcile.await.expect("task").expect("reconcile");
+            assert!(no_more_requests(&mut api).await, "the live node's lease was touched");
+
+            // The twin names a live node but no agent uses it: it loses.
+            let reconcile = tokio::spawn(reconcile_subnet(Arc::new(twin.clone()), ctx));
+            expect(&mut api, Method::GET, "/api/v1/nodes/n1", node_json("n1")).await;
+            let body = expect(
+                &mut api,
+                Method::DELETE,
+                "/apis/weft.dev/v1alpha1/subnets/twin",
+                json_response(StatusCode::OK, serde_json::to_value(twin).expect("json")),
+            )
+            .await;
+            assert_eq!(body["preconditions"]["uid"], "uid-twin", "{body}");
+            reconcile.await.expect("task").expect("reconcile");
+        }
+
+        #[tokio::test]
+        async fn between_two_leases_in_use_the_newer_is_withdrawn() {
+            let old = claim("n1", "n1", "10.9.4.0/24", 3600, true);
+            let new = claim("n2", "n2", "10.9.4.0/24", 60, true);
+            let (ctx, mut api) = context_with("60", &[old.clone(), new.clone()], &["n1", "n2"]);
+
+            let reconcile = tokio::spawn(reconcile_subnet(Arc::new(old), ctx.clone()));
+            expect(&mut api, Method::GET, "/api/v1/nodes/n1", node_json("n1")).await;
+            reconcile.await.expect("task").expect("reconcile");
+            assert!(no_more_requests(&mut api).await, "the older lease was touched");
+
+            let reconcile = tokio::spawn(reconcile_subnet(Arc::new(new.clone()), ctx));
+            expect(&mut api, Method::GET, "/api/v1/nodes/n2", node_json("n2")).await;
+            expect(
+                &mut api,
+                Method::DELETE,
+                "/apis/weft.dev/v1alpha1/subnets/n2",
+                json_response(StatusCode::OK, serde_json::to_value(new).expect("json")),
+            )
+            .await;
+            reconcile.await.expect("task").expect("reconcile");
+        }
+
+        #[tokio::test]
+        async fn a_live_node_s_withdrawn_block_is_left_to_its_agent() {
+            let (ctx, mut api) = context("0");
+            let node = json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1", "uid": "node-uid"}});
+            let empty = json!({"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": []});
+            let reconcile = tokio::spawn(reconcile_subnet(Arc::new(subnet(true, true)), ctx));
+            expect(&mut api, Method::GET, "/api/v1/nodes/n1", json_response(StatusCode::OK, node)).await;
+            expect(&mut api, Method::GET, "/api/v1/pods", json_response(StatusCode::OK, empty)).await;
+            reconcile.await.expect("task").expect("reconcile");
+            assert!(no_more_requests(&mut api).await, "no write");
+        }
+    }
+}

@@ -1,0 +1,173 @@
+//! What leasing writes besides the Subnet's spec: the `Allocated`
+//! condition and the lease finalizer on Subnets, the operator's condition
+//! on Nodes that wait for space, and the Event that says so.
+
+use std::collections::HashSet;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::events::{Event, EventType};
+use kube::{Resource, ResourceExt};
+use serde_json::json;
+use weft_api::Subnet;
+use weft_api::subnet::{CONDITION_ALLOCATED, LEASE_FINALIZER, holds_lease};
+
+use super::{Context, Error, FIELD_MANAGER, kube_err, managed};
+use crate::ipam::Pool;
+
+/// The nodes this replica reported as waiting for space.
+#[derive(Default)]
+pub struct Reported(Mutex<HashSet<String>>);
+
+impl Reported {
+    fn nodes(&self) -> MutexGuard<'_, HashSet<String>> {
+        // Plain data; a panic elsewhere cannot leave it torn.
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+pub(super) async fn report_exhausted(ctx: &Context, node: &Node, pool: &Pool, in_pool: u128) {
+    let name = node.name_any();
+    ctx.metrics.pool_exhausted.inc();
+    let note = format!(
+        "no free /{} left in cluster CIDR {} ({} of {} subnets in use); the node gets one as soon as a Subnet is released",
+        pool.node_prefix(),
+        pool.cluster(),
+        in_pool,
+        pool.capacity()
+    );
+    tracing::warn!(node = %name, "{note}");
+    ctx.reported.nodes().insert(name.clone());
+    if !node_condition_is(node, "False") {
+        set_node_condition(ctx, &name, "False", "SubnetPoolExhausted", &note).await;
+    }
+    let event = Event {
+        type_: EventType::Warning,
+        reason: "SubnetPoolExhausted".into(),
+        note: Some(note),
+        action: "AllocateSubnet".into(),
+        secondary: None,
+    };
+    if let Err(e) = ctx.recorder.publish(&event, &node.object_ref(&())).await {
+        tracing::warn!(error = %e, node = %name, "publishing exhaustion event failed");
+    }
+}
+
+/// Node condition the operator owns: whether the node has a pod CIDR lease.
+pub const NODE_CONDITION: &str = "WeftSubnetAllocated";
+
+fn node_condition_is(node: &Node, status: &str) -> bool {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == NODE_CONDITION && c.status == status))
+}
+
+/// Flips [`NODE_CONDITION`] to True for a node that was reported exhausted
+/// (by this replica, or by a predecessor as the condition shows). Other
+/// nodes never get the condition, which saves a write per node.
+pub(super) async fn clear_exhausted(ctx: &Context, node: &Node, subnet: &Subnet) {
+    let name = node.name_any();
+    let reported = ctx.reported.nodes().remove(&name);
+    if reported || node_condition_is(node, "False") {
+        let msg = format!("leased {}", subnet.spec.blocks().collect::<Vec<_>>().join(","));
+        set_node_condition(ctx, &name, "True", "SubnetAllocated", &msg).await;
+    }
+}
+
+/// Sets [`NODE_CONDITION`] on the Node (server-side apply: kubelet's own
+/// conditions are untouched). Best effort: without `nodes/status` RBAC the
+/// Event and metric still report exhaustion.
+async fn set_node_condition(ctx: &Context, node: &str, status: &str, reason: &str, message: &str) {
+    let now = Timestamp::now().to_string();
+    let patch = json!({
+        "apiVersion": "v1",
+        "kind": "Node",
+        "status": {"conditions": [{
+            "type": NODE_CONDITION,
+            "status": status,
+            "reason": reason,
+            "message": message,
+            "lastHeartbeatTime": now,
+            "lastTransitionTime": now,
+        }]},
+    });
+    if ctx.term.check().is_err() {
+        return;
+    }
+    if let Err(e) =
+        ctx.nodes_api.patch_status(node, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(patch)).await
+    {
+        tracing::warn!(error = %e, %node, "setting node condition {NODE_CONDITION} failed");
+    }
+}
+
+/// Subnets made by earlier operators: adds the lease finalizer and drops the
+/// owner reference to the Node (see [`plan::new_subnet`](super::plan::new_subnet)). One patch, guarded by
+/// the resourceVersion.
+pub(super) async fn ensure_lease_metadata(ctx: &Context, subnet: &Subnet) -> Result<(), Error> {
+    let has_finalizer = holds_lease(subnet);
+    let node_owned = subnet.owner_references().iter().any(|o| o.kind == "Node" && o.api_version == "v1");
+    if (has_finalizer && !node_owned) || !managed(ctx, subnet) {
+        return Ok(());
+    }
+    let mut finalizers = subnet.finalizers().to_vec();
+    if !has_finalizer {
+        finalizers.push(LEASE_FINALIZER.to_string());
+    }
+    let owners: Vec<_> =
+        subnet.owner_references().iter().filter(|o| !(o.kind == "Node" && o.api_version == "v1")).collect();
+    let patch = json!({"metadata": {
+        "resourceVersion": subnet.resource_version(),
+        "finalizers": finalizers,
+        "ownerReferences": owners,
+    }});
+    patch_metadata(ctx, subnet, &patch).await
+}
+
+/// Merge-patches a Subnet's metadata; a conflict or a gone Subnet is left to
+/// the next reconcile, which sees the newer object.
+pub(super) async fn patch_metadata(ctx: &Context, subnet: &Subnet, patch: &serde_json::Value) -> Result<(), Error> {
+    let name = subnet.name_any();
+    ctx.term.check()?;
+    match ctx.subnets_api.patch(&name, &PatchParams::default(), &Patch::Merge(patch)).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(()),
+        Err(e) => Err(kube_err("updating metadata of", &name)(e)),
+    }
+}
+
+/// Sets `Allocated=True` (server-side apply: the agent owns `Ready`).
+pub(super) async fn ensure_allocated_condition(ctx: &Context, subnet: &Subnet) -> Result<(), Error> {
+    let has = subnet
+        .status
+        .as_ref()
+        .is_some_and(|s| s.conditions.iter().any(|c| c.type_ == CONDITION_ALLOCATED && c.status == "True"));
+    if has {
+        return Ok(());
+    }
+    let name = subnet.name_any();
+    let condition = Condition {
+        type_: CONDITION_ALLOCATED.into(),
+        status: "True".into(),
+        reason: "LeaseGranted".into(),
+        message: format!("{} leased to node {}", subnet.spec.cidr, subnet.spec.node_name),
+        last_transition_time: Time(Timestamp::now()),
+        observed_generation: subnet.metadata.generation,
+    };
+    let patch = json!({
+        "apiVersion": "weft.dev/v1alpha1",
+        "kind": "Subnet",
+        "status": {"conditions": [condition]},
+    });
+    ctx.term.check()?;
+    match ctx.subnets_api.patch_status(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(patch)).await {
+        Ok(_) => Ok(()),
+        // Deleted meanwhile: the next reconcile reallocates.
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(kube_err("updating status of", &name)(e)),
+    }
+}
