@@ -14,6 +14,7 @@ use weft_e2e::bins;
 use weft_e2e::netns::Netns;
 use weft_e2e::sandbox::State;
 use weft_e2e::sandbox::testing::{Up, ok};
+use weft_e2e::supervisor::StateFile;
 
 const ITERATIONS: usize = 100;
 

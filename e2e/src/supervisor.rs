@@ -1,6 +1,7 @@
 //! What the sandbox and the real-node cluster share: a supervisor process
-//! started by `up` that writes a JSON state file once everything is ready,
-//! and is stopped by `down` with SIGTERM.
+//! started by `up` that writes a JSON state file once everything is ready
+//! ([`StateFile`]), is stopped by `down` with SIGTERM, and leaves nothing
+//! (its network namespaces share a prefix: [`remove_namespaces`]).
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -123,17 +124,68 @@ fn flock(path: &Path, wait: bool) -> anyhow::Result<Option<File>> {
     Err(e).with_context(|| format!("cannot lock {}", path.display()))
 }
 
-/// Reads a state file; `missing` says what to do when it does not exist.
-pub fn load_state<T: DeserializeOwned>(path: &Path, missing: &str) -> anyhow::Result<T> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("{missing} ({} missing)", path.display()))?;
-    serde_json::from_str(&text).with_context(|| format!("corrupt {}", path.display()))
+/// A node of an environment, as its state lists it.
+pub trait StateNode {
+    fn name(&self) -> &str;
 }
 
-/// Writes a state file atomically.
-pub fn save_state<T: Serialize>(path: &Path, state: &T) -> anyhow::Result<()> {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, serde_json::to_vec_pretty(state)?).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("saving {}", path.display()))
+/// What `up` leaves for the other commands and the tests: one JSON file in
+/// the environment's state directory.
+pub trait StateFile: Serialize + DeserializeOwned {
+    type Node: StateNode;
+    /// What the environment is called in messages ("sandbox", "cluster").
+    const WHAT: &'static str;
+    /// The command that brings it up.
+    const UP: &'static str;
+
+    fn state_dir() -> PathBuf;
+
+    fn nodes(&self) -> &[Self::Node];
+
+    fn path() -> PathBuf {
+        Self::state_dir().join("state.json")
+    }
+
+    fn load() -> anyhow::Result<Self> {
+        let path = Self::path();
+        let text = std::fs::read_to_string(&path).with_context(|| {
+            format!("the {} is not up: run `{}` ({} missing)", Self::WHAT, Self::UP, path.display())
+        })?;
+        serde_json::from_str(&text).with_context(|| format!("corrupt {}", path.display()))
+    }
+
+    /// Writes the state atomically.
+    fn save(&self) -> anyhow::Result<()> {
+        let path = Self::path();
+        let tmp = path.with_extension("tmp");
+        std::fs::write(&tmp, serde_json::to_vec_pretty(self)?).with_context(|| format!("writing {}", tmp.display()))?;
+        std::fs::rename(&tmp, &path).with_context(|| format!("saving {}", path.display()))
+    }
+
+    fn node(&self, name: &str) -> anyhow::Result<&Self::Node> {
+        self.nodes().iter().find(|n| n.name() == name).with_context(|| {
+            let names: Vec<_> = self.nodes().iter().map(StateNode::name).collect();
+            format!("no node {name:?} in the {} (nodes: {})", Self::WHAT, names.join(", "))
+        })
+    }
+}
+
+/// Names of the network namespaces that exist now and start with `prefix`.
+pub fn namespaces_with_prefix(prefix: &str) -> Vec<String> {
+    let listed = std::process::Command::new("ip").args(["netns", "list"]).output();
+    String::from_utf8_lossy(&listed.map(|o| o.stdout).unwrap_or_default())
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|n| n.starts_with(prefix))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Deletes every network namespace whose name starts with `prefix`.
+pub fn remove_namespaces(prefix: &str) {
+    for ns in namespaces_with_prefix(prefix) {
+        let _ = std::process::Command::new("ip").args(["netns", "del", &ns]).output();
+    }
 }
 
 /// Waits until `ready` returns the state the supervisor `child` wrote,

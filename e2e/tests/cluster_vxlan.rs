@@ -11,6 +11,7 @@ use weft_e2e::cluster::configs::ProxyMode;
 use weft_e2e::cluster::node;
 use weft_e2e::cluster::testing::{Cluster, apply, eventually, kubectl, kubectl_ok, node_exec, ok, pod_exec};
 use weft_e2e::cluster::workloads::{HTTP_PORT, TestPod, delete_pods, http_hostname, namespace, wait_running};
+use weft_e2e::supervisor::StateFile;
 
 const NS: &str = "weft-e2e";
 

@@ -19,6 +19,7 @@ use serde::Deserialize;
 use serde_yaml::Value;
 use weft_api::subnet::LEASE_FINALIZER;
 use weft_e2e::control_plane::{self, ControlPlane};
+use weft_e2e::supervisor::StateFile;
 use weft_e2e::{prereq, wait};
 
 fn repo_root() -> PathBuf {

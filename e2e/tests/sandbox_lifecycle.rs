@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use weft_e2e::sandbox::testing::{Up, ok, run, turn};
 use weft_e2e::sandbox::{State, cluster, existing_namespaces, state_dir};
+use weft_e2e::supervisor::StateFile;
 use weft_e2e::{bins, wait};
 
 /// `down` once more when the test ends, also on a panic.

@@ -15,6 +15,7 @@ use std::time::Duration;
 use serde_json::Value;
 use weft_e2e::sandbox::testing::{Up, ok};
 use weft_e2e::sandbox::{CP_IP, CP_NS, State};
+use weft_e2e::supervisor::StateFile;
 use weft_e2e::{bins, wait};
 
 const OPERATOR_METRICS: &str = "10.250.0.1:9090";

@@ -18,6 +18,7 @@ use weft_e2e::cni::{self, Container, Outcome, Weft};
 use weft_e2e::netns::Netns;
 use weft_e2e::sandbox::testing::{Up, ok, run};
 use weft_e2e::sandbox::{State, state_dir};
+use weft_e2e::supervisor::StateFile;
 use weft_e2e::wait;
 
 const OPS: usize = 1000;

@@ -9,6 +9,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use weft_e2e::cluster::{self, State, node, supervise};
 use weft_e2e::control_plane;
+use weft_e2e::supervisor::StateFile;
 
 #[derive(Parser)]
 #[command(name = "weft-cluster", about = "A local Kubernetes cluster of real nodes running Weft")]

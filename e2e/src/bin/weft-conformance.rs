@@ -11,6 +11,7 @@ use clap::Parser;
 use weft_e2e::cluster::{State, dns, images, node};
 use weft_e2e::conformance::{self, Environment, SuiteResult};
 use weft_e2e::control_plane;
+use weft_e2e::supervisor::StateFile;
 
 #[derive(Parser)]
 #[command(name = "weft-conformance", about = "Kubernetes' own network tests against the Weft cluster")]

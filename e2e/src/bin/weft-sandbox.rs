@@ -9,6 +9,7 @@ use clap::{Parser, Subcommand};
 use weft_e2e::control_plane::Component;
 use weft_e2e::sandbox::pods::{self, HostPortSpec, PodRecord, PortSpec};
 use weft_e2e::sandbox::{State, cluster, probe};
+use weft_e2e::supervisor::StateFile;
 
 #[derive(Parser)]
 #[command(name = "weft-sandbox", about = "A local Weft cluster made of network namespaces")]

@@ -32,7 +32,6 @@ pub mod workloads;
 use std::net::Ipv4Addr;
 use std::path::PathBuf;
 
-use anyhow::Context;
 use serde::{Deserialize, Serialize};
 
 pub const NS_PREFIX: &str = "weft-k8s-";
@@ -126,35 +125,27 @@ impl NodeInfo {
     }
 }
 
-impl State {
-    pub fn path() -> PathBuf {
-        state_dir().join("state.json")
+impl crate::supervisor::StateFile for State {
+    type Node = NodeInfo;
+    const WHAT: &'static str = "cluster";
+    const UP: &'static str = "e2e/cluster.sh up";
+
+    fn state_dir() -> PathBuf {
+        state_dir()
     }
 
-    pub fn load() -> anyhow::Result<State> {
-        crate::supervisor::load_state(&Self::path(), "the cluster is not up: run `e2e/cluster.sh up`")
+    fn nodes(&self) -> &[NodeInfo] {
+        &self.nodes
     }
+}
 
-    /// Writes the state atomically.
-    pub fn save(&self) -> anyhow::Result<()> {
-        crate::supervisor::save_state(&Self::path(), self)
-    }
-
-    pub fn node(&self, name: &str) -> anyhow::Result<&NodeInfo> {
-        self.nodes.iter().find(|n| n.name == name).with_context(|| {
-            let names: Vec<_> = self.nodes.iter().map(|n| n.name.as_str()).collect();
-            format!("no node {name:?} in the cluster (nodes: {})", names.join(", "))
-        })
+impl crate::supervisor::StateNode for NodeInfo {
+    fn name(&self) -> &str {
+        &self.name
     }
 }
 
 /// Names of the cluster's network namespaces that exist now.
 pub fn existing_namespaces() -> Vec<String> {
-    crate::sandbox::ip(&["netns", "list"])
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| l.split_whitespace().next())
-        .filter(|n| n.starts_with(NS_PREFIX))
-        .map(str::to_owned)
-        .collect()
+    crate::supervisor::namespaces_with_prefix(NS_PREFIX)
 }

@@ -20,6 +20,7 @@ use super::{
 use crate::control_plane::pki::ClientIdentity;
 use crate::control_plane::{self, ControlPlane, Options, kube_util, process};
 use crate::sandbox::ip;
+use crate::supervisor::StateFile;
 
 /// Nodes that can exist at once (client certificates are issued up front).
 pub const MAX_NODES: usize = 9;
@@ -87,9 +88,7 @@ pub fn cleanup_leftovers() {
             .collect();
         destroy_nodes(&nodes);
     }
-    for ns in super::existing_namespaces() {
-        let _ = ip(&["netns", "del", &ns]);
-    }
+    crate::supervisor::remove_namespaces(super::NS_PREFIX);
     let ns_dir = state_dir().join("ns");
     if ns_dir.exists() {
         let _ = Command::new("umount").arg(&ns_dir).stderr(std::process::Stdio::null()).status();
@@ -119,9 +118,7 @@ pub async fn supervise(opts: UpOptions) -> anyhow::Result<()> {
         Err(e) => {
             eprintln!("cluster start failed: {e:#}");
             destroy_nodes(&(1..=MAX_NODES).map(NodeInfo::new).collect::<Vec<_>>());
-            for ns in super::existing_namespaces() {
-                let _ = ip(&["netns", "del", &ns]);
-            }
+            crate::supervisor::remove_namespaces(super::NS_PREFIX);
             return Err(e);
         }
     };

@@ -7,6 +7,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use super::State;
+use crate::supervisor::StateFile;
 use crate::{bins, control_plane, prereq, wait};
 
 /// Runs a command to completion; returns success and its stdout, with its

@@ -13,6 +13,7 @@ use serde_json::json;
 
 use super::{CP_IP, CP_NS, FORWARD_PORT, State, UNDERLAY_NS, ip, state_dir};
 use crate::control_plane::{self, Component, ControlPlane, Options, process};
+use crate::supervisor::StateFile;
 
 /// The sandbox's supervisor and starting locks (one sandbox per machine).
 pub fn locks() -> crate::supervisor::MachineLocks {
@@ -79,9 +80,7 @@ fn stop_processes() {
 /// Removes every sandbox namespace and the state directory.
 pub fn cleanup_leftovers() {
     stop_processes();
-    for ns in super::existing_namespaces() {
-        let _ = ip(&["netns", "del", &ns]);
-    }
+    crate::supervisor::remove_namespaces(super::NS_PREFIX);
     let _ = std::fs::remove_dir_all(state_dir());
 }
 
@@ -97,9 +96,7 @@ pub async fn supervise(nodes: usize, backend: &str) -> anyhow::Result<()> {
             // Keep the log (the caller shows it); everything else goes.
             eprintln!("sandbox start failed: {e:#}");
             stop_processes();
-            for ns in super::existing_namespaces() {
-                let _ = ip(&["netns", "del", &ns]);
-            }
+            crate::supervisor::remove_namespaces(super::NS_PREFIX);
             return Err(e);
         }
     };

@@ -15,6 +15,7 @@ use weft_api::subnet::Subnet;
 use super::{NodeInfo, State, UNDERLAY_NS, UNDERLAY_PREFIX, UNDERLAY_PREFIX6, ip, state_dir};
 use crate::bins;
 use crate::control_plane::{self, kube_util, process};
+use crate::supervisor::StateFile;
 
 /// Creates `netns` (loopback up) with a veth to the underlay bridge carrying `addr`.
 pub fn attach_to_underlay(netns: &str, tag: &str, addr: Ipv4Addr) -> anyhow::Result<()> {

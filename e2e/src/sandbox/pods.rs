@@ -15,6 +15,7 @@ use serde_json::json;
 use super::{NS_PREFIX, State, ip, state_dir};
 use crate::bins;
 use crate::cni::Outcome;
+use crate::supervisor::StateFile;
 
 /// A port a pod serves: `80/tcp`, `53/udp`, `9000/sctp`, optionally named (`http=80/tcp`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
