@@ -9,7 +9,13 @@
 //! iteration, each going first in turn, so machine noise hits them alike.
 //! A fourth agent has its `/readyz` hammered all along (about 200 requests a
 //! second, as anything that can reach a node could): its ADDs must not wait
-//! for the health checks.
+//! for the health checks. With `WEFT_BASELINE_BIN_DIR` (weft-agent and
+//! weft-cni of another build), that build runs beside this one in the same
+//! rotation, so a change is measured against what it changed. Each case
+//! always follows the same one, whose veth removals finish during it: that
+//! slot alone moved DEL by 10–15 % here. Run it twice with the two builds'
+//! directories swapped (WEFT_BIN_DIR and WEFT_BASELINE_BIN_DIR) and compare
+//! each build in the same slot.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -140,7 +146,23 @@ fn main() {
         cni_args: String::new(),
     };
 
-    let cases = [
+    // Another build of weft, bridged as `weft` (WEFT_BASELINE_BIN_DIR).
+    let baseline_dir = std::env::var_os("WEFT_BASELINE_BIN_DIR").map(std::path::PathBuf::from);
+    let baseline_node = Netns::new("bench-base");
+    let baseline_pod = Netns::new("bench-bpod");
+    let baseline_state = tempfile::tempdir().expect("tempdir");
+    let baseline_agent = baseline_dir
+        .as_ref()
+        .map(|d| Agent::start_binary(&baseline_node, "10.226.0.0/24", baseline_state.path(), &d.join("weft-agent")));
+    let baseline = baseline_dir.as_ref().zip(baseline_agent.as_ref()).map(|(d, a)| Case {
+        node: &baseline_node,
+        plugin: d.join("weft-cni"),
+        pod: &baseline_pod,
+        conf: json!({"cniVersion": "1.0.0", "name": "weft", "type": "weft-cni", "agentSocket": a.socket}),
+        cni_args: String::new(),
+    });
+
+    let mut cases = vec![
         ("weft", &weft),
         ("weft, routed pods", &routed),
         ("weft, /readyz hammered", &probed),
@@ -148,7 +170,10 @@ fn main() {
         ("weft, dual-stack", &dual),
         ("bridge + host-local, 2 ranges", &reference_dual),
     ];
-    let mut samples: [Samples; 6] = Default::default();
+    if let Some(b) = &baseline {
+        cases.push(("weft, baseline build", b));
+    }
+    let mut samples: Vec<Samples> = cases.iter().map(|_| Samples::default()).collect();
     for i in 0..ITERATIONS {
         // Each chain goes first in turn: a DEL's deferred kernel work (RCU
         // callbacks of the veth it removed) lands on whichever comes next.
@@ -159,10 +184,13 @@ fn main() {
     }
     stop.store(true, Ordering::Relaxed);
     let answered = hammer.join().expect("readyz hammer");
-    drop((agent, routed_agent, probed_agent, dual_agent));
+    drop((agent, routed_agent, probed_agent, dual_agent, baseline_agent));
     let rows: Vec<(&str, &Samples)> = cases.iter().zip(&samples).map(|((name, _), s)| (*name, s)).collect();
-    // Two tables from the same interleaved run, each with its own reference last.
+    // Tables from the same interleaved run, each with its own reference last.
     print_table(&format!("CNI ADD/DEL latency, {ITERATIONS} iterations each, rotating order (ms)"), &rows[..4]);
-    print_table("Dual-stack (IPv4 + IPv6 per pod), same run (ms)", &rows[4..]);
+    print_table("Dual-stack (IPv4 + IPv6 per pod), same run (ms)", &rows[4..6]);
+    if rows.len() > 6 {
+        print_table("This build against the baseline build, same run (ms)", &[rows[0], rows[6]]);
+    }
     println!("\n/readyz requests during the run: {} ({answered} answered)", probes.load(Ordering::Relaxed));
 }

@@ -17,6 +17,8 @@ pub struct Agent {
     env: Vec<(String, String)>,
     node: String,
     log: PathBuf,
+    /// The weft-agent binary (default: the build under test's).
+    binary: PathBuf,
 }
 
 impl Agent {
@@ -44,6 +46,25 @@ impl Agent {
             pod_cidr: pod_cidr.to_owned(),
             node: node.name().to_owned(),
             log: dir.join("agent.log"),
+            binary: bins::weft("weft-agent"),
+        };
+        agent.spawn(node);
+        agent
+    }
+
+    /// Like [`Agent::start`], running the weft-agent at `binary` (another
+    /// build, for a benchmark that compares two in the same run).
+    pub fn start_binary(node: &Netns, pod_cidr: &str, dir: &Path, binary: &Path) -> Self {
+        let mut agent = Self {
+            args: Vec::new(),
+            env: Vec::new(),
+            child: None,
+            socket: dir.join("agent.sock"),
+            state_dir: dir.join("state"),
+            pod_cidr: pod_cidr.to_owned(),
+            node: node.name().to_owned(),
+            log: dir.join("agent.log"),
+            binary: binary.to_owned(),
         };
         agent.spawn(node);
         agent
@@ -52,7 +73,7 @@ impl Agent {
     fn spawn(&mut self, node: &Netns) {
         let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log).expect("agent log file");
         let child = node
-            .command(bins::weft("weft-agent"))
+            .command(&self.binary)
             .args(["--pod-cidr", &self.pod_cidr, "--metrics-addr", "127.0.0.1:9646"])
             .arg("--socket")
             .arg(&self.socket)
