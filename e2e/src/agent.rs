@@ -37,17 +37,9 @@ impl Agent {
     /// Like [`Agent::start_with`], with extra environment variables (a `PATH`
     /// with fault-injecting stand-ins for the programs the agent runs, say).
     pub fn start_with_env(node: &Netns, pod_cidr: &str, dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Self {
-        let mut agent = Self {
-            args: args.iter().map(|a| a.to_string()).collect(),
-            env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
-            child: None,
-            socket: dir.join("agent.sock"),
-            state_dir: dir.join("state"),
-            pod_cidr: pod_cidr.to_owned(),
-            node: node.name().to_owned(),
-            log: dir.join("agent.log"),
-            binary: bins::weft("weft-agent"),
-        };
+        let mut agent = Self::new(node, pod_cidr, dir, &bins::weft("weft-agent"));
+        agent.args = args.iter().map(|a| a.to_string()).collect();
+        agent.env = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         agent.spawn(node);
         agent
     }
@@ -55,7 +47,13 @@ impl Agent {
     /// Like [`Agent::start`], running the weft-agent at `binary` (another
     /// build, for a benchmark that compares two in the same run).
     pub fn start_binary(node: &Netns, pod_cidr: &str, dir: &Path, binary: &Path) -> Self {
-        let mut agent = Self {
+        let mut agent = Self::new(node, pod_cidr, dir, binary);
+        agent.spawn(node);
+        agent
+    }
+
+    fn new(node: &Netns, pod_cidr: &str, dir: &Path, binary: &Path) -> Self {
+        Self {
             args: Vec::new(),
             env: Vec::new(),
             child: None,
@@ -65,9 +63,7 @@ impl Agent {
             node: node.name().to_owned(),
             log: dir.join("agent.log"),
             binary: binary.to_owned(),
-        };
-        agent.spawn(node);
-        agent
+        }
     }
 
     fn spawn(&mut self, node: &Netns) {

@@ -173,10 +173,13 @@ async fn run(config: Config) -> anyhow::Result<()> {
             let failure = attached.watch_failure();
             tokio::spawn(policy::report::run(api.clone(), config.node_name.clone(), failure));
         }
-        let metrics = Arc::clone(&metrics.policy);
-        let (node, resync, log) = (config.node_name.clone(), config.resync(), config.drop_log());
-        let deny = config.policy_deny_action;
-        tokio::spawn(policy::sync::run(client.clone(), node, resync, deny, log, metrics, attached));
+        let settings = policy::sync::Settings {
+            node: config.node_name.clone(),
+            resync: config.resync(),
+            deny: config.policy_deny_action,
+            drop_log: config.drop_log(),
+        };
+        tokio::spawn(policy::sync::run(client.clone(), settings, Arc::clone(&metrics.policy), attached));
     }
 
     let listener = bind_socket(&config.socket)?;

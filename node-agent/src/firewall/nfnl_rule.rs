@@ -404,6 +404,17 @@ mod tests {
         assert!(!bytes.windows(8).any(|w| w == b"bitwise\0"), "a /16 compares two bytes");
     }
 
+    /// Runs an nft script in the calling thread's namespace.
+    fn nft_script(script: &str) {
+        let mut child = std::process::Command::new("nft")
+            .args(["-f", "-"])
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .expect("nft");
+        std::io::Write::write_all(child.stdin.as_mut().expect("stdin"), script.as_bytes()).expect("write");
+        assert!(child.wait().expect("nft").success(), "{script}");
+    }
+
     /// The same rules added by nft (from text) and over netlink (from
     /// Weft's statements) list the same: nft reads ours as its own.
     #[test]
@@ -455,13 +466,7 @@ mod tests {
             for (text, rule) in &rules {
                 script.push_str(&format!("add rule inet t a {text} comment \"{}\"\n", rule.comment));
             }
-            let mut child = std::process::Command::new("nft")
-                .args(["-f", "-"])
-                .stdin(std::process::Stdio::piped())
-                .spawn()
-                .expect("nft");
-            std::io::Write::write_all(child.stdin.as_mut().expect("stdin"), script.as_bytes()).expect("write");
-            assert!(child.wait().expect("nft").success(), "{script}");
+            nft_script(&script);
             let mut changes = vec![Change::AddChain("b")];
             changes.extend(rules.iter().map(|(_, r)| Change::AddRule("b", encode(r).expect("encodable"))));
             Conn::default().apply(crate::firewall::ruleset::TableFamily::Inet, "t", &changes, std::time::Duration::from_secs(5)).expect("netlink");
@@ -503,13 +508,7 @@ mod tests {
                  add rule bridge t a counter name \"dropped\" drop comment \"{}\"\n",
                 check.comment, drop.comment
             );
-            let mut child = std::process::Command::new("nft")
-                .args(["-f", "-"])
-                .stdin(std::process::Stdio::piped())
-                .spawn()
-                .expect("nft");
-            std::io::Write::write_all(child.stdin.as_mut().expect("stdin"), script.as_bytes()).expect("write");
-            assert!(child.wait().expect("nft").success(), "{script}");
+            nft_script(&script);
             let on_s6 = Rule::new(
                 "own target",
                 vec![build::key_in_set(&[Field::InIface, Field::EtherSrc, Field::NdTarget], "s6"), build::accept()],

@@ -128,6 +128,13 @@ impl Node {
         write(&self.node, guard, Write::Update, self.ports(which)).expect("guard write");
     }
 
+    /// The node bridge's MAC (the pods' gateway's).
+    fn bridge_mac(&self) -> [u8; 6] {
+        let text = sh(&self.node, "cat /sys/class/net/weft0/address");
+        let bytes: Vec<u8> = text.trim().split(':').map(|h| u8::from_str_radix(h, 16).unwrap()).collect();
+        bytes.try_into().unwrap()
+    }
+
     fn pod(&self, i: usize) -> &Ns {
         &self.pods[i].0
     }
@@ -265,27 +272,13 @@ fn a_bridged_pod_sends_only_as_itself() {
     assert!(answers(a, "-b 10.244.1.255").contains("from 10.244.1.6"), "a broadcast reaches the other pod");
     // ARP: the node learns B's address at A's MAC.
     assert!(ping(&n.node, "10.244.1.6"));
-    let bridge_mac = sh(&n.node, "cat /sys/class/net/weft0/address");
-    let bridge_mac: Vec<u8> = bridge_mac.trim().split(':').map(|h| u8::from_str_radix(h, 16).unwrap()).collect();
-    let bridge_mac: [u8; 6] = bridge_mac.try_into().unwrap();
+    let bridge_mac = n.bridge_mac();
     let spoof = arp_reply(MAC_A, [10, 244, 1, 6], bridge_mac, [10, 244, 1, 1]);
-    let frame = spoof.clone();
-    let a_path = a.name().to_owned();
-    let send_spoof = move |frame: Vec<u8>| {
-        let path = format!("/run/netns/{a_path}");
-        std::thread::spawn(move || {
-            let f = std::fs::File::open(path).unwrap();
-            nix::sched::setns(&f, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
-            send_frame("eth0", &frame);
-        })
-        .join()
-        .unwrap();
-    };
     // Sent again on each look: the kernel overrides an entry only once a
     // jiffy has passed since its last update (locktime 0), and the node's
     // ping may have updated it a moment before.
     eventually("the node to take the spoofed ARP reply", || {
-        send_spoof(frame.clone());
+        send_from(a, spoof.clone());
         node_neighbour_mac(&n.node, "10.244.1.6").contains(&mac(MAC_A))
     });
     sh(&n.node, "ip neigh flush dev weft0");
@@ -307,7 +300,7 @@ fn a_bridged_pod_sends_only_as_itself() {
     // it cannot be the kernel's one-jiffy lock), never taken.
     let until = Instant::now() + Duration::from_millis(500);
     while Instant::now() < until {
-        send_spoof(spoof.clone());
+        send_from(a, spoof.clone());
         let entry = node_neighbour_mac(&n.node, "10.244.1.6");
         assert!(!entry.contains(&mac(MAC_A)), "the spoofed ARP reply was taken: {entry}");
     }
@@ -368,9 +361,7 @@ fn a_bridged_pod_cannot_claim_another_pods_ipv6_address_by_neighbour_discovery()
     }
     let n = Node::new(Attachment::Bridge, true);
     let (a, b) = (n.pod(0), n.pod(1));
-    let bridge_mac = sh(&n.node, "cat /sys/class/net/weft0/address");
-    let bridge_mac: Vec<u8> = bridge_mac.trim().split(':').map(|h| u8::from_str_radix(h, 16).unwrap()).collect();
-    let bridge_mac: [u8; 6] = bridge_mac.try_into().unwrap();
+    let bridge_mac = n.bridge_mac();
     let (a_ip, b_ip, gw): (Ipv6Addr, Ipv6Addr, Ipv6Addr) =
         ("fd00:10:244:1::5".parse().unwrap(), "fd00:10:244:1::6".parse().unwrap(), "fd00:10:244:1::1".parse().unwrap());
     let a_ll: Ipv6Addr = n.link_local(0).parse().unwrap();

@@ -113,23 +113,25 @@ impl Compute {
     }
 }
 
-/// Runs for the agent's lifetime; `deny`: what denies do with packets;
-/// `drop_log`: log dropped packets (off when `None`); `attached`: the pods
-/// ADD registered (their rules are applied before ADD answers).
-pub async fn run(
-    client: Client,
-    node: String,
-    resync: Duration,
-    deny: render::DenyAction,
-    drop_log: Option<render::DropLog>,
-    metrics: Arc<PolicyMetrics>,
-    attached: Arc<Attached>,
-) {
+/// How this node enforces policy (the agent's flags).
+pub struct Settings {
+    pub node: String,
+    /// How often the kernel is read and repaired whatever changes.
+    pub resync: Duration,
+    /// What denies do with packets.
+    pub deny: render::DenyAction,
+    /// Log dropped packets (off when `None`).
+    pub drop_log: Option<render::DropLog>,
+}
+
+/// Runs for the agent's lifetime; `attached`: the pods ADD registered
+/// (their rules are applied before ADD answers).
+pub async fn run(client: Client, settings: Settings, metrics: Arc<PolicyMetrics>, attached: Arc<Attached>) {
     let caches = Caches::start(&client, &attached.changed);
     if !caches.wait_filled(&client, &attached).await {
         return;
     }
-    let mut policy = PolicyLoop::start(client, node, resync, deny, drop_log, metrics, Arc::clone(&attached));
+    let mut policy = PolicyLoop::start(client, settings, metrics, Arc::clone(&attached));
     loop {
         let next = policy.pass(&caches).await;
         next_change_or(&attached.changed, &attached, next).await;
@@ -164,15 +166,8 @@ struct PolicyLoop {
 
 impl PolicyLoop {
     /// Also starts the counters' reader and, when asked, the drop log.
-    fn start(
-        events: Client,
-        node: String,
-        resync: Duration,
-        deny: render::DenyAction,
-        drop_log: Option<render::DropLog>,
-        metrics: Arc<PolicyMetrics>,
-        attached: Arc<Attached>,
-    ) -> Self {
+    fn start(events: Client, settings: Settings, metrics: Arc<PolicyMetrics>, attached: Arc<Attached>) -> Self {
+        let Settings { node, resync, deny, drop_log } = settings;
         let engine = Arc::new(Engine::new(Nft::default()));
         let labels: drop_log::Labels = Arc::new(std::sync::Mutex::new(Default::default()));
         tokio::spawn(read_counters(Arc::clone(&engine), Arc::clone(&labels), Arc::clone(&metrics)));
