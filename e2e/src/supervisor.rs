@@ -124,6 +124,38 @@ fn flock(path: &Path, wait: bool) -> anyhow::Result<Option<File>> {
     Err(e).with_context(|| format!("cannot lock {}", path.display()))
 }
 
+/// Brings environment `S` up: takes the starting lock, refuses when a
+/// supervisor holds the machine, removes a crashed one's leftovers, runs
+/// `prepare` in the fresh state directory, starts `weft-<env> supervise
+/// <args>` detached and waits for the state it writes.
+pub fn up<S: StateFile>(args: &[String], prepare: impl FnOnce() -> anyhow::Result<()>) -> anyhow::Result<S> {
+    let locks = S::locks();
+    let _starting = locks.starting()?;
+    if locks.try_supervisor()?.is_none() {
+        bail!("a {} is already up or starting on this machine; `{}` first", S::WHAT, S::DOWN);
+    }
+    S::cleanup_leftovers();
+    let dir = S::state_dir();
+    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let log = dir.join("supervisor.log");
+    prepare()?;
+    let mut cmd = std::process::Command::new(std::env::current_exe()?);
+    cmd.arg("supervise").args(args);
+    let mut child = crate::sandbox::spawn_detached(cmd, &log)?;
+    wait_for_ready(S::WHAT, &mut child, &log, S::READY_WAIT, S::load)
+}
+
+/// Stops `S`'s supervisor (which tears everything down) and removes leftovers.
+pub fn down<S: StateFile>() -> anyhow::Result<()> {
+    let locks = S::locks();
+    let _starting = locks.starting()?;
+    if let Some(pid) = locks.supervisor_pid() {
+        stop(pid, S::STOP_WAIT);
+    }
+    S::cleanup_leftovers();
+    Ok(())
+}
+
 /// A node of an environment, as its state lists it.
 pub trait StateNode {
     fn name(&self) -> &str;
@@ -135,10 +167,22 @@ pub trait StateFile: Serialize + DeserializeOwned {
     type Node: StateNode;
     /// What the environment is called in messages ("sandbox", "cluster").
     const WHAT: &'static str;
-    /// The command that brings it up.
+    /// The commands that bring it up and down.
     const UP: &'static str;
+    const DOWN: &'static str;
+    /// How long its supervisor may take to be ready, and to tear down.
+    const READY_WAIT: Duration;
+    const STOP_WAIT: Duration;
 
     fn state_dir() -> PathBuf;
+
+    /// Removes what a supervisor that is gone may have left.
+    fn cleanup_leftovers();
+
+    /// The locks beside the state directory.
+    fn locks() -> MachineLocks {
+        MachineLocks::new(Self::state_dir())
+    }
 
     fn nodes(&self) -> &[Self::Node];
 

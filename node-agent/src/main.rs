@@ -122,15 +122,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
     // Before the CNI socket opens: no pod may send unchecked.
     attacher.guard_pods(guard::Write::Full).await.context("cannot set up the pods' source guard")?;
     metrics.set_host_port_usage(attacher.hostports.usage());
-    tokio::spawn(sync_host_ports(Arc::clone(&attacher.hostports), Arc::clone(&metrics), config.resync()));
-    tokio::spawn(attach::repair::run(Arc::clone(&attacher)));
-    if let (Some(c), Some(node_ip)) = (&client, config.node_ip) {
-        let (resync, hp) = (config.resync(), Arc::clone(&attacher.hostports));
-        // An IPv6-only node's IPv6 address is its node IP: listed once.
-        let ipv6 = config.node_ipv6().filter(|v6| std::net::IpAddr::V6(*v6) != node_ip);
-        let node = hostport::publish::NodeAddresses { name: config.node_name.clone(), node_ip, ipv6 };
-        tokio::spawn(hostport::publish::run(c.clone(), node, hp, resync));
-    }
+    start_attachment_loops(&config, client.as_ref(), &attacher, &metrics);
     // Bridged pods need bridge netfilter (policy between local pods), routed
     // ones forwarding; the repair loop keeps it so.
     let mode = attacher.attachment();
@@ -150,62 +142,17 @@ async fn run(config: Config) -> anyhow::Result<()> {
 
     // Resolves when the lease has been withdrawn and let go: the agent then
     // exits, and its restart waits for the node's new lease.
-    let mut lease_gone: std::pin::Pin<Box<dyn Future<Output = lease::LeaseEnd> + Send>> =
-        Box::pin(std::future::pending());
-    if let (Some(api), Some(OverlayStart { reconciler, facts, .. })) = (&subnets, overlay) {
-        let resync = config.resync();
-        let nodes = Api::<k8s_openapi::api::core::v1::Node>::all(api.clone().into_client());
-        tokio::spawn(peer_sync::run(api.clone(), nodes, reconciler, config.node_name.clone(), resync));
-        let holder = lease::Holder {
-            api: api.clone(),
-            node: config.node_name.clone(),
-            lease: lease.clone(),
-            facts,
-            withdrawal: Arc::clone(&attacher.lease),
-            gauge: metrics.lease_withdrawn.clone(),
-            resync,
-        };
-        let ipam = Arc::clone(&attacher.ipam);
-        lease_gone = Box::pin(lease::hold(holder, move || ipam.all().len()));
+    let mut lease_gone: LeaseGone = Box::pin(std::future::pending());
+    if let (Some(api), Some(overlay)) = (&subnets, overlay) {
+        lease_gone = hold_lease(&config, api, &lease, overlay, &attacher, &metrics);
     }
     if let (Some(client), Some(attached)) = (&client, policy_pods) {
-        if let Some(api) = &subnets {
-            let failure = attached.watch_failure();
-            tokio::spawn(policy::report::run(api.clone(), config.node_name.clone(), failure));
-        }
-        let settings = policy::sync::Settings {
-            node: config.node_name.clone(),
-            resync: config.resync(),
-            deny: config.policy_deny_action,
-            drop_log: config.drop_log(),
-        };
-        tokio::spawn(policy::sync::run(client.clone(), settings, Arc::clone(&metrics.policy), attached));
+        start_policy(&config, client, subnets.as_ref(), attached, &metrics);
     }
 
     let listener = bind_socket(&config.socket)?;
     tracing::info!(node = %config.node_name, pod_cidr = %pool.cidr(), socket = %config.socket.display(), "weft-agent ready");
-    // The CNI server runs on a runtime of its own, so that CNI requests and
-    // the reconcilers never queue behind each other; the verbs' blocking
-    // kernel work goes to the blocking pool (attach::off_thread).
-    let service = CniServer::new(cni_server::CniService::new(Arc::clone(&attacher)));
-    let stop = shutdown(stop_rx);
-    let grpc = std::thread::Builder::new()
-        .name("weft-cni-server".into())
-        .spawn(move || -> anyhow::Result<()> {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .context("cannot start the CNI server's runtime")?;
-            rt.block_on(async move {
-                let listener = UnixListener::from_std(listener).context("cannot use the CNI socket")?;
-                tonic::transport::Server::builder()
-                    .add_service(service)
-                    .serve_with_incoming_shutdown(UnixListenerStream::new(listener), stop)
-                    .await
-                    .context("gRPC server")
-            })
-        })
-        .context("cannot start the CNI server thread")?;
+    let grpc = serve_cni(listener, Arc::clone(&attacher), shutdown(stop_rx))?;
 
     let outcome = tokio::select! {
         r = &mut signal => r,
@@ -227,6 +174,104 @@ async fn run(config: Config) -> anyhow::Result<()> {
     http.await.context("HTTP server task")??;
     let _ = std::fs::remove_file(&config.socket);
     outcome
+}
+
+/// The attachment path's own loops: host port rules kept, the node's side
+/// of the pods repaired, the node's addresses published for host ports.
+fn start_attachment_loops(
+    config: &Config,
+    client: Option<&kube::Client>,
+    attacher: &Arc<Attacher>,
+    metrics: &Arc<metrics::Metrics>,
+) {
+    tokio::spawn(sync_host_ports(Arc::clone(&attacher.hostports), Arc::clone(metrics), config.resync()));
+    tokio::spawn(attach::repair::run(Arc::clone(attacher)));
+    if let (Some(c), Some(node_ip)) = (client, config.node_ip) {
+        let (resync, hp) = (config.resync(), Arc::clone(&attacher.hostports));
+        // An IPv6-only node's IPv6 address is its node IP: listed once.
+        let ipv6 = config.node_ipv6().filter(|v6| std::net::IpAddr::V6(*v6) != node_ip);
+        let node = hostport::publish::NodeAddresses { name: config.node_name.clone(), node_ip, ipv6 };
+        tokio::spawn(hostport::publish::run(c.clone(), node, hp, resync));
+    }
+}
+
+/// What ends the agent when its lease does.
+type LeaseGone = std::pin::Pin<Box<dyn Future<Output = lease::LeaseEnd> + Send>>;
+
+/// Keeps the overlay's peers in step with the other Subnets and holds this
+/// node's lease; the future resolves when the lease ends.
+fn hold_lease(
+    config: &Config,
+    api: &Api<Subnet>,
+    lease: &lease::Lease,
+    overlay: OverlayStart,
+    attacher: &Arc<Attacher>,
+    metrics: &metrics::Metrics,
+) -> LeaseGone {
+    let resync = config.resync();
+    let nodes = Api::<k8s_openapi::api::core::v1::Node>::all(api.clone().into_client());
+    tokio::spawn(peer_sync::run(api.clone(), nodes, overlay.reconciler, config.node_name.clone(), resync));
+    let holder = lease::Holder {
+        api: api.clone(),
+        node: config.node_name.clone(),
+        lease: lease.clone(),
+        facts: overlay.facts,
+        withdrawal: Arc::clone(&attacher.lease),
+        gauge: metrics.lease_withdrawn.clone(),
+        resync,
+    };
+    let ipam = Arc::clone(&attacher.ipam);
+    Box::pin(lease::hold(holder, move || ipam.all().len()))
+}
+
+/// The policy loop, and (with a lease) the reporter of its failures.
+fn start_policy(
+    config: &Config,
+    client: &kube::Client,
+    subnets: Option<&Api<Subnet>>,
+    attached: Arc<policy::attached::Attached>,
+    metrics: &metrics::Metrics,
+) {
+    if let Some(api) = subnets {
+        let failure = attached.watch_failure();
+        tokio::spawn(policy::report::run(api.clone(), config.node_name.clone(), failure));
+    }
+    let settings = policy::sync::Settings {
+        node: config.node_name.clone(),
+        resync: config.resync(),
+        deny: config.policy_deny_action,
+        drop_log: config.drop_log(),
+    };
+    tokio::spawn(policy::sync::run(client.clone(), settings, Arc::clone(&metrics.policy), attached));
+}
+
+/// Serves weft-cni on `listener` until `stop` resolves, on a thread and
+/// runtime of its own, so that CNI requests and the reconcilers never queue
+/// behind each other; the verbs' blocking kernel work goes to the blocking
+/// pool (attach::off_thread).
+fn serve_cni(
+    listener: std::os::unix::net::UnixListener,
+    attacher: Arc<Attacher>,
+    stop: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<std::thread::JoinHandle<anyhow::Result<()>>> {
+    let service = CniServer::new(cni_server::CniService::new(attacher));
+    std::thread::Builder::new()
+        .name("weft-cni-server".into())
+        .spawn(move || -> anyhow::Result<()> {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .context("cannot start the CNI server's runtime")?;
+            rt.block_on(async move {
+                let listener = UnixListener::from_std(listener).context("cannot use the CNI socket")?;
+                tonic::transport::Server::builder()
+                    .add_service(service)
+                    .serve_with_incoming_shutdown(UnixListenerStream::new(listener), stop)
+                    .await
+                    .context("gRPC server")
+            })
+        })
+        .context("cannot start the CNI server thread")
 }
 
 /// What node_settings keeps for this lease: each family's pod block and

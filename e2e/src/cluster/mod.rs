@@ -129,9 +129,16 @@ impl crate::supervisor::StateFile for State {
     type Node = NodeInfo;
     const WHAT: &'static str = "cluster";
     const UP: &'static str = "e2e/cluster.sh up";
+    const DOWN: &'static str = "e2e/cluster.sh down";
+    const READY_WAIT: std::time::Duration = std::time::Duration::from_secs(600);
+    const STOP_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
 
     fn state_dir() -> PathBuf {
         state_dir()
+    }
+
+    fn cleanup_leftovers() {
+        supervise::cleanup_leftovers();
     }
 
     fn nodes(&self) -> &[NodeInfo] {

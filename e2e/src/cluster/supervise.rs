@@ -27,7 +27,7 @@ pub const MAX_NODES: usize = 9;
 
 /// The cluster's supervisor and starting locks (one cluster per machine).
 pub fn locks() -> crate::supervisor::MachineLocks {
-    crate::supervisor::MachineLocks::new(state_dir())
+    State::locks()
 }
 
 /// How `up` is asked to build the cluster.
@@ -44,35 +44,17 @@ pub struct UpOptions {
 /// Starts the supervisor in the background and waits until the cluster is
 /// ready: every node Ready, Weft's pods running, every Subnet Ready.
 pub fn up(opts: &UpOptions) -> anyhow::Result<State> {
-    let _starting = locks().starting()?;
-    match locks().try_supervisor()? {
-        Some(_probe) => {}
-        None => bail!("a cluster is already up or starting on this machine; `e2e/cluster.sh down` first"),
-    }
-    cleanup_leftovers();
-    let dir = state_dir();
-    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    let log = dir.join("supervisor.log");
-    let mut cmd = Command::new(std::env::current_exe()?);
-    cmd.args(["supervise", "--nodes", &opts.nodes.to_string(), "--backend", &opts.backend]);
-    for s in &opts.helm_sets {
-        cmd.arg(format!("--set={s}"));
-    }
+    let mut args = vec!["--nodes".to_owned(), opts.nodes.to_string(), "--backend".to_owned(), opts.backend.clone()];
+    args.extend(opts.helm_sets.iter().map(|s| format!("--set={s}")));
     for i in &opts.images {
-        cmd.arg("--image").arg(i);
+        args.extend(["--image".to_owned(), i.display().to_string()]);
     }
-    let mut child = crate::sandbox::spawn_detached(cmd, &log)?;
-    crate::supervisor::wait_for_ready("cluster", &mut child, &log, Duration::from_secs(600), State::load)
+    crate::supervisor::up::<State>(&args, || Ok(()))
 }
 
 /// Stops the supervisor (which tears everything down) and removes leftovers.
 pub fn down() -> anyhow::Result<()> {
-    let _starting = locks().starting()?;
-    if let Some(pid) = locks().supervisor_pid() {
-        crate::supervisor::stop(pid, Duration::from_secs(120));
-    }
-    cleanup_leftovers();
-    Ok(())
+    crate::supervisor::down::<State>()
 }
 
 /// Removes every node (processes, mounts, cgroups), every cluster namespace

@@ -3,7 +3,6 @@
 //! removes it all when it gets SIGTERM from `down`.
 
 use std::net::SocketAddr;
-use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
@@ -17,7 +16,7 @@ use crate::supervisor::StateFile;
 
 /// The sandbox's supervisor and starting locks (one sandbox per machine).
 pub fn locks() -> crate::supervisor::MachineLocks {
-    crate::supervisor::MachineLocks::new(state_dir())
+    State::locks()
 }
 
 /// Starts the supervisor in the background and waits until the cluster is
@@ -29,34 +28,18 @@ pub fn up(
     agent_args: &[String],
     operator_args: &[String],
 ) -> anyhow::Result<State> {
-    let _starting = locks().starting()?;
-    match locks().try_supervisor()? {
-        // Free: nothing runs, so leftovers of a crashed sandbox may go.
-        Some(_probe) => {}
-        None => bail!("a sandbox is already up or starting on this machine; `e2e/sandbox.sh down` first"),
-    }
-    cleanup_leftovers();
-    let dir = state_dir();
-    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    let log = dir.join("supervisor.log");
-    let _ = std::fs::remove_file(&log);
-    super::ExtraArgs::Agent.save(agent_args)?;
-    super::ExtraArgs::Operator.save(operator_args)?;
-    super::set_ipv6_only(ipv6_only)?;
-    let mut cmd = Command::new(std::env::current_exe()?);
-    cmd.args(["supervise", "--nodes", &nodes.to_string(), "--backend", backend]);
-    let mut child = super::spawn_detached(cmd, &log)?;
-    crate::supervisor::wait_for_ready("sandbox", &mut child, &log, Duration::from_secs(300), State::load)
+    let args = ["--nodes".to_owned(), nodes.to_string(), "--backend".to_owned(), backend.to_owned()];
+    crate::supervisor::up::<State>(&args, || {
+        let _ = std::fs::remove_file(state_dir().join("supervisor.log"));
+        super::ExtraArgs::Agent.save(agent_args)?;
+        super::ExtraArgs::Operator.save(operator_args)?;
+        super::set_ipv6_only(ipv6_only)
+    })
 }
 
 /// Stops the supervisor (which tears everything down) and removes leftovers.
 pub fn down() -> anyhow::Result<()> {
-    let _starting = locks().starting()?;
-    if let Some(pid) = locks().supervisor_pid() {
-        crate::supervisor::stop(pid, Duration::from_secs(60));
-    }
-    cleanup_leftovers();
-    Ok(())
+    crate::supervisor::down::<State>()
 }
 
 /// Stops the sandbox's own processes: pod responders, every node's agent

@@ -110,9 +110,16 @@ impl crate::supervisor::StateFile for State {
     type Node = NodeInfo;
     const WHAT: &'static str = "sandbox";
     const UP: &'static str = "e2e/sandbox.sh up";
+    const DOWN: &'static str = "e2e/sandbox.sh down";
+    const READY_WAIT: std::time::Duration = std::time::Duration::from_secs(300);
+    const STOP_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
 
     fn state_dir() -> PathBuf {
         state_dir()
+    }
+
+    fn cleanup_leftovers() {
+        cluster::cleanup_leftovers();
     }
 
     fn nodes(&self) -> &[NodeInfo] {
