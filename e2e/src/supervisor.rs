@@ -141,7 +141,7 @@ pub fn up<S: StateFile>(args: &[String], prepare: impl FnOnce() -> anyhow::Resul
     prepare()?;
     let mut cmd = std::process::Command::new(std::env::current_exe()?);
     cmd.arg("supervise").args(args);
-    let mut child = crate::sandbox::spawn_detached(cmd, &log)?;
+    let mut child = process::spawn_detached(cmd, &log)?;
     wait_for_ready(S::WHAT, &mut child, &log, S::READY_WAIT, S::load)
 }
 

@@ -10,7 +10,8 @@ use anyhow::{Context, bail};
 
 use super::families::Families;
 use super::{CGROUP_PARENT, CP_IP, NodeInfo, UNDERLAY_NS, configs, state_dir};
-use crate::sandbox::{ip, spawn_detached};
+use crate::control_plane::process::spawn_detached;
+use crate::sandbox::ip;
 
 /// Host paths that are per node, and the directory under the node's own
 /// directory bound over each. The chart's hostPaths are among them.

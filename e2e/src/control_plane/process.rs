@@ -35,6 +35,24 @@ fn spawner() -> &'static std::sync::Mutex<mpsc::Sender<SpawnJob>> {
     })
 }
 
+/// Spawns `cmd` in a session of its own with stdout and stderr appended to
+/// `log`: it outlives the command that started it (the supervisors, the sandbox's
+/// agents and responders, the nodes' daemons are long-lived).
+pub fn spawn_detached(mut cmd: std::process::Command, log: &std::path::Path) -> anyhow::Result<std::process::Child> {
+    use std::os::unix::process::CommandExt;
+    let out = std::fs::OpenOptions::new().create(true).append(true).open(log)?;
+    cmd.stdin(std::process::Stdio::null()).stdout(out.try_clone()?).stderr(out);
+    // SAFETY: setsid is async-signal-safe and touches no memory of the parent.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    let program = format!("{:?}", cmd.get_program());
+    cmd.spawn().with_context(|| format!("cannot start {program}"))
+}
+
 /// `ip netns exec <netns> <program>`: a command that runs inside a named
 /// network namespace.
 pub fn in_netns(netns: &str, program: impl AsRef<std::ffi::OsStr>) -> Command {

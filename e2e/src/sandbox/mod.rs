@@ -153,23 +153,7 @@ pub fn iproute2(program: &str, args: &[&str]) -> anyhow::Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// Spawns `cmd` in a session of its own with stdout and stderr appended to
-/// `log`: it outlives the command that started it (the sandbox's supervisor,
-/// agents and responders are long-lived).
-pub fn spawn_detached(mut cmd: std::process::Command, log: &std::path::Path) -> anyhow::Result<std::process::Child> {
-    use std::os::unix::process::CommandExt;
-    let out = std::fs::OpenOptions::new().create(true).append(true).open(log)?;
-    cmd.stdin(std::process::Stdio::null()).stdout(out.try_clone()?).stderr(out);
-    // SAFETY: setsid is async-signal-safe and touches no memory of the parent.
-    unsafe {
-        cmd.pre_exec(|| {
-            libc::setsid();
-            Ok(())
-        });
-    }
-    let program = format!("{:?}", cmd.get_program());
-    cmd.spawn().with_context(|| format!("cannot start {program}"))
-}
+pub use crate::control_plane::process::spawn_detached;
 
 /// Names of the sandbox's network namespaces that exist now.
 pub fn existing_namespaces() -> Vec<String> {

@@ -167,15 +167,15 @@ impl Attacher {
 /// disarms it: awaited on a failure, so the error answers after the clean-up;
 /// spawned when the ADD is dropped before either.
 struct Rollback {
-    agent: Arc<Attacher>,
+    attacher: Arc<Attacher>,
     key: Key,
     host_veth: String,
     armed: bool,
 }
 
 impl Rollback {
-    fn new(agent: &Arc<Attacher>, key: &Key, host_veth: &str) -> Self {
-        Self { agent: Arc::clone(agent), key: key.clone(), host_veth: host_veth.to_owned(), armed: true }
+    fn new(attacher: &Arc<Attacher>, key: &Key, host_veth: &str) -> Self {
+        Self { attacher: Arc::clone(attacher), key: key.clone(), host_veth: host_veth.to_owned(), armed: true }
     }
 
     fn disarm(mut self) {
@@ -184,7 +184,7 @@ impl Rollback {
 
     async fn undo(mut self) {
         self.armed = false;
-        undo(&self.agent, &self.key, &self.host_veth).await;
+        undo(&self.attacher, &self.key, &self.host_veth).await;
     }
 }
 
@@ -193,10 +193,10 @@ impl Drop for Rollback {
         if !self.armed {
             return;
         }
-        let (agent, key, host_veth) = (Arc::clone(&self.agent), self.key.clone(), self.host_veth.clone());
+        let (attacher, key, host_veth) = (Arc::clone(&self.attacher), self.key.clone(), self.host_veth.clone());
         match tokio::runtime::Handle::try_current() {
             Ok(rt) => {
-                rt.spawn(async move { undo(&agent, &key, &host_veth).await });
+                rt.spawn(async move { undo(&attacher, &key, &host_veth).await });
             }
             // No runtime left (the agent is exiting): start-up reconciliation
             // and the runtime's DEL clean up after the restart.
@@ -205,8 +205,8 @@ impl Drop for Rollback {
     }
 }
 
-async fn undo(agent: &Attacher, key: &Key, host_veth: &str) {
-    if let Err(e) = agent.teardown(key, host_veth).await {
+async fn undo(attacher: &Attacher, key: &Key, host_veth: &str) {
+    if let Err(e) = attacher.teardown(key, host_veth).await {
         tracing::error!(container = %key.container_id, ifname = %key.ifname, error = %e, "could not undo a failed ADD");
     }
 }

@@ -2,7 +2,6 @@
 //! the gateway address; pods share the pod CIDR as one L2 segment.
 
 use ipnet::IpNet;
-
 use netlink_packet_route::neighbour::NeighbourState;
 
 use super::Driver;

@@ -95,11 +95,11 @@ impl Attacher {
 }
 
 /// Repairs every resync period, for as long as the agent runs.
-pub async fn run(agent: Arc<Attacher>) {
-    let period = agent.config.resync();
+pub async fn run(attacher: Arc<Attacher>) {
+    let period = attacher.config.resync();
     loop {
         tokio::time::sleep(period).await;
-        if let Err(e) = agent.repair_node_side().await {
+        if let Err(e) = attacher.repair_node_side().await {
             tracing::error!(error = %e, "cannot repair the node's side of its pods");
         }
     }

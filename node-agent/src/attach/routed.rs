@@ -8,7 +8,6 @@
 use std::net::IpAddr;
 
 use ipnet::IpNet;
-
 use netlink_packet_route::RouteNetlinkMessage;
 
 use super::Driver;

@@ -22,17 +22,17 @@ use crate::hostport::{HostPortError, StoreError};
 use crate::ipam::{IpamError, Key};
 
 pub struct CniService {
-    agent: Arc<Attacher>,
+    attacher: Arc<Attacher>,
 }
 
 impl CniService {
-    pub fn new(agent: Arc<Attacher>) -> Self {
-        Self { agent }
+    pub fn new(attacher: Arc<Attacher>) -> Self {
+        Self { attacher }
     }
 
     fn record<T>(&self, verb: &'static str, started: Instant, r: &Result<T, CniError>, what: &str) {
         let code = r.as_ref().err().map(|e| e.code);
-        self.agent.metrics.observe(verb, started.elapsed().as_secs_f64(), code);
+        self.attacher.metrics.observe(verb, started.elapsed().as_secs_f64(), code);
         match r {
             Ok(_) => tracing::debug!(verb, what, elapsed_ms = started.elapsed().as_millis() as u64, "done"),
             Err(e) => tracing::warn!(verb, what, code = e.code, msg = %e.msg, "failed"),
@@ -54,17 +54,17 @@ fn key_of(req: &CniRequest) -> Result<Key, CniError> {
 /// Runs a container verb on its attachment's turn, in a task of its own:
 /// if weft-cni goes away (killed, timed out) tonic drops this future, but
 /// the verb still finishes or undoes itself, so nothing is left half-made.
-async fn on_turn<T, F, Fut>(agent: &Arc<Attacher>, req: &CniRequest, verb: F) -> Result<T, CniError>
+async fn on_turn<T, F, Fut>(attacher: &Arc<Attacher>, req: &CniRequest, verb: F) -> Result<T, CniError>
 where
     T: Send + 'static,
     F: FnOnce(Arc<Attacher>, Key) -> Fut + Send + 'static,
     Fut: Future<Output = Result<T, AttachError>> + Send + 'static,
 {
     let key = key_of(req)?;
-    let agent = Arc::clone(agent);
+    let attacher = Arc::clone(attacher);
     let task = tokio::spawn(async move {
-        let _turn = agent.locks.turn(&key).await;
-        verb(agent, key).await
+        let _turn = attacher.locks.turn(&key).await;
+        verb(attacher, key).await
     });
     match task.await {
         Ok(r) => r.map_err(|e| to_cni(&e)),
@@ -102,9 +102,9 @@ impl Cni for CniService {
     async fn add(&self, req: Request<CniRequest>) -> Result<Response<AddResponse>, Status> {
         let started = Instant::now();
         let req = Arc::new(req.into_inner());
-        let r = on_turn(&self.agent, &req, {
+        let r = on_turn(&self.attacher, &req, {
             let req = Arc::clone(&req);
-            move |agent, key| async move { agent.add(&key, &req).await }
+            move |attacher, key| async move { attacher.add(&key, &req).await }
         })
         .await;
         self.record("ADD", started, &r, &req.container_id);
@@ -118,7 +118,7 @@ impl Cni for CniService {
     async fn del(&self, req: Request<CniRequest>) -> Result<Response<DelResponse>, Status> {
         let started = Instant::now();
         let req = req.into_inner();
-        let r = on_turn(&self.agent, &req, |agent, key| async move { agent.del(&key).await }).await;
+        let r = on_turn(&self.attacher, &req, |attacher, key| async move { attacher.del(&key).await }).await;
         self.record("DEL", started, &r, &req.container_id);
         Ok(Response::new(DelResponse { error: r.err() }))
     }
@@ -126,9 +126,9 @@ impl Cni for CniService {
     async fn check(&self, req: Request<CniRequest>) -> Result<Response<CheckResponse>, Status> {
         let started = Instant::now();
         let req = Arc::new(req.into_inner());
-        let r = on_turn(&self.agent, &req, {
+        let r = on_turn(&self.attacher, &req, {
             let req = Arc::clone(&req);
-            move |agent, key| async move { agent.check(&key, &req.netns, &req.prev_result_json).await }
+            move |attacher, key| async move { attacher.check(&key, &req.netns, &req.prev_result_json).await }
         })
         .await;
         self.record("CHECK", started, &r, &req.container_id);
@@ -137,7 +137,7 @@ impl Cni for CniService {
 
     async fn status(&self, _req: Request<StatusRequest>) -> Result<Response<StatusResponse>, Status> {
         let started = Instant::now();
-        let r = self.agent.readiness().await.map_err(|e| to_cni(&e));
+        let r = self.attacher.readiness().await.map_err(|e| to_cni(&e));
         self.record("STATUS", started, &r, "");
         Ok(Response::new(StatusResponse { error: r.err() }))
     }
@@ -151,8 +151,8 @@ impl Cni for CniService {
             .map(|a| Key { container_id: a.container_id, ifname: a.ifname })
             .collect();
         // GC runs to its end too: it releases attachments one by one.
-        let agent = Arc::clone(&self.agent);
-        let r = match tokio::spawn(async move { agent.gc(&valid).await }).await {
+        let attacher = Arc::clone(&self.attacher);
+        let r = match tokio::spawn(async move { attacher.gc(&valid).await }).await {
             Ok(r) => r.map_err(|e| to_cni(&e)),
             Err(e) => Err(ErrorCode::Internal.error(format!("the request's task failed: {e}"))),
         };
