@@ -272,6 +272,12 @@ fn stmt_set_item(s: &'static str) -> nftables::expr::SetItem<'static> {
     nftables::expr::SetItem::Element(Expression::String(s.into()))
 }
 
+/// `goto <chain>`: the chain's verdict, or the calling base chain's policy
+/// if it has none.
+pub fn goto(chain: &str) -> Statement<'static> {
+    Statement::Goto(stmt::JumpTarget { target: chain.to_owned().into() })
+}
+
 /// `jump <chain>`: the chain's verdict, or on to the next rule if it has none.
 pub fn jump(chain: &str) -> Statement<'static> {
     Statement::Jump(stmt::JumpTarget { target: chain.to_owned().into() })

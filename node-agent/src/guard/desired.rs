@@ -46,6 +46,8 @@ const PRIORITY: i32 = -300;
 const ND_TYPES: [&str; 3] = ["nd-router-solicit", "nd-neighbor-solicit", ND_ADVERT];
 const ND_SOLICITS: [&str; 2] = ["nd-router-solicit", "nd-neighbor-solicit"];
 const ND_ADVERT: &str = "nd-neighbor-advert";
+/// The regular chain of the bridge table for a bridged pod's neighbour discovery.
+const NEIGHBOUR: &str = "neighbour";
 /// The regular chain of the bridge table that checks what a neighbour
 /// advertisement announces: written over netlink (nft 1.0.6 cannot build its rule).
 const ADVERTISED: &str = "advertised";
@@ -123,6 +125,7 @@ pub fn parts(ports: &[GuardedPort]) -> (Part, Part) {
     }
     let hook = Some(Hook { kind: ChainKind::Filter, point: HookPoint::Prerouting, priority: PRIORITY });
     bridge.chains.insert(bridge.name("bridged"), Chain { hook, rules: bridged_rules() });
+    bridge.chains.insert(bridge.name(NEIGHBOUR), Chain { hook: None, rules: neighbour_rules() });
     bridge.chains.insert(bridge.name(ADVERTISED), Chain { hook: None, rules: advertised_rules() });
     inet.chains.insert(inet.name("routed"), Chain { hook, rules: routed_rules() });
     (bridge, inet)
@@ -144,8 +147,35 @@ fn bridged_rules() -> Vec<Rule> {
                 build::accept(),
             ],
         ),
-        // The set lookups last: every other frame is through with these
-        // rules after the protocol and type compares (each lookup costs).
+        // One compare for every other frame (this is every packet's path);
+        // neighbour discovery goes on in a chain of its own.
+        Rule::new(
+            "neighbour discovery, checked in its own chain",
+            vec![build::icmpv6_type_in(&ND_TYPES), build::goto(&set(NEIGHBOUR))],
+        ),
+        Rule::new(
+            "no broadcast or multicast between pods",
+            vec![build::pkttype_in(&["broadcast", "multicast"]), build::count_into(DROPPED), build::drop()],
+        ),
+        Rule::new(
+            "IPv4 from the pod's own address",
+            vec![build::key_in_set(&[InIface, EtherSrc, Src(Family::V4)], &set("ip4")), build::accept()],
+        ),
+        Rule::new(
+            "IPv6 from the pod's own address",
+            vec![build::key_in_set(&[InIface, EtherSrc, Src(Family::V6)], &set("ip6")), build::accept()],
+        ),
+        Rule::new("anything else a pod sends", vec![build::count_into(DROPPED), build::drop()]),
+    ]
+}
+
+/// Neighbour discovery of a bridged pod (hop limit 255, from its own
+/// addresses), and nothing else of it: the chain ends in a drop. It is
+/// reached by `goto`, so an empty one would fall to the hook's accept; nft
+/// writes it in the transaction that writes the rule going to it.
+fn neighbour_rules() -> Vec<Rule> {
+    use Field::*;
+    vec![
         Rule::new(
             "solicitations of a pod with IPv6, from its own addresses",
             vec![
@@ -164,25 +194,9 @@ fn bridged_rules() -> Vec<Rule> {
                 build::jump(&set(ADVERTISED)),
             ],
         ),
-        // Also what the check did not accept (and everything, before that
-        // chain has its rules): an advertisement is never data.
-        Rule::new(
-            "any other neighbour discovery",
-            vec![build::icmpv6_type_in(&ND_TYPES), build::count_into(DROPPED), build::drop()],
-        ),
-        Rule::new(
-            "no broadcast or multicast between pods",
-            vec![build::pkttype_in(&["broadcast", "multicast"]), build::count_into(DROPPED), build::drop()],
-        ),
-        Rule::new(
-            "IPv4 from the pod's own address",
-            vec![build::key_in_set(&[InIface, EtherSrc, Src(Family::V4)], &set("ip4")), build::accept()],
-        ),
-        Rule::new(
-            "IPv6 from the pod's own address",
-            vec![build::key_in_set(&[InIface, EtherSrc, Src(Family::V6)], &set("ip6")), build::accept()],
-        ),
-        Rule::new("anything else a pod sends", vec![build::count_into(DROPPED), build::drop()]),
+        // Also what the advertisement check did not accept (and everything,
+        // before that chain has its rules): neighbour discovery is never data.
+        Rule::new("any other neighbour discovery", vec![build::count_into(DROPPED), build::drop()]),
     ]
 }
 
@@ -323,9 +337,12 @@ mod tests {
         for rule in &advertised.rules {
             assert!(crate::firewall::nfnl_rule::encode(rule).is_some(), "{rule:?}");
         }
-        let rules = &bridge.chains["guard-bridged"].rules;
+        let rules = &bridge.chains["guard-neighbour"].rules;
         let jump = rules.iter().position(|r| r.stmts.contains(&build::jump("guard-advertised"))).expect("a jump");
         assert_eq!(rules[jump + 1].stmts.last(), Some(&build::drop()), "{:?}", rules[jump + 1]);
+        // Reached by goto: nft writes it, in the transaction of the base
+        // chain's rule going to it, so it is never seen empty.
+        assert!(rules.iter().any(|r| crate::firewall::nfnl_rule::encode(r).is_none()));
     }
 
     #[test]
