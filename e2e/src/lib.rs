@@ -2,6 +2,7 @@
 //! execs plugins, and the real control plane.
 
 pub mod agent;
+pub mod attacks;
 pub mod bench_exec;
 pub mod bins;
 pub mod cluster;

@@ -12,12 +12,16 @@
 //! solicitations and advertisements a pod sends to claim another pod's
 //! IPv6 address (`a_bridged_pod_cannot_claim_another_pods_ipv6_address_by_
 //! neighbour_discovery`), which the image cannot send either.
+//!
+//! Each attack is judged on its own ([`Attacks`]), so a run against older
+//! images (`WEFT_IMAGES_DIR`) shows every one that gets through.
 
 use std::net::IpAddr;
 use std::time::Duration;
 
 use super::testing::{apply, eventually, kubectl, kubectl_ok, node_exec, pod_exec};
 use super::workloads::{HTTP_PORT, TestPod, delete_pods, http_hostname, namespace, pod_ips, wait_running};
+use crate::attacks::Attacks;
 
 /// Isolates `app=victim` for ingress and `app=attacker` for egress.
 fn policies(ns: &str) -> String {
@@ -134,6 +138,7 @@ pub fn attacks_fail(ns: &str) {
 
     // 1. IPv6 link-local to the victim, whose ingress is denied (every pod
     // has an fe80:: address, IPv4-only ones too).
+    let mut attacks = Attacks::new(&format!("real nodes, namespace {ns}"));
     let victim_ll = format!("{}%eth0", link_local(ns, "victim"));
     link_local(ns, "attacker");
     assert_eq!(
@@ -141,7 +146,8 @@ pub fn attacks_fail(ns: &str) {
         Some("victim"),
         "the victim answers on its own link-local address"
     );
-    assert_eq!(curl_hostname(ns, "attacker", &victim_ll, &[]), None, "link-local reached a pod isolated by policy");
+    let got = curl_hostname(ns, "attacker", &victim_ll, &[]);
+    attacks.judge("1. link-local dial to a pod isolated for ingress", got.is_none(), || format!("{got:?} answered"));
 
     // 2. Egress deny-all escaped with an added address of the pod range,
     // and 3. with the address of a pod that policy lets out. The remote
@@ -150,16 +156,18 @@ pub fn attacks_fail(ns: &str) {
     // would not tell).
     let mut port = 40_000;
     for (i, remote_ip) in remote.iter().enumerate() {
-        for (what, src) in [
-            ("an added address of its range", spare_address(&attacker[i])),
-            ("the bystander's address", bystander[i].clone()),
+        for (attack, src) in [
+            ("2. egress deny-all escaped with an added address", spare_address(&attacker[i])),
+            ("3. egress deny-all escaped with another pod's address", bystander[i].clone()),
         ] {
             add_address(ns, "attacker", &src);
             port += 1;
             let got =
                 curl_hostname(ns, "attacker", remote_ip, &["--interface", &src, "--local-port", &port.to_string()]);
-            assert_eq!(got, None, "the attacker reached {remote_ip} with {what} ({src})");
-            assert!(!tracked_on("node-2", &src, port), "a packet from the attacker with {what} ({src}) reached node-2");
+            let tracked = tracked_on("node-2", &src, port);
+            attacks.judge(&format!("{attack} ({src} to {remote_ip})"), got.is_none() && !tracked, || {
+                format!("answered by {got:?}; node-2 tracked the connection: {tracked}")
+            });
         }
     }
     // The attacker's own traffic that policy allows is untouched.
@@ -177,13 +185,15 @@ pub fn attacks_fail(ns: &str) {
     let tries: u32 =
         log.split_whitespace().skip_while(|w| *w != "DONE").nth(1).and_then(|n| n.parse().ok()).unwrap_or(0);
     assert!(tries > 0, "no connection attempt ran: {log}");
-    assert!(
+    attacks.judge(
+        "4. a new pod under egress deny-all connects from its first moment",
         !log.contains("CONNECTED"),
-        "a new pod under an egress deny-all connected before its policy was in place:\n{log}"
+        || log.clone(),
     );
 
     delete_pods(ns, &["victim", "attacker", "bystander", "remote", "early"]);
     kubectl_ok(&["delete", "networkpolicy", "-n", ns, "victim-deny-all", "attacker-no-egress"]);
+    attacks.finish();
 }
 
 /// A pod labelled as the attacker whose only program tries `remote` over and

@@ -264,6 +264,11 @@ pub fn pkttype_in(types: &[&'static str]) -> Statement<'static> {
     is(meta(MetaKey::Pkttype), Operator::IN, names(types))
 }
 
+/// `meta pkttype != { … }`.
+pub fn pkttype_not_in(types: &[&'static str]) -> Statement<'static> {
+    is(meta(MetaKey::Pkttype), Operator::NEQ, names(types))
+}
+
 fn names(items: &[&'static str]) -> Expression<'static> {
     Expression::Named(NamedExpression::Set(items.iter().map(|s| stmt_set_item(s)).collect()))
 }

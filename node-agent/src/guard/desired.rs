@@ -54,6 +54,8 @@ const ADVERTISED: &str = "advertised";
 /// A bridged pod's (veth, MAC, own IPv6 address) for neighbour discovery
 /// (named apart from the routed table's `nd`, keyed by the veth alone).
 const ND_OWN: &str = "nd-own";
+/// Frames to many (never between pods).
+const CAST_TO_MANY: [&str; 2] = ["broadcast", "multicast"];
 
 /// One pod interface: the node's end of its veth, the pod's MAC and addresses.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -139,6 +141,17 @@ fn bridged_rules() -> Vec<Rule> {
     use Field::*;
     vec![
         Rule::new("not a pod's port", vec![build::in_iface_not_prefixed(HOST_VETH_PREFIX), build::accept()]),
+        // First, as most of what pods send is this: an IPv4 packet is
+        // neither ARP nor neighbour discovery, so it need not pass those
+        // rules' compares (broadcast and multicast fall through to their drop).
+        Rule::new(
+            "IPv4 unicast from the pod's own address",
+            vec![
+                build::pkttype_not_in(&CAST_TO_MANY),
+                build::key_in_set(&[InIface, EtherSrc, Src(Family::V4)], &set("ip4")),
+                build::accept(),
+            ],
+        ),
         Rule::new(
             "ARP of the pod's own MAC and IPv4 address",
             vec![
@@ -155,11 +168,7 @@ fn bridged_rules() -> Vec<Rule> {
         ),
         Rule::new(
             "no broadcast or multicast between pods",
-            vec![build::pkttype_in(&["broadcast", "multicast"]), build::count_into(DROPPED), build::drop()],
-        ),
-        Rule::new(
-            "IPv4 from the pod's own address",
-            vec![build::key_in_set(&[InIface, EtherSrc, Src(Family::V4)], &set("ip4")), build::accept()],
+            vec![build::pkttype_in(&CAST_TO_MANY), build::count_into(DROPPED), build::drop()],
         ),
         Rule::new(
             "IPv6 from the pod's own address",
