@@ -24,7 +24,7 @@ use std::fmt::Write as _;
 use ipnet::{IpNet, Ipv4Net};
 
 use super::model::{Chain, Direction, Match, Peers, PodPolicy, Verdict};
-use crate::stable_hash::fnv1a_64;
+use crate::stable_hash::legacy::fnv1a_64;
 
 pub const FORWARD_CHAIN: &str = "WEFT-FORWARD";
 const INGRESS_PREFIX: &str = "WEFT-PI-";

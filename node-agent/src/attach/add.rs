@@ -13,6 +13,7 @@ use weft_proto::cni::v1::{CniRequest, CniResult, Dns, Interface, IpConfig, Route
 use super::Attacher;
 use super::names::{host_veth_name, veth_mac};
 use super::{AttachError, driver, off_thread};
+use crate::dataplane::entries::Mac;
 use crate::dataplane::link::{self, AttachSpec};
 use crate::dataplane::netns::{BlockingNetns, NetnsError};
 use crate::guard::Write;
@@ -48,6 +49,7 @@ impl Attacher {
         let (pod_id, wanted, in_api) = self.host_ports_wanted(req).await?;
 
         let host_veth = host_veth_name(key);
+        let (host_mac, pod_mac) = (veth_mac(key, false), veth_mac(key, true));
         let record = Record {
             container_id: key.container_id.clone(),
             ifname: key.ifname.clone(),
@@ -58,6 +60,7 @@ impl Attacher {
             host_ports: Vec::new(),
             attachment: driver.mode(),
             ipv6: self.ipv6.is_some(),
+            pod_mac: Some(Mac(pod_mac)),
         };
         let ipv6_wanted = record.ipv6;
         let ip = self.ipam.reserve(record)?;
@@ -82,7 +85,6 @@ impl Attacher {
         if let Some((attached, pod)) = &policy_pod {
             attached.admit(pod, &key.container_id, pod_ips.clone());
         }
-        let (host_mac, pod_mac) = (veth_mac(key, false), veth_mac(key, true));
         let spec = AttachSpec {
             host_veth: host_veth.clone(),
             ifname: key.ifname.clone(),

@@ -3,7 +3,7 @@
 
 use super::AttachError;
 use super::Attacher;
-use super::names::veth_mac;
+use super::names::pod_mac;
 use crate::guard::{GuardedPort, Write, Written};
 
 impl Attacher {
@@ -20,7 +20,7 @@ impl Attacher {
             .into_iter()
             .filter(|(ip, _)| !self.ipam.is_pending(*ip))
             .map(|(ip, record)| GuardedPort {
-                pod_mac: veth_mac(&record.key(), true),
+                pod_mac: pod_mac(&record),
                 addrs: self.pod_addresses(ip, &record).iter().map(|a| a.address.addr()).collect(),
                 mode: record.attachment,
                 host_veth: record.host_veth,

@@ -10,7 +10,7 @@
 use std::sync::Arc;
 
 use super::Attacher;
-use super::names::veth_mac;
+use super::names::pod_mac;
 use super::{AttachError, driver, off_thread};
 use crate::dataplane::link::{self, PodAddress};
 use crate::dataplane::netlink_blocking::BlockingNetlink;
@@ -50,7 +50,7 @@ impl Attacher {
             if addresses.iter().all(|(a, _)| present.contains(&(*a, index))) {
                 continue;
             }
-            let pod_mac = veth_mac(&record.key(), true);
+            let pod_mac = pod_mac(&record);
             match link::route_to_pod(&mut nl, index, &addresses, pod_mac) {
                 Ok(()) => {
                     tracing::warn!(container = %record.container_id, %ip, veth = %record.host_veth, "restored the missing route to a routed pod");

@@ -28,14 +28,29 @@ pub fn mtu_for(underlay_mtu: u32, local: IpAddr) -> u32 {
 
 /// A stable, locally administered unicast MAC for the VTEP of `node_ip`, so
 /// a recreated device keeps the MAC peers already have: an IPv4 address's
-/// four bytes, or a hash (FNV-1a) of all sixteen of an IPv6 one, whose last
-/// four bytes alone repeat across prefixes.
+/// four bytes, or a hash of all sixteen of an IPv6 one, whose last four
+/// bytes alone repeat across prefixes.
 pub fn mac_for(node_ip: IpAddr) -> [u8; 6] {
     let [a, b, c, d] = match node_ip {
         IpAddr::V4(ip) => ip.octets(),
-        IpAddr::V6(ip) => crate::stable_hash::fnv1a_32(ip.octets()).to_be_bytes(),
+        IpAddr::V6(ip) => crate::stable_hash::prefix(&[&ip.octets()]),
     };
     [0x02, 0x57, a, b, c, d]
+}
+
+/// [`mac_for`] of agents before SHA-256 (FNV-1a for IPv6; IPv4 is the same).
+pub fn legacy_mac_for(node_ip: IpAddr) -> [u8; 6] {
+    let [a, b, c, d] = match node_ip {
+        IpAddr::V4(ip) => ip.octets(),
+        IpAddr::V6(ip) => crate::stable_hash::legacy::fnv1a_32(ip.octets()).to_be_bytes(),
+    };
+    [0x02, 0x57, a, b, c, d]
+}
+
+/// Whether `mac` is one an agent derives from `node_ip`, this one or one
+/// before it (a node that upgraded in place keeps its VTEP's MAC).
+pub fn is_derived(node_ip: IpAddr, mac: [u8; 6]) -> bool {
+    mac == mac_for(node_ip) || mac == legacy_mac_for(node_ip)
 }
 
 /// What the device must look like.
@@ -50,6 +65,10 @@ pub struct VxlanSpec {
     pub underlay_index: u32,
     pub mtu: u32,
     pub mac: [u8; 6],
+    /// Another MAC the device keeps if it has it (the one an older agent
+    /// derived): changing it would cut the node off until every peer had
+    /// the new one.
+    pub kept_mac: Option<[u8; 6]>,
     /// The VTEP address (pod CIDR network address /32, or /128).
     pub address: IpNet,
     /// Turn tx checksum offload off (see [`disable_tx_checksum`]); only
@@ -78,6 +97,8 @@ pub fn release_before_5_7(release: &str) -> bool {
 #[derive(Debug, Clone)]
 pub struct Vxlan {
     pub index: u32,
+    /// Its MAC: the spec's, or the one it kept.
+    pub mac: [u8; 6],
     pub changes: Vec<String>,
 }
 
@@ -118,8 +139,9 @@ pub async fn ensure(h: &Handle, spec: &VxlanSpec) -> Result<Vxlan, DataplaneErro
         set(h, LinkUnspec::new_with_index(index).mtu(spec.mtu).build(), &spec.name, "set MTU").await?;
         changes.push(format!("MTU set to {}", spec.mtu));
     }
-    if mac_of(&l) != Some(spec.mac) {
-        set(h, LinkUnspec::new_with_index(index).address(spec.mac.to_vec()).build(), &spec.name, "set MAC").await?;
+    let mac = spec.kept_mac.filter(|kept| mac_of(&l) == Some(*kept)).unwrap_or(spec.mac);
+    if mac_of(&l) != Some(mac) {
+        set(h, LinkUnspec::new_with_index(index).address(mac.to_vec()).build(), &spec.name, "set MAC").await?;
         changes.push("MAC set".into());
     }
     changes.extend(ensure_only_address(h, index, spec).await?);
@@ -132,7 +154,7 @@ pub async fn ensure(h: &Handle, spec: &VxlanSpec) -> Result<Vxlan, DataplaneErro
     if spec.tx_checksum_workaround && disable_tx_checksum(&spec.name)? {
         changes.push("tx checksum offload turned off".into());
     }
-    Ok(Vxlan { index, changes })
+    Ok(Vxlan { index, mac, changes })
 }
 
 async fn set(h: &Handle, msg: LinkMessage, name: &str, what: &str) -> Result<(), DataplaneError> {
@@ -312,5 +334,17 @@ mod tests {
         assert_eq!(v6("fd00:250::2"), v6("fd00:250::2"), "stable");
         assert_ne!(v6("fd00:250::2"), v6("fd00:251::2"), "the same host number in another prefix");
         assert_eq!(&v6("fd00:250::2")[..2], &[0x02, 0x57]);
+        // What FNV-1a gave before (for fd00:250::2, computed apart) is
+        // still recognised as derived, and no longer given.
+        let ip: IpAddr = "fd00:250::2".parse().unwrap();
+        let fnv = legacy_mac_for(ip);
+        assert_ne!(fnv, mac_for(ip));
+        assert!(is_derived(ip, fnv) && is_derived(ip, mac_for(ip)));
+        assert!(!is_derived(ip, legacy_mac_for("fd00:250::3".parse().unwrap())));
+        assert_eq!(legacy_mac_for(m_ip()), mac_for(m_ip()), "IPv4 MACs did not change");
+    }
+
+    fn m_ip() -> IpAddr {
+        std::net::Ipv4Addr::new(192, 168, 1, 7).into()
     }
 }

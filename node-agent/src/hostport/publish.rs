@@ -18,11 +18,14 @@ use crate::lease::FIELD_MANAGER;
 
 /// Name of the object for one allocation: the pod's name and a hash of the
 /// attachment, so a pod recreated under the same name (perhaps on another
-/// node) never fights over one object.
+/// node) never fights over one object. (Objects older agents named with
+/// another hash are replaced in one pass: the new one is written before
+/// the old one, no longer wanted, is deleted.)
 pub fn object_name(a: &Allocation) -> String {
-    let h = crate::stable_hash::fnv1a_32(a.container_id.bytes().chain([0]).chain(a.ifname.bytes()));
+    use crate::stable_hash::{hex, prefix};
+    let h = hex(&prefix::<4>(&[a.container_id.as_bytes(), a.ifname.as_bytes()]));
     let pod: String = a.pod_name.chars().take(240).collect();
-    format!("{pod}-{h:08x}")
+    format!("{pod}-{h}")
 }
 
 fn desired(a: &Allocation, node: &NodeAddresses, hp: &HostPorts) -> HostPortAllocationSpec {

@@ -25,6 +25,7 @@ use weft_api::Protocol;
 
 use super::pool::Pool;
 use crate::attachment::Attachment;
+use crate::dataplane::entries::Mac;
 
 /// An attachment is identified by container ID and interface name.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -49,7 +50,7 @@ pub struct Mapping {
     pub auto: bool,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Record {
     pub container_id: String,
@@ -73,6 +74,10 @@ pub struct Record {
     /// the node's IPv6 block (a dual-stack node).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub ipv6: bool,
+    /// The MAC of the pod's end of its veth; absent in records of agents
+    /// that derived it again each time (`attach::names::pod_mac`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_mac: Option<Mac>,
 }
 
 impl Record {
@@ -311,11 +316,25 @@ mod tests {
             pod: String::new(),
             attachment: Attachment::default(),
             ipv6: false,
+            pod_mac: None,
         }
     }
 
     fn ipam(dir: &Path, cidr: &str) -> Ipam {
         Ipam::open(Pool::new(cidr.parse().unwrap()).unwrap(), dir).unwrap()
+    }
+
+    #[test]
+    fn a_record_keeps_its_pod_mac_and_one_of_an_older_agent_reads_without_it() {
+        let mut r = record("c1");
+        r.pod_mac = Some(Mac([0x02, 0xab, 0, 0, 0, 1]));
+        let text = serde_json::to_string(&r).unwrap();
+        assert!(text.contains(r#""podMac":"02:ab:00:00:00:01""#), "{text}");
+        assert_eq!(serde_json::from_str::<Record>(&text).unwrap(), r);
+        let older = r#"{"containerId":"c1","ifname":"eth0","netns":"/run/netns/x","hostVeth":"weftv0"}"#;
+        assert_eq!(serde_json::from_str::<Record>(older).unwrap().pod_mac, None);
+        let bad = r#"{"containerId":"c1","ifname":"eth0","netns":"x","hostVeth":"v","podMac":"02:ab"}"#;
+        assert!(serde_json::from_str::<Record>(bad).unwrap_err().to_string().contains("invalid MAC address"));
     }
 
     #[test]

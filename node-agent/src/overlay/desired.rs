@@ -362,9 +362,10 @@ fn overlapping_cidrs(valid: &[(&Peer, PeerPath)]) -> HashMap<String, PeerError> 
 /// Peers announcing the same VTEP MAC that both get an FDB entry (reached
 /// over VXLAN, for both families or, with direct routing, for IPv6 only):
 /// one FDB entry cannot point at two nodes. An agent's VTEP MAC is derived
-/// from its node IP, so when exactly one of them announces the MAC of its
-/// own node IP, that one keeps it and the others are rejected (a node
-/// copying another's MAC cuts off only itself); otherwise all are.
+/// from its node IP (by this agent, or by an older one that the node
+/// upgraded from), so when exactly one of them announces a MAC of its own
+/// node IP, that one keeps it and the others are rejected (a node copying
+/// another's MAC cuts off only itself); otherwise all are.
 fn duplicate_macs(local: &Local, valid: &[(&Peer, PeerPath)]) -> HashMap<String, PeerError> {
     let mut by_mac: HashMap<Mac, Vec<&str>> = HashMap::new();
     for (p, path) in valid {
@@ -378,7 +379,9 @@ fn duplicate_macs(local: &Local, valid: &[(&Peer, PeerPath)]) -> HashMap<String,
     }
     let natural: HashMap<&str, bool> = valid
         .iter()
-        .map(|(p, _)| (p.node_name.as_str(), p.vtep_mac == Some(crate::dataplane::vxlan::mac_for(p.node_ip))))
+        .map(|(p, _)| {
+            (p.node_name.as_str(), p.vtep_mac.is_some_and(|m| crate::dataplane::vxlan::is_derived(p.node_ip, m)))
+        })
         .collect();
     let mut out = HashMap::new();
     for (mac, names) in by_mac.into_iter().filter(|(_, n)| n.len() > 1) {
@@ -743,6 +746,17 @@ mod tests {
             assert_eq!(d.fdb.len(), 1);
             assert!(d.fdb.values().all(|f| f.dst == ip("10.0.0.2")), "{:?}", d.fdb);
         }
+    }
+
+    #[test]
+    fn an_ipv6_node_keeping_the_vtep_mac_an_older_agent_derived_is_not_cut_off_by_a_copy() {
+        let owned = crate::dataplane::vxlan::legacy_mac_for(ip("fd00:250::2"));
+        let v6 = |p: Peer| Peer { vxlan_underlay: VxlanUnderlay::Ipv6, ..p };
+        let victim = v6(vx("victim", "fd00:10:244:2::/64", "fd00:250::2", owned));
+        let thief = v6(vx("thief", "fd00:10:244:3::/64", "fd00:250::3", owned));
+        let d = compute(&local6(Backend::Vxlan), &[victim, thief]);
+        assert!(d.paths.contains_key("victim"), "{:?}", d.errors);
+        assert!(matches!(&d.errors["thief"], PeerError::DuplicateVtepMac { other, .. } if other == "victim"));
     }
 
     #[test]

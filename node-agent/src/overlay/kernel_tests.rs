@@ -711,6 +711,26 @@ fn ipv6_only_nodes_reach_each_other_over_vxlan_and_host_gw() {
         let full = pod0.exec("ping", &["-c", "1", "-W", "2", "-M", "do", "-s", &payload, &pod_ipv6(1)]);
         assert!(full.status.success(), "{backend}: an MTU-sized IPv6 packet");
         assert!(tcp_works(pod1, pod0, &format!("[{}]", pod_ipv6(0))), "{backend}: TCP over IPv6");
+        if backend == Backend::Vxlan {
+            // A VTEP whose MAC an older agent derived (FNV-1a) keeps it
+            // through an upgrade in place, as changing it would cut the
+            // node off until every peer had the new one; another MAC is set right.
+            let ensure = |cfg: OverlayConfig| {
+                in_ns(
+                    node0.path(),
+                    move |h| async move { Reconciler::new(h, cfg).unwrap().ensure_local().await.unwrap() },
+                )
+            };
+            let ip = node_ipv6(0).into();
+            let legacy = crate::dataplane::entries::Mac(crate::dataplane::vxlan::legacy_mac_for(ip));
+            node0.ip(&["link", "set", "weft.1", "address", &legacy.to_string()]);
+            let kept = ensure(config(0, &c.nodes[0]));
+            assert_eq!((kept.vtep_mac, kept.device_changes.len()), (Some(legacy), 0), "{:?}", kept.device_changes);
+            node0.ip(&["link", "set", "weft.1", "address", "02:57:00:00:00:01"]);
+            let set = ensure(config(0, &c.nodes[0]));
+            assert_eq!(set.vtep_mac, Some(crate::dataplane::entries::Mac(crate::dataplane::vxlan::mac_for(ip))));
+            assert_eq!(set.device_changes, ["MAC set"]);
+        }
     }
 }
 

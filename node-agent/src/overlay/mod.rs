@@ -273,6 +273,7 @@ impl Reconciler {
                 underlay_index: ul.index,
                 mtu,
                 mac: cfg.vtep_mac().0,
+                kept_mac: cfg.vtep_mac.is_none().then(|| vxlan::legacy_mac_for(cfg.node_ip)),
                 address: IpNet::from(cfg.vtep_ip()),
                 tx_checksum_workaround: cfg.tx_checksum_workaround,
             };
@@ -281,7 +282,7 @@ impl Reconciler {
                 tracing::info!(device = %cfg.device, changes = ?dev.changes, "VXLAN device programmed");
             }
             local.vtep_ip = Some(cfg.vtep_ip());
-            local.vtep_mac = Some(cfg.vtep_mac());
+            local.vtep_mac = Some(Mac(dev.mac));
             local.pod_mtu = mtu;
             local.device_changes = dev.changes;
             Some(dev.index)
