@@ -8,6 +8,7 @@
 // lint although each column is distinct.
 #![allow(clippy::duplicated_attributes)]
 
+pub mod cluster_network_policy;
 pub mod common;
 pub mod host_port;
 pub mod network_policy;

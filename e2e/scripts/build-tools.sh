@@ -9,18 +9,8 @@
 # linked from ${WEFT_TOOLS_CACHE}/bin.
 set -euo pipefail
 
-# One Kubernetes minor throughout: k8s-openapi feature v1_35, these components.
-K8S_VERSION=v1.35.4
-STAGING_VERSION=v0.35.4
-# The etcd minor that Kubernetes 1.35 requires in its go.mod.
-ETCD_VERSION=v3.6.5
-HELM_VERSION=v3.19.0
-# containerd 2.x speaks CNI 1.1 (STATUS, GC); Debian's 1.6 rejects 1.1 results.
-CONTAINERD_VERSION=v2.2.9
-# Cluster DNS for the real-node cluster: the CoreDNS kubeadm 1.35 deploys.
-COREDNS_VERSION=v1.13.1
-# The ginkgo that k8s.io/kubernetes $K8S_VERSION requires in its go.mod.
-GINKGO_VERSION=v2.27.2
+# The pinned versions (one file, read by the other scripts and tests too).
+source "$(dirname "$0")/versions.sh"
 
 cache=${WEFT_TOOLS_CACHE:-$HOME/.cache/weft/tools}
 with_e2e_test=0

@@ -968,3 +968,98 @@ fn installs_into_the_sandbox_cluster() {
     let roles = ok(&["kubectl", "get", "clusterroles,clusterrolebindings", "-o", "name"]);
     assert!(!roles.lines().any(|l| l.contains("/weft-")), "cluster-scoped objects left behind:\n{roles}");
 }
+
+/// The ClusterNetworkPolicy CRD of each channel, as the chart renders it
+/// with `clusterNetworkPolicy.installCRDs`.
+fn rendered_cnp_crd(helm: &Helm, channel: &str) -> Value {
+    let set = format!("clusterNetworkPolicy.installCRDs=true,clusterNetworkPolicy.crdChannel={channel}");
+    let chart = chart_dir();
+    let docs = documents(&helm.ok(&["template", "t", chart.to_str().expect("path"), "--set", &set]));
+    let crds: Vec<&Value> = docs.iter().filter(|d| d["kind"] == "CustomResourceDefinition").collect();
+    assert_eq!(crds.len(), 1, "one CRD in the templates (Weft's own are in crds/)");
+    crds[0].clone()
+}
+
+#[test]
+fn the_cluster_network_policy_crds_are_the_modules_and_rendered_as_they_are() {
+    // The vendored files are the pinned module's, byte for byte (the script
+    // downloads it through the Go module proxy).
+    let script = repo_root().join("e2e/scripts/vendor-cnp-crds.sh");
+    let go = Command::new("go").arg("version").output().is_ok_and(|o| o.status.success());
+    if prereq::require("go (e2e/scripts/setup-machine.sh) to fetch sigs.k8s.io/network-policy-api", go) {
+        let out = Command::new(&script).arg("--check").output().expect("vendor-cnp-crds.sh");
+        assert!(out.status.success(), "run {}: {}", script.display(), String::from_utf8_lossy(&out.stderr));
+    }
+    let Some(helm) = Helm::new() else { return };
+    let chart = chart_dir();
+    let defaults = documents(&helm.ok(&["template", "t", chart.to_str().expect("path")]));
+    assert!(!defaults.iter().any(|d| d["kind"] == "CustomResourceDefinition"), "off by default");
+    for channel in ["standard", "experimental"] {
+        let file = chart_dir().join(format!("files/clusternetworkpolicies/{channel}.yaml"));
+        let mut vendored: Value = serde_yaml::from_str(&std::fs::read_to_string(&file).expect("vendored CRD"))
+            .unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        let rendered = rendered_cnp_crd(&helm, channel);
+        assert_eq!(rendered["metadata"]["annotations"]["helm.sh/resource-policy"], "keep");
+        assert_eq!(rendered["metadata"]["annotations"]["policy.networking.k8s.io/channel"], channel);
+        vendored["metadata"]["annotations"]["helm.sh/resource-policy"] = "keep".into();
+        assert!(rendered == vendored, "the rendered {channel} CRD is not the vendored one plus the keep annotation");
+    }
+    let err = helm.fails(&[
+        "template",
+        "t",
+        chart.to_str().expect("path"),
+        "--set",
+        "clusterNetworkPolicy.installCRDs=true,clusterNetworkPolicy.crdChannel=beta",
+    ]);
+    assert!(err.contains("crdChannel") && err.contains("'standard', 'experimental'"), "{err}");
+}
+
+#[test]
+fn the_cluster_network_policy_crd_installs_validates_and_outlives_the_release() {
+    let Some(cp) = ControlPlane::shared() else { return };
+    let Some(helm) = Helm::with_cluster(cp) else { return };
+    let chart = chart_dir();
+    let name = control_plane::unique_name("weft-cnp");
+    let ns = control_plane::unique_name("weft-cnp");
+    let set = "uninstall.removeWeftObjects=false,clusterNetworkPolicy.installCRDs=true,\
+               clusterNetworkPolicy.crdChannel=experimental";
+    let chart = chart.to_str().expect("path");
+    helm.ok(&["install", &name, chart, "-n", &ns, "--create-namespace", "--timeout", "2m", "--set", set]);
+    let crd = "clusternetworkpolicies.policy.networking.k8s.io";
+    wait::until("the ClusterNetworkPolicy CRD to be established", Duration::from_secs(30), || {
+        let out = kubectl(
+            cp,
+            &["get", "crd", crd, "-o", "jsonpath={.status.conditions[?(@.type==\"Established\")].status}"],
+            None,
+        );
+        (String::from_utf8_lossy(&out.stdout) == "True").then_some(())
+    });
+    let channel = kubectl_ok(
+        cp,
+        &["get", "crd", crd, "-o", r"jsonpath={.metadata.annotations.policy\.networking\.k8s\.io/channel}"],
+    );
+    assert_eq!(channel, "experimental");
+    let policy = |tier: &str, priority: i32| {
+        format!(
+            "apiVersion: policy.networking.k8s.io/v1beta1\nkind: ClusterNetworkPolicy\n\
+             metadata: {{name: {name}}}\n\
+             spec:\n  tier: {tier}\n  priority: {priority}\n  subject: {{namespaces: {{}}}}\n\
+             \x20 ingress:\n  - action: Deny\n    from: [{{namespaces: {{matchLabels: {{team: other}}}}}}]\n"
+        )
+    };
+    // The CRD's own validation answers bad input with its message.
+    let bad = kubectl(cp, &["apply", "-f", "-"], Some(&policy("Middle", 10)));
+    let why = String::from_utf8_lossy(&bad.stderr);
+    assert!(!bad.status.success() && why.contains("spec.tier") && why.contains("Admin"), "{why}");
+    let bad = kubectl(cp, &["apply", "-f", "-"], Some(&policy("Admin", 1001)));
+    let why = String::from_utf8_lossy(&bad.stderr);
+    assert!(!bad.status.success() && why.contains("spec.priority"), "{why}");
+    let good = kubectl(cp, &["apply", "-f", "-"], Some(&policy("Admin", 10)));
+    assert!(good.status.success(), "{}", String::from_utf8_lossy(&good.stderr));
+
+    // Uninstall keeps the CRD and so every ClusterNetworkPolicy.
+    helm.ok(&["uninstall", &name, "-n", &ns, "--wait", "--timeout", "1m"]);
+    kubectl_ok(cp, &["get", "clusternetworkpolicy", &name]);
+    kubectl_ok(cp, &["delete", "clusternetworkpolicy", &name]);
+    kubectl_ok(cp, &["delete", "namespace", &ns, "--wait=false"]);
+}
