@@ -60,6 +60,20 @@ pub fn union(mut r: Vec<Range>) -> Vec<Range> {
     out
 }
 
+/// The addresses in both `a` and `b` (each merged, as [`union`] leaves them).
+pub fn intersect(a: &[Range], b: &[Range]) -> Vec<Range> {
+    let (mut i, mut j, mut out) = (0, 0, Vec::new());
+    while i < a.len() && j < b.len() {
+        let (x, y) = (a[i], b[j]);
+        if x.v6 == y.v6 && x.lo.max(y.lo) <= x.hi.min(y.hi) {
+            out.push(Range { v6: x.v6, lo: x.lo.max(y.lo), hi: x.hi.min(y.hi) });
+        }
+        // Step past the range that ends first (families order IPv4 first).
+        if (x.v6, x.hi) < (y.v6, y.hi) { i += 1 } else { j += 1 }
+    }
+    out
+}
+
 /// `cidr` minus the `except`s of its family, as ranges; nothing for an
 /// unparsable block (validation rejects those where they enter).
 pub fn block(cidr: &str, except: &[String]) -> Vec<Range> {
@@ -156,6 +170,18 @@ mod tests {
         assert_eq!(nets(&block("::/0", &except)), ["8000::/1"]);
         let except = vec!["ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff/128".to_owned()];
         assert_eq!(nets(&block("::/0", &except)).len(), 128);
+    }
+
+    #[test]
+    fn intersection_keeps_what_both_hold_per_family() {
+        let a = union([block("10.0.0.0/24", &[]), block("fd00::/64", &[])].concat());
+        let b = union([block("10.0.0.128/25", &[]), block("10.1.0.0/16", &[]), block("fd00::/8", &[])].concat());
+        assert_eq!(nets(&intersect(&a, &b)), ["10.0.0.128/25", "fd00::/64"]);
+        assert_eq!(nets(&intersect(&b, &a)), ["10.0.0.128/25", "fd00::/64"]);
+        assert!(intersect(&block("10.0.0.0/8", &[]), &block("::/0", &[])).is_empty(), "families never meet");
+        let holes = block("10.0.0.0/29", &["10.0.0.2/31".to_owned()]);
+        assert_eq!(nets(&intersect(&holes, &block("10.0.0.1/32", &[]))), ["10.0.0.1/32"]);
+        assert!(intersect(&holes, &block("10.0.0.3/32", &[])).is_empty());
     }
 
     #[test]

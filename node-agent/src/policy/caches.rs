@@ -107,6 +107,8 @@ impl Caches {
             namespaces: BTreeMap::new(),
             standard: self.standard.state(),
             weft: Vec::new(),
+            // Not watched yet: Weft does not enforce ClusterNetworkPolicy.
+            cluster_policies: Vec::new(),
         };
         for ns in self.namespaces.state() {
             if let Some(name) = &ns.metadata.name {

@@ -94,6 +94,7 @@ impl Incremental {
             namespaces: cluster.namespaces.clone(),
             standard: cluster.standard.clone(),
             weft: cluster.weft.clone(),
+            cluster_policies: cluster.cluster_policies.clone(),
         };
         self.last = Some(Last { cluster, pods });
         Compiled { pods: out, recompiled, full: stale.is_none(), changed }
@@ -148,15 +149,23 @@ fn stale_pods(
         reach.extend(was.and_then(|p| Reach::of_weft(p)));
         reach.extend(is.and_then(|p| Reach::of_weft(p)));
     }
+    for (was, is) in changed_policies(&old.cluster_policies, &new.cluster_policies, |a, b| a.spec == b.spec) {
+        reach.extend(was.map(|p| Reach::of_cluster(p)));
+        reach.extend(is.map(|p| Reach::of_cluster(p)));
+    }
     for (was, is) in versions {
         reach.extend(compiler.reach_of_rules_changed_by(was, is));
     }
+    // ClusterNetworkPolicies select by namespace labels: a relabelled
+    // namespace's pods may be selected now, or no more.
+    let by_ns_labels = !old.cluster_policies.is_empty() || compiler.has_cluster_policies();
 
     let stale = local
         .iter()
         .map(|pod| {
             changed_now.iter().any(|c| c.namespace == pod.namespace && c.name == pod.name)
-                || reach.iter().any(|r| r.selects(pod))
+                || (by_ns_labels && relabelled.contains(&pod.namespace.as_str()))
+                || reach.iter().any(|r| r.selects(pod, new_ns(&pod.namespace)))
         })
         .collect();
     Some(stale)

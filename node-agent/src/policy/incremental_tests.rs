@@ -6,7 +6,7 @@ use serde_json::json;
 
 use super::*;
 use crate::policy::model::props::{self, Case};
-use crate::policy::model::tests::{NODE, cluster, std_policy, weft_policy};
+use crate::policy::model::tests::{NODE, cluster, cluster_policy, std_policy, weft_policy};
 use crate::policy::model::{Proto, compile};
 use crate::policy::render::{DropLog, Renderer, render};
 
@@ -133,6 +133,31 @@ fn a_namespace_relabel_recompiles_the_pods_whose_rules_select_the_namespace() {
     assert_eq!(pass(&mut inc, &c), 0, "team=b neither before nor after");
     c.namespaces.insert("new".into(), [("team".to_owned(), "b".to_owned())].into());
     assert_eq!(pass(&mut inc, &c), 0, "a namespace with no pods");
+}
+
+#[test]
+fn cluster_policies_recompile_the_pods_their_subjects_select_also_when_a_namespace_is_relabelled() {
+    let mut c = cluster();
+    let deny_from_dev = |ns_team: &str| {
+        json!({"subject": {"namespaces": {"matchLabels": {"team": ns_team}}},
+               "ingress": [{"action": "Deny", "from": [{"namespaces": {"matchLabels": {"team": "b"}}}]}]})
+    };
+    c.cluster_policies = vec![cluster_policy("cnp", "Admin", 1, deny_from_dev("a"))];
+    let mut inc = Incremental::new(NODE);
+    assert_eq!(pass(&mut inc, &c), LOCAL);
+    assert_eq!(pass(&mut inc, &c), 0);
+    c.cluster_policies = vec![cluster_policy("cnp", "Admin", 1, deny_from_dev("b"))];
+    assert_eq!(pass(&mut inc, &c), LOCAL, "prod's pods leave the subject, dev/tool comes in");
+    // prod labelled team=b: its pods are selected now, and are peers.
+    c.namespaces.get_mut("prod").unwrap().insert("team".into(), "b".into());
+    pass(&mut inc, &c);
+    assert!(inc.compile(&c).pods.iter().any(|p| p.key == "prod/web"));
+    // A dev pod changes its address: the peers of every subject change.
+    set_pod(&mut c, "dev/web", |p| p.ips = vec!["10.0.2.9".parse().unwrap()]);
+    pass(&mut inc, &c);
+    c.cluster_policies.clear();
+    pass(&mut inc, &c);
+    assert!(inc.compile(&c).pods.is_empty());
 }
 
 #[test]

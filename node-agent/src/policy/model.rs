@@ -9,6 +9,8 @@
 //! and is final), then, if a standard policy of that direction selects the
 //! pod, the union of the standard rules, then drop. A pod no standard policy
 //! of a direction selects is open in that direction (after Weft rules).
+//! ClusterNetworkPolicy's Admin tier comes before all of them and its
+//! Baseline tier after them (`model_cluster`), in the same chain.
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
@@ -19,10 +21,15 @@ use ipnet::IpNet;
 use k8s_openapi::api::networking::v1 as netv1;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use weft_api::cluster_network_policy::ClusterNetworkPolicy;
 use weft_api::network_policy as wnp;
 use weft_api::{selector, standard_policy};
 
 use super::addr_ranges::{self, Range};
+use cluster::Tiers;
+
+#[path = "model_cluster.rs"]
+mod cluster;
 
 pub use crate::firewall::ruleset::Proto;
 
@@ -66,6 +73,8 @@ pub struct Cluster {
     pub standard: Vec<Arc<netv1::NetworkPolicy>>,
     /// Only policies that pass `weft_api::network_policy::validate`.
     pub weft: Vec<Arc<wnp::NetworkPolicy>>,
+    /// ClusterNetworkPolicies of both tiers (`model_cluster`).
+    pub cluster_policies: Vec<Arc<ClusterNetworkPolicy>>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -582,6 +591,8 @@ pub struct Compiler<'a> {
     standard: HashMap<&'a str, Vec<PolicyView<'a>>>,
     /// Weft policies by namespace, by priority descending, then name.
     weft: HashMap<&'a str, Vec<PolicyView<'a>>>,
+    /// ClusterNetworkPolicies, each tier in evaluation order.
+    tiers: Tiers<'a>,
 }
 
 impl<'a> Compiler<'a> {
@@ -601,7 +612,7 @@ impl<'a> Compiler<'a> {
         for views in weft.values_mut() {
             views.sort_by(|a, b| b.priority.cmp(&a.priority).then_with(|| a.name.cmp(b.name)));
         }
-        Compiler { view: View::new(cluster), standard, weft }
+        Compiler { view: View::new(cluster), standard, weft, tiers: Tiers::new(&cluster.cluster_policies) }
     }
 
     /// What `pod` admits, when some policy selects it and it has an address.
@@ -640,6 +651,14 @@ impl<'a> Compiler<'a> {
                 }
             }
             let default_deny = !isolating.is_empty();
+            // The tiers of ClusterNetworkPolicy around them (model_cluster).
+            let ns_labels = self.view.ns_labels(&pod.namespace);
+            if !default_deny {
+                let baseline = Tiers::compile(&self.view, &self.tiers.baseline, dir, pod, ns_labels);
+                rules.extend(baseline.into_iter().map(|(rule, _)| rule));
+            }
+            let admin = Tiers::compile(&self.view, &self.tiers.admin, dir, pod, ns_labels);
+            let rules = cluster::with_admin(admin, rules, default_deny);
             (default_deny || !rules.is_empty()).then_some(Chain { rules, default_deny })
         };
         let (ingress, egress) = (chain(Direction::Ingress), chain(Direction::Egress));
@@ -666,10 +685,27 @@ impl<'a> Compiler<'a> {
                 })
             });
             if changed {
-                out.push(Reach { namespace: p.namespace, pod_selector: p.pod_selector });
+                out.push(Reach::Namespaced { namespace: p.namespace, pod_selector: p.pod_selector });
+            }
+        }
+        for p in self.tiers.all() {
+            let changed = [Direction::Ingress, Direction::Egress].into_iter().any(|dir| {
+                p.rules(dir).iter().any(|r| {
+                    let before = was.map(|pod| what_rule_sees(&r.spec, dir, "", pod)).unwrap_or_default();
+                    before != is.map(|pod| what_rule_sees(&r.spec, dir, "", pod)).unwrap_or_default()
+                })
+            });
+            if changed {
+                out.push(Reach::Cluster(p.subject));
             }
         }
         out
+    }
+
+    /// Whether any ClusterNetworkPolicy is in force (its subjects depend on
+    /// namespace labels, unlike the namespaces' own policies).
+    pub fn has_cluster_policies(&self) -> bool {
+        self.tiers.all().next().is_some()
     }
 }
 
@@ -701,26 +737,36 @@ fn what_rule_sees<'p>(rule: &RuleSpec<'_>, dir: Direction, policy_ns: &str, (pod
     Seen { addresses: pod_peer.then_some(addrs), named_ports: named.then_some((addrs, pod.ports.as_slice())) }
 }
 
-/// Which pods a policy selects: those of `namespace` that `pod_selector` matches.
+/// Which pods a policy selects.
 #[derive(Clone, Copy, Debug)]
-pub struct Reach<'a> {
-    pub namespace: &'a str,
-    pub pod_selector: &'a LabelSelector,
+pub enum Reach<'a> {
+    /// Those of `namespace` that `pod_selector` matches.
+    Namespaced { namespace: &'a str, pod_selector: &'a LabelSelector },
+    /// A ClusterNetworkPolicy's subject.
+    Cluster(cluster::Subject<'a>),
 }
 
 impl<'a> Reach<'a> {
     pub fn of_standard(p: &'a netv1::NetworkPolicy) -> Option<Self> {
         let namespace = p.metadata.namespace.as_deref()?;
         let spec = p.spec.as_ref()?;
-        Some(Reach { namespace, pod_selector: spec.pod_selector.as_ref().unwrap_or(&EVERY_POD) })
+        Some(Reach::Namespaced { namespace, pod_selector: spec.pod_selector.as_ref().unwrap_or(&EVERY_POD) })
     }
 
     pub fn of_weft(p: &'a wnp::NetworkPolicy) -> Option<Self> {
-        Some(Reach { namespace: p.metadata.namespace.as_deref()?, pod_selector: &p.spec.pod_selector })
+        Some(Reach::Namespaced { namespace: p.metadata.namespace.as_deref()?, pod_selector: &p.spec.pod_selector })
     }
 
-    pub fn selects(&self, pod: &PodInfo) -> bool {
-        selects(self.namespace, self.pod_selector, pod)
+    pub fn of_cluster(p: &'a ClusterNetworkPolicy) -> Self {
+        Reach::Cluster(cluster::Subject::of(&p.spec.subject))
+    }
+
+    /// Whether it selects `pod`, whose namespace is labelled `ns_labels`.
+    pub fn selects(&self, pod: &PodInfo, ns_labels: &BTreeMap<String, String>) -> bool {
+        match self {
+            Reach::Namespaced { namespace, pod_selector } => selects(namespace, pod_selector, pod),
+            Reach::Cluster(subject) => subject.selects(pod, ns_labels),
+        }
     }
 }
 

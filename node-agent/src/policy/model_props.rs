@@ -1,8 +1,9 @@
 //! Property: the compiled chains (`compile` + `admits`) decide every packet
 //! as a naive evaluator does that walks the policies directly, written from
-//! the `networking.k8s.io/v1` API reference and docs/network-policy.md (Weft
-//! precedence) — no address ranges, no caches, no chains, and no code of
-//! `model` or `weft_api::selector` besides the input types.
+//! the `networking.k8s.io/v1` API reference, the ClusterNetworkPolicy CRD's
+//! text (tiers, Pass) and docs/network-policy.md (Weft precedence) — no
+//! address ranges, no caches, no chains, and no code of `model` or
+//! `weft_api::selector` besides the input types.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -15,6 +16,7 @@ use proptest::sample::select;
 use serde_json::{Map, Value, json};
 
 use super::{Cluster, Direction, NamedPort, PodInfo, Proto, admits, compile, netv1, wnp};
+use weft_api::cluster_network_policy as cnp;
 
 pub(crate) const NODE: &str = "n1";
 const NAMESPACES: [&str; 3] = ["alpha", "beta", "gamma"];
@@ -60,6 +62,8 @@ pub(crate) struct Case {
     pub(crate) pods: Vec<PodInfo>,
     pub(crate) standard: Vec<Value>,
     pub(crate) weft: Vec<Value>,
+    /// ClusterNetworkPolicies of both tiers.
+    pub(crate) cluster: Vec<Value>,
 }
 
 impl fmt::Debug for Case {
@@ -77,7 +81,7 @@ impl fmt::Debug for Case {
                 ports
             )?;
         }
-        for p in self.standard.iter().chain(&self.weft) {
+        for p in self.standard.iter().chain(&self.weft).chain(&self.cluster) {
             writeln!(f, "{p}")?;
         }
         Ok(())
@@ -91,6 +95,11 @@ impl Case {
             namespaces: self.namespaces.clone(),
             standard: self.standard.iter().map(|v| Arc::new(serde_json::from_value(v.clone()).unwrap())).collect(),
             weft: self.weft.iter().map(|v| Arc::new(serde_json::from_value(v.clone()).unwrap())).collect(),
+            cluster_policies: self
+                .cluster
+                .iter()
+                .map(|v| Arc::new(serde_json::from_value(v.clone()).unwrap()))
+                .collect(),
         }
     }
 }
@@ -314,13 +323,75 @@ fn weft_policy() -> impl Strategy<Value = (usize, Value)> {
     (0..NAMESPACES.len(), spec)
 }
 
+/// A ClusterNetworkPolicy peer: by namespaces, by pods, and for egress
+/// also by networks.
+fn cluster_peer(egress: bool) -> impl Strategy<Value = Value> {
+    let networks = prop::collection::vec(select(CIDRS.to_vec()), 1..=2).prop_map(|n| json!({"networks": n}));
+    prop_oneof![
+        2 => selector().prop_map(|s| json!({"namespaces": s})),
+        2 => (selector(), selector()).prop_map(|(n, p)| json!({"pods": {"namespaceSelector": n, "podSelector": p}})),
+        if egress { 2 } else { 0 } => networks,
+    ]
+}
+
+/// A ClusterNetworkPolicy protocol entry: a protocol with no port, a
+/// number or a range; or a named port.
+fn cluster_protocol() -> impl Strategy<Value = Value> {
+    let proto = select(["tcp", "udp", "sctp"].to_vec());
+    let port = prop_oneof![
+        1 => Just(None),
+        2 => select(PORTS.to_vec()).prop_map(|p| Some(json!({"number": p}))),
+        1 => (select(PORTS.to_vec()), select(WIDTHS[1..].to_vec()))
+            .prop_map(|(p, w)| Some(json!({"range": {"start": p, "end": p + w}}))),
+    ];
+    prop_oneof![
+        4 => (proto, port).prop_map(|(proto, port)| match port {
+            None => json!({proto: {}}),
+            Some(p) => json!({proto: {"destinationPort": p}}),
+        }),
+        1 => select(POLICY_PORT_NAMES.to_vec()).prop_map(|n| json!({"destinationNamedPort": n})),
+    ]
+}
+
+fn cluster_rule(egress: bool) -> impl Strategy<Value = Value> {
+    (
+        select(["Accept", "Deny", "Pass"].to_vec()),
+        prop::collection::vec(cluster_peer(egress), 1..=2),
+        list(cluster_protocol(), 2),
+    )
+        .prop_map(move |(action, peers, protocols)| {
+            let field = if egress { "to" } else { "from" };
+            object(vec![("action", Some(json!(action))), (field, Some(json!(peers))), ("protocols", protocols)])
+        })
+}
+
+/// The spec of a ClusterNetworkPolicy; few priorities, so ties happen.
+fn cluster_policy() -> impl Strategy<Value = Value> {
+    select(["Admin", "Baseline"].to_vec()).prop_flat_map(|tier| {
+        let subject = prop_oneof![
+            selector().prop_map(|s| json!({"namespaces": s})),
+            (selector(), selector()).prop_map(|(n, p)| json!({"pods": {"namespaceSelector": n, "podSelector": p}})),
+        ];
+        (
+            select([0, 5, 10].to_vec()),
+            subject,
+            prop::collection::vec(cluster_rule(false), 0..=2),
+            prop::collection::vec(cluster_rule(true), 0..=2),
+        )
+            .prop_map(move |(priority, subject, ingress, egress)| {
+                json!({"tier": tier, "priority": priority, "subject": subject, "ingress": ingress, "egress": egress})
+            })
+    })
+}
+
 pub(crate) fn case() -> impl Strategy<Value = Case> {
     (
         namespaces_and_pods(),
         prop::collection::vec(standard_policy(), 0..=4),
         prop::collection::vec(weft_policy(), 0..=3),
+        prop::collection::vec(cluster_policy(), 0..=3),
     )
-        .prop_map(|((namespaces, pods), standard, weft)| {
+        .prop_map(|((namespaces, pods), standard, weft, cluster)| {
             // Policies live in the cluster's namespaces (two or three of them).
             let ns = |i: usize| NAMESPACES[i % namespaces.len()];
             let standard = standard
@@ -336,7 +407,15 @@ pub(crate) fn case() -> impl Strategy<Value = Case> {
                            "metadata": {"name": format!("wnp{i}"), "namespace": ns(n)}, "spec": spec})
                 })
                 .collect();
-            Case { namespaces, pods, standard, weft }
+            let cluster = cluster
+                .into_iter()
+                .enumerate()
+                .map(|(i, spec)| {
+                    json!({"apiVersion": "policy.networking.k8s.io/v1beta1", "kind": "ClusterNetworkPolicy",
+                           "metadata": {"name": format!("cnp{i}")}, "spec": spec})
+                })
+                .collect();
+            Case { namespaces, pods, standard, weft, cluster }
         })
 }
 
@@ -562,11 +641,105 @@ mod naive {
         Some(!matching.iter().any(|&(p, a)| p == top && a == wnp::PolicyAction::Deny))
     }
 
+    /// The action of the first rule of `tier` that matches the packet, the
+    /// policies taken by priority ascending, then name; rules in order.
+    fn cluster_tier(c: &Cluster, pkt: &Packet<'_>, tier: cnp::Tier) -> Option<cnp::Action> {
+        let dst = destination(c, pkt.pod, pkt.dir, pkt.remote);
+        let mut policies: Vec<&cnp::ClusterNetworkPolicy> =
+            c.cluster_policies.iter().map(Arc::as_ref).filter(|p| p.spec.tier == tier).collect();
+        policies.sort_by_key(|p| (p.spec.priority, p.metadata.name.clone()));
+        let ns_labels = namespace_labels(c, &pkt.pod.namespace);
+        for p in policies {
+            let subject = &p.spec.subject;
+            let selected = match (&subject.namespaces, &subject.pods) {
+                (Some(ns), None) => selects(ns, &ns_labels),
+                (None, Some(pods)) => {
+                    selects(&pods.namespace_selector, &ns_labels) && selects(&pods.pod_selector, &pkt.pod.labels)
+                }
+                _ => panic!("the generator made a subject with {subject:?}"),
+            };
+            if !selected {
+                continue;
+            }
+            let rules: Vec<(cnp::Action, Vec<cnp::EgressPeer>, &[cnp::Protocol])> = match pkt.dir {
+                Direction::Ingress => p
+                    .spec
+                    .ingress
+                    .iter()
+                    .map(|r| {
+                        let peers = r.from.iter().map(|f| cnp::EgressPeer {
+                            namespaces: f.namespaces.clone(),
+                            pods: f.pods.clone(),
+                            ..Default::default()
+                        });
+                        (r.action, peers.collect(), r.protocols.as_slice())
+                    })
+                    .collect(),
+                Direction::Egress => {
+                    p.spec.egress.iter().map(|r| (r.action, r.to.clone(), r.protocols.as_slice())).collect()
+                }
+            };
+            for (action, peers, protocols) in rules {
+                let peer_ok = peers.iter().any(|peer| {
+                    if !peer.networks.is_empty() {
+                        return peer.networks.iter().any(|n| in_block(n, &[], pkt.remote));
+                    }
+                    let Some(remote) = pod_at(c, pkt.remote) else { return false };
+                    let remote_ns = namespace_labels(c, &remote.namespace);
+                    match (&peer.namespaces, &peer.pods) {
+                        (Some(ns), None) => selects(ns, &remote_ns),
+                        (None, Some(pods)) => {
+                            selects(&pods.namespace_selector, &remote_ns) && selects(&pods.pod_selector, &remote.labels)
+                        }
+                        _ => panic!("the generator made a peer with {peer:?}"),
+                    }
+                });
+                let port_ok = protocols.is_empty()
+                    || protocols.iter().any(|entry| {
+                        let by_proto = [(Proto::Tcp, &entry.tcp), (Proto::Udp, &entry.udp), (Proto::Sctp, &entry.sctp)];
+                        let numbered = by_proto.iter().any(|(proto, ports)| {
+                            *proto == pkt.proto
+                                && ports.as_ref().is_some_and(|ports| match &ports.destination_port {
+                                    None => true,
+                                    Some(port) => {
+                                        let n = i32::from(pkt.port);
+                                        port.number == Some(n) || port.range.is_some_and(|r| r.start <= n && n <= r.end)
+                                    }
+                                })
+                        });
+                        let named = entry.destination_named_port.as_ref().is_some_and(|name| {
+                            dst.is_some_and(|d| {
+                                d.ports
+                                    .iter()
+                                    .any(|cp| &cp.name == name && cp.proto == pkt.proto && cp.port == pkt.port)
+                            })
+                        });
+                        numbered || named
+                    });
+                if peer_ok && port_ok {
+                    return Some(action);
+                }
+            }
+        }
+        None
+    }
+
     /// Whether `pod` admits, in `dir`, a packet from (ingress) or to
-    /// (egress) `remote` with destination port `proto`/`port`.
+    /// (egress) `remote` with destination port `proto`/`port`: the Admin
+    /// tier (Pass: on to the next tier), the namespace's policies (Weft's,
+    /// then standard ones), the Baseline tier (Pass: on to the default),
+    /// then admitted.
     pub fn allowed(c: &Cluster, pod: &PodInfo, dir: Direction, remote: IpAddr, proto: Proto, port: u16) -> bool {
         let pkt = Packet { pod, dir, remote, proto, port };
-        weft(c, &pkt).or_else(|| standard(c, &pkt)).unwrap_or(true)
+        match cluster_tier(c, &pkt, cnp::Tier::Admin) {
+            Some(cnp::Action::Accept) => return true,
+            Some(cnp::Action::Deny) => return false,
+            Some(cnp::Action::Pass) | None => {}
+        }
+        if let Some(decided) = weft(c, &pkt).or_else(|| standard(c, &pkt)) {
+            return decided;
+        }
+        cluster_tier(c, &pkt, cnp::Tier::Baseline) != Some(cnp::Action::Deny)
     }
 }
 
@@ -583,6 +756,9 @@ fn remotes(case: &Case) -> Vec<IpAddr> {
     fn blocks(v: &Value, out: &mut Vec<String>) {
         match v {
             Value::Object(m) => {
+                for n in m.get("networks").and_then(Value::as_array).into_iter().flatten() {
+                    out.push(n.as_str().unwrap().to_owned());
+                }
                 if let Some(b) = m.get("ipBlock") {
                     out.push(b["cidr"].as_str().unwrap().to_owned());
                     out.extend(b["except"].as_array().into_iter().flatten().map(|e| e.as_str().unwrap().to_owned()));
@@ -594,7 +770,7 @@ fn remotes(case: &Case) -> Vec<IpAddr> {
         }
     }
     let mut nets = Vec::new();
-    case.standard.iter().chain(&case.weft).for_each(|p| blocks(p, &mut nets));
+    case.standard.iter().chain(&case.weft).chain(&case.cluster).for_each(|p| blocks(p, &mut nets));
     for n in nets {
         let net: IpNet = n.parse().unwrap();
         let v6 = net.max_prefix_len() == 128;

@@ -530,3 +530,139 @@ fn a_pod_with_only_an_ipv6_address_is_a_peer_and_gets_chains() {
     assert!(!ing(&c, "prod/v6", "fd00::8", 80));
     assert!(ing(&c, "prod/v6", "10.0.1.1", 80));
 }
+
+pub(crate) fn cluster_policy(
+    name: &str,
+    tier: &str,
+    priority: i32,
+    spec: Value,
+) -> std::sync::Arc<ClusterNetworkPolicy> {
+    let mut spec = spec;
+    spec["tier"] = tier.into();
+    spec["priority"] = priority.into();
+    std::sync::Arc::new(
+        serde_json::from_value(json!({"apiVersion": "policy.networking.k8s.io/v1beta1",
+            "kind": "ClusterNetworkPolicy", "metadata": {"name": name}, "spec": spec}))
+        .unwrap(),
+    )
+}
+
+/// Ingress of every pod of namespaces labelled `team: a` (prod): `action`
+/// for traffic from `from` (a peer), on `protocols`.
+fn prod_ingress(action: &str, from: Value, protocols: Value) -> Value {
+    json!({"subject": {"namespaces": {"matchLabels": {"team": "a"}}},
+           "ingress": [{"action": action, "from": [from], "protocols": protocols}]})
+}
+
+#[test]
+fn admin_tier_comes_before_namespace_policies_and_baseline_after() {
+    let dev = json!({"namespaces": {"matchLabels": {"team": "b"}}});
+    let mut c = cluster();
+    // The namespace admits dev/tool (10.0.1.3) to prod/web; Admin denies all of dev.
+    c.standard.push(std_policy(
+        "prod",
+        "web",
+        json!({"podSelector": {"matchLabels": {"app": "web"}},
+               "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"team": "b"}}}]}]}),
+    ));
+    c.cluster_policies.push(cluster_policy("no-dev", "Admin", 10, prod_ingress("Deny", dev.clone(), json!([]))));
+    assert!(!ing(&c, "prod/web", "10.0.1.3", 80), "Admin Deny overrides the namespace's allow");
+    // Accept at a lower number (higher precedence) wins over it, for TCP 80 only.
+    c.cluster_policies.push(cluster_policy(
+        "dev-http",
+        "Admin",
+        5,
+        prod_ingress("Accept", dev.clone(), json!([{"tcp": {"destinationPort": {"number": 80}}}])),
+    ));
+    assert!(ing(&c, "prod/web", "10.0.1.3", 80));
+    assert!(!ing(&c, "prod/web", "10.0.1.3", 81));
+    // Baseline applies to pods no NetworkPolicy isolates (prod/db), not to prod/web.
+    c.cluster_policies.clear();
+    c.cluster_policies.push(cluster_policy("baseline-deny", "Baseline", 1, prod_ingress("Deny", dev, json!([]))));
+    assert!(!ing(&c, "prod/db", "10.0.1.3", 80), "Baseline denies where no NetworkPolicy speaks");
+    assert!(ing(&c, "prod/db", "10.0.2.1", 80), "and admits the rest");
+    assert!(ing(&c, "prod/web", "10.0.1.3", 80), "the namespace's policy decides for the pods it isolates");
+    assert!(ing(&c, "dev/tool", "10.0.1.3", 80), "dev is not the subject");
+}
+
+#[test]
+fn admin_pass_hands_what_it_matches_to_the_namespace_policies_and_then_to_baseline() {
+    let dev = json!({"namespaces": {"matchLabels": {"team": "b"}}});
+    let anyone = json!({"namespaces": {}});
+    let mut c = cluster();
+    // Admin: pass dev on TCP 80-90, then deny everyone; Baseline: deny dev.
+    c.cluster_policies.push(cluster_policy(
+        "pass-dev",
+        "Admin",
+        1,
+        prod_ingress("Pass", dev.clone(), json!([{"tcp": {"destinationPort": {"range": {"start": 80, "end": 90}}}}])),
+    ));
+    c.cluster_policies.push(cluster_policy("deny-all", "Admin", 2, prod_ingress("Deny", anyone, json!([]))));
+    c.cluster_policies.push(cluster_policy("baseline", "Baseline", 1, prod_ingress("Deny", dev, json!([]))));
+    // prod/db: no NetworkPolicy, so what Admin passes meets Baseline's deny.
+    assert!(!ing(&c, "prod/db", "10.0.1.3", 80));
+    // prod/web: a NetworkPolicy admits dev on 80 only: what passes is decided there.
+    c.standard.push(std_policy(
+        "prod",
+        "web",
+        json!({"podSelector": {"matchLabels": {"app": "web"}},
+               "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"team": "b"}}}],
+                            "ports": [{"port": 80}]}]}),
+    ));
+    assert!(ing(&c, "prod/web", "10.0.1.3", 80), "passed, then admitted by the NetworkPolicy");
+    assert!(!ing(&c, "prod/web", "10.0.1.3", 85), "passed, then isolated by the NetworkPolicy");
+    assert!(!ing(&c, "prod/web", "10.0.1.3", 91), "not passed: Admin's deny");
+    assert!(!ing(&c, "prod/web", "10.0.2.1", 80), "prod/cache is not passed: Admin's deny");
+    // Without any NetworkPolicy or Baseline rule, what passes is admitted.
+    c.standard.clear();
+    c.cluster_policies.retain(|p| p.spec.tier == weft_api::cluster_network_policy::Tier::Admin);
+    assert!(ing(&c, "prod/web", "10.0.1.3", 85));
+    assert!(!ing(&c, "prod/web", "10.0.1.3", 91));
+}
+
+#[test]
+fn cluster_policy_peers_and_subjects_by_pods_and_networks() {
+    let mut c = cluster();
+    c.cluster_policies.push(cluster_policy(
+        "db-egress",
+        "Admin",
+        1,
+        json!({"subject": {"pods": {"namespaceSelector": {}, "podSelector": {"matchLabels": {"app": "db"}}}},
+               "egress": [
+                 {"action": "Accept", "to": [{"pods": {"namespaceSelector": {"matchLabels": {"team": "b"}},
+                                                       "podSelector": {"matchLabels": {"app": "tool"}}}}]},
+                 {"action": "Accept", "to": [{"networks": ["192.0.2.0/24"]}],
+                  "protocols": [{"udp": {}}]},
+                 {"action": "Deny", "to": [{"networks": ["0.0.0.0/0"]}]}]}),
+    ));
+    let udp = |remote: &str| admitted(&c, "prod/db", Direction::Egress, remote, Proto::Udp, 53);
+    assert!(eg(&c, "prod/db", "10.0.1.3", 5432), "dev/tool by namespace and pod selector");
+    assert!(!eg(&c, "prod/db", "10.0.2.2", 80), "dev/web is not app=tool");
+    assert!(udp("192.0.2.7") && !eg(&c, "prod/db", "192.0.2.7", 53), "the network on UDP only");
+    assert!(!eg(&c, "prod/db", "8.8.8.8", 443));
+    assert!(eg(&c, "prod/web", "8.8.8.8", 443), "prod/web is not the subject");
+}
+
+#[test]
+fn peers_weft_cannot_match_fail_closed_and_a_baseline_pass_accepts() {
+    let by_node = json!({"nodes": {"matchLabels": {"zone": "a"}}});
+    let egress = |action: &str| {
+        json!({"subject": {"namespaces": {"matchLabels": {"team": "a"}}},
+               "egress": [{"action": action, "to": [by_node.clone()]}]})
+    };
+    let mut c = cluster();
+    c.cluster_policies = vec![cluster_policy("nodes", "Admin", 1, egress("Accept"))];
+    assert!(eg(&c, "prod/web", "10.0.2.1", 80), "an Accept of peers it cannot match matches nothing");
+    for action in ["Deny", "Pass"] {
+        c.cluster_policies = vec![cluster_policy("nodes", "Admin", 1, egress(action))];
+        assert!(!eg(&c, "prod/web", "10.0.2.1", 80), "a {action} of peers it cannot match denies all");
+        assert!(!eg(&c, "prod/web", "8.8.8.8", 53));
+    }
+    // Baseline: Pass goes on to the default (accept), past later Baseline rules.
+    let dev = json!({"namespaces": {"matchLabels": {"team": "b"}}});
+    c.cluster_policies = vec![
+        cluster_policy("pass", "Baseline", 1, prod_ingress("Pass", dev.clone(), json!([]))),
+        cluster_policy("deny", "Baseline", 2, prod_ingress("Deny", dev, json!([]))),
+    ];
+    assert!(ing(&c, "prod/db", "10.0.1.3", 80));
+}

@@ -468,6 +468,7 @@ mod tests {
                 .collect(),
             standard: (0..1000).map(|k| Arc::new(policy(k))).collect(),
             weft: Vec::new(),
+            cluster_policies: Vec::new(),
         };
         let mut compiled = Vec::new();
         let t_compile = median(&mut |_| compiled = compile(&cluster, "node-0"));
