@@ -981,7 +981,7 @@ fn rendered_cnp_crd(helm: &Helm, channel: &str) -> Value {
 }
 
 #[test]
-fn the_cluster_network_policy_crds_are_the_modules_and_rendered_as_they_are() {
+fn the_cluster_network_policy_crds_are_the_modules_and_rendered_as_they_are_and_enforcement_is_a_value() {
     // The vendored files are the pinned module's, byte for byte (the script
     // downloads it through the Go module proxy).
     let script = repo_root().join("e2e/scripts/vendor-cnp-crds.sh");
@@ -1004,6 +1004,25 @@ fn the_cluster_network_policy_crds_are_the_modules_and_rendered_as_they_are() {
         vendored["metadata"]["annotations"]["helm.sh/resource-policy"] = "keep".into();
         assert!(rendered == vendored, "the rendered {channel} CRD is not the vendored one plus the keep annotation");
     }
+    // Enforcement: the agents' flag and their permission to read the policies.
+    let reads_cnps = |docs: &[Value]| {
+        let role = find(docs, "ClusterRole", "-agent");
+        role["rules"].as_sequence().expect("rules").iter().any(|r| r["resources"][0] == "clusternetworkpolicies")
+    };
+    let agent_env = |docs: &[Value]| {
+        let ds = find(docs, "DaemonSet", "-agent");
+        env(&ds["spec"]["template"]["spec"]["containers"][0], "WEFT_CLUSTER_NETWORK_POLICY")["value"].clone()
+    };
+    assert!(!reads_cnps(&defaults) && agent_env(&defaults) == "false", "not enforced by default");
+    let enforced = documents(&helm.ok(&[
+        "template",
+        "t",
+        chart.to_str().expect("path"),
+        "--set",
+        "clusterNetworkPolicy.enforce=true",
+    ]));
+    assert!(reads_cnps(&enforced) && agent_env(&enforced) == "true");
+
     let err = helm.fails(&[
         "template",
         "t",

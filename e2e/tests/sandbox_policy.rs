@@ -617,3 +617,90 @@ impl Drop for TableHeldByAnother {
         let _ = self.0.wait();
     }
 }
+
+/// `ClusterNetworkPolicy` YAML.
+fn cluster_policy(name: &str, tier: &str, priority: u32, body: &str) -> String {
+    format!(
+        "apiVersion: policy.networking.k8s.io/v1beta1\nkind: ClusterNetworkPolicy\n\
+         metadata: {{name: {name}}}\nspec:\n  tier: {tier}\n  priority: {priority}\n{body}"
+    )
+}
+
+#[test]
+fn cluster_network_policies_come_before_and_after_the_namespaces_policies() {
+    let Some(_up) = Up::start(&["--nodes", "3", "--agent-arg=--cluster-network-policy=true"], &[]) else {
+        return;
+    };
+    for (ns, team) in [("prod", "a"), ("dev", "b")] {
+        kubectl(&["create", "namespace", ns]);
+        kubectl(&["label", "namespace", ns, &format!("team={team}")]);
+    }
+    for (ns, name, node, label) in [
+        ("dev", "client", "node-1", "app=client"),
+        ("dev", "web", "node-3", "app=web"),
+        ("prod", "api", "node-3", "app=api"),
+        ("prod", "db", "node-2", "app=db"),
+        ("prod", "web", "node-1", "app=web"),
+    ] {
+        ok(&["add-pod", name, "-n", ns, "--node", node, "-l", label, "-p", "80/tcp"]);
+    }
+    let dev_to_prod = |from: &str, to: &str| ns_of(from) == "dev" && ns_of(to) == "prod";
+    expect_family("default allow", "ipv4", "tcp", 80, &|_, _| true);
+
+    // Admin: nothing from dev reaches prod, whatever prod's own policies say.
+    let subject_prod = "  subject: {namespaces: {matchLabels: {team: a}}}\n";
+    apply(&cluster_policy(
+        "no-dev",
+        "Admin",
+        10,
+        &format!(
+            "{subject_prod}  ingress:\n  - action: Deny\n    from: [{{namespaces: {{matchLabels: {{team: b}}}}}}]\n"
+        ),
+    ));
+    expect_family("Admin deny", "ipv4", "tcp", 80, &|f, t| !dev_to_prod(f, t));
+
+    // Admin Pass (a lower number: first) hands dev/client to prod's own
+    // policies: prod/web's NetworkPolicy admits it; prod/api and prod/db
+    // have none, so it gets there (no Baseline rule yet).
+    apply(&cluster_policy(
+        "pass-client",
+        "Admin",
+        5,
+        &format!(
+            "{subject_prod}  ingress:\n  - action: Pass\n    from: [{{pods: {{namespaceSelector: {{matchLabels: {{team: b}}}}, podSelector: {{matchLabels: {{app: client}}}}}}}}]\n"
+        ),
+    ));
+    apply(
+        "
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: web-from-client, namespace: prod}
+spec:
+  podSelector: {matchLabels: {app: web}}
+  ingress:
+  - from: [{namespaceSelector: {matchLabels: {team: b}}, podSelector: {matchLabels: {app: client}}}]
+",
+    );
+    let web_isolated = |f: &str, t: &str| t != "prod/web" || f == "dev/client";
+    expect_family("Admin pass to the namespace's policies", "ipv4", "tcp", 80, &|f, t| {
+        web_isolated(f, t) && (!dev_to_prod(f, t) || f == "dev/client")
+    });
+
+    // Baseline: dev is denied where no NetworkPolicy speaks (prod/api,
+    // prod/db); prod/web's own policy still decides for prod/web.
+    apply(&cluster_policy(
+        "baseline-no-dev",
+        "Baseline",
+        1,
+        &format!(
+            "{subject_prod}  ingress:\n  - action: Deny\n    from: [{{namespaces: {{matchLabels: {{team: b}}}}}}]\n"
+        ),
+    ));
+    expect_family("Baseline deny", "ipv4", "tcp", 80, &|f, t| {
+        web_isolated(f, t) && (!dev_to_prod(f, t) || (f == "dev/client" && t == "prod/web"))
+    });
+
+    kubectl(&["delete", "clusternetworkpolicies", "--all"]);
+    delete_all_policies();
+    expect_family("all deleted", "ipv4", "tcp", 80, &|_, _| true);
+}

@@ -98,6 +98,10 @@ pub struct Config {
     /// Enforce NetworkPolicies (standard and weft.dev) for this node's pods.
     #[arg(long, env = "WEFT_NETWORK_POLICY", default_value_t = true, action = clap::ArgAction::Set)]
     pub network_policy: bool,
+    /// Also enforce ClusterNetworkPolicies (policy.networking.k8s.io
+    /// v1beta1, the SIG Network policy API), whose CRD must be installed.
+    #[arg(long, env = "WEFT_CLUSTER_NETWORK_POLICY", default_value_t = false, action = clap::ArgAction::Set)]
+    pub cluster_network_policy: bool,
     /// What a policy's deny does with a packet: `reject` drops it and
     /// answers (a TCP reset, ICMP "administratively prohibited" otherwise),
     /// so the client fails at once; `drop` drops it silently, and the

@@ -241,6 +241,7 @@ fn start_policy(
         resync: config.resync(),
         deny: config.policy_deny_action,
         drop_log: config.drop_log(),
+        cluster_policies: config.cluster_network_policy,
     };
     tokio::spawn(policy::sync::run(client.clone(), settings, Arc::clone(&metrics.policy), attached));
 }

@@ -42,8 +42,15 @@ pub fn crds_dir() -> std::path::PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../crds")
 }
 
-/// Applies every CRD file in `crds/` (server-side apply, so concurrent and
-/// repeated installs are harmless) and waits until each is Established.
+/// The ClusterNetworkPolicy CRD as the chart vendors it (experimental
+/// channel: every field), installed beside Weft's own.
+pub fn cluster_network_policy_crd() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../charts/weft/files/clusternetworkpolicies/experimental.yaml")
+}
+
+/// Applies every CRD file in `crds/` and the ClusterNetworkPolicy CRD
+/// (server-side apply, so concurrent and repeated installs are harmless)
+/// and waits until each is Established.
 pub async fn install_crds(client: &Client) -> anyhow::Result<Vec<String>> {
     let api = Api::<CustomResourceDefinition>::all(client.clone());
     let mut names = Vec::new();
@@ -54,6 +61,7 @@ pub async fn install_crds(client: &Client) -> anyhow::Result<Vec<String>> {
         .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
         .collect();
     entries.sort();
+    entries.push(cluster_network_policy_crd());
     for path in entries {
         let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
         let crd: CustomResourceDefinition =

@@ -1,5 +1,6 @@
 //! The policy loop's view of the API: reflectors for pods (trimmed to what
-//! policy reads), namespaces and both kinds of NetworkPolicy, each change
+//! policy reads), namespaces, both kinds of NetworkPolicy and, when asked
+//! for, ClusterNetworkPolicies, each change
 //! waking the loop; when they count as filled; and the cluster they show,
 //! with the addresses ADD gave pods the API does not show yet.
 
@@ -16,6 +17,7 @@ use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
+use weft_api::cluster_network_policy::ClusterNetworkPolicy;
 use weft_api::network_policy::{self as wnp, NetworkPolicy as WeftPolicy};
 use weft_api::watch::{self, Projection};
 
@@ -29,17 +31,20 @@ const CACHE_GRACE: Duration = Duration::from_secs(30);
 /// enforces standard NetworkPolicy without it (the CRD may be missing).
 const WEFT_CACHE_GRACE: Duration = Duration::from_secs(30);
 
-/// The four caches policy is computed from.
+/// The caches policy is computed from.
 pub struct Caches {
     pods: Projection<PodInfo>,
     namespaces: Store<Namespace>,
     standard: Store<StandardPolicy>,
     weft: Store<WeftPolicy>,
+    /// When ClusterNetworkPolicies are enforced.
+    cluster: Option<Store<ClusterNetworkPolicy>>,
 }
 
 impl Caches {
-    /// Starts the watches; each change notifies `changed`.
-    pub fn start(client: &Client, changed: &Arc<tokio::sync::Notify>) -> Self {
+    /// Starts the watches (ClusterNetworkPolicies' with `cluster_policies`);
+    /// each change notifies `changed`.
+    pub fn start(client: &Client, changed: &Arc<tokio::sync::Notify>, cluster_policies: bool) -> Self {
         let pods = watch::project(
             Api::<Pod>::all(client.clone()),
             watcher::Config::default(),
@@ -50,12 +55,16 @@ impl Caches {
         let namespaces = reflect(Api::<Namespace>::all(client.clone()), "Namespace", Arc::clone(changed), slim);
         let standard = reflect(Api::<StandardPolicy>::all(client.clone()), "NetworkPolicy", Arc::clone(changed), slim);
         let weft = reflect(Api::<WeftPolicy>::all(client.clone()), "weft.dev NetworkPolicy", Arc::clone(changed), slim);
-        Caches { pods, namespaces, standard, weft }
+        let cluster = cluster_policies.then(|| {
+            reflect(Api::<ClusterNetworkPolicy>::all(client.clone()), "ClusterNetworkPolicy", Arc::clone(changed), slim)
+        });
+        Caches { pods, namespaces, standard, weft, cluster }
     }
 
-    /// Waits until the caches standard NetworkPolicy needs are filled, and
-    /// Weft's own for a while (its CRD may be missing: standard policy does
-    /// not wait for it). Taking longer than [`CACHE_GRACE`] is reported as a
+    /// Waits until the caches standard NetworkPolicy needs are filled (and
+    /// the ClusterNetworkPolicy one, when enforced: asked for, it is
+    /// required), and Weft's own for a while (its CRD may be missing:
+    /// standard policy does not wait for it). Taking longer than [`CACHE_GRACE`] is reported as a
     /// failure on `attached` meanwhile. False: a cache was dropped, and
     /// policy cannot be enforced.
     pub async fn wait_filled(&self, client: &Client, attached: &Attached) -> bool {
@@ -64,13 +73,18 @@ impl Caches {
             self.pods.wait_until_ready().await.is_ok()
                 && self.namespaces.wait_until_ready().await.is_ok()
                 && self.standard.wait_until_ready().await.is_ok()
+                && match &self.cluster {
+                    Some(cluster) => cluster.wait_until_ready().await.is_ok(),
+                    None => true,
+                }
         };
         tokio::pin!(caches);
         let ready = match tokio::time::timeout(CACHE_GRACE, &mut caches).await {
             Ok(ready) => ready,
             Err(_) => {
                 attached.set_failure(Some(format!(
-                    "the Pod, Namespace and NetworkPolicy caches are not filled after {CACHE_GRACE:?} (may the agent list them? see its log)"
+                    "the Pod, Namespace, NetworkPolicy{} caches are not filled after {CACHE_GRACE:?} (may the agent list them? see its log)",
+                    if self.cluster.is_some() { " and ClusterNetworkPolicy (is its CRD installed?)" } else { "" }
                 )));
                 caches.await
             }
@@ -107,7 +121,6 @@ impl Caches {
             namespaces: BTreeMap::new(),
             standard: self.standard.state(),
             weft: Vec::new(),
-            // Not watched yet: Weft does not enforce ClusterNetworkPolicy.
             cluster_policies: Vec::new(),
         };
         for ns in self.namespaces.state() {
@@ -115,6 +128,7 @@ impl Caches {
                 c.namespaces.insert(name.clone(), ns.metadata.labels.clone().unwrap_or_default());
             }
         }
+        c.cluster_policies = self.cluster.as_ref().map(Store::state).unwrap_or_default();
         for p in self.weft.state() {
             let problems = wnp::validate(&p.spec);
             if problems.is_empty() {

@@ -122,12 +122,14 @@ pub struct Settings {
     pub deny: render::DenyAction,
     /// Log dropped packets (off when `None`).
     pub drop_log: Option<render::DropLog>,
+    /// Enforce ClusterNetworkPolicies too (their CRD must be installed).
+    pub cluster_policies: bool,
 }
 
 /// Runs for the agent's lifetime; `attached`: the pods ADD registered
 /// (their rules are applied before ADD answers).
 pub async fn run(client: Client, settings: Settings, metrics: Arc<PolicyMetrics>, attached: Arc<Attached>) {
-    let caches = Caches::start(&client, &attached.changed);
+    let caches = Caches::start(&client, &attached.changed, settings.cluster_policies);
     if !caches.wait_filled(&client, &attached).await {
         return;
     }
@@ -167,7 +169,7 @@ struct PolicyLoop {
 impl PolicyLoop {
     /// Also starts the counters' reader and, when asked, the drop log.
     fn start(events: Client, settings: Settings, metrics: Arc<PolicyMetrics>, attached: Arc<Attached>) -> Self {
-        let Settings { node, resync, deny, drop_log } = settings;
+        let Settings { node, resync, deny, drop_log, cluster_policies: _ } = settings;
         let engine = Arc::new(Engine::new(Nft::default()));
         let labels: drop_log::Labels = Arc::new(std::sync::Mutex::new(Default::default()));
         tokio::spawn(read_counters(Arc::clone(&engine), Arc::clone(&labels), Arc::clone(&metrics)));
