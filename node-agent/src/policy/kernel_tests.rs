@@ -39,6 +39,7 @@ fn pods(extra_port: u16) -> Vec<PodPolicy> {
                 }],
                 verdict: Verdict::Drop,
                 origin: "weft.dev/prod/deny".into(),
+                silent: false,
             },
             Rule {
                 matches: vec![
@@ -49,6 +50,7 @@ fn pods(extra_port: u16) -> Vec<PodPolicy> {
                 ],
                 verdict: Verdict::Allow,
                 origin: "prod/allow".into(),
+                silent: false,
             },
         ],
         default_deny: true,
@@ -58,6 +60,7 @@ fn pods(extra_port: u16) -> Vec<PodPolicy> {
             matches: vec![Match { peers: set, proto: Some(Proto::Udp), ports: Some((53, 53)) }],
             verdict: Verdict::Allow,
             origin: "prod/dns".into(),
+            silent: false,
         }],
         default_deny: true,
     };
@@ -157,6 +160,7 @@ fn ipv6_peers_and_pods_round_trip_beside_ipv4_ones() {
             matches: vec![Match { peers: both, proto: Some(Proto::Tcp), ports: Some((80, 80)) }],
             verdict: Verdict::Allow,
             origin: "prod/web".into(),
+            silent: false,
         };
         dual[0].ingress.as_mut().unwrap().rules.push(rule);
         let engine = Engine::new(Nft::default());

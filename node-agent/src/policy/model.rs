@@ -122,8 +122,12 @@ pub enum Verdict {
 pub struct Rule {
     pub matches: Vec<Match>,
     pub verdict: Verdict,
-    /// The policy it comes from: `ns/name` or `weft.dev/ns/name`.
+    /// The policy it comes from: `ns/name`, `weft.dev/ns/name` or
+    /// `ClusterNetworkPolicy/name`.
     pub origin: String,
+    /// A Drop that never answers, whatever the agent's deny action: a
+    /// ClusterNetworkPolicy Deny, which the API defines as a drop.
+    pub silent: bool,
 }
 
 /// What one direction of a pod admits, in evaluation order.
@@ -634,7 +638,7 @@ impl<'a> Compiler<'a> {
                 for r in rules_of(p, dir) {
                     let matches = self.view.compile_rule(r, dir, pod);
                     if !matches.is_empty() {
-                        let rule = Rule { matches, verdict: r.verdict, origin: p.origin() };
+                        let rule = Rule { matches, verdict: r.verdict, origin: p.origin(), silent: false };
                         weft_rules.push((p.priority.unwrap_or_default(), r.verdict == Verdict::Allow, rule));
                     }
                 }
@@ -646,7 +650,7 @@ impl<'a> Compiler<'a> {
                 for r in rules_of(p, dir) {
                     let matches = self.view.compile_rule(r, dir, pod);
                     if !matches.is_empty() {
-                        rules.push(Rule { matches, verdict: Verdict::Allow, origin: p.origin() });
+                        rules.push(Rule { matches, verdict: Verdict::Allow, origin: p.origin(), silent: false });
                     }
                 }
             }

@@ -146,7 +146,9 @@ impl<'a> Tiers<'a> {
             for r in p.rules(dir) {
                 let matches = view.compile_rule(&r.spec, dir, pod);
                 if !matches.is_empty() {
-                    out.push((Rule { matches, verdict: r.spec.verdict, origin: p.origin() }, r.pass));
+                    // A Deny drops (the API's word): never answered.
+                    let silent = r.spec.verdict == Verdict::Drop;
+                    out.push((Rule { matches, verdict: r.spec.verdict, origin: p.origin(), silent }, r.pass));
                 }
             }
         }
@@ -248,11 +250,12 @@ pub(super) fn with_admin(admin: Vec<(Rule, bool)>, rest: Vec<Rule>, default_deny
             let matches: Vec<Match> =
                 rule.matches.iter().flat_map(|a| r.matches.iter().filter_map(move |b| intersect(a, b))).collect();
             if !matches.is_empty() {
-                out.push(Rule { matches, verdict: r.verdict, origin: r.origin.clone() });
+                out.push(Rule { matches, verdict: r.verdict, origin: r.origin.clone(), silent: r.silent });
             }
         }
         let verdict = if default_deny { Verdict::Drop } else { Verdict::Allow };
-        out.push(Rule { matches: rule.matches, verdict, origin: rule.origin });
+        // The end of the namespaces' tier: their isolation, answered as theirs is.
+        out.push(Rule { matches: rule.matches, verdict, origin: rule.origin, silent: false });
     }
     out.extend(rest);
     out

@@ -567,6 +567,9 @@ fn admin_tier_comes_before_namespace_policies_and_baseline_after() {
     ));
     c.cluster_policies.push(cluster_policy("no-dev", "Admin", 10, prod_ingress("Deny", dev.clone(), json!([]))));
     assert!(!ing(&c, "prod/web", "10.0.1.3", 80), "Admin Deny overrides the namespace's allow");
+    let web = compile(&c, NODE).into_iter().find(|p| p.key == "prod/web").expect("prod/web");
+    let rules = &web.ingress.as_ref().expect("ingress").rules;
+    assert!(rules[0].silent && !rules[1].silent, "an Admin Deny drops without an answer: {rules:?}");
     // Accept at a lower number (higher precedence) wins over it, for TCP 80 only.
     c.cluster_policies.push(cluster_policy(
         "dev-http",

@@ -255,7 +255,10 @@ fn chain_rules(dir: Direction, c: &Chain, names: &mut Names<'_>) -> Vec<Rule> {
                         stmts.push(build::ret());
                         out.push(Rule::new(&r.origin, stmts));
                     }
-                    Verdict::Drop => counted_deny(&mut out, names, (dir, &r.origin), stmts, m.proto, deny),
+                    Verdict::Drop => {
+                        let action = if r.silent { DenyAction::Drop } else { deny };
+                        counted_deny(&mut out, names, (dir, &r.origin), stmts, m.proto, action)
+                    }
                 }
             }
         }

@@ -11,7 +11,7 @@ fn net(s: &str) -> IpNet {
 }
 
 fn rule(verdict: Verdict, origin: &str, matches: Vec<Match>) -> Rule {
-    Rule { matches, verdict, origin: origin.into() }
+    Rule { matches, verdict, origin: origin.into(), silent: false }
 }
 
 /// A pod with the addresses `ips` (comma-separated).
@@ -322,4 +322,18 @@ fn a_set_of_ipv6_peers_is_an_ipv6_set() {
     let rules: Vec<String> = pod_chains(&d, "eg")[0].rules.iter().map(json).collect();
     assert!(rules[1].contains(r#""protocol":"ip6","field":"daddr"}},"right":"@policy-set-"#), "{}", rules[1]);
     assert!(d.part.sets[EGRESS_MAP].elements.is_empty() && d.part.sets[EGRESS_MAP6].elements.len() == 1);
+}
+
+#[test]
+fn a_cluster_policy_deny_drops_without_an_answer_whatever_the_deny_action() {
+    let mut chain = db_chain();
+    chain.rules[0].origin = "ClusterNetworkPolicy/no-dev".into();
+    chain.rules[0].silent = true;
+    let d = render(&[pod("prod/db", "10.0.1.5", Some(chain), None)], None);
+    let rules: Vec<String> = pod_chains(&d, "in")[0].rules.iter().map(json).collect();
+    // One rule for every protocol (no reset or ICMP to tell TCP apart for).
+    assert!(rules[1].contains(r#""right":"10.0.1.1""#) && rules[1].ends_with(r#"{"drop":null}]"#), "{}", rules[1]);
+    assert!(!rules[2].contains(r#""right":"10.0.1.1""#), "{}", rules[2]);
+    // The namespaces' own deny (the default one here) still answers.
+    assert!(rules.last().unwrap().contains("reject"), "{rules:#?}");
 }
