@@ -57,10 +57,12 @@ pub struct Subject {
     pub pods: Option<NamespacedPod>,
 }
 
+/// Pods by label; absent `namespaceSelector`: in every namespace.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct NamespacedPod {
-    pub namespace_selector: LabelSelector,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace_selector: Option<LabelSelector>,
     pub pod_selector: LabelSelector,
 }
 
@@ -166,12 +168,15 @@ mod tests {
 
     use super::*;
 
-    /// Every property path of an OpenAPI schema (`spec.ingress[].from[].pods`).
+    /// Every property path of an OpenAPI schema (`spec.ingress[].from[].pods`),
+    /// a required one marked with a `!` at its end.
     fn paths(schema: &Value, at: &str, out: &mut BTreeSet<String>) {
+        let required: Vec<&str> =
+            schema.get("required").and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str).collect();
         if let Some(props) = schema.get("properties").and_then(Value::as_object) {
             for (name, sub) in props {
                 let path = if at.is_empty() { name.clone() } else { format!("{at}.{name}") };
-                out.insert(path.clone());
+                out.insert(if required.contains(&name.as_str()) { format!("{path}!") } else { path.clone() });
                 paths(sub, &path, out);
             }
         }
@@ -185,12 +190,13 @@ mod tests {
         let v1beta1 = versions.iter().find(|v| v["name"] == "v1beta1").expect("v1beta1 is served");
         let mut out = BTreeSet::new();
         paths(&v1beta1["schema"]["openAPIV3Schema"], "", &mut out);
-        out.retain(|p| !p.starts_with("metadata") && p != "apiVersion" && p != "kind");
+        // What is required of spec (status is ours to write).
+        out.retain(|p| p.starts_with("spec"));
         out
     }
 
     #[test]
-    fn the_types_have_exactly_the_fields_of_the_modules_experimental_crd() {
+    fn the_types_have_exactly_the_fields_and_required_ones_of_the_modules_experimental_crd() {
         let file =
             concat!(env!("CARGO_MANIFEST_DIR"), "/../charts/weft/files/clusternetworkpolicies/experimental.yaml");
         let text = std::fs::read_to_string(file).expect("the vendored CRD");
@@ -198,6 +204,7 @@ mod tests {
         let ours = serde_json::to_value(ClusterNetworkPolicy::crd()).expect("CRD JSON");
         let (upstream, ours) = (v1beta1_paths(&upstream), v1beta1_paths(&ours));
         assert!(upstream.contains("spec.egress[].to[].nodes"), "{upstream:?}");
+        assert!(upstream.contains("spec.subject.pods.podSelector!"), "{upstream:?}");
         assert_eq!(
             ours.symmetric_difference(&upstream).collect::<Vec<_>>(),
             Vec::<&String>::new(),
@@ -215,7 +222,7 @@ spec:
   tier: Admin
   priority: 10
   subject:
-    pods: {namespaceSelector: {}, podSelector: {matchLabels: {app: db}}}
+    pods: {podSelector: {matchLabels: {app: db}}}
   ingress:
   - name: pass-monitoring
     action: Pass

@@ -19,6 +19,26 @@ const CONVERGE: Duration = Duration::from_secs(45);
 const IPV6_CLUSTER_CIDR: &str = "fd00:10:244::/56";
 const PODS: [&str; 5] = ["dev/client", "dev/web", "prod/api", "prod/db", "prod/web"];
 
+/// Namespaces prod (team=a) and dev (team=b) and the [`PODS`] across
+/// three nodes, each serving `ports` (`-p` arguments of add-pod).
+fn add_the_pods(ports: &[&str]) {
+    for (ns, team) in [("prod", "a"), ("dev", "b")] {
+        kubectl(&["create", "namespace", ns]);
+        kubectl(&["label", "namespace", ns, &format!("team={team}")]);
+    }
+    for (ns, name, node, label) in [
+        ("dev", "client", "node-1", "app=client"),
+        ("dev", "web", "node-3", "app=web"),
+        ("prod", "api", "node-3", "app=api"),
+        ("prod", "db", "node-2", "app=db"),
+        ("prod", "web", "node-1", "app=web"),
+    ] {
+        let mut args = vec!["add-pod", name, "-n", ns, "--node", node, "-l", label];
+        args.extend_from_slice(ports);
+        ok(&args);
+    }
+}
+
 fn delete_all_policies() {
     for ns in ["prod", "dev"] {
         kubectl(&["delete", "networkpolicies.networking.k8s.io", "--all", "-n", ns]);
@@ -137,22 +157,7 @@ fn standard_and_weft_policies_follow_the_truth_table() {
     ) else {
         return;
     };
-    kubectl(&["create", "namespace", "prod"]);
-    kubectl(&["create", "namespace", "dev"]);
-    kubectl(&["label", "namespace", "prod", "team=a"]);
-    kubectl(&["label", "namespace", "dev", "team=b"]);
-    let ports = ["-p", "80/tcp", "-p", "http=8080/tcp", "-p", "dns=53/udp"];
-    for (ns, name, node, label) in [
-        ("dev", "client", "node-1", "app=client"),
-        ("dev", "web", "node-3", "app=web"),
-        ("prod", "api", "node-3", "app=api"),
-        ("prod", "db", "node-2", "app=db"),
-        ("prod", "web", "node-1", "app=web"),
-    ] {
-        let mut args = vec!["add-pod", name, "-n", ns, "--node", node, "-l", label];
-        args.extend_from_slice(&ports);
-        ok(&args);
-    }
+    add_the_pods(&["-p", "80/tcp", "-p", "http=8080/tcp", "-p", "dns=53/udp"]);
 
     // No policy: everything is open.
     expect_matrix("default allow", "tcp", 80, |_, _| true);
@@ -631,19 +636,7 @@ fn cluster_network_policies_come_before_and_after_the_namespaces_policies() {
     let Some(_up) = Up::start(&["--nodes", "3", "--agent-arg=--cluster-network-policy=true"], &[]) else {
         return;
     };
-    for (ns, team) in [("prod", "a"), ("dev", "b")] {
-        kubectl(&["create", "namespace", ns]);
-        kubectl(&["label", "namespace", ns, &format!("team={team}")]);
-    }
-    for (ns, name, node, label) in [
-        ("dev", "client", "node-1", "app=client"),
-        ("dev", "web", "node-3", "app=web"),
-        ("prod", "api", "node-3", "app=api"),
-        ("prod", "db", "node-2", "app=db"),
-        ("prod", "web", "node-1", "app=web"),
-    ] {
-        ok(&["add-pod", name, "-n", ns, "--node", node, "-l", label, "-p", "80/tcp"]);
-    }
+    add_the_pods(&["-p", "80/tcp"]);
     let dev_to_prod = |from: &str, to: &str| ns_of(from) == "dev" && ns_of(to) == "prod";
     expect_family("default allow", "ipv4", "tcp", 80, &|_, _| true);
 

@@ -46,7 +46,7 @@ impl<'a> Subject<'a> {
     pub fn of(s: &'a cnp::Subject) -> Self {
         match (&s.namespaces, &s.pods) {
             (Some(ns), None) => Subject::Namespaces(ns),
-            (None, Some(p)) => Subject::Pods { namespaces: &p.namespace_selector, pods: &p.pod_selector },
+            (None, Some(p)) => Subject::Pods { namespaces: every_namespace(p), pods: &p.pod_selector },
             _ => Subject::Nothing,
         }
     }
@@ -186,7 +186,7 @@ fn rule<'a>(
 fn peers(p: &cnp::IngressPeer) -> Vec<Peer<'_>> {
     vec![match (&p.namespaces, &p.pods) {
         (Some(ns), None) => Peer::Pods { ns: Some(ns), pods: None },
-        (None, Some(pods)) => Peer::Pods { ns: Some(&pods.namespace_selector), pods: Some(&pods.pod_selector) },
+        (None, Some(pods)) => Peer::Pods { ns: Some(every_namespace(pods)), pods: Some(&pods.pod_selector) },
         _ => Peer::Nothing,
     }]
 }
@@ -198,10 +198,15 @@ fn egress_peers(p: &cnp::EgressPeer) -> Vec<Peer<'_>> {
     match (&p.namespaces, &p.pods, &p.nodes) {
         (Some(ns), None, None) => vec![Peer::Pods { ns: Some(ns), pods: None }],
         (None, Some(pods), None) => {
-            vec![Peer::Pods { ns: Some(&pods.namespace_selector), pods: Some(&pods.pod_selector) }]
+            vec![Peer::Pods { ns: Some(every_namespace(pods)), pods: Some(&pods.pod_selector) }]
         }
         _ => vec![Peer::Nothing],
     }
+}
+
+/// The namespaces of `pods`: its selector's, or every namespace without one.
+fn every_namespace(pods: &cnp::NamespacedPod) -> &LabelSelector {
+    pods.namespace_selector.as_ref().unwrap_or(&super::EVERY_POD)
 }
 
 /// Port selectors of `protocols` (none: every port of every protocol).

@@ -329,7 +329,10 @@ fn cluster_peer(egress: bool) -> impl Strategy<Value = Value> {
     let networks = prop::collection::vec(select(CIDRS.to_vec()), 1..=2).prop_map(|n| json!({"networks": n}));
     prop_oneof![
         2 => selector().prop_map(|s| json!({"namespaces": s})),
-        2 => (selector(), selector()).prop_map(|(n, p)| json!({"pods": {"namespaceSelector": n, "podSelector": p}})),
+        2 => (prop::option::of(selector()), selector()).prop_map(|(n, p)| match n {
+            Some(n) => json!({"pods": {"namespaceSelector": n, "podSelector": p}}),
+            None => json!({"pods": {"podSelector": p}}),
+        }),
         if egress { 2 } else { 0 } => networks,
     ]
 }
@@ -370,7 +373,10 @@ fn cluster_policy() -> impl Strategy<Value = Value> {
     select(["Admin", "Baseline"].to_vec()).prop_flat_map(|tier| {
         let subject = prop_oneof![
             selector().prop_map(|s| json!({"namespaces": s})),
-            (selector(), selector()).prop_map(|(n, p)| json!({"pods": {"namespaceSelector": n, "podSelector": p}})),
+            (prop::option::of(selector()), selector()).prop_map(|(n, p)| match n {
+                Some(n) => json!({"pods": {"namespaceSelector": n, "podSelector": p}}),
+                None => json!({"pods": {"podSelector": p}}),
+            }),
         ];
         (
             select([0, 5, 10].to_vec()),
@@ -654,7 +660,8 @@ mod naive {
             let selected = match (&subject.namespaces, &subject.pods) {
                 (Some(ns), None) => selects(ns, &ns_labels),
                 (None, Some(pods)) => {
-                    selects(&pods.namespace_selector, &ns_labels) && selects(&pods.pod_selector, &pkt.pod.labels)
+                    pods.namespace_selector.as_ref().is_none_or(|s| selects(s, &ns_labels))
+                        && selects(&pods.pod_selector, &pkt.pod.labels)
                 }
                 _ => panic!("the generator made a subject with {subject:?}"),
             };
@@ -689,7 +696,8 @@ mod naive {
                     match (&peer.namespaces, &peer.pods) {
                         (Some(ns), None) => selects(ns, &remote_ns),
                         (None, Some(pods)) => {
-                            selects(&pods.namespace_selector, &remote_ns) && selects(&pods.pod_selector, &remote.labels)
+                            pods.namespace_selector.as_ref().is_none_or(|s| selects(s, &remote_ns))
+                                && selects(&pods.pod_selector, &remote.labels)
                         }
                         _ => panic!("the generator made a peer with {peer:?}"),
                     }

@@ -630,7 +630,8 @@ fn cluster_policy_peers_and_subjects_by_pods_and_networks() {
         "db-egress",
         "Admin",
         1,
-        json!({"subject": {"pods": {"namespaceSelector": {}, "podSelector": {"matchLabels": {"app": "db"}}}},
+        // No namespaceSelector: the pods of every namespace.
+        json!({"subject": {"pods": {"podSelector": {"matchLabels": {"app": "db"}}}},
                "egress": [
                  {"action": "Accept", "to": [{"pods": {"namespaceSelector": {"matchLabels": {"team": "b"}},
                                                        "podSelector": {"matchLabels": {"app": "tool"}}}}]},
@@ -644,6 +645,16 @@ fn cluster_policy_peers_and_subjects_by_pods_and_networks() {
     assert!(udp("192.0.2.7") && !eg(&c, "prod/db", "192.0.2.7", 53), "the network on UDP only");
     assert!(!eg(&c, "prod/db", "8.8.8.8", 443));
     assert!(eg(&c, "prod/web", "8.8.8.8", 443), "prod/web is not the subject");
+    // A peer by pod labels alone: dev/web and prod/web (app=web, any namespace).
+    c.cluster_policies = vec![cluster_policy(
+        "no-web",
+        "Admin",
+        1,
+        json!({"subject": {"namespaces": {}},
+               "ingress": [{"action": "Deny", "from": [{"pods": {"podSelector": {"matchLabels": {"app": "web"}}}}]}]}),
+    )];
+    assert!(!ing(&c, "prod/db", "10.0.2.2", 80) && !ing(&c, "prod/db", "10.0.1.1", 80));
+    assert!(ing(&c, "prod/db", "10.0.1.3", 80), "dev/tool is no web pod");
 }
 
 #[test]
