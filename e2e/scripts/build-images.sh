@@ -65,11 +65,11 @@ mkdir -p "$out_dir/.layers" "$cache"
 # only the archives and the cache stay.
 trap 'rm -rf "$out_dir/.layers"' EXIT
 
-# The Kubernetes version the cluster tools are built from (build-tools.sh pins it).
+# A version the cluster tools are built from (pinned in versions.sh).
 tools_var() {
   local v
-  v=$(sed -n "s/^$1=\([^ #]*\).*/\1/p" "$root/e2e/scripts/build-tools.sh" | head -n1)
-  [[ -n $v ]] || die "no $1= in e2e/scripts/build-tools.sh"
+  v=$(sed -n "s/^$1=\([^ #]*\).*/\1/p" "$root/e2e/scripts/versions.sh" | head -n1)
+  [[ -n $v ]] || die "no $1= in e2e/scripts/versions.sh"
   echo "$v"
 }
 
