@@ -146,8 +146,9 @@ impl<'a> Tiers<'a> {
             for r in p.rules(dir) {
                 let matches = view.compile_rule(&r.spec, dir, pod);
                 if !matches.is_empty() {
-                    // A Deny drops (the API's word): never answered.
-                    let silent = r.spec.verdict == Verdict::Drop;
+                    // A Deny drops (the API's word): never answered. (A
+                    // Pass is replaced by the rules it passes to.)
+                    let silent = r.spec.verdict == Verdict::Drop && !r.pass;
                     out.push((Rule { matches, verdict: r.spec.verdict, origin: p.origin(), silent }, r.pass));
                 }
             }
