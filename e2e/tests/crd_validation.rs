@@ -48,10 +48,14 @@ fn subnet(name: &str, cidr: &str) -> Value {
 async fn crds_install_and_are_served() {
     let Some(client) = setup().await else { return };
     let names = install_crds(&client).await.expect("second install is idempotent");
-    assert_eq!(
-        names,
-        ["hostportallocations.weft.dev", "networkpolicies.weft.dev", "subnets.weft.dev"].map(String::from).to_vec()
-    );
+    // Weft's own, then the ClusterNetworkPolicy CRD the chart vendors.
+    let expected = [
+        "hostportallocations.weft.dev",
+        "networkpolicies.weft.dev",
+        "subnets.weft.dev",
+        "clusternetworkpolicies.policy.networking.k8s.io",
+    ];
+    assert_eq!(names, expected.map(String::from).to_vec());
     let subnets: Api<Subnet> = Api::all(client.clone());
     let name = unique_name("valid");
     let created = subnets
