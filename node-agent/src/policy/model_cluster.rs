@@ -44,10 +44,10 @@ pub enum Subject<'a> {
 
 impl<'a> Subject<'a> {
     pub fn of(s: &'a cnp::Subject) -> Self {
-        match (&s.namespaces, &s.pods) {
-            (Some(ns), None) => Subject::Namespaces(ns),
-            (None, Some(p)) => Subject::Pods { namespaces: every_namespace(p), pods: &p.pod_selector },
-            _ => Subject::Nothing,
+        match namespaces_or_pods(&s.namespaces, &s.pods) {
+            Some((ns, None)) => Subject::Namespaces(ns),
+            Some((namespaces, Some(pods))) => Subject::Pods { namespaces, pods },
+            None => Subject::Nothing,
         }
     }
 
@@ -185,29 +185,34 @@ fn rule<'a>(
 }
 
 fn peers(p: &cnp::IngressPeer) -> Vec<Peer<'_>> {
-    vec![match (&p.namespaces, &p.pods) {
-        (Some(ns), None) => Peer::Pods { ns: Some(ns), pods: None },
-        (None, Some(pods)) => Peer::Pods { ns: Some(every_namespace(pods)), pods: Some(&pods.pod_selector) },
-        _ => Peer::Nothing,
-    }]
+    vec![pod_peer(namespaces_or_pods(&p.namespaces, &p.pods))]
 }
 
 fn egress_peers(p: &cnp::EgressPeer) -> Vec<Peer<'_>> {
     if !p.networks.is_empty() {
         return p.networks.iter().map(|cidr| Peer::Block { cidr, except: &[] }).collect();
     }
-    match (&p.namespaces, &p.pods, &p.nodes) {
-        (Some(ns), None, None) => vec![Peer::Pods { ns: Some(ns), pods: None }],
-        (None, Some(pods), None) => {
-            vec![Peer::Pods { ns: Some(every_namespace(pods)), pods: Some(&pods.pod_selector) }]
-        }
-        _ => vec![Peer::Nothing],
-    }
+    // Nodes: not matched yet (fail closed, see the module's text).
+    let pods = if p.nodes.is_some() { None } else { namespaces_or_pods(&p.namespaces, &p.pods) };
+    vec![pod_peer(pods)]
 }
 
-/// The namespaces of `pods`: its selector's, or every namespace without one.
-fn every_namespace(pods: &cnp::NamespacedPod) -> &LabelSelector {
-    pods.namespace_selector.as_ref().unwrap_or(&super::EVERY_POD)
+fn pod_peer<'a>(selected: Option<(&'a LabelSelector, Option<&'a LabelSelector>)>) -> Peer<'a> {
+    selected.map_or(Peer::Nothing, |(ns, pods)| Peer::Pods { ns: Some(ns), pods })
+}
+
+/// The one of `namespaces` and `pods` that is set, as (namespace selector,
+/// pod selector): `pods` without a namespace selector means pods of every
+/// namespace. None when neither or both are set.
+fn namespaces_or_pods<'a>(
+    namespaces: &'a Option<LabelSelector>,
+    pods: &'a Option<cnp::NamespacedPod>,
+) -> Option<(&'a LabelSelector, Option<&'a LabelSelector>)> {
+    match (namespaces, pods) {
+        (Some(ns), None) => Some((ns, None)),
+        (None, Some(p)) => Some((p.namespace_selector.as_ref().unwrap_or(&super::EVERY_POD), Some(&p.pod_selector))),
+        _ => None,
+    }
 }
 
 /// Port selectors of `protocols` (none: every port of every protocol).
