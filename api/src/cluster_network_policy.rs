@@ -159,6 +159,64 @@ pub struct ClusterNetworkPolicyStatus {
     pub conditions: Vec<Condition>,
 }
 
+/// The status condition Weft's operator keeps on each ClusterNetworkPolicy:
+/// True when Weft enforces it as written, False with the reason when it
+/// enforces it failing closed (see [`problems`]).
+pub const CONDITION_ACCEPTED: &str = "Accepted";
+
+/// The most one ClusterNetworkPolicy may compile to, as for a standard
+/// NetworkPolicy ([`crate::standard_policy::MAX_COST`]). The CRD's item
+/// limits (25 rules, 25 peers, 25 networks, 25 protocol entries) still allow
+/// hundreds of thousands of entries in every agent.
+pub const MAX_COST: u64 = crate::standard_policy::MAX_COST;
+
+/// What `spec` may compile to, at most: for each rule, its peers' weight (a
+/// network each, 1 for any other peer) times its protocol entries (at
+/// least 1).
+pub fn cost(spec: &ClusterNetworkPolicySpec) -> u64 {
+    let rule = |peers: u64, protocols: usize| peers.saturating_mul(protocols.max(1) as u64);
+    let ingress = spec.ingress.iter().map(|r| rule(r.from.len() as u64, r.protocols.len()));
+    let egress = spec.egress.iter().map(|r| {
+        let peers = r.to.iter().map(|p| (p.networks.len() as u64).max(1)).fold(0u64, u64::saturating_add);
+        rule(peers, r.protocols.len())
+    });
+    ingress.chain(egress).fold(0u64, u64::saturating_add)
+}
+
+/// Why Weft cannot enforce `spec` as written, one text each (none: it can).
+/// Either way nothing opens: an oversized policy's rules and a rule with a
+/// peer Weft cannot match fail closed (an Accept matches nothing, a Deny or
+/// Pass denies everything), as the API asks of unsupported peers.
+pub fn problems(spec: &ClusterNetworkPolicySpec) -> Vec<(&'static str, String)> {
+    let mut out = Vec::new();
+    let cost = cost(spec);
+    if cost > MAX_COST {
+        out.push((
+            "TooLarge",
+            format!(
+                "it may compile to {cost} entries, over Weft's limit of {MAX_COST} per policy: every rule fails closed (split it into smaller policies)"
+            ),
+        ));
+    }
+    for (i, r) in spec.egress.iter().enumerate() {
+        if r.to.iter().any(|p| !p.domain_names.is_empty()) {
+            let name = r.name.as_deref().map(|n| format!(" ({n})")).unwrap_or_default();
+            out.push((
+                "DomainNamesUnsupported",
+                format!(
+                    "egress rule {i}{name}: Weft does not match domainNames peers yet, so the rule fails closed ({})",
+                    if r.action == Action::Accept {
+                        "it accepts nothing"
+                    } else {
+                        "it denies all egress of its subjects"
+                    }
+                ),
+            ));
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeSet;
@@ -240,5 +298,29 @@ spec:
         assert_eq!(port.range, Some(PortRange { start: 9000, end: 9100 }));
         assert_eq!(p.spec.egress[0].to[0].networks, ["10.0.0.0/8", "fd00::/8"]);
         assert!(p.spec.subject.namespaces.is_none());
+    }
+
+    #[test]
+    fn problems_name_unsupported_peers_and_an_oversized_policy() {
+        let spec = |egress: serde_json::Value| -> ClusterNetworkPolicySpec {
+            serde_json::from_value(serde_json::json!({"tier": "Admin", "priority": 1,
+                "subject": {"namespaces": {}}, "egress": egress}))
+            .unwrap()
+        };
+        let ok = spec(serde_json::json!([{"action": "Deny", "to": [{"networks": ["10.0.0.0/8"]}]}]));
+        assert_eq!((cost(&ok), problems(&ok)), (1, vec![]));
+        let domains =
+            spec(serde_json::json!([{"name": "dns", "action": "Accept", "to": [{"domainNames": ["example.com"]}]}]));
+        let found = problems(&domains);
+        assert_eq!(found.len(), 1);
+        assert_eq!(found[0].0, "DomainNamesUnsupported");
+        assert!(found[0].1.contains("egress rule 0 (dns)") && found[0].1.contains("accepts nothing"), "{found:?}");
+        // The CRD's limits: 25 rules × 25 peers × 25 networks × 25 protocol entries.
+        let nets: Vec<String> = (0..25).map(|i| format!("10.{i}.0.0/16")).collect();
+        let protos: Vec<_> = (1..=25).map(|p| serde_json::json!({"tcp": {"destinationPort": {"number": p}}})).collect();
+        let rule = serde_json::json!({"action": "Deny", "to": vec![serde_json::json!({"networks": nets}); 25], "protocols": protos});
+        let big = spec(serde_json::Value::Array(vec![rule; 25]));
+        assert_eq!(cost(&big), 25 * 25 * 25 * 25);
+        assert_eq!(problems(&big)[0].0, "TooLarge");
     }
 }

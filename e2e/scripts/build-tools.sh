@@ -4,7 +4,8 @@
 # checks the cache.
 #
 # Usage: e2e/scripts/build-tools.sh [--e2e-test | --print-dir]
-#   --e2e-test  also Kubernetes' e2e.test (for e2e/conformance.sh)
+#   --e2e-test  also Kubernetes' e2e.test and the ClusterNetworkPolicy
+#               conformance suite (for e2e/conformance.sh)
 # Cache: ${WEFT_TOOLS_CACHE:-$HOME/.cache/weft/tools}/<name>-<version>/<binary>,
 # linked from ${WEFT_TOOLS_CACHE}/bin.
 set -euo pipefail
@@ -99,6 +100,36 @@ build_test() {
   ln -sfn "$out/$name" "$cache/bin/$name"
 }
 
+# build_cnp_conformance: `go test -c` of the policy API module's conformance
+# suite, with Weft's patch (cnp-conformance.patch, which says why) applied to
+# a copy of the module. The cache key holds the patch's hash: a changed patch
+# is a new build.
+build_cnp_conformance() {
+  local name=cnp-conformance.test module=sigs.k8s.io/network-policy-api
+  local patch key
+  patch="$(cd "$(dirname "$0")" && pwd)/cnp-conformance.patch"
+  key=$(sha256sum "$patch" | cut -c1-12)
+  local out="$cache/$name-$NETWORK_POLICY_API_VERSION-$key"
+  if [[ ! -f $out/.complete ]]; then
+    log "building $name $NETWORK_POLICY_API_VERSION: go test -c ./conformance (cached afterwards in $out)"
+    local work dir start=$SECONDS
+    work=$(mktemp -d)
+    trap 'rm -rf "$work"' RETURN
+    dir=$(cd /tmp && GOFLAGS=-mod=mod go mod download -json "$module@$NETWORK_POLICY_API_VERSION" |
+      sed -n 's/.*"Dir": "\(.*\)".*/\1/p')
+    [[ -d $dir ]] || { log "go mod download $module@$NETWORK_POLICY_API_VERSION gave no directory"; return 1; }
+    cp -r "$dir/." "$work/" && chmod -R u+w "$work"
+    patch --quiet -d "$work" -p1 <"$patch"
+    rm -rf "$out.tmp" && mkdir -p "$out.tmp"
+    (cd "$work" && GOFLAGS=-mod=mod CGO_ENABLED=0 go test -c -trimpath -ldflags="-s -w" \
+      -o "$out.tmp/$name" ./conformance)
+    touch "$out.tmp/.complete"
+    rm -rf "$out" && mv "$out.tmp" "$out"
+    log "$name built in $((SECONDS - start)) s"
+  fi
+  ln -sfn "$out/$name" "$cache/bin/$name"
+}
+
 mkdir -p "$cache/bin"
 
 # k8s.io/kubernetes points its staging modules at ./staging with version
@@ -142,6 +173,8 @@ if ((with_e2e_test)); then
   # The ginkgo CLI of the version e2e.test is built with: it runs a suite's
   # tests in parallel processes, as Kubernetes' own CI does.
   build ginkgo "$GINKGO_VERSION" github.com/onsi/ginkgo/v2 "" github.com/onsi/ginkgo/v2/ginkgo
+  # SIG Network's ClusterNetworkPolicy conformance suite (e2e/conformance.sh cnp).
+  build_cnp_conformance
 fi
 
 log "tools ready in $cache/bin"

@@ -1004,16 +1004,31 @@ fn the_cluster_network_policy_crds_are_the_modules_and_rendered_as_they_are_and_
         vendored["metadata"]["annotations"]["helm.sh/resource-policy"] = "keep".into();
         assert!(rendered == vendored, "the rendered {channel} CRD is not the vendored one plus the keep annotation");
     }
-    // Enforcement: the agents' flag and their permission to read the policies.
+    // Enforcement: the agents' and the operator's flag, the agents'
+    // permission to read the policies and the operator's to write their status.
+    let granted = |docs: &[Value], who: &str, resource: &str| {
+        let role = find(docs, "ClusterRole", who);
+        role["rules"].as_sequence().expect("rules").iter().any(|r| r["resources"][0] == resource)
+    };
     let reads_cnps = |docs: &[Value]| {
-        let role = find(docs, "ClusterRole", "-agent");
-        role["rules"].as_sequence().expect("rules").iter().any(|r| r["resources"][0] == "clusternetworkpolicies")
+        granted(docs, "-agent", "clusternetworkpolicies") && granted(docs, "-operator", "clusternetworkpolicies/status")
     };
     let agent_env = |docs: &[Value]| {
         let ds = find(docs, "DaemonSet", "-agent");
-        env(&ds["spec"]["template"]["spec"]["containers"][0], "WEFT_CLUSTER_NETWORK_POLICY")["value"].clone()
+        let operator = find(docs, "Deployment", "-operator");
+        let agent =
+            env(&ds["spec"]["template"]["spec"]["containers"][0], "WEFT_CLUSTER_NETWORK_POLICY")["value"].clone();
+        let op =
+            env(&operator["spec"]["template"]["spec"]["containers"][0], "WEFT_CLUSTER_NETWORK_POLICY")["value"].clone();
+        assert_eq!(agent, op, "the agents and the operator agree");
+        agent
     };
-    assert!(!reads_cnps(&defaults) && agent_env(&defaults) == "false", "not enforced by default");
+    assert!(
+        !granted(&defaults, "-agent", "clusternetworkpolicies")
+            && !granted(&defaults, "-operator", "clusternetworkpolicies/status")
+            && agent_env(&defaults) == "false",
+        "not enforced by default"
+    );
     let enforced = documents(&helm.ok(&[
         "template",
         "t",

@@ -633,7 +633,10 @@ fn cluster_policy(name: &str, tier: &str, priority: u32, body: &str) -> String {
 
 #[test]
 fn cluster_network_policies_come_before_and_after_the_namespaces_policies() {
-    let Some(_up) = Up::start(&["--nodes", "3", "--agent-arg=--cluster-network-policy=true"], &[]) else {
+    let Some(_up) = Up::start(
+        &["--nodes", "3", "--agent-arg=--cluster-network-policy=true", "--operator-arg=--cluster-network-policy=true"],
+        &[],
+    ) else {
         return;
     };
     add_the_pods(&["-p", "80/tcp"]);
@@ -692,6 +695,24 @@ spec:
     expect_family("Baseline deny", "ipv4", "tcp", 80, &|f, t| {
         web_isolated(f, t) && (!dev_to_prod(f, t) || (f == "dev/client" && t == "prod/web"))
     });
+
+    // The operator's Accepted condition: True as written; False with the
+    // reason for a peer Weft cannot match (it selects no pod here).
+    apply(&cluster_policy(
+        "by-domain",
+        "Admin",
+        20,
+        "  subject: {namespaces: {matchLabels: {team: nobody}}}\n  egress:\n  - {action: Deny, to: [{domainNames: [example.com]}]}\n",
+    ));
+    let condition = |name: &str, field: &str| {
+        let path = format!("jsonpath={{.status.conditions[?(@.type==\"Accepted\")].{field}}}");
+        kubectl(&["get", "clusternetworkpolicies", name, "-o", &path])
+    };
+    wait::until("no-dev to be accepted", CONVERGE, || (condition("no-dev", "status") == "True").then_some(()));
+    wait::until("by-domain to be refused", CONVERGE, || (condition("by-domain", "status") == "False").then_some(()));
+    assert_eq!(condition("by-domain", "reason"), "DomainNamesUnsupported");
+    let why = condition("by-domain", "message");
+    assert!(why.contains("egress rule 0") && why.contains("denies all egress of its subjects"), "{why}");
 
     kubectl(&["delete", "clusternetworkpolicies", "--all"]);
     delete_all_policies();

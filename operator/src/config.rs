@@ -104,6 +104,11 @@ pub struct Config {
     #[arg(long, env = "WEFT_RESYNC_SECONDS", default_value_t = 300, value_parser = clap::value_parser!(u32).range(1..=86400))]
     pub resync_seconds: u32,
 
+    /// Keep the status of ClusterNetworkPolicies (policy.networking.k8s.io
+    /// v1beta1), which the agents enforce with the same setting.
+    #[arg(long, env = "WEFT_CLUSTER_NETWORK_POLICY", default_value_t = false, action = clap::ArgAction::Set)]
+    pub cluster_network_policy: bool,
+
     /// Maximum reconciles running at once per controller.
     #[arg(long, env = "WEFT_CONCURRENCY", default_value_t = 64)]
     pub concurrency: u16,

@@ -1,6 +1,7 @@
 //! Weft operator: per-node Subnet leases, host port allocations' upkeep,
 //! Weft NetworkPolicy status and Events for refused standard policies.
 
+pub mod cluster_policies;
 pub mod config;
 pub mod hostports;
 pub mod ipam;

@@ -83,27 +83,13 @@ async fn reconcile_inner(policy: &NetworkPolicy, ctx: &Ctx) -> Result<Action, Er
     let (accepted, reason, message, selected) = desired_status(policy, &ctx.pods.state());
     let status = policy.status.clone().unwrap_or_default();
     let current = status.conditions.iter().find(|c| c.type_ == CONDITION_ACCEPTED);
-    let want_status = if accepted { "True" } else { "False" };
     let generation = policy.metadata.generation;
-    let unchanged = current.is_some_and(|c| c.status == want_status && c.reason == reason && c.message == message)
-        && status.selected_pods == selected
-        && status.observed_generation == generation;
+    let condition = accepted_condition(current, accepted, reason, message, generation);
+    let unchanged = condition.is_none() && status.selected_pods == selected && status.observed_generation == generation;
     if unchanged {
         return Ok(Action::requeue(ctx.resync));
     }
-    // The transition time moves only when the status flips.
-    let since = match current {
-        Some(c) if c.status == want_status => c.last_transition_time.clone(),
-        _ => Time(Timestamp::now()),
-    };
-    let condition = Condition {
-        type_: CONDITION_ACCEPTED.into(),
-        status: want_status.into(),
-        reason: reason.into(),
-        message,
-        last_transition_time: since,
-        observed_generation: generation,
-    };
+    let condition = condition.or_else(|| current.cloned());
     let patch = json!({
         "apiVersion": "weft.dev/v1alpha1",
         "kind": "NetworkPolicy",
@@ -122,6 +108,36 @@ async fn reconcile_inner(policy: &NetworkPolicy, ctx: &Ctx) -> Result<Action, Er
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(Action::await_change()),
         Err(source) => Err(Error::Status { namespace, name, source }),
     }
+}
+
+/// The `Accepted` condition to write, or None when `current` says the same
+/// already (of this generation). Its transition time moves only when its
+/// status flips.
+pub fn accepted_condition(
+    current: Option<&Condition>,
+    accepted: bool,
+    reason: &str,
+    message: String,
+    generation: Option<i64>,
+) -> Option<Condition> {
+    let want_status = if accepted { "True" } else { "False" };
+    if current.is_some_and(|c| {
+        c.status == want_status && c.reason == reason && c.message == message && c.observed_generation == generation
+    }) {
+        return None;
+    }
+    let since = match current {
+        Some(c) if c.status == want_status => c.last_transition_time.clone(),
+        _ => Time(Timestamp::now()),
+    };
+    Some(Condition {
+        type_: CONDITION_ACCEPTED.into(),
+        status: want_status.into(),
+        reason: reason.into(),
+        message,
+        last_transition_time: since,
+        observed_generation: generation,
+    })
 }
 
 fn error_policy(_p: Arc<NetworkPolicy>, error: &Error, _ctx: Arc<Ctx>) -> Action {

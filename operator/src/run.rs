@@ -186,8 +186,17 @@ async fn run_controllers(
     let pods = crate::pods::cache(client.clone());
     let hostports =
         crate::hostports::run(client.clone(), pods.store.clone(), pods.changed, metrics.clone(), resync, term.clone());
+    let cluster_policies = {
+        let (enabled, client, metrics, term) =
+            (ctx.config.cluster_network_policy, client.clone(), metrics.clone(), term.clone());
+        async move {
+            if enabled {
+                crate::cluster_policies::run(client, metrics, term, resync).await;
+            }
+        }
+    };
     let policies = crate::policies::run(client.clone(), pods.store, pods.touched, metrics.clone(), term, resync);
-    tokio::join!(nodes, subnets, wake, ready, hostports, policies, standard_policies);
+    tokio::join!(nodes, subnets, wake, ready, hostports, policies, standard_policies, cluster_policies);
     anyhow::bail!("controllers stopped")
 }
 

@@ -1,28 +1,30 @@
 //! weft-conformance: runs suites of Kubernetes' own e2e tests (`e2e.test`)
-//! against the running real-node cluster and prints a table. `e2e/conformance.sh`
-//! builds what it needs, brings the cluster up if it is not, and calls this.
+//! and SIG Network's ClusterNetworkPolicy conformance suite against the
+//! running real-node cluster and prints one table. `e2e/conformance.sh` builds
+//! what it needs, brings the cluster up if it is not, and calls this.
 
+use std::io::{BufRead, BufReader, Write as _};
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::time::Instant;
 
 use anyhow::Context;
 use clap::Parser;
 use weft_e2e::cluster::{State, dns, images, node};
-use weft_e2e::conformance::{self, Environment, SuiteResult};
+use weft_e2e::conformance::{self, Environment, SuiteResult, cnp};
 use weft_e2e::control_plane;
 use weft_e2e::supervisor::StateFile;
 
 #[derive(Parser)]
 #[command(name = "weft-conformance", about = "Kubernetes' own network tests against the Weft cluster")]
 struct Cli {
-    /// Suites to run (netpol, network-conformance, sig-network); netpol and
-    /// network-conformance when none is given.
+    /// Suites to run (netpol, network-conformance, sig-network, cnp); netpol,
+    /// network-conformance and cnp when none is given.
     suites: Vec<String>,
     /// Where the ginkgo JSON reports and the table go (e2e.test's output goes to the terminal).
     #[arg(long, default_value = "target/conformance")]
     report_dir: PathBuf,
-    /// Bound on each suite's run (ginkgo's --timeout).
+    /// Bound on each suite's run (ginkgo's --timeout, go test's -test.timeout).
     #[arg(long, default_value = "60m")]
     timeout: String,
     /// Parallel e2e.test processes per suite (ginkgo's --procs), each with
@@ -33,57 +35,114 @@ struct Cli {
     #[arg(long)]
     list: bool,
     /// Run only the suite's tests whose names match this regex (Go/RE2, as
-    /// ginkgo's --focus), e.g. to run again the ones that failed.
+    /// ginkgo's --focus; for cnp, go test's -test.run below
+    /// TestConformanceProfiles), e.g. to run again the ones that failed.
     #[arg(long)]
     only: Option<String>,
 }
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    let suites = if cli.suites.is_empty() {
-        conformance::SUITES.iter().filter(|s| s.by_default).collect::<Vec<_>>()
+    let (suites, with_cnp) = if cli.suites.is_empty() {
+        (conformance::SUITES.iter().filter(|s| s.by_default).collect::<Vec<_>>(), true)
     } else {
-        cli.suites
+        let suites = cli
+            .suites
             .iter()
+            .filter(|n| *n != cnp::NAME)
             .map(|n| {
                 conformance::suite(n).with_context(|| {
-                    let names: Vec<&str> = conformance::SUITES.iter().map(|s| s.name).collect();
+                    let mut names: Vec<&str> = conformance::SUITES.iter().map(|s| s.name).collect();
+                    names.push(cnp::NAME);
                     format!("no suite {n:?}: one of {}", names.join(", "))
                 })
             })
-            .collect::<anyhow::Result<_>>()?
+            .collect::<anyhow::Result<_>>()?;
+        (suites, cli.suites.iter().any(|n| n == cnp::NAME))
     };
     let tools = control_plane::tools_dir();
-    let e2e_test = tools.join("e2e.test");
+    let e2e = (!suites.is_empty()).then(|| E2eTools::find(&tools)).transpose()?;
+    let cnp_test = tools.join("cnp-conformance.test");
     anyhow::ensure!(
-        e2e_test.is_file(),
+        !with_cnp || cnp_test.is_file(),
         "{} is missing: build it with e2e/scripts/build-tools.sh --e2e-test",
-        e2e_test.display()
-    );
-    let ginkgo = tools.join("ginkgo");
-    anyhow::ensure!(
-        ginkgo.is_file(),
-        "{} is missing: build it with e2e/scripts/build-tools.sh --e2e-test",
-        ginkgo.display()
+        cnp_test.display()
     );
     std::fs::create_dir_all(&cli.report_dir).with_context(|| format!("cannot create {}", cli.report_dir.display()))?;
     let report_dir = cli.report_dir.canonicalize().context("report directory")?;
-
-    let listing = output(Command::new(&e2e_test).arg("--list-tests")).context("e2e.test --list-tests")?;
-    let all_tests = conformance::parse_test_list(&listing);
     let only = cli.only.as_deref().map(regex::Regex::new).transpose().context("--only")?;
-    anyhow::ensure!(!all_tests.is_empty(), "e2e.test --list-tests listed no tests");
+
+    let all_tests = match &e2e {
+        Some(e2e) => {
+            let listing = output(Command::new(&e2e.e2e_test).arg("--list-tests")).context("e2e.test --list-tests")?;
+            let all = conformance::parse_test_list(&listing);
+            anyhow::ensure!(!all.is_empty(), "e2e.test --list-tests listed no tests");
+            all
+        }
+        None => Vec::new(),
+    };
     if cli.list {
         // What a run does: it deploys cluster DNS when there is none.
-        for suite in suites {
+        for suite in &suites {
             let plan = narrow(suite.plan(&all_tests, Environment { cluster_dns: true })?, only.as_ref());
             println!("{} ({}):", suite.name, suite.about);
             plan.run.iter().for_each(|n| println!("  run   {n}"));
             plan.skipped.iter().for_each(|(n, why)| println!("  skip  {n}\n          {why}"));
         }
+        if with_cnp {
+            println!("{} ({}): its tests are Go subtests made at run time; the run lists them", cnp::NAME, cnp::ABOUT);
+        }
         return Ok(());
     }
     let state = State::load().context("the cluster is not up (e2e/cluster.sh up)")?;
+    let mut results = Vec::new();
+    if let Some(e2e) = &e2e {
+        results.extend(run_e2e_suites(&cli, e2e, &state, &suites, &all_tests, only.as_ref(), &report_dir)?);
+    }
+    if with_cnp {
+        results.push(run_cnp(&cli, &cnp_test, &state, &report_dir)?);
+    }
+    let table = conformance::render(&results);
+    println!("{table}");
+    let summary = report_dir.join("summary.txt");
+    std::fs::write(&summary, &table).with_context(|| format!("cannot write {}", summary.display()))?;
+    if results.iter().all(SuiteResult::ok) {
+        Ok(())
+    } else {
+        anyhow::bail!("upstream tests failed (reports in {})", report_dir.display())
+    }
+}
+
+/// Kubernetes' e2e.test and the ginkgo CLI that runs it.
+struct E2eTools {
+    e2e_test: PathBuf,
+    ginkgo: PathBuf,
+}
+
+impl E2eTools {
+    fn find(tools: &Path) -> anyhow::Result<E2eTools> {
+        let found = E2eTools { e2e_test: tools.join("e2e.test"), ginkgo: tools.join("ginkgo") };
+        for p in [&found.e2e_test, &found.ginkgo] {
+            anyhow::ensure!(
+                p.is_file(),
+                "{} is missing: build it with e2e/scripts/build-tools.sh --e2e-test",
+                p.display()
+            );
+        }
+        Ok(found)
+    }
+}
+
+fn run_e2e_suites(
+    cli: &Cli,
+    e2e: &E2eTools,
+    state: &State,
+    suites: &[&'static conformance::Suite],
+    all_tests: &[String],
+    only: Option<&regex::Regex>,
+    report_dir: &Path,
+) -> anyhow::Result<Vec<SuiteResult>> {
+    let tools = control_plane::tools_dir();
     // Upstream Service and DNS tests reach Services by name: deploy cluster
     // DNS as kubeadm does when the cluster has none.
     if !dns::deployed(&state.kubeconfig) {
@@ -98,7 +157,7 @@ fn main() -> anyhow::Result<()> {
 
     let mut results = Vec::new();
     for suite in suites {
-        let plan = narrow(suite.plan(&all_tests, env)?, only.as_ref());
+        let plan = narrow(suite.plan(all_tests, env)?, only);
         // With --only, exactly the planned tests (ginkgo ORs repeated --focus flags).
         let focus = match &only {
             Some(_) => plan.run.iter().map(|n| regex::escape(n)).collect::<Vec<_>>().join("|"),
@@ -117,8 +176,8 @@ fn main() -> anyhow::Result<()> {
         if !plan.run.is_empty() {
             // The ginkgo CLI runs the precompiled e2e.test in --procs
             // processes and merges their reports into one.
-            let mut cmd = Command::new(&ginkgo);
-            cmd.current_dir(&report_dir)
+            let mut cmd = Command::new(&e2e.ginkgo);
+            cmd.current_dir(report_dir)
                 .env("PATH", path_with(&tools))
                 .arg(format!("--procs={}", cli.procs))
                 .arg(format!("--focus={focus}"))
@@ -130,7 +189,7 @@ fn main() -> anyhow::Result<()> {
             }
             // --num-nodes as Kubernetes' own CI passes it: without it the
             // tests that need two nodes skip themselves ("not -1").
-            cmd.arg(&e2e_test)
+            cmd.arg(&e2e.e2e_test)
                 .arg("--")
                 .arg("--provider=skeleton")
                 .arg(format!("--num-nodes={}", state.nodes.len()))
@@ -149,14 +208,82 @@ fn main() -> anyhow::Result<()> {
         };
         results.push(SuiteResult::new(suite.name, &plan, &report, started.elapsed()));
     }
-    let table = conformance::render(&results);
-    println!("{table}");
-    let summary = report_dir.join("summary.txt");
-    std::fs::write(&summary, &table).with_context(|| format!("cannot write {}", summary.display()))?;
-    if results.iter().all(SuiteResult::ok) {
-        Ok(())
-    } else {
-        anyhow::bail!("upstream tests failed (ginkgo reports in {})", report_dir.display())
+    Ok(results)
+}
+
+/// The ClusterNetworkPolicy conformance suite: its test images, then its
+/// `go test -v` run, echoed to the terminal and kept in cnp.log beside the
+/// conformance report it writes (cnp-report.yaml).
+fn run_cnp(cli: &Cli, binary: &Path, state: &State, report_dir: &Path) -> anyhow::Result<SuiteResult> {
+    anyhow::ensure!(
+        state.helm_values.iter().rev().find_map(|v| v.strip_prefix("clusterNetworkPolicy.enforce=")) == Some("true"),
+        "the cluster's Weft does not enforce ClusterNetworkPolicy: bring the cluster up as e2e/conformance.sh does \
+         (--set clusterNetworkPolicy.enforce=true --set clusterNetworkPolicy.installCRDs=true \
+         --set clusterNetworkPolicy.crdChannel=experimental)"
+    );
+    // The suite's manifests name an older agnhost tag than the one built
+    // here (Kubernetes' own); the commands they run are the same.
+    let bytes = std::fs::read(binary).with_context(|| format!("cannot read {}", binary.display()))?;
+    let wanted = cnp::agnhost_images(&bytes);
+    anyhow::ensure!(!wanted.is_empty(), "{} names no {}* image", binary.display(), cnp::AGNHOST_REPO);
+    for n in &state.nodes {
+        let source = node::alias_image(n, cnp::AGNHOST_REPO, &wanted)?;
+        eprintln!("== {}: {} also named {}", n.name, source, wanted.join(", "));
+    }
+    let sctp = cnp::kernel_has_sctp();
+    let report = report_dir.join("cnp-report.yaml");
+    let _ = std::fs::remove_file(&report);
+    let run = match &cli.only {
+        Some(only) => format!("^{}$/{only}", cnp::TEST),
+        None => format!("^{}$", cnp::TEST),
+    };
+    eprintln!(
+        "== {}: {}{}",
+        cnp::NAME,
+        cnp::ABOUT,
+        if sctp { "" } else { " (no SCTP probes: the kernel has no SCTP)" }
+    );
+    let started = Instant::now();
+    let mut cmd = Command::new(binary);
+    cmd.current_dir(report_dir)
+        .env("KUBECONFIG", &state.kubeconfig)
+        .arg("-test.v")
+        .arg(format!("-test.run={run}"))
+        .arg(format!("-test.timeout={}", cli.timeout))
+        .args(cnp::suite_args(&report, &weft_version()))
+        .stdout(Stdio::piped());
+    if !sctp {
+        cmd.env(cnp::NO_SCTP_ENV, "1");
+    }
+    let mut child = cmd.spawn().with_context(|| format!("cannot run {}", binary.display()))?;
+    let stdout = child.stdout.take().context("the suite's stdout")?;
+    let log_path = report_dir.join("cnp.log");
+    let mut log = std::fs::File::create(&log_path).with_context(|| format!("cannot write {}", log_path.display()))?;
+    let mut out = String::new();
+    for line in BufReader::new(stdout).lines() {
+        let line = line.context("reading the suite's output")?;
+        eprintln!("{line}");
+        writeln!(log, "{line}").with_context(|| format!("cannot write {}", log_path.display()))?;
+        out.push_str(&line);
+        out.push('\n');
+    }
+    let status = child.wait().context("waiting for the suite")?;
+    eprintln!("== {}: exited with {status}; report {}", cnp::NAME, report.display());
+    Ok(cnp::result(&cnp::parse_go_test_output(&out), status.success(), started.elapsed()))
+}
+
+/// What the conformance report names as the implementation's version.
+fn weft_version() -> String {
+    let rev = Command::new("git")
+        .args(["describe", "--always", "--dirty"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned());
+    match rev {
+        Some(rev) => format!("{}+{rev}", env!("CARGO_PKG_VERSION")),
+        None => env!("CARGO_PKG_VERSION").to_owned(),
     }
 }
 

@@ -294,6 +294,32 @@ pub fn start_containerd(node: &NodeInfo) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Gives the node's image whose name starts with `repo` (the one tag it
+/// imported) each of the names in `aliases` it does not have yet, so that pods
+/// naming another tag of the same repository run it. Returns the image aliased.
+pub fn alias_image(node: &NodeInfo, repo: &str, aliases: &[String]) -> anyhow::Result<String> {
+    let ctr = |args: &[&str]| -> anyhow::Result<String> {
+        let out = command(node, &crate::control_plane::tools_dir().join("ctr"))
+            .args(["--address", configs::CONTAINERD_SOCKET, "-n", "k8s.io", "images"])
+            .args(args)
+            .output()
+            .context("cannot run ctr")?;
+        if !out.status.success() {
+            bail!("ctr images {} in {}: {}", args.join(" "), node.name, String::from_utf8_lossy(&out.stderr).trim());
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    let names: Vec<String> = ctr(&["ls", "-q"])?.lines().map(str::to_owned).collect();
+    let source = names
+        .iter()
+        .find(|n| n.starts_with(repo) && !aliases.contains(n))
+        .with_context(|| format!("{} has no image {repo}*: is agnhost.tar imported?", node.name))?;
+    for alias in aliases.iter().filter(|a| !names.contains(a)) {
+        ctr(&["tag", source, alias])?;
+    }
+    Ok(source.clone())
+}
+
 /// Imports `images` into every node's containerd, the nodes side by side
 /// (the bulk of a cluster's start).
 pub fn import_images_everywhere(nodes: &[NodeInfo], images: &[PathBuf]) -> anyhow::Result<()> {

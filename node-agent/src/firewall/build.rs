@@ -255,6 +255,9 @@ pub fn hop_limit(n: u8) -> Statement<'static> {
 }
 
 /// `icmpv6 type { <types> }`, by nftables' names.
+/// The ICMPv6 types of neighbour discovery a host sends (RFC 4861).
+pub const ND_TYPES: [&str; 3] = ["nd-router-solicit", "nd-neighbor-solicit", "nd-neighbor-advert"];
+
 pub fn icmpv6_type_in(types: &[&'static str]) -> Statement<'static> {
     is(field("icmpv6", "type"), Operator::IN, names(types))
 }

@@ -109,6 +109,7 @@ fn hook_parts(h: Hook) -> (NfChainType, NfHook) {
     };
     let point = match h.point {
         HookPoint::Prerouting => NfHook::Prerouting,
+        HookPoint::Input => NfHook::Input,
         HookPoint::Forward => NfHook::Forward,
         HookPoint::Output => NfHook::Output,
         HookPoint::Postrouting => NfHook::Postrouting,
@@ -381,6 +382,7 @@ fn parse_hook(c: &Value) -> Option<Hook> {
     };
     let point = match c.get("hook")?.as_str()? {
         "prerouting" => HookPoint::Prerouting,
+        "input" => HookPoint::Input,
         "forward" => HookPoint::Forward,
         "output" => HookPoint::Output,
         "postrouting" => HookPoint::Postrouting,

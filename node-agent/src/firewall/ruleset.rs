@@ -76,6 +76,7 @@ impl From<weft_api::Protocol> for Proto {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum HookPoint {
     Prerouting,
+    Input,
     Forward,
     Output,
     Postrouting,

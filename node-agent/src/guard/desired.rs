@@ -43,7 +43,6 @@ pub const DROPPED: &str = "guard-dropped";
 const PRIORITY: i32 = -300;
 /// What a pod with IPv6 needs of neighbour discovery (never router
 /// advertisements or redirects: only the node routes).
-const ND_TYPES: [&str; 3] = ["nd-router-solicit", "nd-neighbor-solicit", ND_ADVERT];
 const ND_SOLICITS: [&str; 2] = ["nd-router-solicit", "nd-neighbor-solicit"];
 const ND_ADVERT: &str = "nd-neighbor-advert";
 /// The regular chain of the bridge table for a bridged pod's neighbour discovery.
@@ -164,7 +163,7 @@ fn bridged_rules() -> Vec<Rule> {
         // neighbour discovery goes on in a chain of its own.
         Rule::new(
             "neighbour discovery, checked in its own chain",
-            vec![build::icmpv6_type_in(&ND_TYPES), build::goto(&set(NEIGHBOUR))],
+            vec![build::icmpv6_type_in(&build::ND_TYPES), build::goto(&set(NEIGHBOUR))],
         ),
         Rule::new(
             "no broadcast or multicast between pods",
@@ -245,7 +244,7 @@ fn routed_rules() -> Vec<Rule> {
         Rule::new(
             "link-local neighbour discovery of a pod with IPv6",
             vec![
-                build::icmpv6_type_in(&ND_TYPES),
+                build::icmpv6_type_in(&build::ND_TYPES),
                 build::hop_limit(255),
                 build::addr_in(build::Addr::Src, "fe80::/10".parse::<ipnet::IpNet>().unwrap_or_default()),
                 build::key_in_set(&[InIface], &set("nd")),

@@ -1,6 +1,6 @@
 //! The policy loop's view of the API: reflectors for pods (trimmed to what
 //! policy reads), namespaces, both kinds of NetworkPolicy and, when asked
-//! for, ClusterNetworkPolicies, each change
+//! for, ClusterNetworkPolicies and the nodes their peers name, each change
 //! waking the loop; when they count as filled; and the cluster they show,
 //! with the addresses ADD gave pods the API does not show yet.
 
@@ -11,7 +11,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Namespace, Pod, PodStatus};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, PodStatus};
 use k8s_openapi::api::networking::v1::NetworkPolicy as StandardPolicy;
 use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
@@ -22,7 +22,7 @@ use weft_api::network_policy::{self as wnp, NetworkPolicy as WeftPolicy};
 use weft_api::watch::{self, Projection};
 
 use super::attached::{Attached, Taken};
-use super::model::{Cluster, NamedPort, PodInfo, Proto};
+use super::model::{Cluster, NamedPort, NodeInfo, PodInfo, Proto};
 
 /// How long the caches may take to fill before that is reported as a
 /// failure (new pods wait for them at ADD meanwhile).
@@ -37,8 +37,8 @@ pub struct Caches {
     namespaces: Store<Namespace>,
     standard: Store<StandardPolicy>,
     weft: Store<WeftPolicy>,
-    /// When ClusterNetworkPolicies are enforced.
-    cluster: Option<Store<ClusterNetworkPolicy>>,
+    /// When ClusterNetworkPolicies are enforced: them, and the nodes.
+    cluster: Option<(Store<ClusterNetworkPolicy>, Projection<NodeInfo>)>,
 }
 
 impl Caches {
@@ -56,7 +56,20 @@ impl Caches {
         let standard = reflect(Api::<StandardPolicy>::all(client.clone()), "NetworkPolicy", Arc::clone(changed), slim);
         let weft = reflect(Api::<WeftPolicy>::all(client.clone()), "weft.dev NetworkPolicy", Arc::clone(changed), slim);
         let cluster = cluster_policies.then(|| {
-            reflect(Api::<ClusterNetworkPolicy>::all(client.clone()), "ClusterNetworkPolicy", Arc::clone(changed), slim)
+            let policies = reflect(
+                Api::<ClusterNetworkPolicy>::all(client.clone()),
+                "ClusterNetworkPolicy",
+                Arc::clone(changed),
+                slim,
+            );
+            let nodes = watch::project(
+                Api::<Node>::all(client.clone()),
+                watcher::Config::default(),
+                "Node",
+                node_info,
+                Arc::clone(changed),
+            );
+            (policies, nodes)
         });
         Caches { pods, namespaces, standard, weft, cluster }
     }
@@ -74,7 +87,9 @@ impl Caches {
                 && self.namespaces.wait_until_ready().await.is_ok()
                 && self.standard.wait_until_ready().await.is_ok()
                 && match &self.cluster {
-                    Some(cluster) => cluster.wait_until_ready().await.is_ok(),
+                    Some((policies, nodes)) => {
+                        policies.wait_until_ready().await.is_ok() && nodes.wait_until_ready().await.is_ok()
+                    }
                     None => true,
                 }
         };
@@ -84,7 +99,7 @@ impl Caches {
             Err(_) => {
                 attached.set_failure(Some(format!(
                     "the Pod, Namespace, NetworkPolicy{} caches are not filled after {CACHE_GRACE:?} (may the agent list them? see its log)",
-                    if self.cluster.is_some() { " and ClusterNetworkPolicy (is its CRD installed?)" } else { "" }
+                    if self.cluster.is_some() { ", Node and ClusterNetworkPolicy (is its CRD installed?)" } else { "" }
                 )));
                 caches.await
             }
@@ -122,13 +137,18 @@ impl Caches {
             standard: self.standard.state(),
             weft: Vec::new(),
             cluster_policies: Vec::new(),
+            nodes: Vec::new(),
         };
         for ns in self.namespaces.state() {
             if let Some(name) = &ns.metadata.name {
                 c.namespaces.insert(name.clone(), ns.metadata.labels.clone().unwrap_or_default());
             }
         }
-        c.cluster_policies = self.cluster.as_ref().map(Store::state).unwrap_or_default();
+        if let Some((policies, nodes)) = &self.cluster {
+            c.cluster_policies = policies.state();
+            c.nodes = nodes.values();
+            c.nodes.sort_by(|a, b| a.name.cmp(&b.name));
+        }
         for p in self.weft.state() {
             let problems = wnp::validate(&p.spec);
             if problems.is_empty() {
@@ -190,6 +210,18 @@ pub fn pod_info(pod: &Pod) -> Option<PodInfo> {
         node: spec.node_name.clone().unwrap_or_default(),
         ports,
     })
+}
+
+/// What policy needs of a Node object: its labels and addresses.
+pub fn node_info(node: &Node) -> Option<NodeInfo> {
+    let ips = node
+        .status
+        .iter()
+        .flat_map(|s| s.addresses.iter().flatten())
+        .filter(|a| a.type_ == "InternalIP" || a.type_ == "ExternalIP")
+        .filter_map(|a| a.address.parse().ok())
+        .collect();
+    Some(NodeInfo { name: node.metadata.name.clone()?, labels: node.metadata.labels.clone().unwrap_or_default(), ips })
 }
 
 /// A pod's addresses from `podIPs` (else `podIP`): the first valid one of

@@ -16,7 +16,7 @@ use std::cmp::Ordering;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use super::model::{Cluster, Compiler, PodInNs, PodInfo, PodPolicy, Reach};
+use super::model::{Cluster, Compiler, PodInNs, PodInfo, PodPolicy, Reach, name_nodes};
 
 /// Beyond this many changed pods (counting every pod of a namespace whose
 /// labels changed) a full compile is cheaper than finding what they affect.
@@ -95,6 +95,7 @@ impl Incremental {
             standard: cluster.standard.clone(),
             weft: cluster.weft.clone(),
             cluster_policies: cluster.cluster_policies.clone(),
+            nodes: cluster.nodes.clone(),
         };
         self.last = Some(Last { cluster, pods });
         Compiled { pods: out, recompiled, full: stale.is_none(), changed }
@@ -111,6 +112,11 @@ fn stale_pods(
     new_pods: &[Arc<PodInfo>],
     local: &[&PodInfo],
 ) -> Option<Vec<bool>> {
+    // A node relabelled or readdressed changes every rule with a node peer:
+    // rare enough to recompile every pod.
+    if old.nodes != new.nodes && (name_nodes(&old.cluster_policies) || name_nodes(&new.cluster_policies)) {
+        return None;
+    }
     let no_labels = BTreeMap::new();
     let old_ns = |ns: &str| old.namespaces.get(ns).unwrap_or(&no_labels);
     let new_ns = |ns: &str| new.namespaces.get(ns).unwrap_or(&no_labels);

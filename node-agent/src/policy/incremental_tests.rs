@@ -190,6 +190,8 @@ enum Change {
     /// The other case's standard (or Weft) policy j replaces the one of its name, or joins.
     SetPolicy(bool, Index),
     RemovePolicy(bool, Index),
+    /// Node i takes the labels and addresses of the other case's node j.
+    Node(Index, Index),
 }
 
 fn change() -> impl Strategy<Value = Change> {
@@ -200,6 +202,7 @@ fn change() -> impl Strategy<Value = Change> {
         2 => (any::<Index>(), any::<Option<Index>>()).prop_map(|(i, j)| Change::Namespace(i, j)),
         2 => (any::<bool>(), any::<Index>()).prop_map(|(w, j)| Change::SetPolicy(w, j)),
         1 => (any::<bool>(), any::<Index>()).prop_map(|(w, j)| Change::RemovePolicy(w, j)),
+        1 => (any::<Index>(), any::<Index>()).prop_map(|(i, j)| Change::Node(i, j)),
     ]
 }
 
@@ -251,6 +254,12 @@ fn apply(c: &mut Cluster, other: &Case, change: &Change, step: usize) {
         }
         Change::RemovePolicy(true, i) if !c.weft.is_empty() => {
             c.weft.remove(i.index(c.weft.len()));
+        }
+        Change::Node(i, j) if !c.nodes.is_empty() => {
+            let (i, from) = (i.index(c.nodes.len()), j.get(&other.nodes));
+            let mut node = (*c.nodes[i]).clone();
+            (node.labels, node.ips) = (from.labels.clone(), from.ips.clone());
+            c.nodes[i] = Arc::new(node);
         }
         _ => {}
     }

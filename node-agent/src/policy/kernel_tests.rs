@@ -288,6 +288,39 @@ fn a_reject_answers_the_client_and_a_drop_leaves_it_waiting() {
     }
 }
 
+/// What a pod sends its own node crosses no forward hook: the input chain
+/// puts it through the pod's egress chain. What the node sends the pod
+/// (kubelet's probes) is not policed, nor are the pod's answers.
+#[test]
+fn a_pod_s_egress_to_its_own_node_is_policed_and_the_node_s_probes_are_not() {
+    if !require_root() {
+        return;
+    }
+    let (router, _client, pod) = client_router_pod();
+    let want = render::render(&pods(8080), None);
+    let _engine = router.run(move || {
+        let engine = Engine::new(Nft::default());
+        apply(&engine, &want, true, None).expect("apply");
+        engine
+    });
+    let connect = |addr: &'static str| {
+        move || {
+            std::net::TcpStream::connect_timeout(&addr.parse().unwrap(), Duration::from_secs(2))
+                .map(|_| ())
+                .map_err(|e| e.kind())
+        }
+    };
+    // A server on the node (kubelet's port), at the pod's gateway address.
+    let _node_server = router.run(|| std::net::TcpListener::bind("10.9.1.1:10250").expect("bind on the node"));
+    assert_eq!(
+        pod.run(connect("10.9.1.1:10250")),
+        Err(std::io::ErrorKind::ConnectionRefused),
+        "prod/db's egress admits UDP 53 to its peers only: a reset answers"
+    );
+    let _pod_server = pod.run(|| std::net::TcpListener::bind("10.0.1.2:8080").expect("bind in the pod"));
+    assert_eq!(router.run(connect("10.0.1.2:8080")), Ok(()), "the node's probe and the pod's answer pass");
+}
+
 /// With the drop log on, a packet a policy drops on its way through the
 /// node reaches the reader of the NFLOG group with its policy, direction,
 /// addresses and port, and is still dropped (the drop counter counts it).

@@ -30,6 +30,7 @@ use cluster::Tiers;
 
 #[path = "model_cluster.rs"]
 mod cluster;
+pub use cluster::name_nodes;
 
 pub use crate::firewall::ruleset::Proto;
 
@@ -60,6 +61,16 @@ impl PodInfo {
     }
 }
 
+/// What policy needs of a node: ClusterNetworkPolicy's node peers select
+/// nodes by label and match their addresses.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeInfo {
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    /// Its InternalIP and ExternalIP addresses (`status.addresses`).
+    pub ips: Vec<IpAddr>,
+}
+
 /// Everything the agent knows of the cluster.
 #[derive(Clone, Debug, Default)]
 pub struct Cluster {
@@ -75,6 +86,9 @@ pub struct Cluster {
     pub weft: Vec<Arc<wnp::NetworkPolicy>>,
     /// ClusterNetworkPolicies of both tiers (`model_cluster`).
     pub cluster_policies: Vec<Arc<ClusterNetworkPolicy>>,
+    /// Nodes, by name (only when ClusterNetworkPolicies are enforced: no
+    /// other policy has node peers).
+    pub nodes: Vec<Arc<NodeInfo>>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -160,6 +174,8 @@ enum Peer<'a> {
         cidr: &'a str,
         except: &'a [String],
     },
+    /// Nodes by their labels: their addresses (ClusterNetworkPolicy only).
+    Nodes(&'a LabelSelector),
     /// A peer that can match nothing (no field set).
     Nothing,
 }
@@ -208,6 +224,10 @@ impl std::hash::Hash for PeerSpec<'_> {
                 }
                 Peer::Block { cidr, except } => (2u8, cidr, except).hash(h),
                 Peer::Nothing => 3u8.hash(h),
+                Peer::Nodes(sel) => {
+                    4u8.hash(h);
+                    selector(Some(sel), h);
+                }
             }
         }
     }
@@ -311,7 +331,8 @@ fn peer_matches(peer: &Peer<'_>, policy_ns: &str, pod: &PodInfo, ns_labels: &BTr
             ns_ok && pods.is_none_or(|sel| selector::matches(sel, &pod.labels))
         }
         Peer::Block { .. } => !peer_addrs(peer, policy_ns, pod, ns_labels).is_empty(),
-        Peer::Nothing => false,
+        // A node's addresses are no pod's (host-network pods are no peers).
+        Peer::Nodes(_) | Peer::Nothing => false,
     }
 }
 
@@ -390,6 +411,13 @@ impl<'a> View<'a> {
                         .into_iter()
                         .filter(|pod| peer_matches(p, policy_ns, pod, self.ns_labels(&pod.namespace)))
                         .flat_map(|pod| pod.ips.iter().copied().map(Range::of_addr)),
+                ),
+                Peer::Nodes(sel) => ranges.extend(
+                    self.cluster
+                        .nodes
+                        .iter()
+                        .filter(|n| selector::matches(sel, &n.labels))
+                        .flat_map(|n| n.ips.iter().copied().map(Range::of_addr)),
                 ),
                 Peer::Nothing => {}
             }

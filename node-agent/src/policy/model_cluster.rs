@@ -15,10 +15,14 @@
 //!    policy isolates; then accept. A Pass there hands the packet to what
 //!    follows, the default: it is an Accept.
 //!
-//! Peers Weft cannot match yet (by node or by domain name, both of the
-//! experimental channel, or a peer with no field this version knows) fail
-//! closed as the API says: an Accept rule matches nothing, a Deny or Pass
-//! rule denies everything.
+//! Node peers (experimental channel) match the addresses of the nodes their
+//! selector picks (InternalIP and ExternalIP); what a pod sends its own node
+//! is checked too (the renderer's input chain). Peers Weft cannot match yet
+//! (by domain name, of the experimental channel, or a peer with no field
+//! this version knows) fail closed as the API says: an Accept rule matches
+//! nothing, a Deny or Pass rule denies everything. So does every rule of a
+//! policy over the size limit (`cnp::MAX_COST`). The operator's `Accepted`
+//! condition says which, and why.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -104,6 +108,10 @@ impl<'a> Tiers<'a> {
         ordered.sort_by_key(|p| (p.spec.priority, p.metadata.name.as_deref().unwrap_or_default()));
         for p in ordered {
             let tier = p.spec.tier;
+            // Oversized (`cnp::problems` says so in its status): every rule
+            // fails closed, as one with a peer Weft cannot match.
+            let refused = cnp::cost(&p.spec) > cnp::MAX_COST;
+            let unless_refused = |peers: Vec<Peer<'a>>| if refused { vec![Peer::Nothing] } else { peers };
             let view = TierView {
                 name: p.metadata.name.as_deref().unwrap_or_default(),
                 subject: Subject::of(&p.spec.subject),
@@ -111,13 +119,18 @@ impl<'a> Tiers<'a> {
                     .spec
                     .ingress
                     .iter()
-                    .map(|r| rule(tier, r.action, r.from.iter().flat_map(peers), &r.protocols))
+                    .map(|r| {
+                        rule(tier, r.action, unless_refused(r.from.iter().flat_map(peers).collect()), &r.protocols)
+                    })
                     .collect(),
                 egress: p
                     .spec
                     .egress
                     .iter()
-                    .map(|r| rule(tier, r.action, r.to.iter().flat_map(egress_peers), &r.protocols))
+                    .map(|r| {
+                        let to = unless_refused(r.to.iter().flat_map(egress_peers).collect());
+                        rule(tier, r.action, to, &r.protocols)
+                    })
                     .collect(),
             };
             match p.spec.tier {
@@ -160,14 +173,13 @@ impl<'a> Tiers<'a> {
 fn rule<'a>(
     tier: cnp::Tier,
     action: cnp::Action,
-    peers: impl Iterator<Item = Peer<'a>>,
+    peers: Vec<Peer<'a>>,
     protocols: &'a [cnp::Protocol],
 ) -> TierRule<'a> {
     let action = match (tier, action) {
         (cnp::Tier::Baseline, cnp::Action::Pass) => cnp::Action::Accept,
         (_, action) => action,
     };
-    let peers: Vec<Peer<'a>> = peers.collect();
     if action != cnp::Action::Accept && peers.iter().any(|p| matches!(p, Peer::Nothing)) {
         // Failing closed: deny everything (no peers: every address).
         let spec = RuleSpec { peers: PeerSpec::new(Vec::new(), ""), ports: Vec::new(), verdict: Verdict::Drop };
@@ -188,13 +200,20 @@ fn peers(p: &cnp::IngressPeer) -> Vec<Peer<'_>> {
     vec![pod_peer(namespaces_or_pods(&p.namespaces, &p.pods))]
 }
 
+/// Whether any of `policies` has a node peer (whose addresses change with
+/// the Nodes, not the pods).
+pub fn name_nodes(policies: &[Arc<cnp::ClusterNetworkPolicy>]) -> bool {
+    policies.iter().flat_map(|p| &p.spec.egress).flat_map(|r| &r.to).any(|peer| peer.nodes.is_some())
+}
+
 fn egress_peers(p: &cnp::EgressPeer) -> Vec<Peer<'_>> {
     if !p.networks.is_empty() {
         return p.networks.iter().map(|cidr| Peer::Block { cidr, except: &[] }).collect();
     }
-    // Nodes: not matched yet (fail closed, see the module's text).
-    let pods = if p.nodes.is_some() { None } else { namespaces_or_pods(&p.namespaces, &p.pods) };
-    vec![pod_peer(pods)]
+    if let Some(nodes) = &p.nodes {
+        return vec![Peer::Nodes(nodes)];
+    }
+    vec![pod_peer(namespaces_or_pods(&p.namespaces, &p.pods))]
 }
 
 fn pod_peer<'a>(selected: Option<(&'a LabelSelector, Option<&'a LabelSelector>)>) -> Peer<'a> {

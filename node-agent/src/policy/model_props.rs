@@ -15,7 +15,7 @@ use proptest::prelude::*;
 use proptest::sample::select;
 use serde_json::{Map, Value, json};
 
-use super::{Cluster, Direction, NamedPort, PodInfo, Proto, admits, compile, netv1, wnp};
+use super::{Cluster, Direction, NamedPort, NodeInfo, PodInfo, Proto, admits, compile, netv1, wnp};
 use weft_api::cluster_network_policy as cnp;
 
 pub(crate) const NODE: &str = "n1";
@@ -64,6 +64,8 @@ pub(crate) struct Case {
     pub(crate) weft: Vec<Value>,
     /// ClusterNetworkPolicies of both tiers.
     pub(crate) cluster: Vec<Value>,
+    /// n1 and n2, labelled (ClusterNetworkPolicy node peers).
+    pub(crate) nodes: Vec<NodeInfo>,
 }
 
 impl fmt::Debug for Case {
@@ -80,6 +82,9 @@ impl fmt::Debug for Case {
                 p.labels,
                 ports
             )?;
+        }
+        for n in &self.nodes {
+            writeln!(f, "node {} ip={:?} labels={:?}", n.name, n.ips, n.labels)?;
         }
         for p in self.standard.iter().chain(&self.weft).chain(&self.cluster) {
             writeln!(f, "{p}")?;
@@ -100,6 +105,7 @@ impl Case {
                 .iter()
                 .map(|v| Arc::new(serde_json::from_value(v.clone()).unwrap()))
                 .collect(),
+            nodes: self.nodes.iter().cloned().map(Arc::new).collect(),
         }
     }
 }
@@ -324,7 +330,7 @@ fn weft_policy() -> impl Strategy<Value = (usize, Value)> {
 }
 
 /// A ClusterNetworkPolicy peer: by namespaces, by pods, and for egress
-/// also by networks.
+/// also by networks and by nodes.
 fn cluster_peer(egress: bool) -> impl Strategy<Value = Value> {
     let networks = prop::collection::vec(select(CIDRS.to_vec()), 1..=2).prop_map(|n| json!({"networks": n}));
     prop_oneof![
@@ -334,6 +340,7 @@ fn cluster_peer(egress: bool) -> impl Strategy<Value = Value> {
             None => json!({"pods": {"podSelector": p}}),
         }),
         if egress { 2 } else { 0 } => networks,
+        if egress { 1 } else { 0 } => selector().prop_map(|s| json!({"nodes": s})),
     ]
 }
 
@@ -396,8 +403,9 @@ pub(crate) fn case() -> impl Strategy<Value = Case> {
         prop::collection::vec(standard_policy(), 0..=4),
         prop::collection::vec(weft_policy(), 0..=3),
         prop::collection::vec(cluster_policy(), 0..=3),
+        (labels(), labels()),
     )
-        .prop_map(|((namespaces, pods), standard, weft, cluster)| {
+        .prop_map(|((namespaces, pods), standard, weft, cluster, node_labels)| {
             // Policies live in the cluster's namespaces (two or three of them).
             let ns = |i: usize| NAMESPACES[i % namespaces.len()];
             let standard = standard
@@ -421,7 +429,16 @@ pub(crate) fn case() -> impl Strategy<Value = Case> {
                            "metadata": {"name": format!("cnp{i}")}, "spec": spec})
                 })
                 .collect();
-            Case { namespaces, pods, standard, weft, cluster }
+            // Node addresses apart from the pods' (one node has an IPv6 one too).
+            let nodes = vec![
+                NodeInfo { name: NODE.into(), labels: node_labels.0, ips: vec!["192.168.50.1".parse().unwrap()] },
+                NodeInfo {
+                    name: "n2".into(),
+                    labels: node_labels.1,
+                    ips: vec!["192.168.50.2".parse().unwrap(), "fd00:50::2".parse().unwrap()],
+                },
+            ];
+            Case { namespaces, pods, standard, weft, cluster, nodes }
         })
 }
 
@@ -691,6 +708,9 @@ mod naive {
                     if !peer.networks.is_empty() {
                         return peer.networks.iter().any(|n| in_block(n, &[], pkt.remote));
                     }
+                    if let Some(nodes) = &peer.nodes {
+                        return c.nodes.iter().any(|n| selects(nodes, &n.labels) && n.ips.contains(&pkt.remote));
+                    }
                     let Some(remote) = pod_at(c, pkt.remote) else { return false };
                     let remote_ns = namespace_labels(c, &remote.namespace);
                     match (&peer.namespaces, &peer.pods) {
@@ -759,6 +779,7 @@ mod naive {
 /// policy names.
 fn remotes(case: &Case) -> Vec<IpAddr> {
     let mut out: BTreeSet<IpAddr> = case.pods.iter().flat_map(|p| p.ips.iter().copied()).collect();
+    out.extend(case.nodes.iter().flat_map(|n| n.ips.iter().copied()));
     let unnamed = ["10.0.0.200", "172.16.0.1", "fd00::c8", "2001:db8::1"];
     out.extend(unnamed.map(|a| a.parse::<IpAddr>().unwrap()));
     fn blocks(v: &Value, out: &mut Vec<String>) {

@@ -658,17 +658,60 @@ fn cluster_policy_peers_and_subjects_by_pods_and_networks() {
 }
 
 #[test]
-fn peers_weft_cannot_match_fail_closed_and_a_baseline_pass_accepts() {
-    let by_node = json!({"nodes": {"matchLabels": {"zone": "a"}}});
-    let egress = |action: &str| {
-        json!({"subject": {"namespaces": {"matchLabels": {"team": "a"}}},
-               "egress": [{"action": action, "to": [by_node.clone()]}]})
+fn node_peers_match_the_addresses_of_the_nodes_their_selector_picks() {
+    let node = |name: &str, zone: &str, ips: &[&str]| {
+        std::sync::Arc::new(NodeInfo {
+            name: name.into(),
+            labels: [("zone".to_owned(), zone.to_owned())].into(),
+            ips: ips.iter().map(|a| a.parse().unwrap()).collect(),
+        })
     };
     let mut c = cluster();
-    c.cluster_policies = vec![cluster_policy("nodes", "Admin", 1, egress("Accept"))];
+    c.nodes = vec![node("n1", "a", &["192.168.1.1", "fd00:1::1"]), node("n2", "b", &["192.168.1.2"])];
+    c.cluster_policies = vec![cluster_policy(
+        "nodes",
+        "Admin",
+        1,
+        json!({"subject": {"namespaces": {"matchLabels": {"team": "a"}}},
+               "egress": [{"action": "Accept", "to": [{"nodes": {"matchLabels": {"zone": "a"}}}],
+                           "protocols": [{"tcp": {"destinationPort": {"number": 10250}}}]},
+                          {"action": "Deny", "to": [{"nodes": {}}]}]}),
+    )];
+    assert!(eg(&c, "prod/web", "192.168.1.1", 10250) && eg(&c, "prod/web", "fd00:1::1", 10250));
+    assert!(!eg(&c, "prod/web", "192.168.1.1", 22), "zone a on another port: the Deny of every node");
+    assert!(!eg(&c, "prod/web", "192.168.1.2", 10250), "zone b is no peer of the Accept");
+    assert!(eg(&c, "prod/web", "10.0.2.1", 80), "a pod is no node");
+}
+
+#[test]
+fn every_rule_of_an_oversized_cluster_policy_fails_closed() {
+    // 25 rules of 25 protocol entries to 40 networks: 25,000, over the limit.
+    let nets: Vec<String> = (0..40).map(|i| format!("10.{i}.0.0/16")).collect();
+    let protos: Vec<Value> = (1..=25).map(|p| json!({"tcp": {"destinationPort": {"number": p}}})).collect();
+    let big = |action: &str| {
+        let rule = json!({"action": action, "to": [{"networks": nets}], "protocols": protos});
+        json!({"subject": {"namespaces": {"matchLabels": {"team": "a"}}}, "egress": vec![rule; 25]})
+    };
+    let mut c = cluster();
+    c.cluster_policies = vec![cluster_policy("big", "Admin", 1, big("Accept"))];
+    assert!(eg(&c, "prod/web", "10.0.2.1", 80), "its Accepts match nothing: on to the default");
+    c.cluster_policies = vec![cluster_policy("big", "Admin", 1, big("Deny"))];
+    assert!(!eg(&c, "prod/web", "8.8.8.8", 53), "its Denies deny everything, also outside its networks");
+    assert!(eg(&c, "dev/web", "8.8.8.8", 53), "not its subject");
+}
+
+#[test]
+fn peers_weft_cannot_match_fail_closed_and_a_baseline_pass_accepts() {
+    let by_domain = json!({"domainNames": ["example.com"]});
+    let egress = |action: &str| {
+        json!({"subject": {"namespaces": {"matchLabels": {"team": "a"}}},
+               "egress": [{"action": action, "to": [by_domain.clone()]}]})
+    };
+    let mut c = cluster();
+    c.cluster_policies = vec![cluster_policy("domains", "Admin", 1, egress("Accept"))];
     assert!(eg(&c, "prod/web", "10.0.2.1", 80), "an Accept of peers it cannot match matches nothing");
     for action in ["Deny", "Pass"] {
-        c.cluster_policies = vec![cluster_policy("nodes", "Admin", 1, egress(action))];
+        c.cluster_policies = vec![cluster_policy("domains", "Admin", 1, egress(action))];
         assert!(!eg(&c, "prod/web", "10.0.2.1", 80), "a {action} of peers it cannot match denies all");
         assert!(!eg(&c, "prod/web", "8.8.8.8", 53));
     }

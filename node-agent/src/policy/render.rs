@@ -13,9 +13,10 @@
 //! client fails at once instead of waiting out its timeout) or, with
 //! [`DenyAction::Drop`], drops it silently. An accept in Weft's chain
 //! only ends Weft's chain: every other table and iptables chain on the hook
-//! still sees the packet, so Weft never admits on anybody's behalf. Traffic
-//! between a pod and its own node does not cross the forward hook, so
-//! kubelet probes are never policed.
+//! still sees the packet, so Weft never admits on anybody's behalf. What a
+//! pod sends to its own node does not cross the forward hook: the base chain
+//! `policy-input` (input hook) sends it through the pod's egress chain.
+//! What the node sends a pod (kubelet's probes) is never policed.
 //!
 //! Pod chains and address sets are named by a hash of their content: pods
 //! with the same policy share a chain, and an update writes only the chains
@@ -312,6 +313,28 @@ struct ChainUse {
     counters: Vec<String>,
 }
 
+/// The base chain on the input hook: what a local pod sends to its own node
+/// (a host-network server, the node's addresses) goes through the pod's
+/// egress chain as what it sends elsewhere does through the forward one.
+/// Replies are not checked (so kubelet's probes, from the node, are never
+/// policed), nor is neighbour discovery (a pod's own address asking for its
+/// gateway, as ARP, which no hook here sees).
+fn input_chain() -> ruleset::Chain {
+    let mut rules = vec![
+        Rule::new(
+            "replies of admitted connections",
+            vec![build::ct_state(&["established", "related"]), build::accept()],
+        ),
+        Rule::new("neighbour discovery", vec![build::icmpv6_type_in(&build::ND_TYPES), build::accept()]),
+    ];
+    for family in FAMILIES {
+        let (map, addr) = dispatch_map(Direction::Egress, family);
+        rules.push(Rule::new("egress of local pods to this node", vec![build::addr_vmap(addr, family, map)]));
+    }
+    let hook = Hook { kind: ChainKind::Filter, point: HookPoint::Input, priority: FILTER };
+    ruleset::Chain { hook: Some(hook), rules }
+}
+
 /// Keeps the rendered state between passes and patches it: a pod whose
 /// policy is the one rendered last (the same `Arc`) costs nothing, a
 /// changed pod renders only chains no pod had, and a chain, set or counter
@@ -352,6 +375,7 @@ impl Renderer {
             }
         }
         part.chains.insert(format!("{OWNER}-forward"), ruleset::Chain { hook: Some(base), rules });
+        part.chains.insert(format!("{OWNER}-input"), input_chain());
         Renderer {
             log,
             deny: DenyAction::default(),

@@ -267,10 +267,15 @@ fn a_changed_peer_set_replaces_the_set_and_the_chains_naming_it_only() {
 #[test]
 fn no_policy_leaves_the_base_chain_and_empty_maps() {
     let d = render(&[], None);
-    assert_eq!(d.part.chains.len(), 1);
+    assert_eq!(d.part.chains.len(), 2, "{:?}", d.part.chains.keys());
     assert_eq!(d.part.sets.len(), 4, "a map per direction and family");
     assert!(d.part.sets.values().all(|m| m.elements.is_empty()));
-    assert_eq!(d.rule_count(), 5, "replies, then a lookup per direction and family");
+    assert_eq!(d.part.chains["policy-forward"].rules.len(), 5, "replies, then a lookup per direction and family");
+    // What a pod sends its own node: its egress maps, after replies and
+    // neighbour discovery.
+    let input = &d.part.chains["policy-input"];
+    assert_eq!(input.hook.map(|h| h.point), Some(crate::firewall::ruleset::HookPoint::Input));
+    assert_eq!(input.rules.len(), 4);
 }
 
 #[test]

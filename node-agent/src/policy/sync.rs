@@ -471,6 +471,7 @@ mod tests {
             standard: (0..1000).map(|k| Arc::new(policy(k))).collect(),
             weft: Vec::new(),
             cluster_policies: Vec::new(),
+            nodes: Vec::new(),
         };
         let mut compiled = Vec::new();
         let t_compile = median(&mut |_| compiled = compile(&cluster, "node-0"));
