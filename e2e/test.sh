@@ -25,7 +25,7 @@ export WEFT_AGENT_IMAGE="$PWD/target/images/weft-agent.tar" WEFT_OPERATOR_IMAGE=
 status=0
 cargo test --workspace --no-fail-fast "$@" || status=$?
 if (($# == 0)); then
-  # Upstream e2e.test suites: netpol and network-conformance (docs/conformance.md).
+  # Upstream suites: netpol, network-conformance, cnp (docs/conformance.md).
   e2e/conformance.sh || status=$?
 fi
 exit "$status"

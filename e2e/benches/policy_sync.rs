@@ -1,7 +1,8 @@
-//! Policy scale: one weft-agent with 5,000 pods and 1,000 NetworkPolicies in
-//! the API (250 of the pods on its node): full sync, policy changes and pod
-//! label changes (median and p95), rules programmed, agent RSS, and the
-//! same under the oversized-policy attack (refused, not held back). Set
+//! Policy scale: one weft-agent with 5,000 pods, 1,000 NetworkPolicies and
+//! 100 ClusterNetworkPolicies (both tiers) in the API (250 of the pods on its
+//! node): full sync, policy changes of both kinds and pod label changes
+//! (median and p95), rules programmed, agent RSS, and the same under the
+//! oversized-policy attack (refused, not held back). Set
 //! `WEFT_BIN_DIR` to measure another agent build (an older engine) the same way. (The engine beside the
 //! iptables one it replaced, on the same compiled rules, is the agent's
 //! `policy::kernel_tests::engines_side_by_side`.)
@@ -10,7 +11,9 @@
 //! plane and the agent share one, so the agent reaches the apiserver on
 //! loopback); the root namespace's rules are never touched.
 //! Run with `e2e/bench.sh policy` or `cargo bench -p weft-e2e --bench policy_sync`
-//! (`WEFT_BENCH_PODS` / `WEFT_BENCH_POLICIES` scale it down).
+//! (`WEFT_BENCH_PODS` / `WEFT_BENCH_POLICIES` / `WEFT_BENCH_CLUSTER_POLICIES`
+//! scale it down; with no ClusterNetworkPolicies the agent does not enforce
+//! them, as agents before them).
 
 use std::fs::File;
 use std::process::{Child, Command, Stdio};
@@ -23,6 +26,7 @@ use kube::Client;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use nix::sched::{CloneFlags, setns};
 use serde_json::json;
+use weft_api::cluster_network_policy::ClusterNetworkPolicy;
 use weft_e2e::control_plane::{ControlPlane, Options, install_crds, tools_dir, tools_present};
 use weft_e2e::netns::Netns;
 use weft_e2e::{bins, wait};
@@ -45,6 +49,7 @@ fn main() {
     }
     let pods = env_usize("WEFT_BENCH_PODS", 5000);
     let policies = env_usize("WEFT_BENCH_POLICIES", 1000);
+    let cluster_policies = env_usize("WEFT_BENCH_CLUSTER_POLICIES", 100);
     let ns = Netns::new("pbench");
     ns.ip(&["link", "set", "lo", "up"]);
     let path = ns.path();
@@ -54,7 +59,7 @@ fn main() {
         let file = File::open(&path).expect("open netns");
         setns(&file, CloneFlags::CLONE_NEWNET).expect("setns");
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
-        rt.block_on(bench(pods, policies, &path));
+        rt.block_on(bench(pods, policies, cluster_policies, &path));
     })
     .join()
     .unwrap_or_else(|p| std::panic::resume_unwind(p));
@@ -64,7 +69,7 @@ fn pod_ip(i: usize) -> String {
     format!("10.{}.{}.{}", 100 + i / 62_500, (i / 250) % 250, i % 250 + 1)
 }
 
-async fn create_objects(client: &Client, pods: usize, policies: usize) {
+async fn create_objects(client: &Client, pods: usize, policies: usize, cluster_policies: usize) {
     let nss: Api<Namespace> = Api::all(client.clone());
     for n in 0..NAMESPACES {
         let ns: Namespace = serde_json::from_value(
@@ -100,6 +105,38 @@ async fn create_objects(client: &Client, pods: usize, policies: usize) {
             api.create(&PostParams::default(), &policy(k, 80)).await.expect("create policy");
         })
         .await;
+    let api: Api<ClusterNetworkPolicy> = Api::all(client.clone());
+    for k in 0..cluster_policies {
+        api.create(&PostParams::default(), &cluster_policy(k, 9000)).await.expect("create ClusterNetworkPolicy");
+    }
+}
+
+/// ClusterNetworkPolicy `k`: the first half Admin, the rest Baseline, by
+/// priority `k`; subject a team's namespaces (every fifth policy: an app's
+/// pods in them); ingress Deny from another team's app on a port, Pass (Admin)
+/// or Accept (Baseline) from a tier; egress Deny to two networks on UDP 53.
+fn cluster_policy(k: usize, port: u16) -> ClusterNetworkPolicy {
+    let admin = k < 50;
+    let team = json!({"matchLabels": {"team": format!("t{}", k % 5)}});
+    let subject = if k.is_multiple_of(5) {
+        json!({"pods": {"namespaceSelector": team, "podSelector": {"matchLabels": {"app": format!("a{}", k % 10)}}}})
+    } else {
+        json!({"namespaces": team})
+    };
+    serde_json::from_value(json!({
+        "apiVersion": "policy.networking.k8s.io/v1beta1", "kind": "ClusterNetworkPolicy",
+        "metadata": {"name": format!("cnp{k}")},
+        "spec": {"tier": if admin { "Admin" } else { "Baseline" }, "priority": k, "subject": subject,
+            "ingress": [
+                {"action": "Deny", "from": [{"pods": {"namespaceSelector": {"matchLabels": {"team": format!("t{}", (k + 1) % 5)}},
+                                                      "podSelector": {"matchLabels": {"app": format!("a{}", (k + 3) % 10)}}}}],
+                 "protocols": [{"tcp": {"destinationPort": {"number": port}}}]},
+                {"action": if admin { "Pass" } else { "Accept" },
+                 "from": [{"pods": {"podSelector": {"matchLabels": {"tier": format!("t{}", k % 3)}}}}]}],
+            "egress": [{"action": "Deny", "to": [{"networks": [format!("192.168.{k}.0/24"), format!("fd00:{k:x}::/64")]}],
+                        "protocols": [{"udp": {"destinationPort": {"number": 53}}}]}]}
+    }))
+    .expect("ClusterNetworkPolicy")
 }
 
 /// Policy `k`: selects app=a<k%10> of its namespace; ingress from a tier of
@@ -242,15 +279,18 @@ impl<F: FnMut()> Drop for Defer<F> {
     }
 }
 
-async fn bench(pods: usize, policies: usize, ns_path: &str) {
+async fn bench(pods: usize, policies: usize, cluster_policies: usize, ns_path: &str) {
     let ns_name = ns_path.rsplit('/').next().unwrap_or_default().to_owned();
     let cp = ControlPlane::start_with(&Options { netns: Some(ns_name.clone()), ..Default::default() })
         .expect("control plane starts");
     let client = cp.client().await.expect("client");
     install_crds(&client).await.expect("CRDs");
     let t = Instant::now();
-    create_objects(&client, pods, policies).await;
-    eprintln!("created {pods} pods and {policies} policies in {:.1} s", t.elapsed().as_secs_f64());
+    create_objects(&client, pods, policies, cluster_policies).await;
+    eprintln!(
+        "created {pods} pods, {policies} policies and {cluster_policies} ClusterNetworkPolicies in {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
 
     let dir = tempfile::Builder::new().prefix("weft-pbench-").tempdir().expect("temp dir");
     let log = File::create(dir.path().join("agent.log")).expect("log");
@@ -271,6 +311,7 @@ async fn bench(pods: usize, policies: usize, ns_path: &str) {
             .arg(dir.path().join("agent.sock"))
             .arg("--state-dir")
             .arg(dir.path().join("state"))
+            .arg(format!("--cluster-network-policy={}", cluster_policies > 0))
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -296,6 +337,18 @@ async fn bench(pods: usize, policies: usize, ns_path: &str) {
         let (wall, pass) = next_sync(before, t);
         policy_changes.push(wall);
         policy_passes.push(Duration::from_secs_f64(pass));
+    }
+
+    // ClusterNetworkPolicy changes: another port in the Deny of cnp0 (Admin,
+    // its subject pods of team t0, so of b0 and other local namespaces).
+    let cnps: Api<ClusterNetworkPolicy> = Api::all(client.clone());
+    let mut cluster_changes = Vec::new();
+    for i in 0..if cluster_policies > 0 { CHANGES } else { 0 } {
+        let before = syncs();
+        let t = Instant::now();
+        let patch = json!({"spec": cluster_policy(0, 9001 + i as u16).spec});
+        cnps.patch("cnp0", &PatchParams::default(), &Patch::Merge(&patch)).await.expect("patch ClusterNetworkPolicy");
+        cluster_changes.push(next_sync(before, t).0);
     }
 
     // Pod label changes: a local pod moves between two apps (other chains;
@@ -351,7 +404,9 @@ async fn bench(pods: usize, policies: usize, ns_path: &str) {
 
     drop(agent);
 
-    println!("\npolicy_sync: {pods} pods in the API ({local} local pods under policy), {policies} NetworkPolicies");
+    println!(
+        "\npolicy_sync: {pods} pods in the API ({local} local pods under policy), {policies} NetworkPolicies, {cluster_policies} ClusterNetworkPolicies"
+    );
     println!("| measure | value |");
     println!("|---|---|");
     println!("| full sync: agent start → rules applied (incl. listing the API) | {:.2} s |", full_wall.as_secs_f64());
@@ -367,6 +422,13 @@ async fn bench(pods: usize, policies: usize, ns_path: &str) {
             percentile(walls, 95),
             percentile(passes, 50),
             percentile(passes, 95)
+        );
+    }
+    if !cluster_changes.is_empty() {
+        println!(
+            "| one ClusterNetworkPolicy change: API write → applied, median / p95 of {CHANGES} | {:.3} s / {:.3} s |",
+            percentile(&cluster_changes, 50),
+            percentile(&cluster_changes, 95)
         );
     }
     println!(
