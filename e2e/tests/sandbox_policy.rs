@@ -633,15 +633,25 @@ fn cluster_policy(name: &str, tier: &str, priority: u32, body: &str) -> String {
 
 #[test]
 fn cluster_network_policies_come_before_and_after_the_namespaces_policies() {
+    // Dual-stack: every step is probed over both families.
+    let secondary = format!("--operator-arg=--secondary-cluster-cidr={IPV6_CLUSTER_CIDR}");
+    let agents = format!("--agent-arg=--ipv6-cluster-cidr={IPV6_CLUSTER_CIDR}");
     let Some(_up) = Up::start(
-        &["--nodes", "3", "--agent-arg=--cluster-network-policy=true", "--operator-arg=--cluster-network-policy=true"],
+        &[
+            "--nodes",
+            "3",
+            "--agent-arg=--cluster-network-policy=true",
+            "--operator-arg=--cluster-network-policy=true",
+            &secondary,
+            &agents,
+        ],
         &[],
     ) else {
         return;
     };
     add_the_pods(&["-p", "80/tcp"]);
     let dev_to_prod = |from: &str, to: &str| ns_of(from) == "dev" && ns_of(to) == "prod";
-    expect_family("default allow", "ipv4", "tcp", 80, &|_, _| true);
+    expect_matrix("default allow", "tcp", 80, |_, _| true);
 
     // Admin: nothing from dev reaches prod, whatever prod's own policies say.
     let subject_prod = "  subject: {namespaces: {matchLabels: {team: a}}}\n";
@@ -653,7 +663,7 @@ fn cluster_network_policies_come_before_and_after_the_namespaces_policies() {
             "{subject_prod}  ingress:\n  - action: Deny\n    from: [{{namespaces: {{matchLabels: {{team: b}}}}}}]\n"
         ),
     ));
-    expect_family("Admin deny", "ipv4", "tcp", 80, &|f, t| !dev_to_prod(f, t));
+    expect_matrix("Admin deny", "tcp", 80, |f, t| !dev_to_prod(f, t));
 
     // Admin Pass (a lower number: first) hands dev/client to prod's own
     // policies: prod/web's NetworkPolicy admits it; prod/api and prod/db
@@ -678,7 +688,7 @@ spec:
 ",
     );
     let web_isolated = |f: &str, t: &str| t != "prod/web" || f == "dev/client";
-    expect_family("Admin pass to the namespace's policies", "ipv4", "tcp", 80, &|f, t| {
+    expect_matrix("Admin pass to the namespace's policies", "tcp", 80, |f, t| {
         web_isolated(f, t) && (!dev_to_prod(f, t) || f == "dev/client")
     });
 
@@ -692,9 +702,22 @@ spec:
             "{subject_prod}  ingress:\n  - action: Deny\n    from: [{{namespaces: {{matchLabels: {{team: b}}}}}}]\n"
         ),
     ));
-    expect_family("Baseline deny", "ipv4", "tcp", 80, &|f, t| {
-        web_isolated(f, t) && (!dev_to_prod(f, t) || (f == "dev/client" && t == "prod/web"))
-    });
+    let baseline =
+        |f: &str, t: &str| web_isolated(f, t) && (!dev_to_prod(f, t) || (f == "dev/client" && t == "prod/web"));
+    expect_matrix("Baseline deny", "tcp", 80, baseline);
+
+    // A network of one family: dev/client loses IPv6 to every pod (first
+    // in the Admin tier), and keeps IPv4 as it was.
+    apply(&cluster_policy(
+        "client-no-ipv6",
+        "Admin",
+        1,
+        &format!(
+            "  subject: {{pods: {{namespaceSelector: {{matchLabels: {{team: b}}}}, podSelector: {{matchLabels: {{app: client}}}}}}}}\n  egress:\n  - {{action: Deny, to: [{{networks: ['{IPV6_CLUSTER_CIDR}']}}]}}\n"
+        ),
+    ));
+    expect_family("an IPv6 network denied", "ipv6", "tcp", 80, &|f, t| f != "dev/client" && baseline(f, t));
+    expect_family("an IPv6 network denied, IPv4 untouched", "ipv4", "tcp", 80, &baseline);
 
     // The operator's Accepted condition: True as written; False with the
     // reason for a peer Weft cannot match (it selects no pod here).
@@ -716,5 +739,5 @@ spec:
 
     kubectl(&["delete", "clusternetworkpolicies", "--all"]);
     delete_all_policies();
-    expect_family("all deleted", "ipv4", "tcp", 80, &|_, _| true);
+    expect_matrix("all deleted", "tcp", 80, |_, _| true);
 }
