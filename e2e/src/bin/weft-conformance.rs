@@ -216,7 +216,7 @@ fn run_e2e_suites(
 /// conformance report it writes (cnp-report.yaml).
 fn run_cnp(cli: &Cli, binary: &Path, state: &State, report_dir: &Path) -> anyhow::Result<SuiteResult> {
     anyhow::ensure!(
-        state.helm_values.iter().rev().find_map(|v| v.strip_prefix("clusterNetworkPolicy.enforce=")) == Some("true"),
+        weft_e2e::cluster::helm_set(&state.helm_values, "clusterNetworkPolicy.enforce") == Some("true"),
         "the cluster's Weft does not enforce ClusterNetworkPolicy: bring the cluster up as e2e/conformance.sh does \
          (--set clusterNetworkPolicy.enforce=true --set clusterNetworkPolicy.installCRDs=true \
          --set clusterNetworkPolicy.crdChannel=experimental)"

@@ -49,9 +49,8 @@ impl Families {
     }
 
     pub fn of(helm_sets: &[String]) -> Self {
-        let last = |key: &str| helm_sets.iter().rev().find_map(|s| s.strip_prefix(key)).filter(|v| *v != "null");
-        let v4_dropped = helm_sets.iter().rev().find_map(|s| s.strip_prefix("network.clusterCIDR=")) == Some("null");
-        match last("network.ipv6ClusterCIDR=") {
+        let v4_dropped = super::helm_set(helm_sets, "network.clusterCIDR") == Some("null");
+        match super::helm_set(helm_sets, "network.ipv6ClusterCIDR").filter(|v| *v != "null") {
             None => Families::Ipv4,
             Some(v6) if v4_dropped => Families::Ipv6Only(v6.to_owned()),
             Some(v6) => Families::DualStack(v6.to_owned()),

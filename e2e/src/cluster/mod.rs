@@ -71,6 +71,12 @@ pub fn node_ip(index: usize) -> Ipv4Addr {
     Ipv4Addr::new(10, 251, 0, 10 + index as u8)
 }
 
+/// The value the last `--set key=value` of `sets` gives `key` (helm's own
+/// rule: a later one wins), as written (`null` included).
+pub fn helm_set<'a>(sets: &'a [String], key: &str) -> Option<&'a str> {
+    sets.iter().rev().find_map(|s| s.strip_prefix(key)?.strip_prefix('='))
+}
+
 /// What `up` leaves for the other commands and the tests.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct State {

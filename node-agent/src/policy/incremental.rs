@@ -114,7 +114,8 @@ fn stale_pods(
 ) -> Option<Vec<bool>> {
     // A node relabelled or readdressed changes every rule with a node peer:
     // rare enough to recompile every pod.
-    if old.nodes != new.nodes && (name_nodes(&old.cluster_policies) || name_nodes(&new.cluster_policies)) {
+    // (Nodes are compared only when a policy names them: most passes have none.)
+    if (name_nodes(&old.cluster_policies) || name_nodes(&new.cluster_policies)) && old.nodes != new.nodes {
         return None;
     }
     let no_labels = BTreeMap::new();
