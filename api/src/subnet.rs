@@ -17,6 +17,14 @@ pub enum Backend {
     /// Plain routes via the peer node IP (nodes must share an L2 segment).
     #[serde(rename = "host-gw")]
     HostGw,
+    /// flannel's UDP backend: pod packets read from a TUN device and sent,
+    /// one per UDP datagram, to the peer node's agent (port 8285).
+    #[serde(rename = "udp")]
+    Udp,
+    /// WireGuard between nodes, in the agent over a TUN device (port
+    /// 51820): pod traffic leaves the node only encrypted.
+    #[serde(rename = "wireguard")]
+    Wireguard,
 }
 
 impl Backend {
@@ -24,7 +32,25 @@ impl Backend {
         match self {
             Backend::Vxlan => "vxlan",
             Backend::HostGw => "host-gw",
+            Backend::Udp => "udp",
+            Backend::Wireguard => "wireguard",
         }
+    }
+
+    /// Whether pod packets between nodes go through the agent's TUN device.
+    pub fn uses_tunnel(self) -> bool {
+        matches!(self, Backend::Udp | Backend::Wireguard)
+    }
+}
+
+impl std::str::FromStr for Backend {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        [Backend::Vxlan, Backend::HostGw, Backend::Udp, Backend::Wireguard]
+            .into_iter()
+            .find(|b| b.as_str() == s)
+            .ok_or_else(|| format!("unknown backend {s:?}: one of vxlan, host-gw, udp, wireguard"))
     }
 }
 
@@ -150,6 +176,11 @@ pub struct SubnetStatus {
     /// node of a cluster must use the same (vxlan backend only).
     #[serde(rename = "vxlanUnderlay", default, skip_serializing_if = "Option::is_none")]
     pub vxlan_underlay: Option<VxlanUnderlay>,
+    /// The node's WireGuard public key, base64 (wireguard backend only).
+    /// Peers encrypt to it; a node without one gets no pod traffic.
+    #[serde(rename = "wireguardPublicKey", default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^[A-Za-z0-9+/]{42}[AEIMQUYcgkosw048]=$"))]
+    pub wireguard_public_key: Option<String>,
     /// `Allocated` (operator) and `Ready` (agent).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "crate::common::conditions_schema")]

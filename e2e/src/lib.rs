@@ -5,6 +5,7 @@ pub mod agent;
 pub mod attacks;
 pub mod bench_exec;
 pub mod bins;
+pub mod capture;
 pub mod cluster;
 pub mod cni;
 pub mod conformance;

@@ -74,6 +74,14 @@ pub struct Config {
     /// VXLAN network identifier.
     #[arg(long, env = "WEFT_VNI", default_value_t = 1)]
     pub vni: u32,
+    /// The udp and wireguard backends' UDP port, the same on every node
+    /// (default: 8285 for udp, 51820 for wireguard).
+    #[arg(long, env = "WEFT_TUNNEL_PORT", value_parser = clap::value_parser!(u16).range(1..))]
+    pub tunnel_port: Option<u16>,
+    /// wireguard: make a new key pair at start-up (the old key is replaced;
+    /// peers take the new public key from this node's Subnet).
+    #[arg(long, env = "WEFT_WIREGUARD_ROTATE_KEY")]
+    pub wireguard_rotate_key: bool,
     /// Which node addresses VXLAN packets travel between: `ipv4` (the node
     /// IPs) or `ipv6` (the nodes' IPv6 addresses from --node-ips, which
     /// must be on the underlay interface; 70 bytes of overhead instead of

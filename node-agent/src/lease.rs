@@ -109,6 +109,8 @@ pub struct NodeFacts {
     pub vtep_mac: Option<String>,
     /// VXLAN only: which address peers send VXLAN packets to.
     pub vxlan_underlay: Option<weft_api::VxlanUnderlay>,
+    /// wireguard only: the public key peers encrypt to (base64).
+    pub wireguard_public_key: Option<String>,
 }
 
 /// Writes the agent's part of the Subnet status (facts and Ready=True) with server-side apply, so
@@ -147,6 +149,9 @@ async fn publish_status(
     }
     if let Some(underlay) = facts.vxlan_underlay {
         st["vxlanUnderlay"] = json!(underlay);
+    }
+    if let Some(key) = &facts.wireguard_public_key {
+        st["wireguardPublicKey"] = json!(key);
     }
     let patch = json!({ "apiVersion": "weft.dev/v1alpha1", "kind": "Subnet", "status": st });
     api.patch_status(node, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&patch))
@@ -253,6 +258,7 @@ pub fn standing(subnet: Option<&Subnet>, lease: &Lease, facts: &NodeFacts) -> St
         && status.vtep_ip == facts.vtep_ip
         && status.vtep_mac == facts.vtep_mac
         && status.vxlan_underlay == facts.vxlan_underlay
+        && status.wireguard_public_key == facts.wireguard_public_key
         && status.conditions.iter().any(|c| c.type_ == CONDITION_READY && c.status == "True");
     Standing::Held { publish: !published }
 }
@@ -365,6 +371,7 @@ mod tests {
             vtep_ip: Some("10.244.1.0".into()),
             vtep_mac: None,
             vxlan_underlay: None,
+            wireguard_public_key: None,
         }
     }
 
@@ -428,6 +435,7 @@ mod tests {
                 vtep_ip: Some("10.244.1.0".into()),
                 vtep_mac: None,
                 vxlan_underlay: None,
+                wireguard_public_key: None,
                 conditions: vec![Condition {
                     type_: CONDITION_READY.into(),
                     status: "True".into(),

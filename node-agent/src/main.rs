@@ -23,6 +23,7 @@ mod policy;
 mod stable_hash;
 #[cfg(test)]
 mod test_support;
+mod tunnel;
 
 use std::os::unix::fs::PermissionsExt;
 use std::sync::{Arc, OnceLock};
@@ -89,8 +90,9 @@ async fn run(config: Config) -> anyhow::Result<()> {
 
     // With a lease this node is part of a cluster: set up the overlay first,
     // since it decides the pod MTU and what we announce in our Subnet.
+    let metrics = Arc::new(metrics::Metrics::default());
     let overlay = match &subnets {
-        Some(api) => Some(setup_overlay(&config, &lease, host.clone(), api).await?),
+        Some(api) => Some(setup_overlay(&config, &lease, host.clone(), api, &metrics).await?),
         None => None,
     };
     let pod_mtu = config.mtu.or(overlay.as_ref().map(|o| o.pod_mtu)).unwrap_or(1500);
@@ -105,7 +107,6 @@ async fn run(config: Config) -> anyhow::Result<()> {
     let kube = client
         .clone()
         .map(|c| attach::KubeAccess { pods: hostport::pods::PodCache::start(c.clone(), &config.node_name), client: c });
-    let metrics = Arc::new(metrics::Metrics::default());
     let mut attacher = Attacher::new(config.clone(), ipam, hostports, kube, host, pod_mtu, Arc::clone(&metrics));
     attacher.ipv6 = ipv6;
     attacher.health = dataplane::netns::Netns::current().context("cannot open netlink for health checks")?;
@@ -323,6 +324,7 @@ async fn setup_overlay(
     lease: &lease::Lease,
     host: rtnetlink::Handle,
     api: &Api<Subnet>,
+    metrics: &metrics::Metrics,
 ) -> anyhow::Result<OverlayStart> {
     let node_ip =
         config.node_ip.context("--node-ip (WEFT_NODE_IP) is required when the pod CIDR comes from a Subnet lease")?;
@@ -359,7 +361,19 @@ async fn setup_overlay(
     cfg.direct_routing = config.direct_routing;
     cfg.underlay = config.underlay_iface.clone();
     cfg.mtu = config.mtu;
-    let reconciler = Arc::new(overlay::Reconciler::new(host, cfg).context("overlay configuration")?);
+    if let Some(port) = config.tunnel_port {
+        cfg.tunnel_port = port;
+    }
+    if backend == weft_api::Backend::Wireguard {
+        let (dir, rotate) = (config.state_dir.clone(), config.wireguard_rotate_key);
+        let key = tokio::task::spawn_blocking(move || tunnel::keys::load_or_create(&dir, rotate))
+            .await
+            .context("WireGuard key task")??;
+        tracing::info!(public_key = %tunnel::keys::encode(&key.public), rotated = rotate, "WireGuard key");
+        cfg.wireguard_key = Some(key);
+    }
+    let reconciler = overlay::Reconciler::new(host, cfg).context("overlay configuration")?;
+    let reconciler = Arc::new(reconciler.with_tunnel_stats(tunnel::engine::Stats::of(&metrics.tunnel_packets)));
     let local = reconciler.ensure_local().await.context("cannot set up this node's overlay")?;
 
     // Pods on other nodes are reached through this node's forwarding path,
@@ -383,6 +397,7 @@ async fn setup_overlay(
         vtep_ip: local.vtep_ip.map(|ip| ip.to_string()),
         vtep_mac: local.vtep_mac.map(|m| m.to_string()),
         vxlan_underlay: local.vtep_mac.map(|_| underlay),
+        wireguard_public_key: local.wireguard_public_key.map(|k| tunnel::keys::encode(&k)),
     };
     lease::publish(api, &config.node_name, &facts).await?;
     Ok(OverlayStart { reconciler, pod_mtu: local.pod_mtu, facts, ipv6_routable: pass.ipv6_routable })

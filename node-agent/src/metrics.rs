@@ -34,6 +34,11 @@ pub struct StateLabels {
     pub state: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    pub outcome: &'static str,
+}
+
 type HistogramFamily = Family<VerbLabels, Histogram, fn() -> Histogram>;
 
 pub struct Metrics {
@@ -53,6 +58,8 @@ pub struct Metrics {
     /// Frames the source guard dropped, as its kernel counters last read.
     pub guard_dropped: Gauge,
     pub guard_repairs: Counter,
+    /// udp and wireguard: packets through the agent's datapath, by outcome.
+    pub tunnel_packets: Family<OutcomeLabels, Counter>,
     pub policy: std::sync::Arc<crate::policy::metrics::PolicyMetrics>,
 }
 
@@ -145,6 +152,12 @@ impl Default for Metrics {
             "Times the periodic sync found the source guard's rules or sets changed by someone else and rewrote them",
             guard_repairs.clone(),
         );
+        let tunnel_packets = Family::<OutcomeLabels, Counter>::default();
+        registry.register(
+            "tunnel_packets",
+            "udp and wireguard backends: datagrams sent and packets delivered to pods (sent, received), and packets dropped: to a cluster address no usable peer holds (no_peer), from a peer with a source not of its pods or for another node (spoofed), not from a peer or not authentic (refused), failed sends (send_error)",
+            tunnel_packets.clone(),
+        );
         let policy = std::sync::Arc::new(crate::policy::metrics::PolicyMetrics::register(&mut registry));
         Self {
             registry,
@@ -162,6 +175,7 @@ impl Default for Metrics {
             node_setting_repairs,
             guard_dropped,
             guard_repairs,
+            tunnel_packets,
             policy,
         }
     }

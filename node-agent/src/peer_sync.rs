@@ -68,12 +68,16 @@ pub async fn run(api: Api<Subnet>, nodes: Api<Node>, reconciler: Arc<Reconciler>
                 (status.and_then(|st| st.node_ip.as_deref()), status.and_then(|st| st.node_ipv6.as_deref())),
                 status.and_then(|st| st.vtep_mac.as_deref()),
             ) {
-                Ok(p) => match unlisted_claim(&p, listed.get(&p.node_name).map(Vec::as_slice)) {
-                    Some(why) => {
+                Ok(p) => match (
+                    unlisted_claim(&p, listed.get(&p.node_name).map(Vec::as_slice)),
+                    wireguard_key(status.and_then(|st| st.wireguard_public_key.as_deref())),
+                ) {
+                    (Some(why), _) | (None, Err(why)) => {
                         invalid.insert(s.spec.node_name.clone(), why);
                     }
-                    None => peers.push(Peer {
+                    (None, Ok(wireguard_key)) => peers.push(Peer {
                         vxlan_underlay: status.and_then(|st| st.vxlan_underlay).unwrap_or_default(),
+                        wireguard_key,
                         ..p
                     }),
                 },
@@ -120,6 +124,17 @@ pub async fn run(api: Api<Subnet>, nodes: Api<Node>, reconciler: Arc<Reconciler>
             () = changed.notified() => {}
             () = tokio::time::sleep(resync) => {}
         }
+    }
+}
+
+/// A peer's published WireGuard key; the CRD's pattern checks the text,
+/// this its length too.
+fn wireguard_key(text: Option<&str>) -> Result<Option<[u8; 32]>, String> {
+    match text {
+        None => Ok(None),
+        Some(t) => crate::tunnel::keys::decode(t)
+            .map(Some)
+            .ok_or_else(|| format!("malformed wireguardPublicKey {t:?}: not a base64 32-byte key")),
     }
 }
 

@@ -12,6 +12,8 @@ use crate::ipam::{IpamError, Pool, same_family};
 pub enum BackendArg {
     Vxlan,
     HostGw,
+    Udp,
+    Wireguard,
 }
 
 impl From<BackendArg> for weft_api::Backend {
@@ -19,6 +21,8 @@ impl From<BackendArg> for weft_api::Backend {
         match b {
             BackendArg::Vxlan => weft_api::Backend::Vxlan,
             BackendArg::HostGw => weft_api::Backend::HostGw,
+            BackendArg::Udp => weft_api::Backend::Udp,
+            BackendArg::Wireguard => weft_api::Backend::Wireguard,
         }
     }
 }

@@ -91,7 +91,7 @@ fn main() -> anyhow::Result<()> {
                 "--nodes must be 1..={}",
                 supervise::MAX_NODES
             );
-            anyhow::ensure!(["vxlan", "host-gw"].contains(&backend.as_str()), "--backend must be vxlan or host-gw");
+            backend.parse::<weft_api::Backend>().map_err(|e| anyhow::anyhow!("--backend: {e}"))?;
             let images = cluster::images::tarballs(cluster::images::CLUSTER)?;
             let state = supervise::up(&supervise::UpOptions { nodes, backend, helm_sets: sets, images })?;
             print_usage(&state);

@@ -173,7 +173,7 @@ fn main() -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     match cli.command {
         Cmd::Up { nodes, backend, ipv6_only, agent_args, operator_args } => {
-            anyhow::ensure!(["vxlan", "host-gw"].contains(&backend.as_str()), "--backend must be vxlan or host-gw");
+            backend.parse::<weft_api::Backend>().map_err(|e| anyhow::anyhow!("--backend: {e}"))?;
             let state = cluster::up(nodes, &backend, ipv6_only, &agent_args, &operator_args)?;
             print_status(&state);
             println!("\nkubeconfig: {}", state.kubeconfig.display());

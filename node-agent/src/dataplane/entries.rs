@@ -97,6 +97,8 @@ pub enum Dev {
     Vxlan,
     /// The underlay interface carrying the node IP.
     Underlay,
+    /// The TUN device of the udp and wireguard backends.
+    Tunnel,
     /// Any other interface, by index (only ever observed, never desired).
     Other(u32),
 }

@@ -146,6 +146,48 @@ pub fn address_message(index: u32, net: IpNet) -> AddressMessage {
     }
 }
 
+/// Makes `address` the only address of its family on device `name` (a
+/// device of ours: VXLAN or TUN); the kernel's IPv6 link-local address
+/// stays. Returns what changed.
+pub async fn ensure_only_address(
+    h: &Handle,
+    index: u32,
+    name: &str,
+    address: IpNet,
+) -> Result<Vec<String>, DataplaneError> {
+    let mut changes = Vec::new();
+    let mut found = false;
+    let mut stale: Vec<AddressMessage> = Vec::new();
+    for msg in dump("list addresses", || h.address().get().set_link_index_filter(index).execute()).await? {
+        let same_family = msg.attributes.iter().find_map(|a| match a {
+            AddressAttribute::Address(IpAddr::V4(ip)) if address.addr().is_ipv4() => Some(IpAddr::V4(*ip)),
+            AddressAttribute::Address(IpAddr::V6(ip)) if address.addr().is_ipv6() && !ip.is_unicast_link_local() => {
+                Some(IpAddr::V6(*ip))
+            }
+            _ => None,
+        });
+        match same_family {
+            Some(ip) if ip == address.addr() && msg.header.prefix_len == address.prefix_len() => found = true,
+            Some(_) => stale.push(msg),
+            None => {}
+        }
+    }
+    for msg in stale {
+        h.address().del(msg).execute().await.map_err(op(format!("remove a stale address from {}", name)))?;
+        changes.push("stale address removed".into());
+    }
+    if !found {
+        let mut req = h.address().add(index, address.addr(), address.prefix_len());
+        *req.message_mut() = address_message(index, address);
+        match req.execute().await {
+            Ok(()) => changes.push(format!("address {} added", address)),
+            Err(e) if errno(&e) == Some(libc::EEXIST) => {}
+            Err(e) => return Err(op(format!("add {} to {}", address, name))(e)),
+        }
+    }
+    Ok(changes)
+}
+
 /// Addresses of both families on a link, with their prefix lengths.
 pub async fn all_addresses(h: &Handle, index: u32) -> Result<Vec<IpNet>, DataplaneError> {
     let mut out = Vec::new();

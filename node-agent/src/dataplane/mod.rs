@@ -11,6 +11,7 @@ pub mod netlink_blocking;
 pub mod netns;
 pub mod routes;
 pub mod sysctl;
+pub mod tun;
 pub mod underlay;
 pub mod vxlan;
 

@@ -23,12 +23,16 @@ pub struct Devices {
     /// The VXLAN device, when it exists.
     pub vxlan: Option<u32>,
     pub underlay: u32,
+    /// The TUN device, with the udp and wireguard backends.
+    pub tunnel: Option<u32>,
 }
 
 impl Devices {
     fn dev(&self, index: u32) -> Dev {
         if Some(index) == self.vxlan {
             Dev::Vxlan
+        } else if Some(index) == self.tunnel {
+            Dev::Tunnel
         } else if index == self.underlay {
             Dev::Underlay
         } else {
@@ -40,6 +44,9 @@ impl Devices {
         match dev {
             Dev::Vxlan => {
                 self.vxlan.ok_or_else(|| DataplaneError::Unexpected("the VXLAN device does not exist".into()))
+            }
+            Dev::Tunnel => {
+                self.tunnel.ok_or_else(|| DataplaneError::Unexpected("the TUN device does not exist".into()))
             }
             Dev::Underlay => Ok(self.underlay),
             Dev::Other(i) => Ok(i),

@@ -4,11 +4,10 @@
 use std::net::IpAddr;
 
 use ipnet::IpNet;
-use netlink_packet_route::address::{AddressAttribute, AddressMessage};
 use netlink_packet_route::link::{InfoData, InfoKind, InfoVxlan, LinkAttribute, LinkInfo, LinkMessage};
 use rtnetlink::{Handle, LinkUnspec, LinkVxlan};
 
-use super::{DataplaneError, errno, link, op, underlay};
+use super::{DataplaneError, link, op, underlay};
 
 /// VXLAN over IPv4 adds outer Ethernet (14) + IPv4 (20) + UDP (8) + VXLAN (8).
 pub const VXLAN_OVERHEAD_V4: u32 = 50;
@@ -144,7 +143,7 @@ pub async fn ensure(h: &Handle, spec: &VxlanSpec) -> Result<Vxlan, DataplaneErro
         set(h, LinkUnspec::new_with_index(index).address(mac.to_vec()).build(), &spec.name, "set MAC").await?;
         changes.push("MAC set".into());
     }
-    changes.extend(ensure_only_address(h, index, spec).await?);
+    changes.extend(link::ensure_only_address(h, index, &spec.name, spec.address).await?);
     if !link::is_up(&l) {
         set(h, LinkUnspec::new_with_index(index).up().build(), &spec.name, "set up").await?;
         changes.push("set up".into());
@@ -205,45 +204,6 @@ fn mac_of(l: &LinkMessage) -> Option<[u8; 6]> {
         LinkAttribute::Address(b) => <[u8; 6]>::try_from(b.as_slice()).ok(),
         _ => None,
     })
-}
-
-/// Makes the VTEP address the device's only address (the device is ours).
-async fn ensure_only_address(h: &Handle, index: u32, spec: &VxlanSpec) -> Result<Vec<String>, DataplaneError> {
-    let mut changes = Vec::new();
-    let mut found = false;
-    let mut stale: Vec<AddressMessage> = Vec::new();
-    for msg in super::dump("list addresses", || h.address().get().set_link_index_filter(index).execute()).await? {
-        // Of the VTEP address's family; the kernel's own IPv6 link-local
-        // address stays.
-        let same_family = msg.attributes.iter().find_map(|a| match a {
-            AddressAttribute::Address(IpAddr::V4(ip)) if spec.address.addr().is_ipv4() => Some(IpAddr::V4(*ip)),
-            AddressAttribute::Address(IpAddr::V6(ip))
-                if spec.address.addr().is_ipv6() && !ip.is_unicast_link_local() =>
-            {
-                Some(IpAddr::V6(*ip))
-            }
-            _ => None,
-        });
-        match same_family {
-            Some(ip) if ip == spec.address.addr() && msg.header.prefix_len == spec.address.prefix_len() => found = true,
-            Some(_) => stale.push(msg),
-            None => {}
-        }
-    }
-    for msg in stale {
-        h.address().del(msg).execute().await.map_err(op(format!("remove a stale address from {}", spec.name)))?;
-        changes.push("stale address removed".into());
-    }
-    if !found {
-        let mut req = h.address().add(index, spec.address.addr(), spec.address.prefix_len());
-        *req.message_mut() = super::link::address_message(index, spec.address);
-        match req.execute().await {
-            Ok(()) => changes.push(format!("address {} added", spec.address)),
-            Err(e) if errno(&e) == Some(libc::EEXIST) => {}
-            Err(e) => return Err(op(format!("add {} to {}", spec.address, spec.name))(e)),
-        }
-    }
-    Ok(changes)
 }
 
 const ETHTOOL_GTXCSUM: u32 = 0x16;

@@ -59,6 +59,11 @@ pub struct Local {
     /// Which node addresses VXLAN tunnels run between: with IPv6 the FDB
     /// entries point at `status.nodeIPv6`, carrying both families inside.
     pub vxlan_underlay: VxlanUnderlay,
+    /// The cluster's IPv6 range in a dual-stack cluster: routed into the
+    /// TUN device as a whole with the TUN backends.
+    pub cluster_cidr6: Option<Ipv6Net>,
+    /// The TUN backends' UDP port, the same on every node.
+    pub tunnel_port: u16,
 }
 
 impl Local {
@@ -86,6 +91,8 @@ pub struct Peer {
     /// Which of its addresses the peer's VXLAN device sends from
     /// (`status.vxlanUnderlay`; IPv4 when unset, as before it existed).
     pub vxlan_underlay: VxlanUnderlay,
+    /// The peer's WireGuard public key (`status.wireguardPublicKey`).
+    pub wireguard_key: Option<[u8; 32]>,
 }
 
 impl Peer {
@@ -138,6 +145,7 @@ impl Peer {
             vtep_mac,
             backend,
             vxlan_underlay: VxlanUnderlay::Ipv4,
+            wireguard_key: None,
         })
     }
 }
@@ -181,6 +189,10 @@ pub enum PeerError {
     DuplicateVtepMac { mac: Mac, other: String },
     #[error("peer runs the {peer} backend, this node runs {local}")]
     BackendMismatch { local: String, peer: Backend },
+    #[error("no WireGuard public key published (status.wireguardPublicKey): no traffic is sent to it, never in clear")]
+    MissingWireguardKey,
+    #[error("WireGuard public key is also published by node {other}")]
+    DuplicateWireguardKey { other: String },
 }
 
 /// How a valid peer is reached.
@@ -188,6 +200,8 @@ pub enum PeerError {
 pub enum PeerPath {
     HostGw,
     Vxlan(Mac),
+    /// Through the TUN device and the agent (udp, wireguard).
+    Tunnel,
 }
 
 /// Everything that must exist in the kernel, plus the peers that could not
@@ -205,6 +219,8 @@ pub struct Desired {
     pub errors: BTreeMap<String, PeerError>,
     /// How each programmed peer is reached, by node name.
     pub paths: BTreeMap<String, PeerPath>,
+    /// TUN backends: the peers the agent's datapath sends to.
+    pub tunnel_peers: Vec<crate::tunnel::TunnelPeer>,
 }
 
 /// Computes the desired state. Deterministic; never fails as a whole.
@@ -237,6 +253,7 @@ pub fn compute(local: &Local, peers: &[Peer]) -> Desired {
 
     let mut rejected = overlapping_cidrs(&valid);
     rejected.extend(duplicate_macs(local, &valid));
+    rejected.extend(duplicate_keys(&valid));
     for (p, path) in valid {
         if let Some(e) = rejected.remove(&p.node_name) {
             out.errors.insert(p.node_name.clone(), e);
@@ -244,6 +261,9 @@ pub fn compute(local: &Local, peers: &[Peer]) -> Desired {
         }
         add_entries(&mut out, local, p, path);
         out.paths.insert(p.node_name.clone(), path);
+    }
+    if local.backend.uses_tunnel() {
+        add_tunnel_routes(&mut out, local);
     }
     out
 }
@@ -299,6 +319,11 @@ pub fn check_peer(local: &Local, p: &Peer) -> Result<PeerPath, PeerError> {
             tunnel_endpoint(local, p)?;
             Ok(PeerPath::Vxlan(mac))
         }
+        (Backend::Udp, _, Backend::Udp) => Ok(PeerPath::Tunnel),
+        (Backend::Wireguard, _, Backend::Wireguard) => match p.wireguard_key {
+            Some(_) => Ok(PeerPath::Tunnel),
+            None => Err(PeerError::MissingWireguardKey),
+        },
         (local_backend, direct_routing, peer) => {
             let local =
                 if direct_routing { format!("{local_backend} with direct routing") } else { local_backend.to_string() };
@@ -372,7 +397,7 @@ fn duplicate_macs(local: &Local, valid: &[(&Peer, PeerPath)]) -> HashMap<String,
         let ipv6 = p.pod_cidr6.filter(|_| local.pod_cidr6.is_some()).and_then(|_| ipv6_path(local, p, *path));
         if let Some(mac) = [Some(*path), ipv6].into_iter().flatten().find_map(|path| match path {
             PeerPath::Vxlan(mac) => Some(mac),
-            PeerPath::HostGw => None,
+            PeerPath::HostGw | PeerPath::Tunnel => None,
         }) {
             by_mac.entry(mac).or_default().push(&p.node_name);
         }
@@ -398,6 +423,42 @@ fn duplicate_macs(local: &Local, valid: &[(&Peer, PeerPath)]) -> HashMap<String,
         }
     }
     out
+}
+
+/// Peers publishing the same WireGuard key: a datagram could not tell them
+/// apart, so none of them is programmed.
+fn duplicate_keys(valid: &[(&Peer, PeerPath)]) -> HashMap<String, PeerError> {
+    let mut by_key: HashMap<[u8; 32], Vec<&str>> = HashMap::new();
+    for (p, _) in valid {
+        if let Some(key) = p.wireguard_key {
+            by_key.entry(key).or_default().push(&p.node_name);
+        }
+    }
+    let mut out = HashMap::new();
+    for names in by_key.into_values().filter(|n| n.len() > 1) {
+        for (i, name) in names.iter().enumerate() {
+            let other = names[(i + 1) % names.len()].to_owned();
+            out.insert((*name).to_owned(), PeerError::DuplicateWireguardKey { other });
+        }
+    }
+    out
+}
+
+/// TUN backends: the cluster's ranges (each family this node has) go into
+/// the TUN device, whatever peers exist: a packet for a node without a
+/// usable peer is dropped by the datapath, never sent in clear by another
+/// route.
+fn add_tunnel_routes(out: &mut Desired, local: &Local) {
+    let unspecified = |dst: &IpNet| match dst {
+        IpNet::V4(_) => IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
+        IpNet::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+    };
+    let ipv6 = local.cluster_cidr6.filter(|_| local.pod_cidr6.is_some()).map(IpNet::V6);
+    for dst in std::iter::once(local.cluster_cidr.trunc()).chain(ipv6) {
+        let route =
+            Route { dst, metric: default_metric(&dst), via: unspecified(&dst), dev: Dev::Tunnel, onlink: false };
+        out.routes.insert(route.key(), route);
+    }
 }
 
 /// The metric the kernel gives a route added without one: 0 for IPv4, 1024
@@ -428,6 +489,18 @@ fn ipv6_path(local: &Local, p: &Peer, path: PeerPath) -> Option<PeerPath> {
 /// The entries of a valid peer; its IPv6 block's too when both it and this
 /// node have one and it can be reached ([`ipv6_path`]).
 fn add_entries(out: &mut Desired, local: &Local, p: &Peer, path: PeerPath) {
+    if path == PeerPath::Tunnel {
+        // One route for the whole cluster goes into the TUN device
+        // (add_tunnel_routes); the datapath picks the peer.
+        let ipv6 = p.pod_cidr6.filter(|_| local.pod_cidr6.is_some()).map(IpNet::V6);
+        out.tunnel_peers.push(crate::tunnel::TunnelPeer {
+            node_name: p.node_name.clone(),
+            cidrs: std::iter::once(p.pod_cidr.trunc()).chain(ipv6).collect(),
+            endpoint: std::net::SocketAddr::new(p.node_ip, local.tunnel_port),
+            public_key: p.wireguard_key,
+        });
+        return;
+    }
     let primary = Some((p.pod_cidr.trunc(), path));
     let ipv6 = p
         .pod_cidr6
@@ -450,6 +523,8 @@ fn add_entries(out: &mut Desired, local: &Local, p: &Peer, path: PeerPath) {
                 out.owners.insert(EntryKey::Fdb(mac), p.node_name.clone());
                 Route { dst, metric, via: vtep, dev: Dev::Vxlan, onlink: true }
             }
+            // Handled above.
+            (PeerPath::Tunnel, _) => continue,
         };
         out.owners.insert(EntryKey::Route(route.key()), p.node_name.clone());
         out.routes.insert(route.key(), route);
@@ -470,6 +545,8 @@ mod tests {
             backend,
             direct_routing,
             vxlan_underlay: VxlanUnderlay::Ipv4,
+            cluster_cidr6: None,
+            tunnel_port: 8285,
         }
     }
 
@@ -483,6 +560,7 @@ mod tests {
             vtep_mac: mac,
             backend,
             vxlan_underlay: VxlanUnderlay::Ipv4,
+            wireguard_key: None,
         }
     }
 
@@ -546,6 +624,7 @@ mod tests {
             vtep_mac: Some(M2),
             backend,
             vxlan_underlay: VxlanUnderlay::Ipv6,
+            wireguard_key: None,
         };
         let d = compute(&local6(Backend::Vxlan), &[v6("n2", "fd00:10:244:2::/64", "fd00:251::2", Backend::Vxlan)]);
         assert!(d.errors.is_empty(), "{:?}", d.errors);

@@ -73,7 +73,7 @@ impl ClusterRanges {
 
 /// Whether an observed route was created by Weft and may be changed.
 pub fn route_is_ours(r: &ObservedRoute, cluster: &ClusterRanges) -> bool {
-    r.proto == RTPROT_WEFT && (r.route.dev == Dev::Vxlan || cluster.contains(&r.route.dst))
+    r.proto == RTPROT_WEFT && (matches!(r.route.dev, Dev::Vxlan | Dev::Tunnel) || cluster.contains(&r.route.dst))
 }
 
 /// Computes the operations turning `observed` into `desired`.
@@ -182,6 +182,8 @@ mod tests {
             backend: Backend::Vxlan,
             direct_routing: false,
             vxlan_underlay: VxlanUnderlay::Ipv4,
+            cluster_cidr6: None,
+            tunnel_port: 8285,
         }
     }
 
@@ -196,6 +198,7 @@ mod tests {
             vtep_mac: Some([0x02, 0x57, 0, 0, hi, lo]),
             backend: Backend::Vxlan,
             vxlan_underlay: VxlanUnderlay::Ipv4,
+            wireguard_key: None,
         }
     }
 

@@ -269,6 +269,7 @@ impl Cluster {
                 vtep_mac: a.vtep_mac.map(|m| m.0),
                 backend: a.backend,
                 vxlan_underlay: VxlanUnderlay::Ipv4,
+                wireguard_key: None,
             })
             .collect()
     }
@@ -413,6 +414,7 @@ fn vxlan_bad_peer_data_is_reported_not_fatal() {
         vtep_mac: Some([0xff; 6]),
         backend: Backend::Vxlan,
         vxlan_underlay: VxlanUnderlay::Ipv4,
+        wireguard_key: None,
     });
     peers.push(Peer {
         node_name: "node-no-vtep".into(),
@@ -423,6 +425,7 @@ fn vxlan_bad_peer_data_is_reported_not_fatal() {
         vtep_mac: None,
         backend: Backend::Vxlan,
         vxlan_underlay: VxlanUnderlay::Ipv4,
+        wireguard_key: None,
     });
     let n1 = &c.nodes[0];
     let r = reconcile(n1, n1.config(Backend::Vxlan, false), peers);
@@ -506,6 +509,7 @@ fn host_gw_routes_via_node_ips_and_rejects_peers_off_l2() {
         vtep_mac: None,
         backend: Backend::HostGw,
         vxlan_underlay: VxlanUnderlay::Ipv4,
+        wireguard_key: None,
     });
     for n in &c.nodes {
         let r = reconcile(n, n.config(Backend::HostGw, false), peers.clone());
@@ -679,6 +683,7 @@ fn ipv6_only_nodes_reach_each_other_over_vxlan_and_host_gw() {
                 vtep_mac: a.vtep_mac.map(|m| m.0),
                 backend,
                 vxlan_underlay: VxlanUnderlay::Ipv6,
+                wireguard_key: None,
             })
             .collect();
         for (i, n) in c.nodes.iter().enumerate() {
@@ -827,6 +832,7 @@ fn peer_changes_are_applied_in_place_and_converge() {
         vtep_mac: Some([0x02, 0x57, 0, 0, 0, mac]),
         backend: Backend::Vxlan,
         vxlan_underlay: VxlanUnderlay::Ipv4,
+        wireguard_key: None,
     };
     let step = |cfg: OverlayConfig, peers: Vec<Peer>| {
         let r = reconcile(n1, cfg.clone(), peers.clone());
@@ -900,6 +906,7 @@ fn bench_thousand_peers() {
                 vtep_mac: Some([0x02, 0x57, 0, 0, hi, lo]),
                 backend: Backend::Vxlan,
                 vxlan_underlay: VxlanUnderlay::Ipv4,
+                wireguard_key: None,
             }
         })
         .collect();

@@ -1,5 +1,7 @@
 //! The multi-node overlay: VXLAN (flannel-style VTEP routes, neighbour and
-//! FDB entries) and host-gw (direct routes), level-triggered.
+//! FDB entries), host-gw (direct routes), and the TUN backends udp and
+//! wireguard (the cluster's ranges routed into a TUN device, whose packets
+//! the agent's datapath, [`crate::tunnel`], carries), level-triggered.
 //!
 //! [`Reconciler::reconcile`] observes the kernel, computes the desired state
 //! from the peers ([`desired`]), diffs the two ([`diff`]) and applies only the
@@ -18,19 +20,25 @@ mod kernel_tests;
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv6Addr};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ipnet::{IpNet, Ipv6Net};
 use rtnetlink::Handle;
 
 use crate::dataplane::routes::{self, Devices};
-use crate::dataplane::{DataplaneError, link, underlay, vxlan};
+use crate::dataplane::{DataplaneError, link, tun, underlay, vxlan};
+use crate::tunnel::engine::{Datapath, Stats};
+use crate::tunnel::keys::NodeKey;
+use crate::tunnel::{Encapsulation, udp, wireguard};
 pub use desired::{Backend, Peer, PeerError, PeerPath, VxlanUnderlay};
 pub use entries::Mac;
 
 /// Name of the VXLAN device: `weft.<VNI>` by convention, like `flannel.1`.
 pub const DEFAULT_DEVICE: &str = "weft.1";
 pub const DEFAULT_VNI: u32 = 1;
+/// Name of the TUN backends' device (flannel's is `flannel0`).
+pub const DEFAULT_TUNNEL_DEVICE: &str = "weft-tun";
 
 /// This node's overlay configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -66,6 +74,12 @@ pub struct OverlayConfig {
     /// Turn off tx checksum offload on the VXLAN device; by default only on
     /// kernels that need it (before 5.7).
     pub tx_checksum_workaround: bool,
+    /// udp and wireguard: the UDP port of every node's datapath.
+    pub tunnel_port: u16,
+    /// udp and wireguard: the TUN device.
+    pub tunnel_device: String,
+    /// wireguard: this node's key pair.
+    pub wireguard_key: Option<NodeKey>,
 }
 
 impl OverlayConfig {
@@ -91,6 +105,9 @@ impl OverlayConfig {
             mtu: None,
             vtep_mac: None,
             tx_checksum_workaround: vxlan::kernel_needs_tx_checksum_workaround(),
+            tunnel_port: default_tunnel_port(backend),
+            tunnel_device: DEFAULT_TUNNEL_DEVICE.to_owned(),
+            wireguard_key: None,
         }
     }
 
@@ -129,6 +146,15 @@ impl OverlayConfig {
         }
         if self.vxlan_underlay == VxlanUnderlay::Ipv6 && self.uses_vxlan() && self.node_ipv6().is_none() {
             return bad("VXLAN over IPv6 needs this node's IPv6 address (--node-ips)".into());
+        }
+        if self.backend == Backend::Wireguard && self.wireguard_key.is_none() {
+            return bad("the wireguard backend needs this node's key".into());
+        }
+        if self.backend.uses_tunnel() && self.tunnel_port == 0 {
+            return bad("the tunnel port must not be 0".into());
+        }
+        if self.tunnel_device.is_empty() || self.tunnel_device.len() >= libc::IFNAMSIZ {
+            return bad(format!("TUN device name {:?} must have 1 to 15 characters", self.tunnel_device));
         }
         Ok(())
     }
@@ -173,6 +199,19 @@ pub enum OverlayError {
     Device(DataplaneError),
     #[error("cannot read the kernel's routes, neighbours or FDB: {0}")]
     Observe(DataplaneError),
+    #[error("TUN device: {0}")]
+    Tunnel(DataplaneError),
+    #[error("cannot start the {backend} datapath on {address}: {source}")]
+    Datapath { backend: Backend, address: std::net::SocketAddr, source: std::io::Error },
+}
+
+/// The UDP port of a TUN backend by default: flannel's 8285 for udp,
+/// WireGuard's 51820.
+pub fn default_tunnel_port(backend: Backend) -> u16 {
+    match backend {
+        Backend::Wireguard => wireguard::DEFAULT_PORT,
+        _ => udp::DEFAULT_PORT,
+    }
 }
 
 /// What this node announces in its own Subnet, and the MTU pods must use.
@@ -186,8 +225,10 @@ pub struct LocalVtep {
     pub vtep_mac: Option<Mac>,
     pub underlay: String,
     pub underlay_mtu: u32,
-    /// The MTU for pod interfaces (and of the VXLAN device).
+    /// The MTU for pod interfaces (and of the VXLAN or TUN device).
     pub pod_mtu: u32,
+    /// wireguard only: the public key peers encrypt to.
+    pub wireguard_public_key: Option<[u8; 32]>,
     /// What had to be fixed on the VXLAN device; empty when adopted as is.
     pub device_changes: Vec<String>,
 }
@@ -228,12 +269,27 @@ pub struct Reconciler {
     cfg: OverlayConfig,
     // Two interleaved observe→apply passes would each act on a stale view.
     pass: tokio::sync::Mutex<()>,
+    /// udp and wireguard: the running datapath.
+    datapath: std::sync::Mutex<Option<Datapath>>,
+    tunnel_stats: Stats,
 }
 
 impl Reconciler {
     pub fn new(handle: Handle, cfg: OverlayConfig) -> Result<Self, OverlayError> {
         cfg.validate()?;
-        Ok(Self { handle, cfg, pass: tokio::sync::Mutex::new(()) })
+        Ok(Self {
+            handle,
+            cfg,
+            pass: tokio::sync::Mutex::new(()),
+            datapath: std::sync::Mutex::new(None),
+            tunnel_stats: Stats::default(),
+        })
+    }
+
+    /// Counts the TUN datapath's packets in these counters.
+    pub fn with_tunnel_stats(mut self, stats: Stats) -> Self {
+        self.tunnel_stats = stats;
+        self
     }
 
     /// Finds the underlay and, for VXLAN, creates or adopts the device; what
@@ -257,6 +313,7 @@ impl Reconciler {
             underlay: ul.name.clone(),
             underlay_mtu: ul.mtu,
             pod_mtu: cfg.mtu.unwrap_or(ul.mtu),
+            wireguard_public_key: None,
             device_changes: Vec::new(),
         };
         let vxlan_index = if cfg.uses_vxlan() {
@@ -291,7 +348,65 @@ impl Reconciler {
             // which the diff removes; the device itself is kept.
             link::by_name(h, &cfg.device).await.map_err(OverlayError::Device)?.map(|l| l.header.index)
         };
-        Ok((local, Devices { vxlan: vxlan_index, underlay: ul.index }, ul))
+        let tunnel_index = if cfg.backend.uses_tunnel() {
+            let (index, mtu, changes) = self.ensure_tunnel(&ul).await?;
+            if !changes.is_empty() {
+                tracing::info!(device = %cfg.tunnel_device, ?changes, "TUN datapath programmed");
+            }
+            local.pod_mtu = mtu;
+            local.wireguard_public_key = cfg.wireguard_key.as_ref().map(|k| k.public);
+            local.device_changes = changes;
+            Some(index)
+        } else {
+            link::by_name(h, &cfg.tunnel_device).await.map_err(OverlayError::Device)?.map(|l| l.header.index)
+        };
+        Ok((local, Devices { vxlan: vxlan_index, underlay: ul.index, tunnel: tunnel_index }, ul))
+    }
+
+    fn encapsulation(&self) -> Arc<dyn Encapsulation> {
+        match &self.cfg.wireguard_key {
+            Some(key) if self.cfg.backend == Backend::Wireguard => {
+                Arc::new(wireguard::WireGuard::new(key.private.clone()))
+            }
+            _ => Arc::new(udp::Udp),
+        }
+    }
+
+    /// Starts the datapath (again, when its device was deleted or it
+    /// stopped) and brings the TUN device to its MTU and addresses.
+    async fn ensure_tunnel(&self, ul: &underlay::Underlay) -> Result<(u32, u32, Vec<String>), OverlayError> {
+        let cfg = &self.cfg;
+        let mut changes = Vec::new();
+        let present = link::by_name(&self.handle, &cfg.tunnel_device).await.map_err(OverlayError::Tunnel)?.is_some();
+        let encap = self.encapsulation();
+        let mtu = cfg.mtu.unwrap_or_else(|| tun::mtu_for(ul.mtu, cfg.node_ip, encap.overhead()));
+        {
+            let mut running =
+                self.datapath.lock().map_err(|_| OverlayError::Config("datapath lock poisoned".into()))?;
+            let stopped = running.as_ref().and_then(Datapath::failure);
+            if running.is_none() || stopped.is_some() || !present {
+                // The old one lets go of the device and the port first.
+                *running = None;
+                let fd = tun::open(&cfg.tunnel_device).map_err(OverlayError::Tunnel)?;
+                let address = std::net::SocketAddr::new(cfg.node_ip, cfg.tunnel_port);
+                let started = std::net::UdpSocket::bind(address)
+                    .and_then(|socket| Datapath::start(fd, socket, encap, self.tunnel_stats.clone()));
+                let datapath =
+                    started.map_err(|source| OverlayError::Datapath { backend: cfg.backend, address, source })?;
+                *running = Some(datapath);
+                changes.push(match stopped {
+                    Some(why) => format!("datapath restarted ({why})"),
+                    None if present => "datapath started".to_owned(),
+                    None => "device created, datapath started".to_owned(),
+                });
+            }
+        }
+        let mut addresses = vec![IpNet::from(cfg.vtep_ip())];
+        addresses.extend(cfg.pod_cidr6.map(|b| IpNet::from(IpAddr::V6(b.network()))));
+        let (index, configured) =
+            tun::configure(&self.handle, &cfg.tunnel_device, mtu, &addresses).await.map_err(OverlayError::Tunnel)?;
+        changes.extend(configured);
+        Ok((index, mtu, changes))
     }
 
     /// One level-triggered pass: observe, diff against the peers, apply.
@@ -310,6 +425,8 @@ impl Reconciler {
                 backend: self.cfg.backend,
                 direct_routing: self.cfg.direct_routing,
                 vxlan_underlay: self.cfg.vxlan_underlay,
+                cluster_cidr6: self.cfg.cluster_cidr6,
+                tunnel_port: self.cfg.tunnel_port,
             },
             peers,
         );
@@ -343,6 +460,11 @@ impl Reconciler {
                     }
                 }
             }
+        }
+        if let Ok(running) = self.datapath.lock()
+            && let Some(datapath) = running.as_ref()
+        {
+            datapath.set_peers(want.tunnel_peers.clone());
         }
         let report = Report {
             local,

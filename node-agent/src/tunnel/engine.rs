@@ -1,0 +1,247 @@
+//! The loops of the userspace datapath, on threads of their own (a packet
+//! never waits for the async runtime): one moves packets from the TUN
+//! device to UDP, one from UDP to the TUN device, one runs the backend's
+//! timers. Each waits at most [`POLL`] for its file descriptor, so a stop
+//! is seen within that time.
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, UdpSocket};
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+
+use crate::metrics::OutcomeLabels;
+
+use super::peers::addresses;
+use super::{Encapsulation, Sender, Table, TunnelPeer};
+
+const POLL: u16 = 200;
+const TICK: Duration = Duration::from_millis(250);
+/// The largest IP packet, plus room for any backend's header.
+const BUFFER: usize = 65_535 + 256;
+
+/// Packet counts: the agent's `tunnel_packets` metric.
+#[derive(Debug, Clone, Default)]
+pub struct Stats {
+    pub sent: Counter,
+    pub received: Counter,
+    /// To a cluster address no peer holds (or whose peer has no key).
+    pub no_peer: Counter,
+    /// From a peer, with a source that is not one of its pods (or to an
+    /// address that is not this node's).
+    pub spoofed: Counter,
+    /// Not from a peer, not authentic, or not a packet.
+    pub refused: Counter,
+    pub send_errors: Counter,
+}
+
+impl Stats {
+    /// The counters of `family`, one per outcome.
+    pub fn of(family: &Family<OutcomeLabels, Counter>) -> Self {
+        let c = |outcome| family.get_or_create(&OutcomeLabels { outcome }).clone();
+        Stats {
+            sent: c("sent"),
+            received: c("received"),
+            no_peer: c("no_peer"),
+            spoofed: c("spoofed"),
+            refused: c("refused"),
+            send_errors: c("send_error"),
+        }
+    }
+}
+
+struct Shared {
+    encap: Arc<dyn Encapsulation>,
+    table: RwLock<Arc<Table>>,
+    stop: AtomicBool,
+    failure: Mutex<Option<String>>,
+    stats: Stats,
+    tun: File,
+    socket: UdpSocket,
+}
+
+impl Shared {
+    fn table(&self) -> Arc<Table> {
+        self.table.read().map(|t| Arc::clone(&t)).unwrap_or_default()
+    }
+
+    fn fail(&self, why: String) {
+        tracing::error!(error = %why, "tunnel datapath stopped");
+        if let Ok(mut f) = self.failure.lock() {
+            f.get_or_insert(why);
+        }
+        self.stop.store(true, Ordering::Relaxed);
+    }
+
+    fn send(&self, to: SocketAddr, datagram: &[u8]) {
+        match self.socket.send_to(datagram, to) {
+            Ok(_) => {
+                self.stats.sent.inc();
+            }
+            Err(_) => {
+                self.stats.send_errors.inc();
+            }
+        }
+    }
+}
+
+/// A running datapath; stopped (threads joined) when dropped. The TUN
+/// device stays (it is persistent).
+pub struct Datapath {
+    shared: Arc<Shared>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl Datapath {
+    /// Starts the loops on `tun` (an attached TUN device) and `socket` (bound
+    /// to this node's address and the backend's port).
+    pub fn start(
+        tun: OwnedFd,
+        socket: UdpSocket,
+        encap: Arc<dyn Encapsulation>,
+        stats: Stats,
+    ) -> std::io::Result<Self> {
+        let shared = Arc::new(Shared {
+            encap,
+            table: RwLock::default(),
+            stop: AtomicBool::new(false),
+            failure: Mutex::new(None),
+            stats,
+            tun: File::from(tun),
+            socket,
+        });
+        let mut threads = Vec::new();
+        type Loop = fn(&Shared);
+        let loops: [(&str, Loop); 3] =
+            [("weft-tun-tx", tun_to_udp), ("weft-tun-rx", udp_to_tun), ("weft-tun-timer", timers)];
+        for (name, run) in loops {
+            let s = Arc::clone(&shared);
+            threads.push(std::thread::Builder::new().name(name.into()).spawn(move || run(&s))?);
+        }
+        Ok(Datapath { shared, threads })
+    }
+
+    /// Replaces the peers (the backend keeps the state of those that stay).
+    pub fn set_peers(&self, peers: Vec<TunnelPeer>) {
+        let table = Table::new(peers);
+        self.shared.encap.set_peers(&table);
+        if let Ok(mut t) = self.shared.table.write() {
+            *t = Arc::new(table);
+        }
+    }
+
+    /// Why the datapath stopped by itself (its device deleted), if it did.
+    pub fn failure(&self) -> Option<String> {
+        self.shared.failure.lock().ok().and_then(|f| f.clone())
+    }
+}
+
+impl Drop for Datapath {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Waits up to [`POLL`] ms for `fd` to be readable; false on stop.
+fn readable(s: &Shared, fd: std::os::fd::BorrowedFd<'_>) -> Result<bool, String> {
+    let mut fds = [PollFd::new(fd, PollFlags::POLLIN)];
+    match poll(&mut fds, PollTimeout::from(POLL)) {
+        Ok(0) | Err(nix::errno::Errno::EINTR) => Ok(false),
+        Ok(_) => {
+            let revents = fds[0].revents().unwrap_or(PollFlags::empty());
+            if revents.intersects(PollFlags::POLLERR | PollFlags::POLLHUP | PollFlags::POLLNVAL) {
+                return Err(format!("poll: {revents:?}"));
+            }
+            Ok(!s.stop.load(Ordering::Relaxed))
+        }
+        Err(e) => Err(format!("poll: {e}")),
+    }
+}
+
+fn tun_to_udp(s: &Shared) {
+    let mut packet = vec![0u8; BUFFER];
+    let mut out = vec![0u8; BUFFER];
+    let mut tun = &s.tun;
+    while !s.stop.load(Ordering::Relaxed) {
+        match readable(s, s.tun.as_fd()) {
+            Ok(true) => {}
+            Ok(false) => continue,
+            Err(e) => return s.fail(format!("TUN device: {e}")),
+        }
+        let n = match tun.read(&mut packet) {
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted || e.kind() == std::io::ErrorKind::WouldBlock => {
+                continue;
+            }
+            Err(e) => return s.fail(format!("cannot read the TUN device: {e}")),
+        };
+        let table = s.table();
+        let peer = addresses(&packet[..n]).and_then(|(_, dst)| table.route(dst)).and_then(|id| table.get(id));
+        let Some(peer) = peer else {
+            s.stats.no_peer.inc();
+            continue;
+        };
+        if let Some(datagram) = s.encap.seal(peer, &packet[..n], &mut out) {
+            s.send(peer.endpoint, datagram);
+        }
+    }
+}
+
+fn udp_to_tun(s: &Shared) {
+    let mut datagram = vec![0u8; BUFFER];
+    let mut out = vec![0u8; BUFFER];
+    while !s.stop.load(Ordering::Relaxed) {
+        match readable(s, s.socket.as_fd()) {
+            Ok(true) => {}
+            Ok(false) => continue,
+            Err(e) => return s.fail(format!("UDP socket: {e}")),
+        }
+        let (n, from) = match s.socket.recv_from(&mut datagram) {
+            Ok(r) => r,
+            Err(_) => continue,
+        };
+        let table = s.table();
+        let mut deliver = |sender: Sender, packet: &[u8]| {
+            let peer = match sender {
+                Sender::Endpoint(ip) => table.by_endpoint(ip),
+                Sender::Key(key) => table.by_key(&key),
+            };
+            let allowed = match (peer, addresses(packet)) {
+                (Some(id), Some((src, dst))) => table.allows(id, src) && table.route(dst).is_none(),
+                _ => false,
+            };
+            if !allowed {
+                s.stats.spoofed.inc();
+                return;
+            }
+            // A TUN device takes one whole packet per write, or none.
+            match (&s.tun).write(packet) {
+                Ok(n) if n == packet.len() => {
+                    s.stats.received.inc();
+                }
+                Ok(_) => tracing::debug!("the TUN device took part of a packet"),
+                Err(e) => tracing::debug!(error = %e, "cannot write to the TUN device"),
+            }
+        };
+        if !s.encap.open(from, &datagram[..n], &mut out, &mut |to, d| s.send(to, d), &mut deliver) {
+            s.stats.refused.inc();
+        }
+    }
+}
+
+fn timers(s: &Shared) {
+    while !s.stop.load(Ordering::Relaxed) {
+        std::thread::park_timeout(TICK);
+        s.encap.tick(&mut |to, d| s.send(to, d));
+    }
+}
