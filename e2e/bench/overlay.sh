@@ -13,6 +13,9 @@
 #                cluster (up --ipv6-only) vs VXLAN over IPv6, its pods
 #                bridged, then routed
 #   weft host-gw vs plain routing over the underlay, pods bridged, then routed
+#   weft udp and weft wireguard (the agent's userspace datapath over a TUN
+#                device) vs a hand-built kernel VXLAN: the cost of leaving
+#                the kernel, and of encryption
 #   weft vxlan with 100 NetworkPolicies (default deny plus allows) selecting
 #                both pods vs the same path under no policy
 #   weft vxlan through the pods' source guard vs the same path with the
@@ -21,11 +24,11 @@
 # round measures both), and measures overlay convergence (new peer Subnet ->
 # route+FDB+neighbour on another node). Prints tables; asserts nothing.
 #
-# Usage: e2e/bench/overlay.sh [vxlan] [ipv6] [host-gw] (the sections to run;
+# Usage: e2e/bench/overlay.sh [vxlan] [ipv6] [host-gw] [tunnel] (the sections to run;
 # all by default). vxlan includes the policy cost and convergence.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-SECTIONS=" ${*:-vxlan ipv6 host-gw} "
+SECTIONS=" ${*:-vxlan ipv6 host-gw tunnel} "
 want() { [[ $SECTIONS == *" $1 "* ]]; }
 SBX=target/debug/weft-sandbox
 ROUNDS=${ROUNDS:-12}
@@ -320,6 +323,22 @@ host_gw wh
 host_gw whr --agent-arg=--pod-attachment=routed
 fi
 
+# --- TUN backends: weft udp / wireguard vs a hand-built kernel VXLAN -------------
+tunnel() {
+  local weft=$1 backend=$2
+  $SBX up --nodes 2 --backend "$backend" >/dev/null
+  two_pods
+  baseline_vxlan 10.250.0.11 10.250.0.12 172.31.99.1/30 172.31.99.2/30
+  baseline_pairs ipv4 1450 172.31.99.2 172.31.99.1
+  compare "$weft" "$B_IP"
+  $SBX down >/dev/null
+  del_baseline_pods
+}
+if want tunnel; then
+tunnel wu udp
+tunnel ww wireguard
+fi
+
 row() { printf '| %-36s | %7s | %7s | %7s | %s |\n' "$@"; }
 fig() { row "$2" "${T[$1]}" "${R[$1]}" "${F[$1]}" "${P[$1]}"; }
 # The paired ratios of KEY against BASE (compare.py --ratio), two decimals.
@@ -359,6 +378,8 @@ triple wv "weft vxlan, bridged" bridged "hand-built VXLAN"
 triple wvr "weft vxlan, routed" routed "hand-built VXLAN"
 triple wh "weft host-gw, bridged" bridged "plain routing"
 triple whr "weft host-gw, routed" routed "plain routing"
+triple wu "weft udp, bridged" bridged "hand-built VXLAN"
+triple ww "weft wireguard, bridged" bridged "hand-built VXLAN"
 triple wv6 "weft vxlan, IPv6 pods, bridged" bridged "hand-built VXLAN"
 triple wv6u "weft vxlan over IPv6, bridged" bridged "hand-built VXLAN"
 triple wv6o "weft IPv6-only cluster, bridged" bridged "hand-built VXLAN"

@@ -108,6 +108,11 @@ impl Datapath {
         encap: Arc<dyn Encapsulation>,
         stats: Stats,
     ) -> std::io::Result<Self> {
+        // Both are drained until they would block, then polled.
+        socket.set_nonblocking(true)?;
+        let flags = nix::fcntl::fcntl(&tun, nix::fcntl::FcntlArg::F_GETFL)?;
+        let flags = nix::fcntl::OFlag::from_bits_truncate(flags) | nix::fcntl::OFlag::O_NONBLOCK;
+        nix::fcntl::fcntl(&tun, nix::fcntl::FcntlArg::F_SETFL(flags))?;
         let shared = Arc::new(Shared {
             encap,
             table: RwLock::default(),
@@ -178,21 +183,23 @@ fn tun_to_udp(s: &Shared) {
             Ok(false) => continue,
             Err(e) => return s.fail(format!("TUN device: {e}")),
         }
-        let n = match tun.read(&mut packet) {
-            Ok(n) => n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted || e.kind() == std::io::ErrorKind::WouldBlock => {
+        // Everything queued, then back to poll: one syscall per packet.
+        loop {
+            let n = match tun.read(&mut packet) {
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return s.fail(format!("cannot read the TUN device: {e}")),
+            };
+            let table = s.table();
+            let peer = addresses(&packet[..n]).and_then(|(_, dst)| table.route(dst)).and_then(|id| table.get(id));
+            let Some(peer) = peer else {
+                s.stats.no_peer.inc();
                 continue;
+            };
+            if let Some(datagram) = s.encap.seal(peer, &packet[..n], &mut out) {
+                s.send(peer.endpoint, datagram);
             }
-            Err(e) => return s.fail(format!("cannot read the TUN device: {e}")),
-        };
-        let table = s.table();
-        let peer = addresses(&packet[..n]).and_then(|(_, dst)| table.route(dst)).and_then(|id| table.get(id));
-        let Some(peer) = peer else {
-            s.stats.no_peer.inc();
-            continue;
-        };
-        if let Some(datagram) = s.encap.seal(peer, &packet[..n], &mut out) {
-            s.send(peer.endpoint, datagram);
         }
     }
 }
@@ -206,36 +213,44 @@ fn udp_to_tun(s: &Shared) {
             Ok(false) => continue,
             Err(e) => return s.fail(format!("UDP socket: {e}")),
         }
-        let (n, from) = match s.socket.recv_from(&mut datagram) {
-            Ok(r) => r,
-            Err(_) => continue,
-        };
-        let table = s.table();
-        let mut deliver = |sender: Sender, packet: &[u8]| {
-            let peer = match sender {
-                Sender::Endpoint(ip) => table.by_endpoint(ip),
-                Sender::Key(key) => table.by_key(&key),
+        loop {
+            let (n, from) = match s.socket.recv_from(&mut datagram) {
+                Ok(r) => r,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(_) => break,
             };
-            let allowed = match (peer, addresses(packet)) {
-                (Some(id), Some((src, dst))) => table.allows(id, src) && table.route(dst).is_none(),
-                _ => false,
-            };
-            if !allowed {
-                s.stats.spoofed.inc();
-                return;
-            }
-            // A TUN device takes one whole packet per write, or none.
-            match (&s.tun).write(packet) {
-                Ok(n) if n == packet.len() => {
-                    s.stats.received.inc();
-                }
-                Ok(_) => tracing::debug!("the TUN device took part of a packet"),
-                Err(e) => tracing::debug!(error = %e, "cannot write to the TUN device"),
-            }
-        };
-        if !s.encap.open(from, &datagram[..n], &mut out, &mut |to, d| s.send(to, d), &mut deliver) {
-            s.stats.refused.inc();
+            receive(s, from, &datagram[..n], &mut out);
         }
+    }
+}
+
+/// One datagram from the network, through the backend into the device.
+fn receive(s: &Shared, from: SocketAddr, datagram: &[u8], out: &mut [u8]) {
+    let table = s.table();
+    let mut deliver = |sender: Sender, packet: &[u8]| {
+        let peer = match sender {
+            Sender::Endpoint(ip) => table.by_endpoint(ip),
+            Sender::Key(key) => table.by_key(&key),
+        };
+        let allowed = match (peer, addresses(packet)) {
+            (Some(id), Some((src, dst))) => table.allows(id, src) && table.route(dst).is_none(),
+            _ => false,
+        };
+        if !allowed {
+            s.stats.spoofed.inc();
+            return;
+        }
+        // A TUN device takes one whole packet per write, or none.
+        match (&s.tun).write(packet) {
+            Ok(n) if n == packet.len() => {
+                s.stats.received.inc();
+            }
+            Ok(_) => tracing::debug!("the TUN device took part of a packet"),
+            Err(e) => tracing::debug!(error = %e, "cannot write to the TUN device"),
+        }
+    };
+    if !s.encap.open(from, datagram, out, &mut |to, d| s.send(to, d), &mut deliver) {
+        s.stats.refused.inc();
     }
 }
 
@@ -243,5 +258,98 @@ fn timers(s: &Shared) {
     while !s.stop.load(Ordering::Relaxed) {
         std::thread::park_timeout(TICK);
         s.encap.tick(&mut |to, d| s.send(to, d));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::IpAddr;
+    use std::time::{Duration, Instant};
+
+    use nix::sys::socket::{AddressFamily, SockFlag, SockType, setsockopt, socketpair, sockopt};
+    use nix::sys::time::TimeVal;
+
+    use super::*;
+    use crate::tunnel::udp::Udp;
+
+    /// A packet device for the engine without root: one end of a
+    /// SOCK_SEQPACKET pair keeps packet boundaries as a TUN device does.
+    /// The test's end waits at most 5 s for a packet.
+    fn fake_tun() -> (OwnedFd, File) {
+        let (engine, test) =
+            socketpair(AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC).expect("socketpair");
+        setsockopt(&test, sockopt::ReceiveTimeout, &TimeVal::new(5, 0)).expect("receive timeout");
+        (engine, File::from(test))
+    }
+
+    fn packet(src: &str, dst: &str, marker: u8) -> Vec<u8> {
+        let (IpAddr::V4(src), IpAddr::V4(dst)) = (src.parse().unwrap(), dst.parse().unwrap()) else {
+            panic!("IPv4 addresses")
+        };
+        let mut p = vec![0u8; 28];
+        p[0] = 0x45;
+        p[9] = 17;
+        p[12..16].copy_from_slice(&src.octets());
+        p[16..20].copy_from_slice(&dst.octets());
+        p[27] = marker;
+        p
+    }
+
+    fn next(pods: &mut File) -> Vec<u8> {
+        let mut buf = [0u8; 2048];
+        let n = pods.read(&mut buf).expect("a packet within 5 s");
+        buf[..n].to_vec()
+    }
+
+    fn peer(name: &str, cidr: &str, endpoint: &UdpSocket) -> TunnelPeer {
+        let endpoint = endpoint.local_addr().expect("bound");
+        TunnelPeer { node_name: name.into(), cidrs: vec![cidr.parse().unwrap()], endpoint, public_key: None }
+    }
+
+    #[test]
+    fn udp_datapath_carries_packets_and_refuses_forged_ones() {
+        let (tun, mut pods) = fake_tun();
+        let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let local = socket.local_addr().unwrap();
+        let [node2, node3, stranger] =
+            ["127.0.0.2:0", "127.0.0.3:0", "127.0.0.4:0"].map(|a| UdpSocket::bind(a).unwrap());
+        node2.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let stats = Stats::default();
+        let datapath = Datapath::start(tun, socket, Arc::new(Udp), stats.clone()).unwrap();
+        datapath.set_peers(vec![peer("node-2", "10.244.2.0/24", &node2), peer("node-3", "10.244.3.0/24", &node3)]);
+
+        // Out: a packet for node-2's pods goes to node-2, as it is.
+        let out = packet("10.244.1.5", "10.244.2.7", 1);
+        pods.write_all(&out).unwrap();
+        let mut buf = [0u8; 2048];
+        let (n, from) = node2.recv_from(&mut buf).expect("node-2 receives the packet");
+        assert_eq!((&buf[..n], from), (&out[..], local));
+        // A cluster address nobody holds: dropped, counted.
+        pods.write_all(&packet("10.244.1.5", "10.244.9.9", 2)).unwrap();
+
+        // In: forged datagrams first, then a genuine one; only that one may
+        // come out of the device. Not from a peer; from node-3 with node-2's
+        // pod as source; from node-2 to another node's pod (a relay).
+        stranger.send_to(&packet("10.244.2.7", "10.244.1.5", 3), local).unwrap();
+        node3.send_to(&packet("10.244.2.7", "10.244.1.5", 4), local).unwrap();
+        node2.send_to(&packet("10.244.2.7", "10.244.3.8", 5), local).unwrap();
+        node2.send_to(&packet("10.244.2.7", "10.244.1.5", 6), local).unwrap();
+        assert_eq!(next(&mut pods), packet("10.244.2.7", "10.244.1.5", 6), "the first packet delivered");
+
+        let deadline = Instant::now() + Duration::from_secs(5);
+        // Counted after the write that the test may see first.
+        while stats.spoofed.get() < 3 || stats.no_peer.get() < 1 || stats.received.get() < 1 {
+            let counts = (stats.spoofed.get(), stats.no_peer.get(), stats.received.get());
+            assert!(Instant::now() < deadline, "spoofed, no_peer and received counted: {counts:?}");
+            std::thread::yield_now();
+        }
+        assert_eq!((stats.received.get(), stats.sent.get()), (1, 1));
+
+        // A peer that is gone gets nothing through.
+        datapath.set_peers(vec![peer("node-3", "10.244.3.0/24", &node3)]);
+        node2.send_to(&packet("10.244.2.7", "10.244.1.5", 7), local).unwrap();
+        node3.send_to(&packet("10.244.3.8", "10.244.1.5", 8), local).unwrap();
+        assert_eq!(next(&mut pods), packet("10.244.3.8", "10.244.1.5", 8));
+        drop(datapath);
     }
 }
