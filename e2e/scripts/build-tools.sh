@@ -164,6 +164,8 @@ build containerd "$CONTAINERD_VERSION" github.com/containerd/containerd/v2 \
   github.com/containerd/containerd/v2/cmd/containerd github.com/containerd/containerd/v2/cmd/ctr \
   github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2
 build coredns "$COREDNS_VERSION" github.com/coredns/coredns "" github.com/coredns/coredns
+# A stock WireGuard peer (userspace, over TUN) for the wireguard backend.
+link_as=wireguard-go build wireguard-go "$WIREGUARD_GO_VERSION" golang.zx2c4.com/wireguard "" golang.zx2c4.com/wireguard
 
 # Kubernetes' own end-to-end tests (e2e/conformance.sh), same version as the
 # cluster so that the tests expect these components and this agnhost tag.

@@ -8,6 +8,7 @@ packages=(
   protobuf-compiler                                            # tonic-prost-build
   containernetworking-plugins                                  # reference plugins (peer)
   iperf3 prometheus                                            # benchmarks and scraping
+  wireguard-tools                                              # wg: configures the stock WireGuard peer
   runc mmdebstrap                                              # real nodes and their images
 )
 

@@ -17,3 +17,6 @@ GINKGO_VERSION=v2.27.2
 # The SIG Network policy API: the ClusterNetworkPolicy CRDs the chart
 # vendors (charts/weft/files/clusternetworkpolicies/) and its conformance suite.
 NETWORK_POLICY_API_VERSION=v0.3.0
+# wireguard-go (a stock WireGuard peer for the wireguard backend's interop
+# test and benchmark): the module's newest pseudo-version.
+WIREGUARD_GO_VERSION=v0.0.0-20260522210424-ecfc5a8d5446

@@ -129,3 +129,132 @@ fn udp_backend_carries_pods_traffic_through_its_tun_device() {
         "pods' packets travel as UDP between the nodes' port 8285: {datagrams:?}"
     );
 }
+
+/// wireguard-go in a namespace of its own on the underlay, configured with
+/// `wg`; killed (and its namespace removed) when dropped.
+struct StockPeer {
+    netns: &'static str,
+    daemon: std::process::Child,
+}
+
+impl StockPeer {
+    fn exec(&self, args: &[&str]) -> std::process::Output {
+        Command::new("ip").args(["netns", "exec", self.netns]).args(args).output().expect("ip netns exec")
+    }
+
+    #[track_caller]
+    fn run(&self, args: &[&str]) -> String {
+        let out = self.exec(args);
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success(), "{args:?} in the stock peer's namespace failed: {text}");
+        text
+    }
+}
+
+impl Drop for StockPeer {
+    fn drop(&mut self) {
+        let _ = self.daemon.kill();
+        let _ = self.daemon.wait();
+        let _ = Command::new("ip").args(["netns", "del", self.netns]).status();
+    }
+}
+
+fn tool(name: &str) -> std::path::PathBuf {
+    weft_e2e::control_plane::tools_dir().join(name)
+}
+
+fn wg_present() -> bool {
+    Command::new("wg").arg("--version").output().is_ok_and(|o| o.status.success())
+}
+
+/// Interoperability: a stock WireGuard implementation (wireguard-go, set up
+/// with Debian's `wg`) is a peer of a Weft node using only what the API
+/// holds: the node's published key, and the stock peer's key and address
+/// written into a Subnet's status. Traffic flows both ways, so the wire
+/// format is WireGuard's own, not a private framing.
+#[test]
+fn a_stock_wireguard_peer_exchanges_traffic_with_a_weft_node() {
+    let tools = [
+        ("wireguard-go (e2e/scripts/build-tools.sh)", tool("wireguard-go").is_file()),
+        ("wg (Debian wireguard-tools)", wg_present()),
+    ];
+    let Some(_up) = Up::start(&["--nodes", "1", "--backend", "wireguard"], &tools) else { return };
+    ok(&["add-pod", "a", "--node", "node-1", "-p", "80/tcp"]);
+    let node1 = subnet("node-1");
+    let (node1_key, node1_cidr) = (
+        node1["status"]["wireguardPublicKey"].as_str().expect("node-1's key").to_owned(),
+        node1["spec"]["cidr"].as_str().expect("node-1's block").to_owned(),
+    );
+
+    // The stock peer is a node as far as the API goes: a Node, its lease,
+    // and the status its agent would publish.
+    let node = "stock-wireguard";
+    weft_e2e::sandbox::testing::apply(&format!("apiVersion: v1\nkind: Node\nmetadata: {{name: {node}}}\n"));
+    let cidr = weft_e2e::wait::until("the stock peer's lease", std::time::Duration::from_secs(30), || {
+        subnet_if_any(node).and_then(|s| s["spec"]["cidr"].as_str().map(str::to_owned))
+    });
+    let private = Command::new("wg").arg("genkey").output().expect("wg genkey").stdout;
+    let mut pubkey = Command::new("wg")
+        .arg("pubkey")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("wg pubkey");
+    std::io::Write::write_all(pubkey.stdin.as_mut().expect("stdin"), &private).expect("write the key");
+    let public = String::from_utf8(pubkey.wait_with_output().expect("wg pubkey").stdout).expect("utf-8");
+    let status = serde_json::json!({"status": {"nodeIP": "10.250.0.50", "wireguardPublicKey": public.trim()}});
+    ok(&["kubectl", "patch", "subnet", node, "--subresource=status", "--type=merge", "-p", &status.to_string()]);
+
+    let netns = "weft-sbx-stockwg";
+    weft_e2e::sandbox::nodes::attach_to_underlay(netns, "swg", "10.250.0.50".parse().expect("address"))
+        .expect("the stock peer's namespace");
+    let daemon = Command::new("ip")
+        .args(["netns", "exec", netns])
+        .arg(tool("wireguard-go"))
+        .args(["-f", "wg0"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("wireguard-go");
+    let peer = StockPeer { netns, daemon };
+    weft_e2e::wait::until("wireguard-go's wg0", std::time::Duration::from_secs(10), || {
+        peer.exec(&["ip", "link", "show", "wg0"]).status.success().then_some(())
+    });
+    let key_file = tempfile::NamedTempFile::new().expect("key file");
+    std::fs::write(key_file.path(), &private).expect("write the private key");
+    let block: ipnet::Ipv4Net = cidr.parse().expect("an IPv4 block");
+    let stock_ip = block.hosts().next().expect("a host address").to_string();
+    peer.run(&["wg", "set", "wg0", "private-key", key_file.path().to_str().expect("path"), "listen-port", "51820"]);
+    peer.run(&["wg", "set", "wg0", "peer", &node1_key, "endpoint", "10.250.0.11:51820", "allowed-ips", &node1_cidr]);
+    peer.run(&["ip", "addr", "add", &format!("{stock_ip}/32"), "dev", "wg0"]);
+    peer.run(&["ip", "link", "set", "wg0", "mtu", "1420", "up"]);
+    peer.run(&["ip", "route", "add", &node1_cidr, "dev", "wg0"]);
+
+    // Stock → Weft: the stock peer starts the handshake.
+    let a = pod_ip("a").to_string();
+    weft_e2e::wait::until("the stock peer to reach pod a", std::time::Duration::from_secs(30), || {
+        peer.exec(&["ping", "-c", "1", "-W", "1", &a]).status.success().then_some(())
+    });
+    // Weft → stock: pod a reaches the stock peer's address.
+    let from_pod = Command::new("ip")
+        .args(["netns", "exec", "weft-sbx-pod-default-a", "ping", "-c", "3", "-W", "2", &stock_ip])
+        .output()
+        .expect("ping");
+    assert!(
+        from_pod.status.success(),
+        "pod a cannot reach the stock peer: {}",
+        String::from_utf8_lossy(&from_pod.stdout)
+    );
+    let handshakes = peer.run(&["wg", "show", "wg0", "latest-handshakes"]);
+    assert!(handshakes.contains(&node1_key) && !handshakes.trim_end().ends_with("\t0"), "{handshakes}");
+    drop(peer);
+    ok(&["kubectl", "delete", "node", node]);
+}
+
+fn subnet_if_any(node: &str) -> Option<Value> {
+    let (found, out) = weft_e2e::sandbox::testing::run(&["kubectl", "get", "subnet", node, "-o", "json"]);
+    if !found {
+        return None;
+    }
+    serde_json::from_str(&out).ok()
+}
