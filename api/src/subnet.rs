@@ -194,6 +194,11 @@ impl SubnetSpec {
     }
 }
 
+/// Annotation asking a wireguard node to make a new key pair: any value its
+/// agent has not carried out yet (e.g. a timestamp) rotates the key once;
+/// peers take the new public key from `status.wireguardPublicKey`.
+pub const WIREGUARD_KEY_ROTATION: &str = "weft.dev/wireguard-key-rotation";
+
 /// Condition type the operator sets once the lease exists.
 pub const CONDITION_ALLOCATED: &str = "Allocated";
 /// Condition type the agent sets once its datapath uses the lease.

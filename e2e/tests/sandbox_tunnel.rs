@@ -108,6 +108,32 @@ fn wireguard_carries_pods_traffic_between_nodes_only_encrypted() {
     assert!(ping.status.success(), "traffic did not come back after the restart: {summary}");
     assert_eq!(subnet("node-2")["status"]["wireguardPublicKey"].as_str(), Some(keys[1].as_str()), "same key");
     assert_all_allowed(&probe_all("tcp", "80"));
+
+    // Rotation on request, under a ping stream (200 echoes 50 ms apart):
+    // node-2 makes and publishes a new key, node-1 takes it from the API,
+    // and traffic goes on after one handshake.
+    let ping = Command::new("ip")
+        .args(["netns", "exec", "weft-sbx-pod-default-marker-a", "ping", "-q", "-c", "200", "-i", "0.05"])
+        .args(["-W", "1", &b])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("ping");
+    let request = format!("{}={}", weft_api::subnet::WIREGUARD_KEY_ROTATION, "first");
+    ok(&["kubectl", "annotate", "subnet", "node-2", &request]);
+    let rotated = weft_e2e::wait::until("node-2's new key", std::time::Duration::from_secs(30), || {
+        let key = subnet("node-2")["status"]["wireguardPublicKey"].as_str().map(str::to_owned)?;
+        (key != keys[1]).then_some(key)
+    });
+    assert_eq!(rotated.len(), 44);
+    let out = ping.wait_with_output().expect("ping output");
+    let summary = String::from_utf8_lossy(&out.stdout).into_owned();
+    eprintln!("across the rotation: {}", summary.lines().find(|l| l.contains("loss")).unwrap_or_default());
+    let received: u32 = summary
+        .lines()
+        .find_map(|l| l.split(", ").nth(1)?.strip_suffix(" received")?.parse().ok())
+        .unwrap_or_else(|| panic!("no ping summary: {summary}"));
+    assert!(received >= 150, "more than a quarter of the echoes lost across the rotation: {summary}");
+    assert_all_allowed(&probe_all("tcp", "80"));
 }
 
 #[test]

@@ -263,6 +263,11 @@ pub fn standing(subnet: Option<&Subnet>, lease: &Lease, facts: &NodeFacts) -> St
     Standing::Held { publish: !published }
 }
 
+/// Carries out a key rotation request (the value of the Subnet's rotation
+/// annotation), returning the new public key to publish, or `None` when the
+/// request was carried out before.
+pub type RotateKey = Box<dyn Fn(&str) -> Result<Option<String>, String> + Send + Sync>;
+
 /// What [`hold`] needs besides the API.
 pub struct Holder {
     pub api: Api<Subnet>,
@@ -273,13 +278,15 @@ pub struct Holder {
     /// 1 while the lease is withdrawn.
     pub gauge: Gauge,
     pub resync: Duration,
+    /// wireguard: how to rotate this node's key when its Subnet asks.
+    pub rotate_key: Option<RotateKey>,
 }
 
 /// Watches this node's Subnet until the lease has been withdrawn and let go,
 /// or extended by an IPv6 block (returns which and why), keeping the
 /// published facts in place meanwhile. `addresses_in_use` counts the pod
 /// addresses this node still hands out.
-pub async fn hold(h: Holder, addresses_in_use: impl Fn() -> usize) -> LeaseEnd {
+pub async fn hold(mut h: Holder, addresses_in_use: impl Fn() -> usize) -> LeaseEnd {
     let changed = Arc::new(tokio::sync::Notify::new());
     let config = watcher::Config::default().fields(&format!("metadata.name={}", h.node));
     let store = weft_api::watch::reflect(
@@ -295,6 +302,17 @@ pub async fn hold(h: Holder, addresses_in_use: impl Fn() -> usize) -> LeaseEnd {
     let mut told_in_use = None;
     loop {
         let subnet = store.get(&ObjectRef::new(&h.node));
+        let request = subnet.as_deref().and_then(|s| s.annotations().get(weft_api::subnet::WIREGUARD_KEY_ROTATION));
+        if let (Some(rotate), Some(token)) = (&h.rotate_key, request) {
+            match rotate(token) {
+                Ok(Some(public)) => {
+                    tracing::info!(node = %h.node, public_key = %public, "rotated this node's WireGuard key on request");
+                    h.facts.wireguard_public_key = Some(public);
+                }
+                Ok(None) => {}
+                Err(e) => tracing::error!(error = %e, "cannot rotate this node's WireGuard key; retrying"),
+            }
+        }
         match standing(subnet.as_deref(), &h.lease, &h.facts) {
             Standing::Extended(why) => return LeaseEnd::Extended(why),
             Standing::Held { publish: republish } => {

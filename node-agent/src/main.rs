@@ -211,7 +211,8 @@ fn hold_lease(
 ) -> LeaseGone {
     let resync = config.resync();
     let nodes = Api::<k8s_openapi::api::core::v1::Node>::all(api.clone().into_client());
-    tokio::spawn(peer_sync::run(api.clone(), nodes, overlay.reconciler, config.node_name.clone(), resync));
+    let reconciler = overlay.reconciler;
+    tokio::spawn(peer_sync::run(api.clone(), nodes, Arc::clone(&reconciler), config.node_name.clone(), resync));
     let holder = lease::Holder {
         api: api.clone(),
         node: config.node_name.clone(),
@@ -220,9 +221,25 @@ fn hold_lease(
         withdrawal: Arc::clone(&attacher.lease),
         gauge: metrics.lease_withdrawn.clone(),
         resync,
+        rotate_key: (lease.backend == weft_api::Backend::Wireguard).then(|| key_rotation(config, &reconciler)),
     };
     let ipam = Arc::clone(&attacher.ipam);
     Box::pin(lease::hold(holder, move || ipam.all().len()))
+}
+
+/// Rotates this node's WireGuard key when its Subnet asks (once per
+/// request): a new key file, the datapath switched to it, its public key
+/// returned for the Subnet.
+fn key_rotation(config: &Config, reconciler: &Arc<overlay::Reconciler>) -> lease::RotateKey {
+    let (dir, reconciler) = (config.state_dir.clone(), Arc::clone(reconciler));
+    Box::new(move |request: &str| {
+        let key = tunnel::keys::rotate_on_request(&dir, request).map_err(|e| e.to_string())?;
+        Ok(key.map(|key| {
+            let public = tunnel::keys::encode(&key.public);
+            reconciler.set_wireguard_key(key);
+            public
+        }))
+    })
 }
 
 /// The policy loop, and (with a lease) the reporter of its failures.

@@ -181,7 +181,7 @@ pub fn unlisted_claim(peer: &Peer, listed: Option<&[IpAddr]>) -> Option<String> 
 
 fn describe(invalid: &BTreeMap<String, String>) -> String {
     if invalid.is_empty() {
-        return "every peer's routes, neighbour and FDB entries are programmed".to_owned();
+        return "every peer is programmed (its routes, and its neighbour and FDB entries or its tunnel)".to_owned();
     }
     invalid.iter().map(|(peer, why)| format!("{peer}: {why}")).collect::<Vec<_>>().join("; ")
 }

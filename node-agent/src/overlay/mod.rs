@@ -272,18 +272,39 @@ pub struct Reconciler {
     /// udp and wireguard: the running datapath.
     datapath: std::sync::Mutex<Option<Datapath>>,
     tunnel_stats: Stats,
+    /// wireguard: this node's key pair (replaced by a rotation).
+    wireguard_key: std::sync::Mutex<Option<NodeKey>>,
 }
 
 impl Reconciler {
     pub fn new(handle: Handle, cfg: OverlayConfig) -> Result<Self, OverlayError> {
         cfg.validate()?;
+        let wireguard_key = std::sync::Mutex::new(cfg.wireguard_key.clone());
         Ok(Self {
             handle,
             cfg,
             pass: tokio::sync::Mutex::new(()),
             datapath: std::sync::Mutex::new(None),
             tunnel_stats: Stats::default(),
+            wireguard_key,
         })
+    }
+
+    fn wireguard_key(&self) -> Option<NodeKey> {
+        self.wireguard_key.lock().ok().and_then(|k| k.clone())
+    }
+
+    /// wireguard: uses `key` from now on (a rotation): the running datapath
+    /// starts new sessions with it, and [`LocalVtep`] reports its public key.
+    pub fn set_wireguard_key(&self, key: NodeKey) {
+        if let Ok(running) = self.datapath.lock()
+            && let Some(datapath) = running.as_ref()
+        {
+            datapath.set_private_key(&key.private);
+        }
+        if let Ok(mut current) = self.wireguard_key.lock() {
+            *current = Some(key);
+        }
     }
 
     /// Counts the TUN datapath's packets in these counters.
@@ -354,7 +375,7 @@ impl Reconciler {
                 tracing::info!(device = %cfg.tunnel_device, ?changes, "TUN datapath programmed");
             }
             local.pod_mtu = mtu;
-            local.wireguard_public_key = cfg.wireguard_key.as_ref().map(|k| k.public);
+            local.wireguard_public_key = self.wireguard_key().map(|k| k.public);
             local.device_changes = changes;
             Some(index)
         } else {

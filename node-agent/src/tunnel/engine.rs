@@ -142,6 +142,11 @@ impl Datapath {
         }
     }
 
+    /// Replaces this node's private key (wireguard).
+    pub fn set_private_key(&self, private: &boringtun::x25519::StaticSecret) {
+        self.shared.encap.set_private_key(private);
+    }
+
     /// Why the datapath stopped by itself (its device deleted), if it did.
     pub fn failure(&self) -> Option<String> {
         self.shared.failure.lock().ok().and_then(|f| f.clone())

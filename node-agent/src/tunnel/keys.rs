@@ -11,6 +11,8 @@ use base64::engine::general_purpose::STANDARD;
 use boringtun::x25519::{PublicKey, StaticSecret};
 
 pub const KEY_FILE: &str = "wireguard.key";
+/// The last rotation request this node carried out (the annotation's value).
+pub const ROTATION_FILE: &str = "wireguard.rotation";
 
 #[derive(Debug, thiserror::Error)]
 pub enum KeyError {
@@ -91,6 +93,23 @@ pub fn load_or_create(dir: &Path, rotate: bool) -> Result<NodeKey, KeyError> {
     Ok(NodeKey::from_private(bytes))
 }
 
+/// Carries out the rotation request `token` unless it already was (the
+/// token recorded in `dir`): a new key pair replaces the old one, then the
+/// token is recorded. `None`: nothing to do.
+pub fn rotate_on_request(dir: &Path, token: &str) -> Result<Option<NodeKey>, KeyError> {
+    let record = dir.join(ROTATION_FILE);
+    match std::fs::read_to_string(&record) {
+        Ok(done) if done.trim() == token.trim() => return Ok(None),
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(source) => return Err(KeyError::Read { path: record, source }),
+    }
+    let key = load_or_create(dir, true)?;
+    std::fs::write(&record, format!("{}\n", token.trim()))
+        .map_err(|source| KeyError::Write { path: record, source })?;
+    Ok(Some(key))
+}
+
 pub fn encode(key: &[u8; 32]) -> String {
     STANDARD.encode(key)
 }
@@ -124,6 +143,18 @@ mod tests {
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
         let e = load_or_create(dir.path(), false).unwrap_err().to_string();
         assert!(e.contains("not a base64 32-byte key"), "{e}");
+    }
+
+    #[test]
+    fn a_rotation_request_is_carried_out_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = load_or_create(dir.path(), false).unwrap();
+        let rotated = rotate_on_request(dir.path(), "2026-12-05T14:00:00Z").unwrap().expect("a new key");
+        assert_ne!(rotated.public, first.public);
+        assert_eq!(load_or_create(dir.path(), false).unwrap().public, rotated.public, "kept for restarts");
+        assert!(rotate_on_request(dir.path(), "2026-12-05T14:00:00Z").unwrap().is_none(), "done already");
+        let again = rotate_on_request(dir.path(), "second").unwrap().expect("a second request");
+        assert_ne!(again.public, rotated.public);
     }
 
     #[test]

@@ -58,4 +58,8 @@ pub trait Encapsulation: Send + Sync + 'static {
 
     /// Called about every 250 ms: timers (handshakes, keepalives).
     fn tick(&self, _send: &mut dyn FnMut(SocketAddr, &[u8])) {}
+
+    /// Replaces this node's private key (wireguard): sessions start over
+    /// with every peer at the next tick.
+    fn set_private_key(&self, _private: &boringtun::x25519::StaticSecret) {}
 }

@@ -29,8 +29,7 @@ const OVERHEAD: u32 = 32;
 const MAX_INDEX: u32 = (1 << 24) - 1;
 
 pub struct WireGuard {
-    private: StaticSecret,
-    public: PublicKey,
+    keys: RwLock<(StaticSecret, PublicKey)>,
     state: RwLock<State>,
     next_index: AtomicU32,
 }
@@ -58,18 +57,25 @@ struct Session {
 impl WireGuard {
     pub fn new(private: StaticSecret) -> Self {
         let public = PublicKey::from(&private);
-        Self { private, public, state: RwLock::default(), next_index: AtomicU32::new(1) }
+        Self { keys: RwLock::new((private, public)), state: RwLock::default(), next_index: AtomicU32::new(1) }
     }
 
     pub fn public_key(&self) -> [u8; 32] {
-        *self.public.as_bytes()
+        self.keys.read().map(|k| *k.1.as_bytes()).unwrap_or_default()
+    }
+
+    fn private_key(&self) -> Option<StaticSecret> {
+        self.keys.read().ok().map(|k| k.0.clone())
     }
 
     fn peer_of(&self, packet: &Packet<'_>) -> Option<Arc<Peer>> {
         let state = self.state.read().ok()?;
         let index = match packet {
             Packet::HandshakeInit(init) => {
-                let half = parse_handshake_anon(&self.private, &self.public, init).ok()?;
+                let half = {
+                    let keys = self.keys.read().ok()?;
+                    parse_handshake_anon(&keys.0, &keys.1, init).ok()?
+                };
                 return state.by_key.get(&half.peer_static_public).cloned();
             }
             Packet::HandshakeResponse(p) => p.receiver_idx,
@@ -95,6 +101,7 @@ impl Encapsulation for WireGuard {
     }
 
     fn set_peers(&self, table: &Table) {
+        let Some(private) = self.private_key() else { return };
         let Ok(mut state) = self.state.write() else { return };
         let mut keep: HashMap<[u8; 32], Arc<Peer>> = HashMap::new();
         for p in table.peers() {
@@ -111,7 +118,7 @@ impl Encapsulation for WireGuard {
                 }
                 None => {
                     let index = self.allocate_index(&state);
-                    let tunn = Tunn::new(self.private.clone(), PublicKey::from(key), None, None, index, None);
+                    let tunn = Tunn::new(private.clone(), PublicKey::from(key), None, None, index, None);
                     let peer = Arc::new(Peer {
                         key,
                         fresh: AtomicBool::new(true),
@@ -165,6 +172,20 @@ impl Encapsulation for WireGuard {
             }
             TunnResult::Done => true,
             TunnResult::Err(_) => false,
+        }
+    }
+
+    fn set_private_key(&self, private: &StaticSecret) {
+        let public = PublicKey::from(private);
+        if let Ok(mut keys) = self.keys.write() {
+            *keys = (private.clone(), public);
+        }
+        let Ok(state) = self.state.read() else { return };
+        for peer in state.by_key.values() {
+            if let Ok(mut session) = peer.session.lock() {
+                session.tunn.set_static_private(private.clone(), public, None);
+            }
+            peer.fresh.store(true, Ordering::Relaxed);
         }
     }
 
@@ -278,6 +299,34 @@ mod tests {
         a.set_peers(&Table::new(vec![peer_of(&b, "b", "10.244.2.0/24", "10.0.0.2:51820")]));
         a.tick(&mut |to, d| sent.push((to, d.len())));
         assert!(sent.is_empty(), "a resync greets nobody again: {sent:?}");
+    }
+
+    #[test]
+    fn after_a_rotation_peers_that_took_the_new_key_talk_again() {
+        let (a, b) = (node(1), node(2));
+        let peer_b = peer_of(&b, "b", "10.244.2.0/24", "10.0.0.2:51820");
+        a.set_peers(&Table::new(vec![peer_b.clone()]));
+        b.set_peers(&Table::new(vec![peer_of(&a, "a", "10.244.1.0/24", "10.0.0.1:51820")]));
+        let packet = ipv4_packet(b"before");
+        let mut out = vec![0u8; 2048];
+        let first = a.seal(&peer_b, &packet, &mut out).expect("initiation").to_vec();
+        assert_eq!(exchange(&a, &b, first).1, vec![packet]);
+
+        a.set_private_key(&StaticSecret::from([9; 32]));
+        assert_eq!(a.public_key(), *PublicKey::from(&StaticSecret::from([9; 32])).as_bytes());
+        // b still knows a's old key: a's handshakes are refused until b
+        // takes the new key from the API.
+        let mut greetings = Vec::new();
+        a.tick(&mut |_, d| greetings.push(d.to_vec()));
+        assert_eq!(greetings.len(), 1, "a greets b at once with its new key");
+        let (_, none) = exchange(&a, &b, greetings.remove(0));
+        assert!(none.is_empty());
+        // b takes a's new key from the API: a new session, both ways.
+        let peer_a = peer_of(&a, "a", "10.244.1.0/24", "10.0.0.1:51820");
+        b.set_peers(&Table::new(vec![peer_a.clone()]));
+        let back = ipv4_packet(b"after");
+        let init = b.seal(&peer_a, &back, &mut out).expect("an initiation to a's new key").to_vec();
+        assert_eq!(exchange(&b, &a, init).1, vec![back]);
     }
 
     #[test]
