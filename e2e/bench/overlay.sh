@@ -13,9 +13,11 @@
 #                cluster (up --ipv6-only) vs VXLAN over IPv6, its pods
 #                bridged, then routed
 #   weft host-gw vs plain routing over the underlay, pods bridged, then routed
-#   weft udp and weft wireguard (the agent's userspace datapath over a TUN
-#                device) vs a hand-built kernel VXLAN: the cost of leaving
-#                the kernel, and of encryption
+#   weft udp (the agent's userspace datapath over a TUN device) vs a
+#                hand-built kernel VXLAN: the cost of leaving the kernel
+#   weft wireguard vs wireguard-go (the stock userspace WireGuard, built
+#                from the Go module proxy) between the same node namespaces
+#                with the same MTU, configured with wg
 #   weft vxlan with 100 NetworkPolicies (default deny plus allows) selecting
 #                both pods vs the same path under no policy
 #   weft vxlan through the pods' source guard vs the same path with the
@@ -40,6 +42,7 @@ AGENTS_PAUSED=
 cleanup() {
   if [[ $AGENTS_PAUSED ]]; then signal_agents CONT || true; fi
   pkill -f "iperf3 -s -p 5301" 2>/dev/null || true
+  pkill -f "wireguard-go wgb[12]" 2>/dev/null || true
   for ns in bench-p1 bench-p2 bench-q1 bench-q2; do ip netns del "$ns" 2>/dev/null || true; done
   $SBX down >/dev/null 2>&1 || true
 }
@@ -323,13 +326,40 @@ host_gw wh
 host_gw whr --agent-arg=--pod-attachment=routed
 fi
 
-# --- TUN backends: weft udp / wireguard vs a hand-built kernel VXLAN -------------
+# --- TUN backends: weft udp vs a hand-built kernel VXLAN, weft wireguard vs
+# wireguard-go -------------------------------------------------------------------
+# wireguard-go's devices wgb1 (node-1) and wgb2 (node-2) (port 51821, MTU
+# 1420 as weft's; two names, because wireguard-go's control sockets live in
+# the one /var/run/wireguard), each end allowed the other's tunnel address
+# and baseline pod subnets (baseline_pairs' 192.168.20N.0/24: odd N on
+# node-1, even on node-2).
+baseline_wireguard_go() {
+  local wggo k1 k2 p1 p2
+  wggo=${WEFT_TOOLS_DIR:-$HOME/.cache/weft/tools/bin}/wireguard-go
+  [[ -x $wggo ]] || { echo "overlay: $wggo is missing (e2e/scripts/build-tools.sh)" >&2; exit 1; }
+  k1=$(wg genkey) k2=$(wg genkey)
+  p1=$(wg pubkey <<<"$k1") p2=$(wg pubkey <<<"$k2")
+  ip netns exec $N1 "$wggo" wgb1 >/dev/null
+  ip netns exec $N2 "$wggo" wgb2 >/dev/null
+  ip netns exec $N1 wg set wgb1 private-key <(echo "$k1") listen-port 51821 peer "$p2" \
+    endpoint 10.250.0.12:51821 allowed-ips 172.31.98.2/32,192.168.202.0/24,192.168.204.0/24
+  ip netns exec $N2 wg set wgb2 private-key <(echo "$k2") listen-port 51821 peer "$p1" \
+    endpoint 10.250.0.11:51821 allowed-ips 172.31.98.1/32,192.168.201.0/24,192.168.203.0/24
+  ip -n $N1 addr add 172.31.98.1/30 dev wgb1; ip -n $N1 link set wgb1 mtu 1420 up
+  ip -n $N2 addr add 172.31.98.2/30 dev wgb2; ip -n $N2 link set wgb2 mtu 1420 up
+}
+
 tunnel() {
   local weft=$1 backend=$2
   $SBX up --nodes 2 --backend "$backend" >/dev/null
   two_pods
-  baseline_vxlan 10.250.0.11 10.250.0.12 172.31.99.1/30 172.31.99.2/30
-  baseline_pairs ipv4 1450 172.31.99.2 172.31.99.1
+  if [[ $backend == wireguard ]]; then
+    baseline_wireguard_go
+    baseline_pairs ipv4 1420 172.31.98.2 172.31.98.1
+  else
+    baseline_vxlan 10.250.0.11 10.250.0.12 172.31.99.1/30 172.31.99.2/30
+    baseline_pairs ipv4 1450 172.31.99.2 172.31.99.1
+  fi
   compare "$weft" "$B_IP"
   $SBX down >/dev/null
   del_baseline_pods
@@ -379,7 +409,7 @@ triple wvr "weft vxlan, routed" routed "hand-built VXLAN"
 triple wh "weft host-gw, bridged" bridged "plain routing"
 triple whr "weft host-gw, routed" routed "plain routing"
 triple wu "weft udp, bridged" bridged "hand-built VXLAN"
-triple ww "weft wireguard, bridged" bridged "hand-built VXLAN"
+triple ww "weft wireguard, bridged" bridged "wireguard-go"
 triple wv6 "weft vxlan, IPv6 pods, bridged" bridged "hand-built VXLAN"
 triple wv6u "weft vxlan over IPv6, bridged" bridged "hand-built VXLAN"
 triple wv6o "weft IPv6-only cluster, bridged" bridged "hand-built VXLAN"

@@ -179,7 +179,10 @@ impl StockPeer {
 
 impl Drop for StockPeer {
     fn drop(&mut self) {
-        let _ = self.daemon.kill();
+        // SIGTERM: wireguard-go then removes its control socket (shared by
+        // every namespace in /var/run/wireguard).
+        let pid = nix::unistd::Pid::from_raw(self.daemon.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
         let _ = self.daemon.wait();
         let _ = Command::new("ip").args(["netns", "del", self.netns]).status();
     }

@@ -19,6 +19,7 @@ use prometheus_client::metrics::family::Family;
 
 use crate::metrics::OutcomeLabels;
 
+use super::batch::{self, Outbox, Sent};
 use super::peers::addresses;
 use super::{Encapsulation, Sender, Table, TunnelPeer};
 
@@ -80,6 +81,11 @@ impl Shared {
         self.stop.store(true, Ordering::Relaxed);
     }
 
+    fn count(&self, sent: Sent) {
+        self.stats.sent.inc_by(sent.datagrams);
+        self.stats.send_errors.inc_by(sent.failed);
+    }
+
     fn send(&self, to: SocketAddr, datagram: &[u8]) {
         match self.socket.send_to(datagram, to) {
             Ok(_) => {
@@ -110,6 +116,9 @@ impl Datapath {
     ) -> std::io::Result<Self> {
         // Both are drained until they would block, then polled.
         socket.set_nonblocking(true)?;
+        if !batch::enable_gro(&socket) {
+            tracing::info!("no UDP GRO on this kernel: one datagram per receive");
+        }
         let flags = nix::fcntl::fcntl(&tun, nix::fcntl::FcntlArg::F_GETFL)?;
         let flags = nix::fcntl::OFlag::from_bits_truncate(flags) | nix::fcntl::OFlag::O_NONBLOCK;
         nix::fcntl::fcntl(&tun, nix::fcntl::FcntlArg::F_SETFL(flags))?;
@@ -182,13 +191,16 @@ fn tun_to_udp(s: &Shared) {
     let mut packet = vec![0u8; BUFFER];
     let mut out = vec![0u8; BUFFER];
     let mut tun = &s.tun;
+    let mut outbox = Outbox::default();
     while !s.stop.load(Ordering::Relaxed) {
+        s.count(outbox.flush(&s.socket));
         match readable(s, s.tun.as_fd()) {
             Ok(true) => {}
             Ok(false) => continue,
             Err(e) => return s.fail(format!("TUN device: {e}")),
         }
-        // Everything queued, then back to poll: one syscall per packet.
+        // Everything queued (runs to one peer leave in one send), then
+        // back to poll.
         loop {
             let n = match tun.read(&mut packet) {
                 Ok(n) => n,
@@ -203,7 +215,7 @@ fn tun_to_udp(s: &Shared) {
                 continue;
             };
             if let Some(datagram) = s.encap.seal(peer, &packet[..n], &mut out) {
-                s.send(peer.endpoint, datagram);
+                s.count(outbox.push(&s.socket, peer.endpoint, datagram));
             }
         }
     }
@@ -219,12 +231,14 @@ fn udp_to_tun(s: &Shared) {
             Err(e) => return s.fail(format!("UDP socket: {e}")),
         }
         loop {
-            let (n, from) = match s.socket.recv_from(&mut datagram) {
+            let (from, n, size) = match batch::receive(&s.socket, &mut datagram) {
                 Ok(r) => r,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(_) => break,
             };
-            receive(s, from, &datagram[..n], &mut out);
+            for one in datagram[..n].chunks(size.max(1)) {
+                receive(s, from, one, &mut out);
+            }
         }
     }
 }

@@ -10,6 +10,7 @@
 //!
 //! [`engine`] runs the loops; [`peers`] is the lookup table they share.
 
+pub mod batch;
 pub mod engine;
 pub mod keys;
 pub mod peers;
