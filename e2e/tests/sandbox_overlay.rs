@@ -8,23 +8,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use serde_json::Value;
-use weft_e2e::sandbox::testing::{Up, connect, ok, try_apply};
+use weft_e2e::sandbox::testing::{Up, assert_all_allowed, connect, ip_in_node, ok, probe_all, subnet, try_apply};
 use weft_e2e::wait;
-
-fn probe_all(protocol: &str, port: &str) -> Value {
-    serde_json::from_str(&ok(&["probe", "--protocol", protocol, "--port", port])).expect("probe JSON")
-}
-
-#[track_caller]
-fn assert_all_allowed(m: &Value) {
-    let pods = m["pods"].as_array().expect("pods").len();
-    assert!(pods >= 2, "{m}");
-    for (from, row) in m["matrix"].as_object().expect("matrix") {
-        for (to, allowed) in row.as_object().expect("row") {
-            assert_eq!(allowed, &Value::Bool(true), "{from} cannot reach {to}: {m}");
-        }
-    }
-}
 
 fn pod_ip(name: &str) -> String {
     ok(&["pods"])
@@ -35,19 +20,10 @@ fn pod_ip(name: &str) -> String {
         .to_owned()
 }
 
-fn subnet(node: &str) -> Value {
-    serde_json::from_str(&ok(&["kubectl", "get", "subnet", node, "-o", "json"])).expect("subnet JSON")
-}
-
 fn condition(subnet: &Value, type_: &str) -> Option<(String, String)> {
     subnet["status"]["conditions"].as_array()?.iter().find(|c| c["type"] == type_).map(|c| {
         (c["status"].as_str().unwrap_or_default().to_owned(), c["message"].as_str().unwrap_or_default().to_owned())
     })
-}
-
-fn in_node(node: &str, args: &[&str]) -> String {
-    let out = Command::new("ip").args(["-n", &format!("weft-sbx-{node}")]).args(args).output().expect("ip");
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// Pings `target` from pod `from` every 10 ms while node-1's agent is
@@ -80,7 +56,7 @@ fn vxlan_cluster_connects_pods_across_nodes_and_follows_membership() {
     let s1 = subnet("node-1");
     assert_eq!(s1["status"]["nodeIP"], "10.250.0.11");
     assert!(s1["status"]["vtepMAC"].as_str().is_some_and(|m| m.len() == 17), "{s1}");
-    assert!(in_node("node-1", &["-d", "link", "show", "weft.1"]).contains("vxlan id 1"));
+    assert!(ip_in_node("node-1", &["-d", "link", "show", "weft.1"]).contains("vxlan id 1"));
 
     // A node added later is reachable without restarting the others.
     let added = ok(&["add-node"]);
@@ -96,13 +72,13 @@ fn vxlan_cluster_connects_pods_across_nodes_and_follows_membership() {
     let s3 = subnet("node-3");
     let cidr3 = s3["spec"]["cidr"].as_str().expect("cidr").to_owned();
     let mac3 = s3["status"]["vtepMAC"].as_str().expect("vtepMAC").to_owned();
-    assert!(in_node("node-1", &["route"]).contains(&cidr3));
+    assert!(ip_in_node("node-1", &["route"]).contains(&cidr3));
     ok(&["del-node", "node-3"]);
     for node in ["node-1", "node-2"] {
         wait::until(&format!("{node} to forget node-3"), Duration::from_secs(30), || {
-            let gone = !in_node(node, &["route"]).contains(&cidr3)
-                && !in_node(node, &["neigh", "show", "dev", "weft.1"]).contains(&mac3)
-                && !in_node(node, &["link", "show"]).is_empty()
+            let gone = !ip_in_node(node, &["route"]).contains(&cidr3)
+                && !ip_in_node(node, &["neigh", "show", "dev", "weft.1"]).contains(&mac3)
+                && !ip_in_node(node, &["link", "show"]).is_empty()
                 && !String::from_utf8_lossy(
                     &Command::new("ip")
                         .args(["netns", "exec", &format!("weft-sbx-{node}"), "bridge", "fdb", "show", "dev", "weft.1"])
@@ -158,9 +134,9 @@ fn host_gw_cluster_routes_via_node_ips() {
     ok(&["add-pod", "b", "--node", "node-2"]);
     assert_all_allowed(&probe_all("tcp", "80"));
     let cidr2 = subnet("node-2")["spec"]["cidr"].as_str().expect("cidr").to_owned();
-    let routes = in_node("node-1", &["route"]);
+    let routes = ip_in_node("node-1", &["route"]);
     assert!(routes.contains(&format!("{cidr2} via 10.250.0.12")), "{routes}");
-    assert!(!in_node("node-1", &["link", "show"]).contains("weft.1"), "host-gw needs no VXLAN device");
+    assert!(!ip_in_node("node-1", &["link", "show"]).contains("weft.1"), "host-gw needs no VXLAN device");
 }
 
 #[test]
@@ -177,9 +153,12 @@ fn routed_pods_reach_each_other_their_host_ports_and_meet_policy() {
 
     // No bridge hop: node-1 routes to each of its pods on a host veth of its own.
     let a = pod_ip("a");
-    let route = in_node("node-1", &["route", "show", &format!("{a}/32")]);
+    let route = ip_in_node("node-1", &["route", "show", &format!("{a}/32")]);
     assert!(route.contains("dev weftv") && route.contains("scope link"), "{route}");
-    assert!(!in_node("node-1", &["link", "show", "master", "weft0"]).contains("weftv"), "a host veth is a bridge port");
+    assert!(
+        !ip_in_node("node-1", &["link", "show", "master", "weft0"]).contains("weftv"),
+        "a host veth is a bridge port"
+    );
 
     // The host port answers from the other node, the pod's node, a pod on
     // each node and the pod itself (hairpin, routed back out of its own veth).

@@ -11,25 +11,7 @@ use std::process::Command;
 
 use serde_json::Value;
 use weft_e2e::capture::{self, Capture};
-use weft_e2e::sandbox::testing::{Up, ok};
-
-fn probe_all(protocol: &str, port: &str) -> Value {
-    serde_json::from_str(&ok(&["probe", "--protocol", protocol, "--port", port])).expect("probe JSON")
-}
-
-#[track_caller]
-fn assert_all_allowed(m: &Value) {
-    assert!(m["pods"].as_array().expect("pods").len() >= 2, "{m}");
-    for (from, row) in m["matrix"].as_object().expect("matrix") {
-        for (to, allowed) in row.as_object().expect("row") {
-            assert_eq!(allowed, &Value::Bool(true), "{from} cannot reach {to}: {m}");
-        }
-    }
-}
-
-fn subnet(node: &str) -> Value {
-    serde_json::from_str(&ok(&["kubectl", "get", "subnet", node, "-o", "json"])).expect("subnet JSON")
-}
+use weft_e2e::sandbox::testing::{Up, assert_all_allowed, ip_in_node, ok, probe_all, subnet};
 
 fn pod_ip(name: &str) -> Ipv4Addr {
     ok(&["pods"])
@@ -38,11 +20,6 @@ fn pod_ip(name: &str) -> Ipv4Addr {
         .and_then(|l| l.split_whitespace().nth(2))
         .and_then(|ip| ip.parse().ok())
         .unwrap_or_else(|| panic!("no IPv4 address for pod {name}"))
-}
-
-fn in_node(node: &str, args: &[&str]) -> String {
-    let out = Command::new("ip").args(["-n", &format!("weft-sbx-{node}")]).args(args).output().expect("ip");
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// UDP datagrams between the two node addresses in `frames` (Ethernet,
@@ -72,9 +49,9 @@ fn wireguard_carries_pods_traffic_between_nodes_only_encrypted() {
         .map(|n| subnet(n)["status"]["wireguardPublicKey"].as_str().unwrap_or_default().to_owned())
         .into();
     assert!(keys.iter().all(|k| k.len() == 44) && keys[0] != keys[1], "each node publishes its own key: {keys:?}");
-    let device = in_node("node-1", &["link", "show", "weft-tun"]);
+    let device = ip_in_node("node-1", &["link", "show", "weft-tun"]);
     assert!(device.contains("mtu 1440"), "1500 minus WireGuard's 60 bytes over IPv4: {device}");
-    let routes = in_node("node-1", &["route", "show", "10.244.0.0/16"]);
+    let routes = ip_in_node("node-1", &["route", "show", "10.244.0.0/16"]);
     assert!(routes.contains("dev weft-tun"), "the cluster range goes into the TUN device: {routes}");
 
     let capture = Capture::start("weft-sbx-node-1", "eth0").expect("capture on node-1's underlay");
@@ -143,7 +120,7 @@ fn udp_backend_carries_pods_traffic_through_its_tun_device() {
     ok(&[&["add-pod", "a", "--node", "node-1"][..], &ports].concat());
     ok(&[&["add-pod", "b", "--node", "node-2"][..], &ports].concat());
     ok(&[&["add-pod", "c", "--node", "node-2"][..], &ports].concat());
-    let device = in_node("node-2", &["link", "show", "weft-tun"]);
+    let device = ip_in_node("node-2", &["link", "show", "weft-tun"]);
     assert!(device.contains("mtu 1472"), "1500 minus the IPv4 and UDP headers: {device}");
 
     let capture = Capture::start("weft-sbx-node-1", "eth0").expect("capture on node-1's underlay");

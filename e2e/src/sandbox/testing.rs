@@ -229,3 +229,33 @@ impl Drop for PausedAgent {
         unsafe { libc::kill(self.0, libc::SIGCONT) };
     }
 }
+
+/// The probe matrix of every pod to every pod (`weft-sandbox probe`).
+#[track_caller]
+pub fn probe_all(protocol: &str, port: &str) -> serde_json::Value {
+    serde_json::from_str(&ok(&["probe", "--protocol", protocol, "--port", port])).expect("probe JSON")
+}
+
+/// Every pod of the probe matrix `m` (at least two) reached every other.
+#[track_caller]
+pub fn assert_all_allowed(m: &serde_json::Value) {
+    let pods = m["pods"].as_array().expect("pods").len();
+    assert!(pods >= 2, "{m}");
+    for (from, row) in m["matrix"].as_object().expect("matrix") {
+        for (to, allowed) in row.as_object().expect("row") {
+            assert_eq!(allowed, &serde_json::Value::Bool(true), "{from} cannot reach {to}: {m}");
+        }
+    }
+}
+
+/// Node `node`'s Subnet, as JSON.
+#[track_caller]
+pub fn subnet(node: &str) -> serde_json::Value {
+    serde_json::from_str(&ok(&["kubectl", "get", "subnet", node, "-o", "json"])).expect("subnet JSON")
+}
+
+/// `ip -n <node's namespace> args…`: its stdout.
+pub fn ip_in_node(node: &str, args: &[&str]) -> String {
+    let out = Command::new("ip").args(["-n", &format!("weft-sbx-{node}")]).args(args).output().expect("ip");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
