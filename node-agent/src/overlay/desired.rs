@@ -1084,4 +1084,74 @@ mod tests {
         assert!(d.errors.is_empty(), "{:?}", d.errors.iter().next());
         assert_eq!((d.routes.len(), d.neighs.len(), d.fdb.len()), (1000, 1000, 1000));
     }
+
+    fn wg(name: &str, cidr: &str, ip: &str, key: Option<u8>) -> Peer {
+        Peer { wireguard_key: key.map(|k| [k; 32]), ..peer(name, cidr, ip, None, Backend::Wireguard) }
+    }
+
+    fn tunnel_local(backend: Backend) -> Local {
+        Local { tunnel_port: 51820, ..local(backend, false) }
+    }
+
+    #[test]
+    fn tunnel_backends_route_the_cluster_into_the_device_and_hand_peers_to_the_datapath() {
+        let d = compute(
+            &tunnel_local(Backend::Wireguard),
+            &[wg("n2", "10.244.2.0/24", "10.0.0.2", Some(2)), wg("n3", "10.244.3.0/24", "10.0.0.3", Some(3))],
+        );
+        // One route for the whole cluster, whatever the peers: nothing for a
+        // node leaves by another route.
+        let routes: Vec<&Route> = d.routes.values().collect();
+        assert_eq!(routes.len(), 1, "{routes:?}");
+        assert_eq!((routes[0].dst, routes[0].dev, routes[0].via), (net("10.244.0.0/16"), Dev::Tunnel, ip("0.0.0.0")));
+        assert!(d.neighs.is_empty() && d.fdb.is_empty());
+        assert_eq!(d.paths.values().copied().collect::<Vec<_>>(), vec![PeerPath::Tunnel; 2]);
+        let endpoints: Vec<String> = d.tunnel_peers.iter().map(|p| p.endpoint.to_string()).collect();
+        assert_eq!(endpoints, ["10.0.0.2:51820", "10.0.0.3:51820"]);
+        assert_eq!(d.tunnel_peers[0].public_key, Some([2; 32]));
+        assert_eq!(d.tunnel_peers[0].cidrs, vec![net("10.244.2.0/24")]);
+
+        let none = compute(&tunnel_local(Backend::Udp), &[]);
+        assert_eq!(none.routes.len(), 1, "the route stands without peers");
+    }
+
+    #[test]
+    fn a_wireguard_peer_without_a_key_or_with_anothers_gets_nothing() {
+        let d = compute(
+            &tunnel_local(Backend::Wireguard),
+            &[
+                wg("keyless", "10.244.2.0/24", "10.0.0.2", None),
+                wg("n3", "10.244.3.0/24", "10.0.0.3", Some(7)),
+                wg("copy", "10.244.4.0/24", "10.0.0.4", Some(7)),
+                wg("n5", "10.244.5.0/24", "10.0.0.5", Some(5)),
+                peer("vx", "10.244.6.0/24", "10.0.0.6", Some(M2), Backend::Vxlan),
+                peer("udp", "10.244.7.0/24", "10.0.0.7", None, Backend::Udp),
+            ],
+        );
+        assert_eq!(d.errors["keyless"], PeerError::MissingWireguardKey);
+        assert!(d.errors["keyless"].to_string().contains("never in clear"));
+        assert!(matches!(d.errors["n3"], PeerError::DuplicateWireguardKey { .. }));
+        assert!(matches!(d.errors["copy"], PeerError::DuplicateWireguardKey { .. }));
+        assert!(matches!(d.errors["vx"], PeerError::BackendMismatch { .. }));
+        assert!(matches!(d.errors["udp"], PeerError::BackendMismatch { .. }));
+        let programmed: Vec<&str> = d.tunnel_peers.iter().map(|p| p.node_name.as_str()).collect();
+        assert_eq!(programmed, ["n5"]);
+    }
+
+    #[test]
+    fn a_dual_stack_tunnel_routes_both_ranges_and_carries_both_blocks() {
+        let local = Local {
+            pod_cidr6: Some("fd00:10:244:1::/64".parse().unwrap()),
+            cluster_cidr6: Some("fd00:10:244::/56".parse().unwrap()),
+            ..tunnel_local(Backend::Udp)
+        };
+        let p = Peer {
+            pod_cidr6: Some("fd00:10:244:2::/64".parse().unwrap()),
+            ..peer("n2", "10.244.2.0/24", "10.0.0.2", None, Backend::Udp)
+        };
+        let d = compute(&local, &[p]);
+        let dsts: Vec<IpNet> = d.routes.values().map(|r| r.dst).collect();
+        assert_eq!(dsts, [net("10.244.0.0/16"), net("fd00:10:244::/56")]);
+        assert_eq!(d.tunnel_peers[0].cidrs, [net("10.244.2.0/24"), net("fd00:10:244:2::/64")]);
+    }
 }

@@ -269,7 +269,7 @@ impl Cluster {
                 vtep_mac: a.vtep_mac.map(|m| m.0),
                 backend: a.backend,
                 vxlan_underlay: VxlanUnderlay::Ipv4,
-                wireguard_key: None,
+                wireguard_key: a.wireguard_public_key,
             })
             .collect()
     }
@@ -927,5 +927,73 @@ fn bench_thousand_peers() {
     for (what, r) in [("program 1,000 peers", &full), ("resync, nothing changed", &noop), ("2 peers changed", &change)]
     {
         eprintln!("| {what:<28} | {:>4} | {:>7.1?} |", r.ops_applied, r.elapsed);
+    }
+}
+
+/// A reconciler that keeps running after its reconcile: the TUN backends'
+/// datapath lives as long as it does (its threads and sockets stay in the
+/// node's namespace; its netlink handle does not outlive the pass).
+fn reconcile_and_keep(n: &Node, cfg: OverlayConfig, peers: Vec<Peer>) -> (Reconciler, Report) {
+    in_ns(n.ns.path(), move |h| async move {
+        let r = Reconciler::new(h, cfg).unwrap();
+        let report = r.reconcile(&peers).await.expect("reconcile");
+        (r, report)
+    })
+}
+
+fn tunnel_config(n: &Node, backend: Backend, keys: &std::path::Path) -> OverlayConfig {
+    let mut cfg = n.config(backend, false);
+    if backend == Backend::Wireguard {
+        let dir = keys.join(&n.name);
+        cfg.wireguard_key = Some(crate::tunnel::keys::load_or_create(&dir, false).expect("a key"));
+    }
+    cfg
+}
+
+#[test]
+fn tun_backends_carry_pods_across_nodes_and_a_restart_adopts_the_device() {
+    if !require_root() {
+        return;
+    }
+    for backend in [Backend::Udp, Backend::Wireguard] {
+        let keys = tempfile::tempdir().unwrap();
+        let c = Cluster::new(&[50, 50]);
+        let announced: Vec<LocalVtep> = c
+            .nodes
+            .iter()
+            .map(|n| reconcile_and_keep(n, tunnel_config(n, backend, keys.path()), vec![]).1.local)
+            .collect();
+        assert_eq!(announced[0].pod_mtu, if backend == Backend::Udp { 1472 } else { 1440 }, "{backend}");
+        assert_eq!(announced[0].wireguard_public_key.is_some(), backend == Backend::Wireguard);
+        let peers = c.peers(&announced);
+        let mut running: Vec<Reconciler> = c
+            .nodes
+            .iter()
+            .map(|n| {
+                let (r, report) = reconcile_and_keep(n, tunnel_config(n, backend, keys.path()), peers.clone());
+                assert_clean(&report, 1);
+                assert!(report.programmed.values().all(|p| *p == PeerPath::Tunnel));
+                r
+            })
+            .collect();
+        let routes = c.nodes[0].ns.ip(&["route", "show", CLUSTER]);
+        assert!(routes.contains("dev weft-tun"), "{backend}: {routes}");
+        all_pairs_ping(&c);
+        assert!(tcp_works(&c.nodes[0].pod, &c.nodes[1].pod, &c.nodes[1].pod_ip()), "{backend}: TCP across nodes");
+
+        // A restart: the device, its address and route stayed; the new
+        // datapath attaches to it and traffic flows again.
+        drop(running.pop());
+        assert!(c.nodes[1].ns.ip(&["link", "show", "weft-tun"]).contains("weft-tun"), "the device persists");
+        let (again, report) = reconcile_and_keep(&c.nodes[1], tunnel_config(&c.nodes[1], backend, keys.path()), peers);
+        assert_eq!(report.ops_planned, 0, "{backend}: the route was kept");
+        assert!(
+            report.local.device_changes.iter().any(|ch| ch == "datapath started"),
+            "{:?}",
+            report.local.device_changes
+        );
+        running.push(again);
+        all_pairs_ping(&c);
+        drop(running);
     }
 }
