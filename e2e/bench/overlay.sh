@@ -15,6 +15,11 @@
 #   weft host-gw vs plain routing over the underlay, pods bridged, then routed
 #   weft udp (the agent's userspace datapath over a TUN device) vs a
 #                hand-built kernel VXLAN: the cost of leaving the kernel
+#   weft udp and vxlan vs flannel's own udp and vxlan backends: flanneld
+#                (built from the Go module proxy) on the same node namespaces
+#                at the same time (--kube-subnet-mgr, its own Nodes with
+#                spec.podCIDR in 10.246.0.0/16, its own port and VNI), pods
+#                on a bridge as flannel's CNI chain makes them
 #   weft wireguard vs wireguard-go (the stock userspace WireGuard, built
 #                from the Go module proxy) between the same node namespaces
 #                with the same MTU, configured with wg
@@ -26,11 +31,11 @@
 # round measures both), and measures overlay convergence (new peer Subnet ->
 # route+FDB+neighbour on another node). Prints tables; asserts nothing.
 #
-# Usage: e2e/bench/overlay.sh [vxlan] [ipv6] [host-gw] [tunnel] (the sections to run;
+# Usage: e2e/bench/overlay.sh [vxlan] [ipv6] [host-gw] [tunnel] [flannel] (the sections to run;
 # all by default). vxlan includes the policy cost and convergence.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-SECTIONS=" ${*:-vxlan ipv6 host-gw tunnel} "
+SECTIONS=" ${*:-vxlan ipv6 host-gw tunnel flannel} "
 want() { [[ $SECTIONS == *" $1 "* ]]; }
 SBX=target/debug/weft-sandbox
 ROUNDS=${ROUNDS:-12}
@@ -43,7 +48,8 @@ cleanup() {
   if [[ $AGENTS_PAUSED ]]; then signal_agents CONT || true; fi
   pkill -f "iperf3 -s -p 5301" 2>/dev/null || true
   pkill -f "wireguard-go wgb[12]" 2>/dev/null || true
-  for ns in bench-p1 bench-p2 bench-q1 bench-q2; do ip netns del "$ns" 2>/dev/null || true; done
+  pkill -f "flanneld --kube-subnet-mgr" 2>/dev/null || true
+  for ns in bench-p1 bench-p2 bench-q1 bench-q2 bench-f1 bench-f2; do ip netns del "$ns" 2>/dev/null || true; done
   $SBX down >/dev/null 2>&1 || true
 }
 trap cleanup EXIT
@@ -369,6 +375,69 @@ tunnel wu udp
 tunnel ww wireguard
 fi
 
+# --- flannel itself: flanneld's udp / vxlan vs weft's, same nodes, same run ------
+# Nodes flannel-1/2 (podCIDR 10.246.N.0/24) for flanneld's subnet manager;
+# flanneld N runs in node-N's namespace as flannel-N, with backend $1 on its
+# own port (8286 udp, 8473 vxlan with VNI 2: weft's are in use); a pod on
+# bridge cni0 (10.246.N.2, gateway .1) behind each, MTU from flannel's
+# subnet file.
+flannel_up() {
+  local type=$1 n conf kc flanneld mtu
+  flanneld=${WEFT_TOOLS_DIR:-$HOME/.cache/weft/tools/bin}/flanneld
+  [[ -x $flanneld ]] || { echo "overlay: $flanneld is missing (e2e/scripts/build-tools.sh --flannel)" >&2; exit 1; }
+  kc=$(jq -r .in_cluster_kubeconfig /run/weft-sandbox/state.json)
+  conf=$(mktemp -d /tmp/weft-bench-flannel.XXXX)
+  FLANNEL_DIR=$conf
+  if [[ $type == udp ]]; then
+    echo '{"Network": "10.246.0.0/16", "Backend": {"Type": "udp", "Port": 8286}}' >"$conf/net-conf.json"
+  else
+    echo '{"Network": "10.246.0.0/16", "Backend": {"Type": "vxlan", "VNI": 2, "Port": 8473}}' >"$conf/net-conf.json"
+  fi
+  for n in 1 2; do
+    $SBX kubectl apply -f - >/dev/null <<YAML
+apiVersion: v1
+kind: Node
+metadata: {name: flannel-$n}
+spec: {podCIDR: 10.246.$n.0/24, podCIDRs: [10.246.$n.0/24]}
+YAML
+    $SBX kubectl patch node "flannel-$n" --subresource=status --type=merge \
+      -p "{\"status\":{\"addresses\":[{\"type\":\"InternalIP\",\"address\":\"10.250.0.1$n\"}]}}" >/dev/null
+    NODE_NAME=flannel-$n ip netns exec "weft-sbx-node-$n" "$flanneld" --kube-subnet-mgr --kubeconfig-file="$kc" \
+      --iface=eth0 --net-config-path="$conf/net-conf.json" --subnet-file="$conf/subnet-$n.env" \
+      >"$conf/flanneld-$n.log" 2>&1 &
+  done
+  for n in 1 2; do
+    for _ in $(seq 300); do [[ -s $conf/subnet-$n.env ]] && break; sleep 0.1; done
+    [[ -s $conf/subnet-$n.env ]] || { echo "overlay: flanneld $n did not start:" >&2; cat "$conf/flanneld-$n.log" >&2; exit 1; }
+    mtu=$(sed -n 's/^FLANNEL_MTU=//p' "$conf/subnet-$n.env")
+    baseline_pod "weft-sbx-node-$n" "bench-f$n" "10.246.$n.2" "10.246.$n.1" "$mtu" cni0
+  done
+  # Both flanneld have seen each other once the path answers.
+  for _ in $(seq 300); do ip netns exec bench-f1 ping -c1 -W1 10.246.2.2 >/dev/null 2>&1 && break; sleep 0.1; done
+}
+
+flannel_down() {
+  pkill -f "flanneld --kube-subnet-mgr" 2>/dev/null || true
+  ip netns del bench-f1; ip netns del bench-f2
+  $SBX kubectl delete node flannel-1 flannel-2 >/dev/null
+  rm -rf "$FLANNEL_DIR"
+}
+
+# weft's pods (backend $2) against flannel's (backend $3), keys $1 and f$1.
+flannel_vs() {
+  local key=$1 weft=$2 type=$3
+  $SBX up --nodes 2 --backend "$weft" >/dev/null
+  two_pods
+  flannel_up "$type"
+  compare_pairs "$key:weft-sbx-pod-default-a:weft-sbx-pod-default-b:$B_IP" "f$key:bench-f1:bench-f2:10.246.2.2"
+  flannel_down
+  $SBX down >/dev/null
+}
+if want flannel; then
+flannel_vs fu udp udp
+flannel_vs fv vxlan vxlan
+fi
+
 row() { printf '| %-36s | %7s | %7s | %7s | %s |\n' "$@"; }
 fig() { row "$2" "${T[$1]}" "${R[$1]}" "${F[$1]}" "${P[$1]}"; }
 # The paired ratios of KEY against BASE (compare.py --ratio), two decimals.
@@ -410,6 +479,8 @@ triple wh "weft host-gw, bridged" bridged "plain routing"
 triple whr "weft host-gw, routed" routed "plain routing"
 triple wu "weft udp, bridged" bridged "hand-built VXLAN"
 triple ww "weft wireguard, bridged" bridged "wireguard-go"
+pair fu ffu "weft udp, bridged" "flanneld udp, bridged pods" "ratio weft / flannel"
+pair fv ffv "weft vxlan, bridged" "flanneld vxlan, bridged pods" "ratio weft / flannel"
 triple wv6 "weft vxlan, IPv6 pods, bridged" bridged "hand-built VXLAN"
 triple wv6u "weft vxlan over IPv6, bridged" bridged "hand-built VXLAN"
 triple wv6o "weft IPv6-only cluster, bridged" bridged "hand-built VXLAN"

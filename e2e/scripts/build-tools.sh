@@ -3,9 +3,10 @@
 # modules and caches them by version. A second run with the same versions only
 # checks the cache.
 #
-# Usage: e2e/scripts/build-tools.sh [--e2e-test | --print-dir]
+# Usage: e2e/scripts/build-tools.sh [--e2e-test | --flannel | --print-dir]
 #   --e2e-test  also Kubernetes' e2e.test and the ClusterNetworkPolicy
 #               conformance suite (for e2e/conformance.sh)
+#   --flannel   also flanneld, the peer of e2e/bench.sh overlay flannel
 # Cache: ${WEFT_TOOLS_CACHE:-$HOME/.cache/weft/tools}/<name>-<version>/<binary>,
 # linked from ${WEFT_TOOLS_CACHE}/bin.
 set -euo pipefail
@@ -14,12 +15,13 @@ set -euo pipefail
 source "$(dirname "$0")/versions.sh"
 
 cache=${WEFT_TOOLS_CACHE:-$HOME/.cache/weft/tools}
-with_e2e_test=0
+with_e2e_test=0 with_flannel=0
 case ${1:-} in
   --print-dir) echo "$cache/bin" && exit 0 ;;
   --e2e-test) with_e2e_test=1 ;;
+  --flannel) with_flannel=1 ;;
   "") ;;
-  *) echo "usage: $0 [--e2e-test | --print-dir]" >&2 && exit 2 ;;
+  *) echo "usage: $0 [--e2e-test | --flannel | --print-dir]" >&2 && exit 2 ;;
 esac
 
 log() { echo "build-tools: $*" >&2; }
@@ -48,7 +50,8 @@ wrapper_module() {
 
 # build NAME VERSION MODULE LDFLAGS PACKAGES... [-- REPLACE_LINES...]
 # Builds every main package inside one wrapper module that requires MODULE,
-# into $cache/NAME-VERSION/, and links each binary from $cache/bin.
+# into $cache/NAME-VERSION/, and links each binary from $cache/bin (as
+# $link_as if set). Without cgo unless cgo=1.
 build() {
   local name=$1 version=$2 module=$3 ldflags=$4
   shift 4
@@ -62,7 +65,7 @@ build() {
     trap 'rm -rf "$work"' RETURN
     wrapper_module "$work" "$name" "$module" "$version" "${pkgs[@]}" "$@"
     rm -rf "$out.tmp" && mkdir -p "$out.tmp"
-    (cd "$work" && GOFLAGS=-mod=mod CGO_ENABLED=0 go build -trimpath -tags no_btrfs \
+    (cd "$work" && GOFLAGS=-mod=mod CGO_ENABLED=${cgo:-0} go build -trimpath -tags no_btrfs \
       -ldflags="-s -w $ldflags" -o "$out.tmp/" "${pkgs[@]}")
     touch "$out.tmp/.complete"
     rm -rf "$out" && mv "$out.tmp" "$out"
@@ -177,6 +180,15 @@ if ((with_e2e_test)); then
   build ginkgo "$GINKGO_VERSION" github.com/onsi/ginkgo/v2 "" github.com/onsi/ginkgo/v2/ginkgo
   # SIG Network's ClusterNetworkPolicy conformance suite (e2e/conformance.sh cnp).
   build_cnp_conformance
+fi
+
+# flannel itself, the closest peer (e2e/bench.sh overlay flannel): its udp
+# and vxlan backends on the same namespace nodes as Weft's (its udp backend's
+# packet loop is C: cgo).
+if ((with_flannel)); then
+  cgo=1 link_as=flanneld build flannel "$FLANNEL_VERSION" github.com/flannel-io/flannel \
+    "-X github.com/flannel-io/flannel/pkg/version.Version=$FLANNEL_VERSION" github.com/flannel-io/flannel \
+    -- "github.com/tencentcloud/tencentcloud-sdk-go/tencentcloud/vpc => $(cd "$(dirname "$0")" && pwd)/flannel-stubs/tencent-vpc"
 fi
 
 log "tools ready in $cache/bin"

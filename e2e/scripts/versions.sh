@@ -20,3 +20,5 @@ NETWORK_POLICY_API_VERSION=v0.3.0
 # wireguard-go (a stock WireGuard peer for the wireguard backend's interop
 # test and benchmark): the module's newest pseudo-version.
 WIREGUARD_GO_VERSION=v0.0.0-20260522210424-ecfc5a8d5446
+# flanneld, the peer of e2e/bench.sh overlay flannel.
+FLANNEL_VERSION=v0.28.10
