@@ -385,10 +385,10 @@ impl Reconciler {
     }
 
     fn encapsulation(&self) -> Arc<dyn Encapsulation> {
-        match &self.cfg.wireguard_key {
-            Some(key) if self.cfg.backend == Backend::Wireguard => {
-                Arc::new(wireguard::WireGuard::new(key.private.clone()))
-            }
+        // The current key: a datapath started again after a rotation
+        // keeps the rotated key.
+        match self.wireguard_key() {
+            Some(key) if self.cfg.backend == Backend::Wireguard => Arc::new(wireguard::WireGuard::new(key.private)),
             _ => Arc::new(udp::Udp),
         }
     }
@@ -399,8 +399,8 @@ impl Reconciler {
         let cfg = &self.cfg;
         let mut changes = Vec::new();
         let present = link::by_name(&self.handle, &cfg.tunnel_device).await.map_err(OverlayError::Tunnel)?.is_some();
-        let encap = self.encapsulation();
-        let mtu = cfg.mtu.unwrap_or_else(|| tun::mtu_for(ul.mtu, cfg.node_ip, encap.overhead()));
+        let overhead = if cfg.backend == Backend::Wireguard { wireguard::OVERHEAD } else { udp::OVERHEAD };
+        let mtu = cfg.mtu.unwrap_or_else(|| tun::mtu_for(ul.mtu, cfg.node_ip, overhead));
         {
             let mut running =
                 self.datapath.lock().map_err(|_| OverlayError::Config("datapath lock poisoned".into()))?;
@@ -411,7 +411,7 @@ impl Reconciler {
                 let fd = tun::open(&cfg.tunnel_device).map_err(OverlayError::Tunnel)?;
                 let address = std::net::SocketAddr::new(cfg.node_ip, cfg.tunnel_port);
                 let started = std::net::UdpSocket::bind(address)
-                    .and_then(|socket| Datapath::start(fd, socket, encap, self.tunnel_stats.clone()));
+                    .and_then(|socket| Datapath::start(fd, socket, self.encapsulation(), self.tunnel_stats.clone()));
                 let datapath =
                     started.map_err(|source| OverlayError::Datapath { backend: cfg.backend, address, source })?;
                 *running = Some(datapath);

@@ -33,9 +33,6 @@ pub enum Sender {
 /// What a backend does to pod packets between the TUN device and UDP.
 /// One instance is shared by the datapath's threads.
 pub trait Encapsulation: Send + Sync + 'static {
-    /// Bytes each packet grows by (the pod MTU is lowered by it).
-    fn overhead(&self) -> u32;
-
     /// Takes the new peers (their keys and endpoints); state of peers that
     /// stayed is kept.
     fn set_peers(&self, table: &Table);

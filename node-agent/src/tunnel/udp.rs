@@ -9,15 +9,13 @@ use std::net::SocketAddr;
 use super::{Encapsulation, Sender, Table, TunnelPeer};
 
 pub const DEFAULT_PORT: u16 = 8285;
+/// Bytes each packet grows by, besides the underlay's IP and UDP headers.
+pub const OVERHEAD: u32 = 0;
 
 #[derive(Debug, Default)]
 pub struct Udp;
 
 impl Encapsulation for Udp {
-    fn overhead(&self) -> u32 {
-        0
-    }
-
     fn set_peers(&self, _table: &Table) {}
 
     fn seal<'a>(&self, _peer: &TunnelPeer, packet: &'a [u8], _out: &'a mut [u8]) -> Option<&'a [u8]> {

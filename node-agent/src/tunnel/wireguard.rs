@@ -23,8 +23,9 @@ use boringtun::x25519::{PublicKey, StaticSecret};
 use super::{Encapsulation, Sender, Table, TunnelPeer};
 
 pub const DEFAULT_PORT: u16 = 51820;
-/// Type, receiver index, counter, and the Poly1305 tag.
-const OVERHEAD: u32 = 32;
+/// Bytes each packet grows by, besides the underlay's IP and UDP headers:
+/// type, receiver index, counter, and the Poly1305 tag.
+pub const OVERHEAD: u32 = 32;
 /// Peers' indices are 24 bits; the low 8 are the session's.
 const MAX_INDEX: u32 = (1 << 24) - 1;
 
@@ -96,10 +97,6 @@ impl WireGuard {
 }
 
 impl Encapsulation for WireGuard {
-    fn overhead(&self) -> u32 {
-        OVERHEAD
-    }
-
     fn set_peers(&self, table: &Table) {
         let Some(private) = self.private_key() else { return };
         let Ok(mut state) = self.state.write() else { return };
