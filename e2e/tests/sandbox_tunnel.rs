@@ -177,7 +177,8 @@ fn wg_present() -> bool {
 /// with Debian's `wg`) is a peer of a Weft node using only what the API
 /// holds: the node's published key, and the stock peer's key and address
 /// written into a Subnet's status. Traffic flows both ways, so the wire
-/// format is WireGuard's own, not a private framing.
+/// format is WireGuard's own, not a private framing. Until the status is
+/// written the node sends the stock peer nothing.
 #[test]
 fn a_stock_wireguard_peer_exchanges_traffic_with_a_weft_node() {
     let tools = [
@@ -208,9 +209,6 @@ fn a_stock_wireguard_peer_exchanges_traffic_with_a_weft_node() {
         .expect("wg pubkey");
     std::io::Write::write_all(pubkey.stdin.as_mut().expect("stdin"), &private).expect("write the key");
     let public = String::from_utf8(pubkey.wait_with_output().expect("wg pubkey").stdout).expect("utf-8");
-    let status = serde_json::json!({"status": {"nodeIP": "10.250.0.50", "wireguardPublicKey": public.trim()}});
-    ok(&["kubectl", "patch", "subnet", node, "--subresource=status", "--type=merge", "-p", &status.to_string()]);
-
     let netns = "weft-sbx-stockwg";
     weft_e2e::sandbox::nodes::attach_to_underlay(netns, "swg", "10.250.0.50".parse().expect("address"))
         .expect("the stock peer's namespace");
@@ -236,12 +234,33 @@ fn a_stock_wireguard_peer_exchanges_traffic_with_a_weft_node() {
     peer.run(&["ip", "link", "set", "wg0", "mtu", "1420", "up"]);
     peer.run(&["ip", "route", "add", &node1_cidr, "dev", "wg0"]);
 
-    // Stock → Weft: the stock peer starts the handshake.
+    // Weft → stock: pod a pings the stock peer every 10 ms (timestamped)
+    // while the stock peer's status is written: from then on node-1 has a
+    // peer for its block, and the first echo back marks encrypted traffic
+    // flowing (printed: the time from a new node's Subnet to traffic).
+    let pinger = Command::new("ip")
+        .args(["netns", "exec", "weft-sbx-pod-default-a", "ping", "-D", "-i", "0.01", "-c", "500", "-W", "1"])
+        .arg(&stock_ip)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("ping");
+    let status = serde_json::json!({"status": {"nodeIP": "10.250.0.50", "wireguardPublicKey": public.trim()}});
+    let written = std::time::SystemTime::now();
+    ok(&["kubectl", "patch", "subnet", node, "--subresource=status", "--type=merge", "-p", &status.to_string()]);
+    let echoes = String::from_utf8_lossy(&pinger.wait_with_output().expect("ping output").stdout).into_owned();
+    let first = echoes
+        .lines()
+        .filter(|l| l.contains("bytes from"))
+        .find_map(|l| l.strip_prefix('[')?.split(']').next()?.parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("pod a never reached the stock peer: {echoes}"));
+    let since = written.duration_since(std::time::UNIX_EPOCH).expect("clock").as_secs_f64();
+    assert!(first > since, "an echo came back before the stock peer's Subnet was written: {echoes}");
+    eprintln!("a new node's Subnet to encrypted traffic: {:.0} ms (kubectl patch included)", (first - since) * 1000.0);
+
+    // Stock → Weft as well.
     let a = pod_ip("a").to_string();
-    weft_e2e::wait::until("the stock peer to reach pod a", std::time::Duration::from_secs(30), || {
-        peer.exec(&["ping", "-c", "1", "-W", "1", &a]).status.success().then_some(())
-    });
-    // Weft → stock: pod a reaches the stock peer's address.
+    let from_stock = peer.exec(&["ping", "-c", "3", "-W", "2", &a]);
+    assert!(from_stock.status.success(), "the stock peer cannot reach pod a");
     let from_pod = Command::new("ip")
         .args(["netns", "exec", "weft-sbx-pod-default-a", "ping", "-c", "3", "-W", "2", &stock_ip])
         .output()
