@@ -283,3 +283,24 @@ fn subnet_if_any(node: &str) -> Option<Value> {
     }
     serde_json::from_str(&out).ok()
 }
+
+/// An IPv6-only cluster over wireguard: tunnels between the nodes' IPv6
+/// addresses, 80 bytes taken off the MTU, the cluster's IPv6 range in the
+/// device, pods reaching each other over TCP and UDP.
+#[test]
+fn wireguard_connects_an_ipv6_only_cluster() {
+    let Some(_up) = Up::start(&["--nodes", "2", "--ipv6-only", "--backend", "wireguard"], &[]) else { return };
+    let ports = ["-p", "80/tcp", "-p", "53/udp"];
+    ok(&[&["add-pod", "a", "--node", "node-1"][..], &ports].concat());
+    ok(&[&["add-pod", "b", "--node", "node-2"][..], &ports].concat());
+    let device = ip_in_node("node-1", &["link", "show", "weft-tun"]);
+    assert!(device.contains("mtu 1420"), "1500 minus WireGuard's 80 bytes over IPv6: {device}");
+    let routes = ip_in_node("node-1", &["-6", "route", "show", "dev", "weft-tun"]);
+    assert!(routes.contains("fd00:10:244::/56"), "{routes}");
+    for protocol in [("tcp", "80"), ("udp", "53")] {
+        let m: Value =
+            serde_json::from_str(&ok(&["probe", "--protocol", protocol.0, "--port", protocol.1, "--family", "ipv6"]))
+                .expect("probe JSON");
+        assert_all_allowed(&m);
+    }
+}
