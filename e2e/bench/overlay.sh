@@ -341,7 +341,7 @@ fi
 # node-1, even on node-2).
 baseline_wireguard_go() {
   local wggo k1 k2 p1 p2
-  wggo=${WEFT_TOOLS_DIR:-$HOME/.cache/weft/tools/bin}/wireguard-go
+  wggo=${WEFT_TOOLS_DIR:-$(e2e/scripts/build-tools.sh --print-dir)}/wireguard-go
   [[ -x $wggo ]] || { echo "overlay: $wggo is missing (e2e/scripts/build-tools.sh)" >&2; exit 1; }
   k1=$(wg genkey) k2=$(wg genkey)
   p1=$(wg pubkey <<<"$k1") p2=$(wg pubkey <<<"$k2")
@@ -383,7 +383,7 @@ fi
 # subnet file.
 flannel_up() {
   local type=$1 n conf kc flanneld mtu
-  flanneld=${WEFT_TOOLS_DIR:-$HOME/.cache/weft/tools/bin}/flanneld
+  flanneld=${WEFT_TOOLS_DIR:-$(e2e/scripts/build-tools.sh --print-dir)}/flanneld
   [[ -x $flanneld ]] || { echo "overlay: $flanneld is missing (e2e/scripts/build-tools.sh --flannel)" >&2; exit 1; }
   kc=$(jq -r .in_cluster_kubeconfig /run/weft-sandbox/state.json)
   conf=$(mktemp -d /tmp/weft-bench-flannel.XXXX)
@@ -434,6 +434,8 @@ flannel_vs() {
   $SBX down >/dev/null
 }
 if want flannel; then
+# flanneld is built on first use (cached afterwards), like the cluster's tools.
+e2e/scripts/build-tools.sh --flannel >&2
 flannel_vs fu udp udp
 flannel_vs fv vxlan vxlan
 fi
