@@ -401,26 +401,30 @@ impl Reconciler {
         let present = link::by_name(&self.handle, &cfg.tunnel_device).await.map_err(OverlayError::Tunnel)?.is_some();
         let overhead = if cfg.backend == Backend::Wireguard { wireguard::OVERHEAD } else { udp::OVERHEAD };
         let mtu = cfg.mtu.unwrap_or_else(|| tun::mtu_for(ul.mtu, cfg.node_ip, overhead));
-        {
-            let mut running =
-                self.datapath.lock().map_err(|_| OverlayError::Config("datapath lock poisoned".into()))?;
+        let poisoned = || OverlayError::Config("datapath lock poisoned".into());
+        let (needed, stopped) = {
+            let running = self.datapath.lock().map_err(|_| poisoned())?;
             let stopped = running.as_ref().and_then(Datapath::failure);
-            if running.is_none() || stopped.is_some() || !present {
-                // The old one lets go of the device and the port first.
-                *running = None;
-                let fd = tun::open(&cfg.tunnel_device).map_err(OverlayError::Tunnel)?;
-                let address = std::net::SocketAddr::new(cfg.node_ip, cfg.tunnel_port);
-                let started = std::net::UdpSocket::bind(address)
-                    .and_then(|socket| Datapath::start(fd, socket, self.encapsulation(), self.tunnel_stats.clone()));
-                let datapath =
-                    started.map_err(|source| OverlayError::Datapath { backend: cfg.backend, address, source })?;
-                *running = Some(datapath);
-                changes.push(match stopped {
-                    Some(why) => format!("datapath restarted ({why})"),
-                    None if present => "datapath started".to_owned(),
-                    None => "device created, datapath started".to_owned(),
-                });
-            }
+            (running.is_none() || stopped.is_some() || !present, stopped)
+        };
+        if needed {
+            // The old one lets go of the device and the port first; its
+            // threads are joined outside the lock (passes are serialised
+            // by `pass`, so nobody starts another meanwhile).
+            let old = self.datapath.lock().map_err(|_| poisoned())?.take();
+            drop(old);
+            let fd = tun::open(&cfg.tunnel_device).map_err(OverlayError::Tunnel)?;
+            let address = std::net::SocketAddr::new(cfg.node_ip, cfg.tunnel_port);
+            let started = std::net::UdpSocket::bind(address)
+                .and_then(|socket| Datapath::start(fd, socket, self.encapsulation(), self.tunnel_stats.clone()));
+            let datapath =
+                started.map_err(|source| OverlayError::Datapath { backend: cfg.backend, address, source })?;
+            *self.datapath.lock().map_err(|_| poisoned())? = Some(datapath);
+            changes.push(match stopped {
+                Some(why) => format!("datapath restarted ({why})"),
+                None if present => "datapath started".to_owned(),
+                None => "device created, datapath started".to_owned(),
+            });
         }
         let mut addresses = vec![IpNet::from(cfg.vtep_ip())];
         addresses.extend(cfg.pod_cidr6.map(|b| IpNet::from(IpAddr::V6(b.network()))));

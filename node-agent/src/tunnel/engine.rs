@@ -200,7 +200,9 @@ fn tun_to_udp(s: &Shared) {
             Err(e) => return s.fail(format!("TUN device: {e}")),
         }
         // Everything queued (runs to one peer leave in one send), then
-        // back to poll.
+        // back to poll. The peers as of this wake-up: a change is seen at
+        // the next one, without a lock per packet.
+        let table = s.table();
         loop {
             let n = match tun.read(&mut packet) {
                 Ok(n) => n,
@@ -208,7 +210,6 @@ fn tun_to_udp(s: &Shared) {
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(e) => return s.fail(format!("cannot read the TUN device: {e}")),
             };
-            let table = s.table();
             let peer = addresses(&packet[..n]).and_then(|(_, dst)| table.route(dst)).and_then(|id| table.get(id));
             let Some(peer) = peer else {
                 s.stats.no_peer.inc();
@@ -230,6 +231,7 @@ fn udp_to_tun(s: &Shared) {
             Ok(false) => continue,
             Err(e) => return s.fail(format!("UDP socket: {e}")),
         }
+        let table = s.table();
         loop {
             let (from, n, size) = match batch::receive(&s.socket, &mut datagram) {
                 Ok(r) => r,
@@ -237,15 +239,14 @@ fn udp_to_tun(s: &Shared) {
                 Err(_) => break,
             };
             for one in datagram[..n].chunks(size.max(1)) {
-                receive(s, from, one, &mut out);
+                receive(s, &table, from, one, &mut out);
             }
         }
     }
 }
 
 /// One datagram from the network, through the backend into the device.
-fn receive(s: &Shared, from: SocketAddr, datagram: &[u8], out: &mut [u8]) {
-    let table = s.table();
+fn receive(s: &Shared, table: &Table, from: SocketAddr, datagram: &[u8], out: &mut [u8]) {
     let mut deliver = |sender: Sender, packet: &[u8]| {
         let peer = match sender {
             Sender::Endpoint(ip) => table.by_endpoint(ip),
