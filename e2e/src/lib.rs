@@ -14,5 +14,6 @@ pub mod flood;
 pub mod netns;
 pub mod prereq;
 pub mod sandbox;
+pub mod smuggle;
 pub mod supervisor;
 pub mod wait;

@@ -4,7 +4,9 @@
 //! the traffic policy allows still flowing. Each attack is judged on its
 //! own ([`Attacks`]): the table at the end says which got through. Against
 //! the binaries from before the source guard (`WEFT_BIN_DIR`), all but the
-//! readiness flood do (that one is a race the old start-up rarely lost).
+//! readiness flood do (that one is a race the old start-up rarely lost);
+//! against those from before the encapsulation guard, the smuggled VXLAN
+//! packets (8) do.
 //!
 //! One sandbox runs per machine, so these tests take turns ([`Up`]).
 
@@ -15,8 +17,8 @@ use std::time::Duration;
 
 use weft_e2e::attacks::Attacks;
 use weft_e2e::flood;
-use weft_e2e::sandbox::testing::{PausedAgent, Up, apply, connect, kubectl, ok, run};
-use weft_e2e::wait;
+use weft_e2e::sandbox::testing::{PausedAgent, Up, apply, connect, kubectl, ok, run, smuggled_arrives, tracked};
+use weft_e2e::{smuggle, wait};
 
 const CONVERGE: Duration = Duration::from_secs(45);
 
@@ -113,6 +115,24 @@ fn a_hostile_pod_gets_past_no_policy() {
         "node-2 tracked the spoofed ping".to_owned()
     });
 
+    // 8. A pod (the victim: its egress is open) writes a packet with a
+    // made-up source, hides it in a VXLAN packet of its own and sends that
+    // to node-2's tunnel port, and to its own node's (whose VXLAN socket
+    // takes any of its addresses): masqueraded, it would come from
+    // node-1's address, and the packet inside pass for a node-1 pod's.
+    let subnet_field = |node: &str, field: &str| {
+        kubectl(&["get", "subnet", node, "-o", &format!("jsonpath={{.status.{field}}}")]).trim().to_owned()
+    };
+    for (node, made_up) in [("node-2", 251), ("node-1", 252)] {
+        let to = format!("{}:8472", subnet_field(node, "nodeIP")).parse().expect("a node address");
+        let vtep = smuggle::mac(&subnet_field(node, "vtepMAC")).expect("a VTEP MAC");
+        let src = spoofed.replace(".250", &format!(".{made_up}"));
+        let arrived = smuggled_arrives(victim, to, Some(vtep), &src, &remote_ip, "node-2");
+        attacks.judge(&format!("8. a made-up source smuggled in a pod's own VXLAN packet to {node}"), !arrived, || {
+            format!("node-2 tracked {src} -> {remote_ip}")
+        });
+    }
+
     // The attacker's own traffic that policy allows is untouched.
     assert_eq!(connect(remote, "tcp", &format!("{attacker_ip}:80")).as_deref(), Some(attacker));
 
@@ -208,12 +228,7 @@ fn a_hostile_pod_gets_past_no_policy() {
 /// the ping, i.e. whether it got there.
 fn ping_from(pod: &str, src: &str, dst: &str) -> (bool, bool) {
     let (answered, _) = in_pod(pod, &format!("ping -c2 -i0.2 -W1 -I {src} {dst}"));
-    let out = std::process::Command::new("ip")
-        .args(["netns", "exec", "weft-sbx-node-2", "conntrack", "-L", "-p", "icmp", "-s", src, "-d", dst])
-        .output()
-        .expect("conntrack");
-    let listed = String::from_utf8_lossy(&out.stdout);
-    (answered, listed.lines().any(|l| l.contains(&format!("src={src}"))))
+    (answered, tracked("node-2", "icmp", src, dst))
 }
 
 /// From inside the network namespace `netns` (waiting for it to appear),

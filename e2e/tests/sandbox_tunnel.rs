@@ -11,7 +11,7 @@ use std::process::Command;
 
 use serde_json::Value;
 use weft_e2e::capture::{self, Capture};
-use weft_e2e::sandbox::testing::{Up, assert_all_allowed, ip_in_node, ok, probe_all, subnet};
+use weft_e2e::sandbox::testing::{Up, assert_all_allowed, ip_in_node, ok, probe_all, smuggled_arrives, subnet};
 
 fn pod_ip(name: &str) -> Ipv4Addr {
     ok(&["pods"])
@@ -130,6 +130,19 @@ fn udp_backend_carries_pods_traffic_through_its_tun_device() {
     assert!(
         !datagrams.is_empty() && datagrams.iter().all(|(s, d)| *s == 8285 && *d == 8285),
         "pods' packets travel as UDP between the nodes' port 8285: {datagrams:?}"
+    );
+
+    // A pod's own udp-backend packet (a bare IPv4 packet in a datagram to
+    // port 8285) with a made-up source of its node's block: masqueraded,
+    // it would come from node-1's address and pass for node-1's traffic.
+    let made_up = pod_ip("a").octets().map(|o| o.to_string());
+    let src = format!("{}.{}.{}.250", made_up[0], made_up[1], made_up[2]);
+    let node2 = subnet("node-2")["status"]["nodeIP"].as_str().expect("node-2's address").to_owned();
+    let b = pod_ip("b").to_string();
+    let target = format!("{node2}:8285").parse().expect("an address");
+    assert!(
+        !smuggled_arrives("default/a", target, None, &src, &b, "node-2"),
+        "node-2 took a pod's own packet to {target} for node-1's traffic"
     );
 }
 

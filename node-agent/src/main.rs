@@ -6,6 +6,7 @@ mod attachment;
 mod cni_server;
 mod config;
 mod dataplane;
+mod encapsulation_guard;
 mod events;
 mod firewall;
 mod guard;
@@ -294,7 +295,8 @@ fn serve_cni(
 }
 
 /// What node_settings keeps for this lease: each family's pod block and
-/// cluster range (an IPv6-only node's cluster CIDR is its IPv6 range).
+/// cluster range (an IPv6-only node's cluster CIDR is its IPv6 range), and
+/// the overlay port its pods may not send to.
 /// Refuses a cluster CIDR of another family than the lease's, and an IPv6
 /// block outside the cluster's IPv6 range.
 fn node_settings_of(
@@ -320,7 +322,8 @@ fn node_settings_of(
     {
         anyhow::bail!("this node's IPv6 block {} is outside the cluster's IPv6 range {cluster}", v6.pods);
     }
-    Ok(node_settings::NodeSettings { ipv4, ipv6 })
+    let encapsulation_port = overlay::unauthenticated_port(lease.backend, config.tunnel_port);
+    Ok(node_settings::NodeSettings { ipv4, ipv6, encapsulation_port })
 }
 
 /// What [`setup_overlay`] leaves for the rest of start-up.

@@ -2,7 +2,8 @@
 //! forwarding of each family its pods have (pods on other nodes are reached
 //! through it) and the masquerade rules for pod traffic
 //! leaving the cluster (IPv6 too where its pods' addresses are not routable
-//! beyond the node, or as `--ipv6-masquerade` says). A `sysctl --system`
+//! beyond the node, or as `--ipv6-masquerade` says), and the drop of
+//! pods' own overlay packets ([`encapsulation_guard`]). A `sysctl --system`
 //! or a firewall reload undoes them silently; they are checked at start-up
 //! and every resync period, and put back with a warning and a count in
 //! `weft_agent_node_setting_repairs_total`.
@@ -13,6 +14,7 @@ use std::time::Duration;
 use ipnet::{Ipv4Net, Ipv6Net};
 
 use crate::dataplane::{ipv6_reach, sysctl};
+use crate::encapsulation_guard::{self, Encapsulation};
 use crate::masquerade::{self, Ranges};
 use crate::metrics::Metrics;
 
@@ -51,6 +53,9 @@ fn is_global_unicast(net: Ipv6Net) -> bool {
 pub struct NodeSettings {
     pub ipv4: Option<Ranges<Ipv4Net>>,
     pub ipv6: Option<Ipv6Settings>,
+    /// The overlay's UDP port when its packets are not authenticated
+    /// (VXLAN, udp): pods may not send to it.
+    pub encapsulation_port: Option<u16>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -70,6 +75,16 @@ impl NodeSettings {
         let cluster = v6.cluster?;
         v6.masquerade.applies(v6.pods, node_routable).then_some(Ranges { pods: v6.pods, cluster })
     }
+
+    /// What the encapsulation guard drops: UDP to the overlay's port from
+    /// the cluster's pod ranges (this node's IPv6 block when the cluster's
+    /// IPv6 range is not known). Pure.
+    pub fn encapsulation(&self) -> Option<Encapsulation> {
+        let port = self.encapsulation_port?;
+        let v4 = self.ipv4.map(|r| r.cluster.into());
+        let v6 = self.ipv6.map(|v6| v6.cluster.unwrap_or(v6.pods).into());
+        Some(Encapsulation { port, pods: v4.into_iter().chain(v6).collect() })
+    }
 }
 
 /// What one [`ensure`] did.
@@ -81,8 +96,8 @@ pub struct Pass {
     pub ipv6_routable: Option<bool>,
 }
 
-/// What an overlay node needs: forwarding, and masquerading of traffic from
-/// its pods leaving the cluster. `last_routable`: the previous pass's
+/// What an overlay node needs: forwarding, masquerading of traffic from
+/// its pods leaving the cluster, and the encapsulation guard. `last_routable`: the previous pass's
 /// answer, so that a changed `auto` decision is not taken for a repair, and
 /// kept when the node's routes cannot be read. Blocking (sysctl and procfs
 /// files, nft): call off the runtime.
@@ -113,6 +128,9 @@ pub fn ensure(settings: &NodeSettings, last_routable: Option<bool>) -> anyhow::R
     let wrote = masquerade::ensure(settings.ipv4, settings.ipv6_masquerade(ipv6_routable.unwrap_or(false)))?;
     if wrote && !decided_again {
         repaired.push("masquerade");
+    }
+    if encapsulation_guard::ensure(settings.encapsulation().as_ref())? {
+        repaired.push("encapsulation guard");
     }
     Ok(Pass { repaired, ipv6_routable })
 }
@@ -149,6 +167,7 @@ mod tests {
                 cluster: cluster6.map(|c| c.parse().unwrap()),
                 masquerade,
             }),
+            encapsulation_port: None,
         }
     }
 
@@ -183,6 +202,25 @@ mod tests {
         assert_eq!(settings("fd00:10:244:1::/64", None, Ipv6Masquerade::On).ipv6_masquerade(false), None);
         let v4_only = NodeSettings { ipv6: None, ..settings("fd00::/64", None, Ipv6Masquerade::On) };
         assert_eq!(v4_only.ipv6_masquerade(false), None);
+    }
+
+    #[test]
+    fn the_encapsulation_guard_covers_the_cluster_of_each_family_and_only_an_unauthenticated_port() {
+        let dual = settings("fd00:10:244:1::/64", Some("fd00:10:244::/56"), Ipv6Masquerade::Auto);
+        assert_eq!(dual.encapsulation(), None, "no port (host-gw, wireguard): nothing to guard");
+        let nets = |s: &NodeSettings| -> Vec<String> {
+            s.encapsulation().expect("guarded").pods.iter().map(ToString::to_string).collect()
+        };
+        let vxlan = NodeSettings { encapsulation_port: Some(8472), ..dual };
+        assert_eq!(vxlan.encapsulation().map(|e| e.port), Some(8472));
+        assert_eq!(nets(&vxlan), ["10.244.0.0/16", "fd00:10:244::/56"]);
+        let no_range6 = NodeSettings {
+            encapsulation_port: Some(8285),
+            ..settings("fd00:10:244:1::/64", None, Ipv6Masquerade::Auto)
+        };
+        assert_eq!(nets(&no_range6), ["10.244.0.0/16", "fd00:10:244:1::/64"], "this node's block at least");
+        let v4_only = NodeSettings { ipv6: None, ..vxlan };
+        assert_eq!(nets(&v4_only), ["10.244.0.0/16"]);
     }
 }
 
@@ -230,6 +268,7 @@ mod kernel_tests {
                 cluster: Some(format!("{pods}/56").parse().unwrap()),
                 masquerade: Ipv6Masquerade::Auto,
             }),
+            encapsulation_port: None,
         }
     }
 

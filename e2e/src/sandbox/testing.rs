@@ -259,3 +259,41 @@ pub fn ip_in_node(node: &str, args: &[&str]) -> String {
     let out = Command::new("ip").args(["-n", &format!("weft-sbx-{node}")]).args(args).output().expect("ip");
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
+
+/// Whether `node`'s connection tracking holds a `protocol` flow from `src`
+/// to `dst`: whether a packet with that source got there.
+pub fn tracked(node: &str, protocol: &str, src: &str, dst: &str) -> bool {
+    let out = Command::new("ip")
+        .args(["netns", "exec", &format!("weft-sbx-{node}"), "conntrack", "-L", "-p", protocol, "-s", src, "-d", dst])
+        .output()
+        .expect("conntrack");
+    String::from_utf8_lossy(&out.stdout).lines().any(|l| l.contains(&format!("src={src}")))
+}
+
+/// Sends, from the network namespace of sandbox pod `pod`
+/// (`namespace/name`), an IPv4 UDP packet `src` → `dst` of its own making
+/// hidden in the overlay's encapsulation to `node_ip:port` (VXLAN VNI 1 to
+/// `vtep_mac` when given, else udp's bare packet); whether the packet then
+/// shows up in `tracked_on`'s connection tracking within 2 s, i.e. whether
+/// a node took it for its peer's traffic.
+pub fn smuggled_arrives(
+    pod: &str,
+    to: std::net::SocketAddr,
+    vtep_mac: Option<[u8; 6]>,
+    src: &str,
+    dst: &str,
+    tracked_on: &str,
+) -> bool {
+    use crate::smuggle;
+    let (ns, name) = pod.split_once('/').expect("namespace/name");
+    let (s, d) = (src.parse().expect("an IPv4 source"), dst.parse().expect("an IPv4 destination"));
+    let inner = smuggle::ipv4_udp(s, d, 40_000, 5_353, b"smuggled");
+    let payload = match vtep_mac {
+        Some(mac) => smuggle::vxlan(1, mac, &inner),
+        None => inner,
+    };
+    let sent =
+        smuggle::send_from(format!("/run/netns/weft-sbx-pod-{ns}-{name}"), to, payload, 3).expect("send from the pod");
+    assert_eq!(sent, 3, "the pod's socket took every datagram");
+    wait::try_until(Duration::from_secs(2), || tracked(tracked_on, "udp", src, dst).then_some(())).is_some()
+}

@@ -205,6 +205,18 @@ pub enum OverlayError {
     Datapath { backend: Backend, address: std::net::SocketAddr, source: std::io::Error },
 }
 
+/// The UDP port of a backend whose packets a node takes on the word of
+/// their source address (VXLAN, udp; `tunnel_port` overrides udp's
+/// default): pods must not be able to send to it. `None` for host-gw (no
+/// encapsulation) and wireguard (authenticated by the peer's key).
+pub fn unauthenticated_port(backend: Backend, tunnel_port: Option<u16>) -> Option<u16> {
+    match backend {
+        Backend::Vxlan => Some(vxlan::DEFAULT_PORT),
+        Backend::Udp => Some(tunnel_port.unwrap_or(udp::DEFAULT_PORT)),
+        Backend::HostGw | Backend::Wireguard => None,
+    }
+}
+
 /// The UDP port of a TUN backend by default: flannel's 8285 for udp,
 /// WireGuard's 51820.
 pub fn default_tunnel_port(backend: Backend) -> u16 {
@@ -535,6 +547,15 @@ mod tests {
         assert_eq!(c.vtep_ip(), "10.244.1.0".parse::<IpAddr>().unwrap());
         assert!(c.vtep_mac().is_valid_unicast());
         assert!(c.validate().is_ok());
+    }
+
+    #[test]
+    fn only_backends_that_trust_a_source_address_have_a_port_pods_may_not_send_to() {
+        assert_eq!(unauthenticated_port(Backend::Vxlan, Some(9999)), Some(8472), "the flag is the TUN backends'");
+        assert_eq!(unauthenticated_port(Backend::Udp, None), Some(8285));
+        assert_eq!(unauthenticated_port(Backend::Udp, Some(9999)), Some(9999));
+        assert_eq!(unauthenticated_port(Backend::Wireguard, None), None);
+        assert_eq!(unauthenticated_port(Backend::HostGw, None), None);
     }
 
     #[test]
