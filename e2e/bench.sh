@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs Weft's benchmarks (as root) against their peers in the same run and
-# prints tables. Usage: e2e/bench.sh [cni|overlay [SECTION...]|hostports|policy|cluster|all]
+# prints tables. Usage: e2e/bench.sh [cni|overlay [SECTION...]|hostports|policy|scale|cluster|all]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 e2e/scripts/setup-machine.sh
@@ -24,6 +24,10 @@ case "${1:-all}" in
     cargo bench -p weft-e2e --bench host_ports
     cargo test -p weft-agent --release thousand_host_port -- --ignored --nocapture ;;
   policy) cargo bench -p weft-e2e --bench policy_sync ;;
+  scale)
+    # kwok simulates the nodes (WEFT_SCALE_NODES, default 100,250,500,1000).
+    e2e/scripts/build-tools.sh --kwok
+    cargo bench -p weft-e2e --bench scale ;;
   cluster)
     # Images with the release binaries; the bench brings its own cluster up.
     export WEFT_IMAGES_DIR="$PWD/target/bench-images"
@@ -31,5 +35,5 @@ case "${1:-all}" in
     e2e/scripts/build-images.sh >/dev/null
     cargo bench -p weft-e2e --bench pod_startup ;;
   all) cargo bench -p weft-e2e && cargo build --workspace --bins && e2e/bench/overlay.sh ;;
-  *) echo "usage: e2e/bench.sh [cni|overlay|hostports|policy|cluster|all]" >&2; exit 2 ;;
+  *) echo "usage: e2e/bench.sh [cni|overlay|hostports|policy|scale|cluster|all]" >&2; exit 2 ;;
 esac

@@ -16,7 +16,7 @@
 //! them, as agents before them).
 
 use std::fs::File;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use futures::{StreamExt, stream};
@@ -27,6 +27,7 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use nix::sched::{CloneFlags, setns};
 use serde_json::json;
 use weft_api::cluster_network_policy::ClusterNetworkPolicy;
+use weft_e2e::bench_agent::{KillOnDrop, METRICS_ADDR, POLL, metric, metrics, next_sync, percentile, rss_mib, syncs};
 use weft_e2e::control_plane::{ControlPlane, Options, install_crds, tools_dir, tools_present};
 use weft_e2e::netns::Netns;
 use weft_e2e::{bins, wait};
@@ -182,65 +183,6 @@ fn heavy(k: usize) -> NetworkPolicy {
     .expect("policy")
 }
 
-/// The `p`th percentile of `samples`, in seconds.
-/// How often the agent's metrics are looked at while a change is timed.
-const POLL: Duration = Duration::from_millis(5);
-
-fn percentile(samples: &[Duration], p: usize) -> f64 {
-    let mut v: Vec<f64> = samples.iter().map(Duration::as_secs_f64).collect();
-    v.sort_by(f64::total_cmp);
-    v.get((v.len() * p / 100).min(v.len().saturating_sub(1))).copied().unwrap_or(f64::NAN)
-}
-
-/// The agent's metrics, fetched in-process: polled every few milliseconds,
-/// a curl per poll would take CPU from the agent being measured.
-fn metrics() -> String {
-    use std::io::{Read, Write};
-    let fetch = || -> std::io::Result<String> {
-        let mut s =
-            std::net::TcpStream::connect_timeout(&"127.0.0.1:9646".parse().expect("addr"), Duration::from_secs(5))?;
-        s.set_read_timeout(Some(Duration::from_secs(5)))?;
-        s.write_all(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")?;
-        let mut body = String::new();
-        s.read_to_string(&mut body)?;
-        Ok(body)
-    };
-    fetch().unwrap_or_default()
-}
-
-fn metric(text: &str, line_start: &str) -> f64 {
-    text.lines().find(|l| l.starts_with(line_start)).and_then(|l| l.rsplit(' ').next()?.parse().ok()).unwrap_or(0.0)
-}
-
-/// (applied syncs, sync seconds sum).
-fn syncs() -> (f64, f64) {
-    let m = metrics();
-    (
-        metric(&m, "weft_agent_policy_syncs_total{result=\"applied\"}"),
-        metric(&m, "weft_agent_policy_sync_duration_seconds_sum"),
-    )
-}
-
-/// Waits for the next applied sync after `before`; returns (wall time, the
-/// time of every pass the agent ran since `before`, unchanged ones included).
-fn next_sync(before: (f64, f64), started: Instant) -> (Duration, f64) {
-    let after = wait::until_every("the agent to apply a sync", Duration::from_secs(300), POLL, || {
-        let now = syncs();
-        (now.0 > before.0).then_some(now)
-    });
-    (started.elapsed(), after.1 - before.1)
-}
-
-fn rss_mib(pid: u32) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find(|l| l.starts_with("VmRSS:"))
-        .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
-        .unwrap_or(0.0)
-        / 1024.0
-}
-
 /// Medians of the phases of the agent's incremental passes (its "policy
 /// rules applied" log lines with `full=false`): snapshot, compute, kernel.
 fn change_phases(log: &str) -> Option<[f64; 3]> {
@@ -259,16 +201,6 @@ fn change_phases(log: &str) -> Option<[f64; 3]> {
     };
     let [mut a, mut b, mut c] = cols;
     Some([median(&mut a)?, median(&mut b)?, median(&mut c)?])
-}
-
-/// The agent, stopped however the bench ends (a panic included).
-struct KillOnDrop(Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 struct Defer<F: FnMut()>(F);
@@ -304,7 +236,7 @@ async fn bench(pods: usize, policies: usize, cluster_policies: usize, ns_path: &
     let started = Instant::now();
     let agent = KillOnDrop(
         Command::new(bins::weft("weft-agent"))
-            .args(["--node-name", "node-0", "--pod-cidr", "10.100.0.0/24", "--metrics-addr", "127.0.0.1:9646"])
+            .args(["--node-name", "node-0", "--pod-cidr", "10.100.0.0/24", "--metrics-addr", METRICS_ADDR])
             .arg("--kubeconfig")
             .arg(cp.in_namespace_kubeconfig())
             .arg("--socket")

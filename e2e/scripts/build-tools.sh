@@ -3,10 +3,11 @@
 # modules and caches them by version. A second run with the same versions only
 # checks the cache.
 #
-# Usage: e2e/scripts/build-tools.sh [--e2e-test | --flannel | --print-dir]
+# Usage: e2e/scripts/build-tools.sh [--e2e-test | --flannel | --kwok | --print-dir]
 #   --e2e-test  also Kubernetes' e2e.test and the ClusterNetworkPolicy
 #               conformance suite (for e2e/conformance.sh)
 #   --flannel   also flanneld, the peer of e2e/bench.sh overlay flannel
+#   --kwok      also kwok, the simulated nodes of e2e/bench.sh scale
 # Cache: ${WEFT_TOOLS_CACHE:-$HOME/.cache/weft/tools}/<name>-<version>/<binary>,
 # linked from ${WEFT_TOOLS_CACHE}/bin.
 set -euo pipefail
@@ -15,13 +16,14 @@ set -euo pipefail
 source "$(dirname "$0")/versions.sh"
 
 cache=${WEFT_TOOLS_CACHE:-$HOME/.cache/weft/tools}
-with_e2e_test=0 with_flannel=0
+with_e2e_test=0 with_flannel=0 with_kwok=0
 case ${1:-} in
   --print-dir) echo "$cache/bin" && exit 0 ;;
   --e2e-test) with_e2e_test=1 ;;
   --flannel) with_flannel=1 ;;
+  --kwok) with_kwok=1 ;;
   "") ;;
-  *) echo "usage: $0 [--e2e-test | --flannel | --print-dir]" >&2 && exit 2 ;;
+  *) echo "usage: $0 [--e2e-test | --flannel | --kwok | --print-dir]" >&2 && exit 2 ;;
 esac
 
 log() { echo "build-tools: $*" >&2; }
@@ -189,6 +191,26 @@ if ((with_flannel)); then
   cgo=1 link_as=flanneld build flannel "$FLANNEL_VERSION" github.com/flannel-io/flannel \
     "-X github.com/flannel-io/flannel/pkg/version.Version=$FLANNEL_VERSION" github.com/flannel-io/flannel \
     -- "github.com/tencentcloud/tencentcloud-sdk-go/tencentcloud/vpc => $(cd "$(dirname "$0")" && pwd)/flannel-stubs/tencent-vpc"
+fi
+
+
+# kwok: a thousand nodes' kubelets in one process (e2e/bench.sh scale).
+if ((with_kwok)); then
+  build kwok "$KWOK_VERSION" sigs.k8s.io/kwok "-X sigs.k8s.io/kwok/pkg/consts.Version=$KWOK_VERSION" \
+    sigs.k8s.io/kwok/cmd/kwok
+  # kwok does nothing without stages: the module's "fast" ones (nodes Ready
+  # at once; pods Running with an address from their node's podCIDR,
+  # completed and deleted), one file beside the binary.
+  stages="$cache/kwok-$KWOK_VERSION/stages.yaml"
+  if [[ ! -f $stages ]]; then
+    dir=$(cd /tmp && GOFLAGS=-mod=mod go mod download -json "sigs.k8s.io/kwok@$KWOK_VERSION" |
+      sed -n 's/.*"Dir": "\(.*\)".*/\1/p')
+    for f in node/fast/node-initialize pod/fast/pod-ready pod/fast/pod-complete pod/fast/pod-delete; do
+      cat "$dir/kustomize/stage/$f.yaml" && echo "---"
+    done >"$stages.tmp"
+    mv "$stages.tmp" "$stages"
+  fi
+  ln -sfn "$stages" "$cache/bin/kwok-stages.yaml"
 fi
 
 log "tools ready in $cache/bin"

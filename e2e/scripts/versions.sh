@@ -22,3 +22,5 @@ NETWORK_POLICY_API_VERSION=v0.3.0
 WIREGUARD_GO_VERSION=v0.0.0-20260522210424-ecfc5a8d5446
 # flanneld, the peer of e2e/bench.sh overlay flannel.
 FLANNEL_VERSION=v0.28.10
+# kwok, the simulated nodes and kubelets of e2e/bench.sh scale.
+KWOK_VERSION=v0.8.0

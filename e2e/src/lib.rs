@@ -3,6 +3,7 @@
 
 pub mod agent;
 pub mod attacks;
+pub mod bench_agent;
 pub mod bench_exec;
 pub mod bins;
 pub mod capture;

@@ -5,7 +5,7 @@
 //! twice; the deterministic name makes a concurrent creator conflict.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use ipnet::IpNet;
@@ -29,6 +29,9 @@ pub struct Allocator {
     pending: Mutex<Vec<Request>>,
     /// Newest resourceVersion of a Subnet this replica wrote.
     last_write_rv: Mutex<Option<(String, u64)>>,
+    /// What allocation may plan from without listing: the resourceVersion
+    /// of the last list, and this replica's writes since ([`cached_view`]).
+    cache: Mutex<CacheHint>,
     /// Set while some node is waiting for space; a Subnet deletion then
     /// retriggers all nodes.
     waiting_for_space: AtomicBool,
@@ -53,9 +56,24 @@ impl Allocator {
         self.last_write_rv.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Remembers the newest resourceVersion this replica wrote.
+    fn cache(&self) -> MutexGuard<'_, CacheHint> {
+        self.cache.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Forgets every hint: the next batch lists fully consistently.
+    fn reset(&self) {
+        *self.last_write() = None;
+        *self.cache() = CacheHint::default();
+    }
+
+    /// Remembers the newest resourceVersion this replica wrote, and the write.
     fn note_write(&self, subnet: &Subnet) {
         let Some(rv) = subnet.resource_version() else { return };
+        {
+            let mut cache = self.cache();
+            cache.writes.retain(|w| w.name_any() != subnet.name_any());
+            cache.writes.push(subnet.clone());
+        }
         // etcd-backed resourceVersions are integers; anything else disables
         // the shortcut (consistent lists are always correct, just slower).
         let Ok(n) = rv.parse::<u64>() else {
@@ -137,8 +155,8 @@ async fn serve(ctx: &Context, mut batch: Vec<Request>) {
     while !batch.is_empty() {
         batch = serve_once(ctx, batch).await;
         if !batch.is_empty() {
-            // Forget the cheap-list hint so the rerun lists fully consistently.
-            *ctx.allocator.last_write() = None;
+            // Forget the hints so the rerun lists fully consistently.
+            ctx.allocator.reset();
         }
     }
 }
@@ -146,6 +164,7 @@ async fn serve(ctx: &Context, mut batch: Vec<Request>) {
 /// One pass over `batch`; returns the requests to plan again.
 async fn serve_once(ctx: &Context, batch: Vec<Request>) -> Vec<Request> {
     let deletions_before = ctx.allocator.deletions.load(Ordering::SeqCst);
+    let listing = std::time::Instant::now();
     let existing = match list_subnets(ctx).await {
         Ok(list) => list,
         Err(e) => {
@@ -157,6 +176,13 @@ async fn serve_once(ctx: &Context, batch: Vec<Request>) -> Vec<Request> {
         }
     };
     let (existing, fully_consistent) = existing;
+    tracing::debug!(
+        requests = batch.len(),
+        subnets = existing.len(),
+        list_ms = listing.elapsed().as_millis() as u64,
+        fully_consistent,
+        "serving a batch of lease requests"
+    );
     let nodes: Vec<&str> = batch.iter().map(|r| r.node.as_str()).collect();
     let (decisions, mut in_pool) = plan::plan(&existing, &nodes, &ctx.pool, ctx.secondary.as_ref(), fully_consistent);
     let mut to_create = Vec::new();
@@ -231,17 +257,125 @@ async fn extend(ctx: &Context, subnet: &Subnet, cidr: IpNet) -> Outcome {
     }
 }
 
-/// Lists all Subnets, at least as new as this replica's last write (what
-/// allocation needs: as leader we are the only allocator). That is served
-/// from the apiserver's watch cache without the consistency round-trip a
-/// plain list waits for (up to 100 ms). Before any write, or after a reset,
-/// the list is fully consistent. Returns whether it was.
+/// All Subnets, at least as new as this replica's last write (what
+/// allocation needs: as leader we are the only allocator). From the
+/// operator's own watch of Subnets when [`cached_view`] can tell it is new
+/// enough: at a thousand Subnets a list costs tens of milliseconds, and
+/// nodes joining one by one would each pay it. Otherwise listed, from the
+/// apiserver's watch cache without the consistency round-trip a plain list
+/// waits for (up to 100 ms). Before any write, or after a reset, the list
+/// is fully consistent. Returns whether it was.
 async fn list_subnets(ctx: &Context) -> Result<(Vec<Subnet>, bool), kube::Error> {
     let since = ctx.allocator.last_write().clone();
+    if since.is_some() {
+        let mut hint = ctx.allocator.cache();
+        if let Some(view) = cached_view(&ctx.subnets.state(), &mut hint) {
+            return Ok((view, false));
+        }
+    }
     let lp = match &since {
         Some((rv, _)) => ListParams::default().at(rv).matching(VersionMatch::NotOlderThan),
         None => ListParams::default(),
     };
     let list = ctx.subnets_api.list(&lp).await?;
+    let listed_at = list.metadata.resource_version.as_deref().and_then(|rv| rv.parse().ok());
+    let mut hint = ctx.allocator.cache();
+    hint.listed_at = listed_at;
+    hint.writes.clear();
     Ok((list.items, since.is_none()))
+}
+
+/// What [`cached_view`] needs besides the watch's Subnets.
+#[derive(Default)]
+struct CacheHint {
+    /// The resourceVersion of the last list allocation planned from.
+    listed_at: Option<u64>,
+    /// This replica's writes since (created or extended Subnets).
+    writes: Vec<Subnet>,
+}
+
+/// The Subnets as of at least the last list and every write of this
+/// replica since, from the watch's `cached` Subnets: `None` when the watch
+/// has not yet caught up with the last list (it holds no Subnet of that
+/// resourceVersion or later: a watch delivers a resource's events in
+/// resourceVersion order, so one that has seen a newer Subnet has seen
+/// everything before it) or a resourceVersion is not a number. Writes of
+/// this replica the watch has not seen yet are laid over it (and forgotten
+/// once it has). Pure.
+fn cached_view(cached: &[Arc<Subnet>], hint: &mut CacheHint) -> Option<Vec<Subnet>> {
+    let rv = |s: &Subnet| s.resource_version().and_then(|v| v.parse::<u64>().ok());
+    let listed_at = hint.listed_at?;
+    let seen = cached.iter().map(|s| rv(s)).collect::<Option<Vec<u64>>>()?.into_iter().max()?;
+    if seen < listed_at {
+        return None;
+    }
+    hint.writes.retain(|w| rv(w).is_some_and(|v| v > seen));
+    let mut view: Vec<Subnet> = cached
+        .iter()
+        .filter(|s| !hint.writes.iter().any(|w| w.name_any() == s.name_any()))
+        .map(|s| Subnet::clone(s))
+        .collect();
+    view.extend(hint.writes.iter().cloned());
+    Some(view)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn subnet(name: &str, cidr: &str, rv: &str) -> Subnet {
+        let spec = weft_api::SubnetSpec {
+            node_name: name.into(),
+            cidr: cidr.into(),
+            cidrs: Vec::new(),
+            backend: weft_api::Backend::Vxlan,
+            vni: Some(1),
+            mtu: None,
+        };
+        let mut s = Subnet::new(name, spec);
+        s.metadata.resource_version = Some(rv.into());
+        s
+    }
+
+    fn cidrs(view: &[Subnet]) -> Vec<(String, String)> {
+        let mut v: Vec<_> = view.iter().map(|s| (s.name_any(), s.spec.cidr.clone())).collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn a_watch_behind_the_last_list_is_not_used() {
+        let cached = [Arc::new(subnet("a", "10.0.0.0/24", "90"))];
+        let mut hint = CacheHint { listed_at: Some(100), writes: vec![] };
+        assert!(cached_view(&cached, &mut hint).is_none(), "it may miss what the list saw");
+        let mut no_list = CacheHint::default();
+        assert!(cached_view(&cached, &mut no_list).is_none(), "nothing to measure it against");
+        assert!(cached_view(&[], &mut CacheHint { listed_at: Some(1), writes: vec![] }).is_none());
+        let odd = [Arc::new(subnet("a", "10.0.0.0/24", "not-a-number"))];
+        assert!(cached_view(&odd, &mut CacheHint { listed_at: Some(1), writes: vec![] }).is_none());
+    }
+
+    #[test]
+    fn writes_the_watch_has_not_seen_are_laid_over_it_and_forgotten_once_seen() {
+        let mut hint = CacheHint {
+            listed_at: Some(100),
+            writes: vec![subnet("b", "10.0.1.0/24", "105"), subnet("c", "10.0.2.0/24", "110")],
+        };
+        // The watch has seen b (and a newer Subnet), not c yet.
+        let cached = [Arc::new(subnet("a", "10.0.0.0/24", "101")), Arc::new(subnet("b", "10.0.1.0/24", "105"))];
+        let view = cached_view(&cached, &mut hint).expect("caught up with the list");
+        assert_eq!(
+            cidrs(&view),
+            [
+                ("a".into(), "10.0.0.0/24".into()),
+                ("b".into(), "10.0.1.0/24".into()),
+                ("c".into(), "10.0.2.0/24".into())
+            ]
+        );
+        assert_eq!(hint.writes.len(), 1, "b is in the watch now: {:?}", cidrs(&hint.writes));
+        // A write newer than the watch's copy of the same Subnet wins.
+        let mut hint = CacheHint { listed_at: Some(100), writes: vec![subnet("a", "10.0.9.0/24", "120")] };
+        let view = cached_view(&cached, &mut hint).expect("caught up");
+        assert_eq!(cidrs(&view), [("a".into(), "10.0.9.0/24".into()), ("b".into(), "10.0.1.0/24".into())]);
+    }
 }

@@ -1,0 +1,517 @@
+//! Scale: a real kube-apiserver and etcd with kwok simulating the nodes and
+//! their kubelets (nodes Ready, pods Running with addresses), the real
+//! weft-operator leasing every node's Subnet, and one real weft-agent
+//! enforcing policy for one of the simulated nodes. The cluster grows
+//! through scale points (by default 100, 250, 500 and 1,000 nodes, 50 pods
+//! per node in deployments of 5 to 50 replicas spread over 100 namespaces,
+//! one NetworkPolicy per node); at each point a batch of new Nodes is
+//! created at once and timed until leased, and the agent is started afresh
+//! and timed to ready and to its first full policy sync, then through
+//! policy and pod label changes. The apiserver's own metrics say what each
+//! pod change cost it in watch events and bytes.
+//!
+//! Everything runs in a network namespace this bench creates; nothing of
+//! the root namespace is touched. Run with `e2e/bench.sh scale` (release
+//! binaries; builds kwok) or `cargo bench -p weft-e2e --bench scale`.
+//! `WEFT_SCALE_NODES` (comma-separated points), `WEFT_SCALE_PODS_PER_NODE`
+//! and `WEFT_SCALE_POLICIES_PER_NODE` set the scale; `WEFT_SCALE_LOGS` (a
+//! directory) keeps the logs of kwok, the operator and the agent.
+
+use std::collections::HashSet;
+use std::fs::File;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use futures::{StreamExt, stream};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, ServiceAccount};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use kube::Client;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use nix::sched::{CloneFlags, setns};
+use serde_json::json;
+use weft_api::Subnet;
+use weft_e2e::bench_agent::{
+    KillOnDrop, METRICS_ADDR, POLL, cpu_seconds, metric, metrics, next_sync, percentile, rss_mib, syncs,
+};
+use weft_e2e::control_plane::operator::OperatorProcess;
+use weft_e2e::control_plane::{Component, ControlPlane, Options, install_crds, tools_dir, tools_present};
+use weft_e2e::netns::Netns;
+use weft_e2e::{bins, wait};
+
+const NAMESPACES: usize = 100;
+const CONCURRENCY: usize = 32;
+/// Policy and label changes timed at each point.
+const CHANGES: usize = 10;
+/// The simulated node whose policy the real agent enforces.
+const AGENT_NODE: &str = "kwok-0";
+/// What kwok does to the nodes and pods it manages (beside its binary).
+const KWOK_STAGES: &str = "kwok-stages.yaml";
+/// kwok manages the Nodes carrying this annotation.
+const KWOK_ANNOTATION: (&str, &str) = ("kwok.x-k8s.io/node", "fake");
+
+fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+fn main() {
+    let kwok = tools_dir().join("kwok");
+    if !weft_e2e::prereq::require_root()
+        || !weft_e2e::prereq::require(&format!("kube-apiserver and etcd in {}", tools_dir().display()), tools_present())
+        || !weft_e2e::prereq::require(
+            &format!("kwok and its stages in {} (e2e/scripts/build-tools.sh --kwok)", tools_dir().display()),
+            kwok.exists() && tools_dir().join(KWOK_STAGES).exists(),
+        )
+    {
+        return;
+    }
+    let points: Vec<usize> = std::env::var("WEFT_SCALE_NODES")
+        .unwrap_or_else(|_| "100,250,500,1000".into())
+        .split(',')
+        .map(|p| p.trim().parse().expect("WEFT_SCALE_NODES: node counts, comma-separated"))
+        .collect();
+    assert!(points.windows(2).all(|w| w[0] < w[1]), "the scale points grow: {points:?}");
+    let scale = Scale {
+        pods_per_node: env_usize("WEFT_SCALE_PODS_PER_NODE", 50),
+        policies_per_node: env_usize("WEFT_SCALE_POLICIES_PER_NODE", 1),
+    };
+    let ns = Netns::new("scale");
+    ns.ip(&["link", "set", "lo", "up"]);
+    let path = ns.path();
+    // The whole bench runs on a thread inside the namespace: the control
+    // plane, kwok, the operator, the agent and the bench's own client.
+    std::thread::spawn(move || {
+        let file = File::open(&path).expect("open netns");
+        setns(&file, CloneFlags::CLONE_NEWNET).expect("setns");
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+        rt.block_on(bench(&points, scale, &path, &kwok));
+    })
+    .join()
+    .unwrap_or_else(|p| std::panic::resume_unwind(p));
+}
+
+#[derive(Clone, Copy)]
+struct Scale {
+    pods_per_node: usize,
+    policies_per_node: usize,
+}
+
+/// Node `i`'s pod range for kwok's addresses (not Weft's lease: the pods
+/// are simulated, their addresses only have to be distinct).
+fn kwok_pod_cidr(i: usize) -> String {
+    format!("10.{}.{}.0/24", 64 + i / 256, i % 256)
+}
+
+/// Deployment `d`: its namespace and replicas (5 to 50).
+fn deployment(d: usize) -> (String, usize) {
+    (format!("s{}", d % NAMESPACES), 5 + (d * 7) % 46)
+}
+
+/// What one scale point measured.
+#[derive(Default)]
+struct Point {
+    nodes: usize,
+    pods: usize,
+    policies: usize,
+    new_nodes: usize,
+    /// Creating the new Node objects (`CONCURRENCY` in flight).
+    nodes_created: Duration,
+    lease: Duration,
+    pods_running: Duration,
+    operator_rss: f64,
+    agent_ready: Duration,
+    agent_synced: Duration,
+    agent_rss: f64,
+    local_pods: f64,
+    rules: f64,
+    policy_changes: Vec<Duration>,
+    label_changes: Vec<Duration>,
+    events_per_change: f64,
+    bytes_per_change: f64,
+    apiserver_cpu_per_change: f64,
+    apiserver_rss: f64,
+    etcd_rss: f64,
+}
+
+async fn bench(points: &[usize], scale: Scale, ns_path: &str, kwok_bin: &Path) {
+    let ns_name = ns_path.rsplit('/').next().unwrap_or_default().to_owned();
+    let cp = ControlPlane::start_with(&Options { netns: Some(ns_name), ..Default::default() })
+        .expect("control plane starts");
+    let client = cp.client().await.expect("client");
+    install_crds(&client).await.expect("CRDs");
+    create_namespaces(&client).await;
+    let dir = tempfile::Builder::new().prefix("weft-scale-").tempdir().expect("temp dir");
+    let kwok_log = dir.path().join("kwok.log");
+    let mut kwok = KillOnDrop(
+        Command::new(kwok_bin)
+            .arg("--config")
+            .arg(tools_dir().join(KWOK_STAGES))
+            .arg("--kubeconfig")
+            .arg(cp.in_namespace_kubeconfig())
+            .arg(format!("--manage-nodes-with-annotation-selector={}={}", KWOK_ANNOTATION.0, KWOK_ANNOTATION.1))
+            .arg("--node-lease-duration-seconds=40")
+            .stdout(Stdio::null())
+            .stderr(File::create(&kwok_log).expect("kwok log"))
+            .spawn()
+            .expect("kwok"),
+    );
+    let args: Vec<String> =
+        ["--cluster-cidr=10.200.0.0/14", "--node-prefix-length=24", "--leader-election-namespace=default"]
+            .map(String::from)
+            .to_vec();
+    let operator = OperatorProcess::start(&cp, &args).expect("operator");
+    let keep = KeepLogs(dir.path().to_owned(), operator.log.clone());
+    let leased = spawn_lease_recorder(client.clone());
+    let running = spawn_running_recorder(client.clone());
+
+    let mut results = Vec::new();
+    let (mut nodes, mut pods, mut deployments, mut policies) = (0, 0, 0, 0);
+    for &target in points {
+        let mut p = Point { nodes: target, new_nodes: target - nodes, ..Default::default() };
+        // Nodes, all at once (CONCURRENCY creations in flight, as a burst of
+        // joining kubelets would be), timed until every one is leased.
+        let start = Instant::now();
+        stream::iter(nodes..target)
+            .for_each_concurrent(CONCURRENCY, |i| {
+                let client = client.clone();
+                async move { create_node(&client, i).await }
+            })
+            .await;
+        p.nodes_created = start.elapsed();
+        wait_for(&leased, target, Duration::from_secs(600), "Subnets allocated", &mut kwok, &kwok_log).await;
+        p.lease = start.elapsed();
+        nodes = target;
+
+        // Pods in deployments' shapes, spread over every node; kwok runs them.
+        let start = Instant::now();
+        let want = target * scale.pods_per_node;
+        let mut batch = Vec::new();
+        while pods + batch.len() < want {
+            let (namespace, replicas) = deployment(deployments);
+            for r in 0..replicas.min(want - pods - batch.len()) {
+                batch.push((deployments, namespace.clone(), r));
+            }
+            deployments += 1;
+        }
+        stream::iter(batch.into_iter().enumerate())
+            .for_each_concurrent(CONCURRENCY, |(k, (d, namespace, r))| {
+                let client = client.clone();
+                let node = format!("kwok-{}", (pods + k) % target);
+                async move { create_pod(&client, &namespace, d, r, &node).await }
+            })
+            .await;
+        pods = want;
+        wait_for(&running, pods, Duration::from_secs(1800), "pods Running with an address", &mut kwok, &kwok_log).await;
+        p.pods_running = start.elapsed();
+        p.pods = pods;
+
+        let want = target * scale.policies_per_node;
+        stream::iter(policies..want)
+            .for_each_concurrent(CONCURRENCY, |k| {
+                let client = client.clone();
+                async move {
+                    let (namespace, _) = deployment(k);
+                    let api: Api<NetworkPolicy> = Api::namespaced(client, &namespace);
+                    api.create(&PostParams::default(), &policy(k, 80)).await.expect("create policy");
+                }
+            })
+            .await;
+        policies = want;
+        p.policies = policies;
+        p.operator_rss = rss_mib(operator.pid());
+
+        measure_agent(&client, &cp, dir.path(), &mut p).await;
+        p.apiserver_rss = cp.pid(Component::Apiserver).map_or(0.0, rss_mib);
+        p.etcd_rss = cp.pid(Component::Etcd).map_or(0.0, rss_mib);
+        eprintln!(
+            "scale point {} nodes: leased in {:.2} s, pods running in {:.1} s, agent synced in {:.2} s",
+            p.nodes,
+            p.lease.as_secs_f64(),
+            p.pods_running.as_secs_f64(),
+            p.agent_synced.as_secs_f64()
+        );
+        results.push(p);
+    }
+    drop(kwok);
+    drop(keep);
+    drop(operator);
+    print_table(&results, scale);
+    cp.shutdown();
+}
+
+/// With `WEFT_SCALE_LOGS` set, copies kwok's, the operator's and the
+/// agent's logs there when dropped, a panic included (the bench's own
+/// directory goes when it ends).
+struct KeepLogs(std::path::PathBuf, std::path::PathBuf);
+
+impl Drop for KeepLogs {
+    fn drop(&mut self) {
+        keep_logs(&self.0, &self.1);
+    }
+}
+
+fn keep_logs(dir: &Path, operator_log: &Path) {
+    let Some(to) = std::env::var_os("WEFT_SCALE_LOGS").map(std::path::PathBuf::from) else { return };
+    let _ = std::fs::create_dir_all(&to);
+    let logs = std::fs::read_dir(dir).into_iter().flatten().filter_map(Result::ok).map(|e| e.path());
+    for log in logs.filter(|p| p.extension().is_some_and(|e| e == "log")).chain([operator_log.to_owned()]) {
+        if let Some(name) = log.file_name() {
+            let _ = std::fs::copy(&log, to.join(name));
+        }
+    }
+    eprintln!("logs kept in {}", to.display());
+}
+
+async fn create_namespaces(client: &Client) {
+    let nss: Api<Namespace> = Api::all(client.clone());
+    for n in 0..NAMESPACES {
+        let ns: Namespace = serde_json::from_value(
+            json!({"metadata": {"name": format!("s{n}"), "labels": {"team": format!("t{}", n % 5)}}}),
+        )
+        .expect("namespace");
+        nss.create(&PostParams::default(), &ns).await.expect("create namespace");
+        let sa: ServiceAccount = serde_json::from_value(json!({"metadata": {"name": "default"}})).expect("sa");
+        let _ = Api::<ServiceAccount>::namespaced(client.clone(), &format!("s{n}"))
+            .create(&PostParams::default(), &sa)
+            .await;
+    }
+}
+
+async fn create_node(client: &Client, i: usize) {
+    let node: Node = serde_json::from_value(json!({
+        "metadata": {"name": format!("kwok-{i}"), "annotations": {KWOK_ANNOTATION.0: KWOK_ANNOTATION.1},
+            "labels": {"type": "kwok", "kubernetes.io/hostname": format!("kwok-{i}")}},
+        "spec": {"podCIDR": kwok_pod_cidr(i), "podCIDRs": [kwok_pod_cidr(i)]},
+    }))
+    .expect("node");
+    Api::<Node>::all(client.clone()).create(&PostParams::default(), &node).await.expect("create node");
+}
+
+/// Replica `r` of deployment `d`, as its ReplicaSet would make it.
+async fn create_pod(client: &Client, namespace: &str, d: usize, r: usize, node: &str) {
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": format!("dep-{d}-{r}"),
+            "labels": {"app": format!("dep-{d}"), "tier": format!("t{}", d % 3), "pod-template-hash": format!("{d:x}")}},
+        "spec": {"nodeName": node, "containers": [{"name": "c", "image": "registry.example.com/app:1",
+            "ports": [{"name": "http", "containerPort": 8080}, {"name": "dns", "containerPort": 53, "protocol": "UDP"}]}]},
+    }))
+    .expect("pod");
+    Api::<Pod>::namespaced(client.clone(), namespace).create(&PostParams::default(), &pod).await.expect("create pod");
+}
+
+/// Policy `k`, in deployment `k`'s namespace: selects that deployment's
+/// pods; ingress from a tier of its namespace or an app of a team's
+/// namespaces, on a port and a named port; every third also egress to an
+/// ipBlock with an except, and DNS.
+fn policy(k: usize, port: u16) -> NetworkPolicy {
+    let mut spec = json!({
+        "podSelector": {"matchLabels": {"app": format!("dep-{k}")}},
+        "ingress": [{
+            "from": [{"podSelector": {"matchLabels": {"tier": format!("t{}", k % 3)}}},
+                     {"namespaceSelector": {"matchLabels": {"team": format!("t{}", k % 5)}},
+                      "podSelector": {"matchLabels": {"app": format!("dep-{}", (k + 1) % 50)}}}],
+            "ports": [{"port": port}, {"port": "http"}]
+        }]
+    });
+    if k.is_multiple_of(3) {
+        spec["egress"] = json!([{"to": [{"ipBlock": {"cidr": "10.0.0.0/8", "except": ["10.64.0.0/16"]}}]},
+                                {"ports": [{"protocol": "UDP", "port": "dns"}]}]);
+        spec["policyTypes"] = json!(["Ingress", "Egress"]);
+    }
+    serde_json::from_value(json!({"metadata": {"name": format!("np{k}")}, "spec": spec})).expect("policy")
+}
+
+/// Counts what a watch has seen pass `seen` (a Subnet allocated, a pod
+/// Running with an address), for [`wait_for`].
+type Counter = tokio::sync::watch::Receiver<usize>;
+
+fn spawn_lease_recorder(client: Client) -> Counter {
+    spawn_counter(Api::<Subnet>::all(client), |s: &Subnet| {
+        let allocated = s
+            .status
+            .as_ref()
+            .is_some_and(|st| st.conditions.iter().any(|c| c.type_ == "Allocated" && c.status == "True"));
+        allocated.then(|| s.spec.node_name.clone())
+    })
+}
+
+fn spawn_running_recorder(client: Client) -> Counter {
+    spawn_counter(Api::<Pod>::all(client), |p: &Pod| {
+        let status = p.status.as_ref()?;
+        (status.phase.as_deref() == Some("Running") && status.pod_ip.is_some()).then(|| {
+            format!(
+                "{}/{}",
+                p.metadata.namespace.as_deref().unwrap_or_default(),
+                p.metadata.name.as_deref().unwrap_or_default()
+            )
+        })
+    })
+}
+
+fn spawn_counter<K>(api: Api<K>, key: impl Fn(&K) -> Option<String> + Send + 'static) -> Counter
+where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
+{
+    let (tx, rx) = tokio::sync::watch::channel(0);
+    tokio::spawn(async move {
+        let mut seen = HashSet::new();
+        // A watch error (an expired resourceVersion under load) is retried
+        // after a backoff, never the end of the count.
+        let mut events = std::pin::pin!(watcher(api, watcher::Config::default()).default_backoff());
+        while let Some(ev) = events.next().await {
+            if let Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) = ev
+                && let Some(k) = key(&o)
+                && seen.insert(k)
+            {
+                tx.send_replace(seen.len());
+            }
+        }
+    });
+    rx
+}
+
+/// Waits until `counter` reaches `want`, failing at once if kwok exits.
+async fn wait_for(counter: &Counter, want: usize, timeout: Duration, what: &str, kwok: &mut KillOnDrop, log: &Path) {
+    let mut rx = counter.clone();
+    let deadline = tokio::time::Instant::now() + timeout;
+    while *rx.borrow_and_update() < want {
+        if let Ok(Some(status)) = kwok.0.try_wait() {
+            panic!("kwok exited ({status}):\n{}", std::fs::read_to_string(log).unwrap_or_default());
+        }
+        assert!(tokio::time::Instant::now() < deadline, "only {} of {want} {what} after {timeout:?}", *rx.borrow());
+        // Woken by the count, or every second to look at kwok.
+        let _ = tokio::time::timeout(Duration::from_secs(1), rx.changed()).await;
+    }
+}
+
+/// Starts the agent afresh for [`AGENT_NODE`]: start → ready and → first
+/// full policy sync, its memory, then policy and pod label changes timed
+/// from the API write to the applied pass, with the apiserver's watch
+/// events, bytes and CPU per pod change.
+async fn measure_agent(client: &Client, cp: &ControlPlane, dir: &Path, p: &mut Point) {
+    let log = dir.join(format!("agent-{}.log", p.nodes));
+    let started = Instant::now();
+    let agent = KillOnDrop(
+        Command::new(bins::weft("weft-agent"))
+            .args(["--node-name", AGENT_NODE, "--pod-cidr", &kwok_pod_cidr(0), "--metrics-addr", METRICS_ADDR])
+            .arg("--kubeconfig")
+            .arg(cp.in_namespace_kubeconfig())
+            .arg("--socket")
+            .arg(dir.join("agent.sock"))
+            .arg("--state-dir")
+            .arg(dir.join(format!("state-{}", p.nodes)))
+            .stdout(Stdio::null())
+            .stderr(File::create(&log).expect("agent log"))
+            .spawn()
+            .expect("weft-agent"),
+    );
+    let ready = tokio::task::spawn_blocking(move || {
+        wait::until_every("the agent to be ready", Duration::from_secs(600), POLL, || readyz().then(Instant::now))
+    });
+    let (synced, _) = tokio::task::spawn_blocking(move || next_sync((0.0, 0.0), started)).await.expect("sync");
+    p.agent_ready = ready.await.expect("readiness") - started;
+    p.agent_synced = synced;
+    p.agent_rss = rss_mib(agent.0.id());
+    let m = metrics();
+    p.local_pods = metric(&m, "weft_agent_policy_local_pods ");
+    p.rules = metric(&m, "weft_agent_policy_rules ");
+
+    // np0 selects deployment 0, whose first replica is on the agent's node.
+    let api: Api<NetworkPolicy> = Api::namespaced(client.clone(), "s0");
+    for i in 0..CHANGES {
+        let before = syncs();
+        let t = Instant::now();
+        let patch = json!({"spec": policy(0, 81 + i as u16).spec});
+        api.patch("np0", &PatchParams::default(), &Patch::Merge(&patch)).await.expect("patch policy");
+        p.policy_changes.push(tokio::task::spawn_blocking(move || next_sync(before, t).0).await.expect("sync"));
+    }
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "s0");
+    let apiserver = cp.pid(Component::Apiserver).expect("the apiserver runs");
+    let (watch_before, cpu_before) = (watch_events(client).await, cpu_seconds(apiserver));
+    for i in 0..CHANGES {
+        let before = syncs();
+        let t = Instant::now();
+        let app = if i % 2 == 0 { "moved" } else { "dep-0" };
+        let relabel = json!({"metadata": {"labels": {"app": app}}});
+        pods.patch("dep-0-0", &PatchParams::default(), &Patch::Merge(&relabel)).await.expect("label pod");
+        p.label_changes.push(tokio::task::spawn_blocking(move || next_sync(before, t).0).await.expect("sync"));
+    }
+    let (watch_after, cpu_after) = (watch_events(client).await, cpu_seconds(apiserver));
+    p.events_per_change = (watch_after.0 - watch_before.0) / CHANGES as f64;
+    p.bytes_per_change = (watch_after.1 - watch_before.1) / CHANGES as f64;
+    p.apiserver_cpu_per_change = (cpu_after - cpu_before) / CHANGES as f64;
+    drop(agent);
+}
+
+/// Whether the agent answers `/readyz` with 200.
+fn readyz() -> bool {
+    use std::io::{Read, Write};
+    let ask = || -> std::io::Result<bool> {
+        let addr = METRICS_ADDR.parse().map_err(std::io::Error::other)?;
+        let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1))?;
+        s.set_read_timeout(Some(Duration::from_secs(5)))?;
+        s.write_all(b"GET /readyz HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")?;
+        let mut head = String::new();
+        s.read_to_string(&mut head)?;
+        Ok(head.starts_with("HTTP/1.0 200") || head.starts_with("HTTP/1.1 200"))
+    };
+    ask().unwrap_or(false)
+}
+
+/// (watch events, their bytes) the apiserver has sent for pods so far, to
+/// all watchers together.
+async fn watch_events(client: &Client) -> (f64, f64) {
+    let request = http::Request::get("/metrics").body(Vec::new()).expect("request");
+    let text = client.request_text(request).await.expect("the apiserver's metrics");
+    let pods = |l: &&str| l.contains("resource=\"pods\"") || l.contains("kind=\"Pod\"");
+    let sum = |name: &str| -> f64 {
+        text.lines()
+            .filter(|l| l.starts_with(name) && l[name.len()..].starts_with('{'))
+            .filter(pods)
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    (sum("apiserver_watch_events_total"), sum("apiserver_watch_events_sizes_sum"))
+}
+
+fn print_table(results: &[Point], scale: Scale) {
+    println!(
+        "\nscale: kwok nodes and pods ({} pods and {} NetworkPolicies per node) on a real kube-apiserver and etcd; the real operator; one real agent",
+        scale.pods_per_node, scale.policies_per_node
+    );
+    println!(
+        "| nodes | pods | policies | new nodes → leased | operator RSS | agent start → ready / full sync | agent RSS | local pods / rules | policy change p50 / p95 | label change p50 / p95 | per pod change: watch events / bytes / apiserver CPU | apiserver / etcd RSS |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    for p in results {
+        println!(
+            "| {} | {} | {} | {} in {:.2} s | {:.0} MiB | {:.2} s / {:.2} s | {:.0} MiB | {} / {} | {:.0} / {:.0} ms | {:.0} / {:.0} ms | {:.1} / {:.0} B / {:.1} ms | {:.0} / {:.0} MiB |",
+            p.nodes,
+            p.pods,
+            p.policies,
+            p.new_nodes,
+            p.lease.as_secs_f64(),
+            p.operator_rss,
+            p.agent_ready.as_secs_f64(),
+            p.agent_synced.as_secs_f64(),
+            p.agent_rss,
+            p.local_pods,
+            p.rules,
+            percentile(&p.policy_changes, 50) * 1e3,
+            percentile(&p.policy_changes, 95) * 1e3,
+            percentile(&p.label_changes, 50) * 1e3,
+            percentile(&p.label_changes, 95) * 1e3,
+            p.events_per_change,
+            p.bytes_per_change,
+            p.apiserver_cpu_per_change * 1e3,
+            p.apiserver_rss,
+            p.etcd_rss,
+        );
+    }
+    let per_point = |f: &dyn Fn(&Point) -> Duration| -> String {
+        results.iter().map(|p| format!("{:.1} s", f(p).as_secs_f64())).collect::<Vec<_>>().join(", ")
+    };
+    println!("(creating the new Node objects took, per point: {})", per_point(&|p| p.nodes_created));
+    println!("(pods created and Running with kwok's addresses, per point: {})", per_point(&|p| p.pods_running));
+}

@@ -1,0 +1,118 @@
+//! A weft-agent measured by the policy and scale benchmarks from outside,
+//! as an operator would: its metrics (read in-process, every few
+//! milliseconds while a change is timed), its passes and its memory.
+
+use std::io::{Read, Write};
+use std::process::Child;
+use std::time::{Duration, Instant};
+
+use crate::wait;
+
+/// Where the benchmarks' agent serves its metrics.
+pub const METRICS_ADDR: &str = "127.0.0.1:9646";
+/// How often the agent's metrics are looked at while a change is timed.
+pub const POLL: Duration = Duration::from_millis(5);
+
+/// The agent's metrics, fetched in-process: polled every few milliseconds,
+/// a curl per poll would take CPU from the agent being measured. Empty
+/// while it does not answer.
+pub fn metrics() -> String {
+    let fetch = || -> std::io::Result<String> {
+        let addr = METRICS_ADDR.parse().map_err(std::io::Error::other)?;
+        let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+        s.set_read_timeout(Some(Duration::from_secs(5)))?;
+        s.write_all(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")?;
+        let mut body = String::new();
+        s.read_to_string(&mut body)?;
+        Ok(body)
+    };
+    fetch().unwrap_or_default()
+}
+
+/// The value of the first line of `text` starting with `line_start`, 0 if none.
+pub fn metric(text: &str, line_start: &str) -> f64 {
+    text.lines().find(|l| l.starts_with(line_start)).and_then(|l| l.rsplit(' ').next()?.parse().ok()).unwrap_or(0.0)
+}
+
+/// (applied syncs, sync seconds sum).
+pub fn syncs() -> (f64, f64) {
+    let m = metrics();
+    (
+        metric(&m, "weft_agent_policy_syncs_total{result=\"applied\"}"),
+        metric(&m, "weft_agent_policy_sync_duration_seconds_sum"),
+    )
+}
+
+/// Waits for the next applied sync after `before`; returns (wall time since
+/// `started`, the time of every pass the agent ran since `before`,
+/// unchanged ones included).
+pub fn next_sync(before: (f64, f64), started: Instant) -> (Duration, f64) {
+    let after = wait::until_every("the agent to apply a sync", Duration::from_secs(300), POLL, || {
+        let now = syncs();
+        (now.0 > before.0).then_some(now)
+    });
+    (started.elapsed(), after.1 - before.1)
+}
+
+/// A process's resident memory, MiB (0 when it is gone).
+pub fn rss_mib(pid: u32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
+        .unwrap_or(0.0)
+        / 1024.0
+}
+
+/// CPU time a process has used so far (user + system), seconds.
+pub fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The fields after the command (which may hold spaces) in parentheses.
+    let fields: Vec<&str> =
+        stat.rsplit_once(')').map(|(_, rest)| rest.split_whitespace().collect()).unwrap_or_default();
+    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok()).unwrap_or(0.0);
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 after it.
+    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK).ok().flatten().unwrap_or(100) as f64;
+    (ticks(11) + ticks(12)) / hz
+}
+
+/// The `p`th percentile of `samples`, in seconds.
+pub fn percentile(samples: &[Duration], p: usize) -> f64 {
+    let mut v: Vec<f64> = samples.iter().map(Duration::as_secs_f64).collect();
+    v.sort_by(f64::total_cmp);
+    v.get((v.len() * p / 100).min(v.len().saturating_sub(1))).copied().unwrap_or(f64::NAN)
+}
+
+/// A process stopped however the bench ends (a panic included).
+pub struct KillOnDrop(pub Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_metric_is_read_by_its_line_and_a_missing_one_is_zero() {
+        let text = "# HELP x\nweft_agent_policy_rules 12\nweft_agent_policy_syncs_total{result=\"applied\"} 3\n";
+        assert_eq!(metric(text, "weft_agent_policy_rules "), 12.0);
+        assert_eq!(metric(text, "weft_agent_policy_syncs_total{result=\"applied\"}"), 3.0);
+        assert_eq!(metric(text, "weft_agent_nothing "), 0.0);
+    }
+
+    #[test]
+    fn this_process_has_memory_and_percentiles_pick_by_rank() {
+        assert!(rss_mib(std::process::id()) > 0.0);
+        assert!(cpu_seconds(std::process::id()) >= 0.0);
+        let ms = |v: u64| Duration::from_millis(v);
+        let samples = [ms(5), ms(1), ms(3), ms(2), ms(4)];
+        assert_eq!(percentile(&samples, 50), 0.003);
+        assert_eq!(percentile(&samples, 95), 0.005);
+    }
+}
