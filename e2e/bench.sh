@@ -34,6 +34,6 @@ case "${1:-all}" in
     e2e/scripts/build-tools.sh
     e2e/scripts/build-images.sh >/dev/null
     cargo bench -p weft-e2e --bench pod_startup ;;
-  all) cargo bench -p weft-e2e && cargo build --workspace --bins && e2e/bench/overlay.sh ;;
+  all) e2e/scripts/build-tools.sh --kwok && cargo bench -p weft-e2e && cargo build --workspace --bins && e2e/bench/overlay.sh ;;
   *) echo "usage: e2e/bench.sh [cni|overlay|hostports|policy|scale|cluster|all]" >&2; exit 2 ;;
 esac
