@@ -33,7 +33,7 @@ use nix::sched::{CloneFlags, setns};
 use serde_json::json;
 use weft_api::Subnet;
 use weft_e2e::bench_agent::{
-    KillOnDrop, METRICS_ADDR, POLL, cpu_seconds, metric, metrics, next_sync, percentile, rss_mib, syncs,
+    KillOnDrop, METRICS_ADDR, POLL, cpu_seconds, metric, metrics, next_sync, percentile, ready, rss_mib, syncs,
 };
 use weft_e2e::control_plane::operator::OperatorProcess;
 use weft_e2e::control_plane::{Component, ControlPlane, Options, install_crds, tools_dir, tools_present};
@@ -407,7 +407,7 @@ async fn measure_agent(client: &Client, cp: &ControlPlane, dir: &Path, p: &mut P
             .expect("weft-agent"),
     );
     let ready = tokio::task::spawn_blocking(move || {
-        wait::until_every("the agent to be ready", Duration::from_secs(600), POLL, || readyz().then(Instant::now))
+        wait::until_every("the agent to be ready", Duration::from_secs(600), POLL, || ready().then(Instant::now))
     });
     let (synced, _) = tokio::task::spawn_blocking(move || next_sync((0.0, 0.0), started)).await.expect("sync");
     p.agent_ready = ready.await.expect("readiness") - started;
@@ -442,21 +442,6 @@ async fn measure_agent(client: &Client, cp: &ControlPlane, dir: &Path, p: &mut P
     p.bytes_per_change = (watch_after.1 - watch_before.1) / CHANGES as f64;
     p.apiserver_cpu_per_change = (cpu_after - cpu_before) / CHANGES as f64;
     drop(agent);
-}
-
-/// Whether the agent answers `/readyz` with 200.
-fn readyz() -> bool {
-    use std::io::{Read, Write};
-    let ask = || -> std::io::Result<bool> {
-        let addr = METRICS_ADDR.parse().map_err(std::io::Error::other)?;
-        let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1))?;
-        s.set_read_timeout(Some(Duration::from_secs(5)))?;
-        s.write_all(b"GET /readyz HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")?;
-        let mut head = String::new();
-        s.read_to_string(&mut head)?;
-        Ok(head.starts_with("HTTP/1.0 200") || head.starts_with("HTTP/1.1 200"))
-    };
-    ask().unwrap_or(false)
 }
 
 /// (watch events, their bytes) the apiserver has sent for pods so far, to

@@ -13,20 +13,31 @@ pub const METRICS_ADDR: &str = "127.0.0.1:9646";
 /// How often the agent's metrics are looked at while a change is timed.
 pub const POLL: Duration = Duration::from_millis(5);
 
-/// The agent's metrics, fetched in-process: polled every few milliseconds,
-/// a curl per poll would take CPU from the agent being measured. Empty
+/// The agent's answer to `GET path` on its metrics address (status line,
+/// headers and body), fetched in-process: polled every few milliseconds,
+/// a curl per poll would take CPU from the agent being measured. `None`
 /// while it does not answer.
-pub fn metrics() -> String {
+pub fn get(path: &str) -> Option<String> {
     let fetch = || -> std::io::Result<String> {
         let addr = METRICS_ADDR.parse().map_err(std::io::Error::other)?;
         let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
         s.set_read_timeout(Some(Duration::from_secs(5)))?;
-        s.write_all(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")?;
-        let mut body = String::new();
-        s.read_to_string(&mut body)?;
-        Ok(body)
+        s.write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())?;
+        let mut answer = String::new();
+        s.read_to_string(&mut answer)?;
+        Ok(answer)
     };
-    fetch().unwrap_or_default()
+    fetch().ok()
+}
+
+/// The agent's metrics; empty while it does not answer.
+pub fn metrics() -> String {
+    get("/metrics").unwrap_or_default()
+}
+
+/// Whether the agent answers `/readyz` with 200.
+pub fn ready() -> bool {
+    get("/readyz").is_some_and(|a| a.starts_with("HTTP/1.0 200") || a.starts_with("HTTP/1.1 200"))
 }
 
 /// The value of the first line of `text` starting with `line_start`, 0 if none.

@@ -164,7 +164,7 @@ async fn serve(ctx: &Context, mut batch: Vec<Request>) {
 /// One pass over `batch`; returns the requests to plan again.
 async fn serve_once(ctx: &Context, batch: Vec<Request>) -> Vec<Request> {
     let deletions_before = ctx.allocator.deletions.load(Ordering::SeqCst);
-    let listing = std::time::Instant::now();
+    let reading = std::time::Instant::now();
     let existing = match list_subnets(ctx).await {
         Ok(list) => list,
         Err(e) => {
@@ -179,7 +179,7 @@ async fn serve_once(ctx: &Context, batch: Vec<Request>) -> Vec<Request> {
     tracing::debug!(
         requests = batch.len(),
         subnets = existing.len(),
-        list_ms = listing.elapsed().as_millis() as u64,
+        read_ms = reading.elapsed().as_millis() as u64,
         fully_consistent,
         "serving a batch of lease requests"
     );
