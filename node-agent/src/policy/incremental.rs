@@ -4,10 +4,11 @@
 //! after the change), the local pods that changed themselves, and the pods
 //! selected by a policy whose rules resolve differently with a changed pod
 //! as it is than as it was (its address, labels, named ports or namespace
-//! labels). Everything else is reused as it was. A large change (a relist
-//! that really differs) and the first pass compile everything. The result
-//! is always what [`compile`] would give, which the property test holds it
-//! to.
+//! labels). Everything else is reused as it was, and so is what the rules'
+//! peers resolved to where no changed pod contributes to them differently
+//! ([`PeerCache`]). A large change (a relist that really differs) and the
+//! first pass compile everything. The result is always what [`compile`]
+//! would give, which the property test holds it to.
 //!
 //! [`compile`]: super::model::compile
 
@@ -16,7 +17,7 @@ use std::cmp::Ordering;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use super::model::{Cluster, Compiler, PodInNs, PodInfo, PodPolicy, Reach, name_nodes};
+use super::model::{Cluster, Compiler, PeerCache, PodInNs, PodInfo, PodPolicy, Reach, name_nodes};
 
 /// Beyond this many changed pods (counting every pod of a namespace whose
 /// labels changed) a full compile is cheaper than finding what they affect.
@@ -41,6 +42,8 @@ pub struct Compiled {
 pub struct Incremental {
     node: String,
     last: Option<Last>,
+    /// What the rules' peers resolved to in the passes before.
+    peers: PeerCache,
 }
 
 struct Last {
@@ -53,7 +56,7 @@ struct Last {
 
 impl Incremental {
     pub fn new(node: &str) -> Self {
-        Incremental { node: node.to_owned(), last: None }
+        Incremental { node: node.to_owned(), last: None, peers: PeerCache::default() }
     }
 
     /// Forgets the last pass: the next one compiles everything.
@@ -63,13 +66,21 @@ impl Incremental {
 
     /// This node's policy for `cluster`.
     pub fn compile(&mut self, cluster: &Cluster) -> Compiled {
-        let compiler = Compiler::new(cluster);
         let pods_in_order = in_key_order(&cluster.pods);
         let local: Vec<&PodInfo> =
             cluster.pods.iter().map(Arc::as_ref).filter(|p| p.node == self.node && !p.ips.is_empty()).collect();
         let last = self.last.take();
-        let stale =
-            last.as_ref().and_then(|last| stale_pods(&compiler, &last.cluster, cluster, &pods_in_order, &local));
+        let changes = last.as_ref().and_then(|last| Changes::between(&last.cluster, cluster, &pods_in_order));
+        let mut peers = std::mem::take(&mut self.peers);
+        match &changes {
+            Some(changes) => peers.forget_changed(&changes.versions),
+            None => peers.clear(),
+        }
+        let compiler = Compiler::with_cache(cluster, peers);
+        let stale = last
+            .as_ref()
+            .zip(changes)
+            .map(|(last, changes)| stale_pods(&compiler, &last.cluster, cluster, changes, &local));
         let mut before = last.map(|last| last.pods).unwrap_or_default();
         let (mut pods, mut out) = (HashMap::with_capacity(local.len()), Vec::new());
         let (mut recompiled, mut changed) = (0, stale.is_none());
@@ -89,6 +100,7 @@ impl Incremental {
         }
         // A pod under policy that is no local pod any more.
         changed |= before.values().any(Option::is_some);
+        self.peers = compiler.into_cache();
         let cluster = Cluster {
             pods: pods_in_order.into_owned(),
             namespaces: cluster.namespaces.clone(),
@@ -102,48 +114,65 @@ impl Incremental {
     }
 }
 
-/// Which of `local` (the local pods of `new`) to recompile after the
-/// change from `old` to `new`, by index; None: all of them.
-/// `new_pods`: the pods of `new` in key order.
+/// The pods and namespaces that differ between two passes' clusters.
+struct Changes<'c> {
+    /// Each changed pod as it was and as it is (None: absent), each in its
+    /// namespace's labels then; every pod of a relabelled namespace too.
+    versions: Vec<(Option<PodInNs<'c>>, Option<PodInNs<'c>>)>,
+    /// The changed pods as they are (a local one among them is recompiled).
+    changed_now: Vec<&'c PodInfo>,
+    /// The namespaces whose labels changed.
+    relabelled: Vec<&'c str>,
+}
+
+/// Labels of a namespace that has none (or is gone).
+static NO_LABELS: BTreeMap<String, String> = BTreeMap::new();
+
+impl<'c> Changes<'c> {
+    /// From `old` to `new` (`new_pods`: the pods of `new` in key order);
+    /// None when so much changed that everything is recompiled.
+    fn between(old: &'c Cluster, new: &'c Cluster, new_pods: &'c [Arc<PodInfo>]) -> Option<Self> {
+        // A node relabelled or readdressed changes every rule with a node peer:
+        // rare enough to recompile every pod.
+        // (Nodes are compared only when a policy names them: most passes have none.)
+        if (name_nodes(&old.cluster_policies) || name_nodes(&new.cluster_policies)) && old.nodes != new.nodes {
+            return None;
+        }
+        let old_ns = |ns: &str| old.namespaces.get(ns).unwrap_or(&NO_LABELS);
+        let new_ns = |ns: &str| new.namespaces.get(ns).unwrap_or(&NO_LABELS);
+        let (mut versions, mut changed_now) = (Vec::new(), Vec::new());
+        for (was, is) in changed_pods(&old.pods, new_pods) {
+            versions.push((
+                was.map(|p| (p.as_ref(), old_ns(&p.namespace))),
+                is.map(|p| (p.as_ref(), new_ns(&p.namespace))),
+            ));
+            changed_now.extend(is.map(Arc::as_ref));
+        }
+        // A namespace relabelled: its pods may be peers of other rules now, or no more.
+        let mut relabelled: Vec<&str> = Vec::new();
+        for ns in old.namespaces.keys().chain(new.namespaces.keys()) {
+            if old_ns(ns) != new_ns(ns) && !relabelled.contains(&ns.as_str()) {
+                relabelled.push(ns);
+            }
+        }
+        for pod in new.pods.iter().filter(|p| relabelled.contains(&p.namespace.as_str())) {
+            versions.push((Some((pod, old_ns(&pod.namespace))), Some((pod, new_ns(&pod.namespace)))));
+        }
+        (versions.len() <= MAX_CHANGED_PODS).then_some(Changes { versions, changed_now, relabelled })
+    }
+}
+
+/// Which of `local` (the local pods of `new`) to recompile after
+/// `changes` from `old` to `new`, by index.
 fn stale_pods(
     compiler: &Compiler<'_>,
     old: &Cluster,
     new: &Cluster,
-    new_pods: &[Arc<PodInfo>],
+    changes: Changes<'_>,
     local: &[&PodInfo],
-) -> Option<Vec<bool>> {
-    // A node relabelled or readdressed changes every rule with a node peer:
-    // rare enough to recompile every pod.
-    // (Nodes are compared only when a policy names them: most passes have none.)
-    if (name_nodes(&old.cluster_policies) || name_nodes(&new.cluster_policies)) && old.nodes != new.nodes {
-        return None;
-    }
-    let no_labels = BTreeMap::new();
-    let old_ns = |ns: &str| old.namespaces.get(ns).unwrap_or(&no_labels);
-    let new_ns = |ns: &str| new.namespaces.get(ns).unwrap_or(&no_labels);
-
-    // Each changed pod as it was and as it is, each in its namespace's labels then.
-    let mut versions: Vec<(Option<PodInNs<'_>>, Option<PodInNs<'_>>)> = Vec::new();
-    // The changed pods as they are (a local one among them is recompiled).
-    let mut changed_now: Vec<&PodInfo> = Vec::new();
-    for (was, is) in changed_pods(&old.pods, new_pods) {
-        versions
-            .push((was.map(|p| (p.as_ref(), old_ns(&p.namespace))), is.map(|p| (p.as_ref(), new_ns(&p.namespace)))));
-        changed_now.extend(is.map(Arc::as_ref));
-    }
-    // A namespace relabelled: its pods may be peers of other rules now, or no more.
-    let mut relabelled: Vec<&str> = Vec::new();
-    for ns in old.namespaces.keys().chain(new.namespaces.keys()) {
-        if old_ns(ns) != new_ns(ns) && !relabelled.contains(&ns.as_str()) {
-            relabelled.push(ns);
-        }
-    }
-    for pod in new.pods.iter().filter(|p| relabelled.contains(&p.namespace.as_str())) {
-        versions.push((Some((pod, old_ns(&pod.namespace))), Some((pod, new_ns(&pod.namespace)))));
-    }
-    if versions.len() > MAX_CHANGED_PODS {
-        return None;
-    }
+) -> Vec<bool> {
+    let Changes { versions, changed_now, relabelled } = changes;
+    let new_ns = |ns: &str| new.namespaces.get(ns).unwrap_or(&NO_LABELS);
 
     let mut reach: Vec<Reach<'_>> = Vec::new();
     // Compilation reads a policy's name, namespace and spec only: a status
@@ -167,15 +196,14 @@ fn stale_pods(
     // namespace's pods may be selected now, or no more.
     let by_ns_labels = !old.cluster_policies.is_empty() || compiler.has_cluster_policies();
 
-    let stale = local
+    local
         .iter()
         .map(|pod| {
             changed_now.iter().any(|c| c.namespace == pod.namespace && c.name == pod.name)
                 || (by_ns_labels && relabelled.contains(&pod.namespace.as_str()))
                 || reach.iter().any(|r| r.selects(pod, new_ns(&pod.namespace)))
         })
-        .collect();
-    Some(stale)
+        .collect()
 }
 
 /// An object as it was and as it is (None: absent).

@@ -28,12 +28,12 @@ fn sh(cmd: &str, args: &[&str]) -> String {
 }
 
 fn pods(extra_port: u16) -> Vec<PodPolicy> {
-    let set = Peers::Nets(vec!["10.0.1.0/30".parse().unwrap(), "10.0.2.2/32".parse().unwrap()]);
+    let set = Peers::Nets(vec!["10.0.1.0/30".parse().unwrap(), "10.0.2.2/32".parse().unwrap()].into());
     let ingress = Chain {
         rules: vec![
             Rule {
                 matches: vec![Match {
-                    peers: Peers::Nets(vec!["10.0.1.1/32".parse().unwrap()]),
+                    peers: Peers::Nets(vec!["10.0.1.1/32".parse().unwrap()].into()),
                     proto: None,
                     ports: None,
                 }],

@@ -30,7 +30,10 @@ use cluster::Tiers;
 
 #[path = "model_cluster.rs"]
 mod cluster;
+#[path = "model_peer_cache.rs"]
+mod peer_cache;
 pub use cluster::name_nodes;
+pub use peer_cache::PeerCache;
 
 pub use crate::firewall::ruleset::Proto;
 
@@ -111,7 +114,8 @@ impl Direction {
 pub enum Peers {
     Any,
     /// Disjoint, sorted (IPv4 first), never empty; either family or both.
-    Nets(Vec<IpNet>),
+    /// Shared: every rule and pod with the same peers holds the same list.
+    Nets(Arc<[IpNet]>),
 }
 
 /// One packet match: remote addresses, protocol and destination ports.
@@ -340,13 +344,11 @@ fn peer_matches(peer: &Peer<'_>, policy_ns: &str, pod: &PodInfo, ns_labels: &BTr
 struct View<'a> {
     cluster: &'a Cluster,
     no_labels: BTreeMap<String, String>,
-    /// Peer sets by spec: computed once, however many local pods and
-    /// policies share it.
-    peer_cache: RefCell<HashMap<PeerSpec<'a>, Peers>>,
-    /// Egress matches of a named port by (peers, protocol, name): they
-    /// depend on the destination pods only, not on the selected pod, so
-    /// they too are computed once.
-    named_cache: RefCell<HashMap<(PeerSpec<'a>, Proto, String), Vec<Match>>>,
+    /// Peer sets and egress matches of named ports by spec: resolved once,
+    /// however many local pods and policies share them (the matches of a
+    /// named egress port depend on the destination pods only, not on the
+    /// selected pod), and kept across passes by the incremental compile.
+    cache: RefCell<PeerCache>,
     /// Pods by namespace: a peer is looked for only in the namespaces it can
     /// match, not among every pod of the cluster (built on first use: a
     /// pass that compiles no pod needs none).
@@ -354,14 +356,8 @@ struct View<'a> {
 }
 
 impl<'a> View<'a> {
-    fn new(cluster: &'a Cluster) -> Self {
-        View {
-            cluster,
-            no_labels: BTreeMap::new(),
-            peer_cache: RefCell::new(HashMap::new()),
-            named_cache: RefCell::new(HashMap::new()),
-            by_ns: std::cell::OnceCell::new(),
-        }
+    fn new(cluster: &'a Cluster, cache: PeerCache) -> Self {
+        View { cluster, no_labels: BTreeMap::new(), cache: RefCell::new(cache), by_ns: std::cell::OnceCell::new() }
     }
 
     fn by_ns(&self) -> &HashMap<&'a str, Vec<&'a PodInfo>> {
@@ -422,7 +418,7 @@ impl<'a> View<'a> {
                 Peer::Nothing => {}
             }
         }
-        Peers::Nets(addr_ranges::to_nets(&addr_ranges::union(ranges)))
+        Peers::Nets(addr_ranges::to_nets(&addr_ranges::union(ranges)).into())
     }
 
     /// The pods among `peers` (empty peers: every pod) with the addresses
@@ -444,18 +440,28 @@ impl<'a> View<'a> {
             .collect()
     }
 
+    /// The egress matches of `peers` for the named port `name` of `proto`:
+    /// each destination pod's own number for the name.
+    fn named_port_matches(&self, peers: &PeerSpec<'_>, proto: Proto, name: &str) -> Vec<Match> {
+        let mut by_port: BTreeMap<u16, Vec<Range>> = BTreeMap::new();
+        for (dst, addrs) in self.peer_pods(peers) {
+            for p in dst.ports.iter().filter(|p| p.name == name && p.proto == proto) {
+                by_port.entry(p.port).or_default().extend(addrs.iter().copied().map(Range::of_addr));
+            }
+        }
+        by_port
+            .into_iter()
+            .map(|(port, ips)| {
+                let nets = addr_ranges::to_nets(&addr_ranges::union(ips));
+                Match { peers: Peers::Nets(nets.into()), proto: Some(proto), ports: Some((port, port)) }
+            })
+            .collect()
+    }
+
     /// The matches of one rule for `pod` (the selected, local pod).
     fn compile_rule(&self, rule: &RuleSpec<'a>, dir: Direction, pod: &PodInfo) -> Vec<Match> {
-        let cached = self.peer_cache.borrow().get(&rule.peers).cloned();
-        let peers = match cached {
-            Some(p) => p,
-            None => {
-                let p = self.peer_set(&rule.peers);
-                self.peer_cache.borrow_mut().insert(rule.peers.clone(), p.clone());
-                p
-            }
-        };
-        if peers == Peers::Nets(Vec::new()) {
+        let peers = self.cache.borrow_mut().set(&rule.peers, || self.peer_set(&rule.peers));
+        if matches!(&peers, Peers::Nets(nets) if nets.is_empty()) {
             return Vec::new();
         }
         if rule.ports.is_empty() {
@@ -477,26 +483,11 @@ impl<'a> View<'a> {
                 }
                 // Egress: each destination pod's own number for the name.
                 PortSel::Named(proto, name) => {
-                    let key = (rule.peers.clone(), *proto, name.clone());
-                    if let Some(cached) = self.named_cache.borrow().get(&key) {
-                        out.extend(cached.iter().cloned());
-                        continue;
-                    }
-                    let mut by_port: BTreeMap<u16, Vec<Range>> = BTreeMap::new();
-                    for (dst, addrs) in self.peer_pods(&rule.peers) {
-                        for p in dst.ports.iter().filter(|p| &p.name == name && p.proto == *proto) {
-                            by_port.entry(p.port).or_default().extend(addrs.iter().copied().map(Range::of_addr));
-                        }
-                    }
-                    let matches: Vec<Match> = by_port
-                        .into_iter()
-                        .map(|(port, ips)| {
-                            let nets = addr_ranges::to_nets(&addr_ranges::union(ips));
-                            Match { peers: Peers::Nets(nets), proto: Some(*proto), ports: Some((port, port)) }
-                        })
-                        .collect();
-                    out.extend(matches.iter().cloned());
-                    self.named_cache.borrow_mut().insert(key, matches);
+                    out.extend(
+                        self.cache
+                            .borrow_mut()
+                            .named(&rule.peers, *proto, name, || self.named_port_matches(&rule.peers, *proto, name)),
+                    );
                 }
             }
         }
@@ -628,7 +619,14 @@ pub struct Compiler<'a> {
 }
 
 impl<'a> Compiler<'a> {
+    #[cfg(test)]
     pub fn new(cluster: &'a Cluster) -> Self {
+        Self::with_cache(cluster, PeerCache::default())
+    }
+
+    /// A compiler that starts from what `cache` resolved in earlier passes
+    /// (forgotten where the cluster changed: see [`PeerCache`]).
+    pub fn with_cache(cluster: &'a Cluster, cache: PeerCache) -> Self {
         // A policy selects pods of its own namespace only: a pod looks at those.
         let mut standard: HashMap<&str, Vec<PolicyView<'_>>> = HashMap::new();
         for v in cluster.standard.iter().filter_map(|p| standard_view(p)) {
@@ -644,7 +642,12 @@ impl<'a> Compiler<'a> {
         for views in weft.values_mut() {
             views.sort_by(|a, b| b.priority.cmp(&a.priority).then_with(|| a.name.cmp(b.name)));
         }
-        Compiler { view: View::new(cluster), standard, weft, tiers: Tiers::new(&cluster.cluster_policies) }
+        Compiler { view: View::new(cluster, cache), standard, weft, tiers: Tiers::new(&cluster.cluster_policies) }
+    }
+
+    /// What it resolved, for the next pass.
+    pub fn into_cache(self) -> PeerCache {
+        self.view.cache.into_inner()
     }
 
     /// What `pod` admits, when some policy selects it and it has an address.
@@ -712,8 +715,8 @@ impl<'a> Compiler<'a> {
             let changed = [Direction::Ingress, Direction::Egress].into_iter().any(|dir| {
                 // An absent pod is seen as one no rule matches.
                 rules_of(p, dir).iter().any(|r| {
-                    let before = was.map(|pod| what_rule_sees(r, dir, p.namespace, pod)).unwrap_or_default();
-                    before != is.map(|pod| what_rule_sees(r, dir, p.namespace, pod)).unwrap_or_default()
+                    let before = was.map(|pod| what_rule_sees(r, dir, pod)).unwrap_or_default();
+                    before != is.map(|pod| what_rule_sees(r, dir, pod)).unwrap_or_default()
                 })
             });
             if changed {
@@ -723,8 +726,8 @@ impl<'a> Compiler<'a> {
         for p in self.tiers.all() {
             let changed = [Direction::Ingress, Direction::Egress].into_iter().any(|dir| {
                 p.rules(dir).iter().any(|r| {
-                    let before = was.map(|pod| what_rule_sees(&r.spec, dir, "", pod)).unwrap_or_default();
-                    before != is.map(|pod| what_rule_sees(&r.spec, dir, "", pod)).unwrap_or_default()
+                    let before = was.map(|pod| what_rule_sees(&r.spec, dir, pod)).unwrap_or_default();
+                    before != is.map(|pod| what_rule_sees(&r.spec, dir, pod)).unwrap_or_default()
                 })
             });
             if changed {
@@ -758,12 +761,19 @@ struct Seen<'p> {
 /// peer matches it, and its address and named ports when an egress rule
 /// names a port and the pod is among the peers. Equal for two versions of
 /// a pod: the rule resolves the same with either.
-fn what_rule_sees<'p>(rule: &RuleSpec<'_>, dir: Direction, policy_ns: &str, (pod, ns_labels): PodInNs<'p>) -> Seen<'p> {
-    let peers = &rule.peers.list;
+fn what_rule_sees<'p>(rule: &RuleSpec<'_>, dir: Direction, pod: PodInNs<'p>) -> Seen<'p> {
+    let named_egress = dir == Direction::Egress && rule.ports.iter().any(|p| matches!(p, PortSel::Named(..)));
+    what_peers_see(&rule.peers, named_egress, pod)
+}
+
+/// What of `pod` the resolution of `peers` reads: its address when a pod
+/// peer matches it, and (`named_egress`: for an egress rule naming a port)
+/// its address and named ports when it is among the peers.
+fn what_peers_see<'p>(peers: &PeerSpec<'_>, named_egress: bool, (pod, ns_labels): PodInNs<'p>) -> Seen<'p> {
+    let (peers, policy_ns) = (&peers.list, peers.own_ns.unwrap_or_default());
     let matches = |peer: &Peer<'_>| peer_matches(peer, policy_ns, pod, ns_labels);
     // A block's addresses are the block's, whatever pods it holds.
     let pod_peer = peers.iter().any(|peer| matches!(peer, Peer::Pods { .. }) && matches(peer));
-    let named_egress = dir == Direction::Egress && rule.ports.iter().any(|p| matches!(p, PortSel::Named(..)));
     let named = named_egress && (peers.is_empty() || pod_peer || peers.iter().any(matches));
     let addrs = pod.ips.as_slice();
     Seen { addresses: pod_peer.then_some(addrs), named_ports: named.then_some((addrs, pod.ports.as_slice())) }

@@ -301,7 +301,7 @@ fn intersect(a: &Match, b: &Match) -> Option<Match> {
             if both.is_empty() {
                 return None;
             }
-            Peers::Nets(addr_ranges::to_nets(&both))
+            Peers::Nets(addr_ranges::to_nets(&both).into())
         }
     };
     let proto = match (a.proto, b.proto) {

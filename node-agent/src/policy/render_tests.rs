@@ -30,14 +30,14 @@ fn db_chain() -> Chain {
             rule(
                 Verdict::Drop,
                 "weft.dev/prod/deny",
-                vec![Match { peers: Peers::Nets(vec![net("10.0.1.1/32")]), proto: None, ports: None }],
+                vec![Match { peers: Peers::Nets(vec![net("10.0.1.1/32")].into()), proto: None, ports: None }],
             ),
             rule(
                 Verdict::Allow,
                 "prod/allow",
                 vec![
                     Match {
-                        peers: Peers::Nets(vec![net("10.0.1.0/30"), net("10.0.2.2/32")]),
+                        peers: Peers::Nets(vec![net("10.0.1.0/30"), net("10.0.2.2/32")].into()),
                         proto: Some(Proto::Tcp),
                         ports: Some((5432, 5432)),
                     },
@@ -199,7 +199,7 @@ fn egress_matches_destinations_and_is_dispatched_by_source() {
             Verdict::Allow,
             "prod/e",
             vec![Match {
-                peers: Peers::Nets(vec![net("10.0.0.0/30"), net("10.0.9.9/32")]),
+                peers: Peers::Nets(vec![net("10.0.0.0/30"), net("10.0.9.9/32")].into()),
                 proto: Some(Proto::Udp),
                 ports: Some((53, 53)),
             }],
@@ -251,7 +251,7 @@ fn a_new_pod_with_a_known_policy_is_one_map_element() {
 fn a_changed_peer_set_replaces_the_set_and_the_chains_naming_it_only() {
     let before = render(&[pod("prod/db", "10.0.1.5", Some(db_chain()), None)], None);
     let mut changed = db_chain();
-    changed.rules[1].matches[0].peers = Peers::Nets(vec![net("10.0.1.0/30"), net("10.0.2.3/32")]);
+    changed.rules[1].matches[0].peers = Peers::Nets(vec![net("10.0.1.0/30"), net("10.0.2.3/32")].into());
     let after = render(&[pod("prod/db", "10.0.1.5", Some(changed), None)], None);
     let ops = diff(&before.part.as_observed(), &after.part);
     let adds = ops.iter().filter(|o| matches!(o, Op::AddSet(..))).count();
@@ -285,7 +285,7 @@ fn peers_of_both_families_become_a_rule_per_family_and_pods_enter_the_maps_of_th
             Verdict::Allow,
             "prod/allow",
             vec![Match {
-                peers: Peers::Nets(vec![net("10.0.1.0/30"), net("10.0.2.2/32"), net("fd00::1/128")]),
+                peers: Peers::Nets(vec![net("10.0.1.0/30"), net("10.0.2.2/32"), net("fd00::1/128")].into()),
                 proto: Some(Proto::Tcp),
                 ports: Some((80, 80)),
             }],
@@ -316,7 +316,7 @@ fn a_set_of_ipv6_peers_is_an_ipv6_set() {
         rules: vec![rule(
             Verdict::Drop,
             "weft.dev/prod/deny",
-            vec![Match { peers: Peers::Nets(peers.clone()), proto: None, ports: None }],
+            vec![Match { peers: Peers::Nets(peers.clone().into()), proto: None, ports: None }],
         )],
         default_deny: false,
     };

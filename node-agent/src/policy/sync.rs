@@ -409,8 +409,11 @@ mod tests {
     }
 
     /// Benchmark of the pure part of a pass at the scale of
-    /// `e2e/benches/policy_sync.rs` (5,000 pods, 1,000 policies, 250 local
-    /// pods): `cargo test -p weft-agent --release --bin weft-agent pass_phases -- --ignored --nocapture`.
+    /// `e2e/benches/policy_sync.rs` (5,000 pods on 20 nodes, 1,000
+    /// policies, 250 local pods): `cargo test -p weft-agent --release --bin
+    /// weft-agent pass_phases -- --ignored --nocapture`. `WEFT_PASS_PODS`
+    /// and `WEFT_PASS_NODES` set another shape: 50000 and 1000 are
+    /// `e2e/bench.sh scale`'s largest point (50 local pods).
     #[test]
     #[ignore = "benchmark; run explicitly"]
     fn pass_phases_at_bench_scale() {
@@ -418,6 +421,9 @@ mod tests {
         use crate::policy::incremental::Incremental;
         use crate::policy::model::compile;
         const NAMESPACES: usize = 50;
+        let from_env =
+            |name: &str, default: usize| std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default);
+        let (pod_count, nodes) = (from_env("WEFT_PASS_PODS", 5000), from_env("WEFT_PASS_NODES", 20));
         let pod = |i: usize, app: usize| -> Pod {
             let j = i / NAMESPACES;
             let ip = format!("10.{}.{}.{}", 100 + i / 62_500, (i / 250) % 250, i % 250 + 1);
@@ -425,19 +431,19 @@ mod tests {
                 "metadata": {"name": format!("p{i}"), "namespace": format!("b{}", i % NAMESPACES),
                     "uid": format!("u{i}"), "resourceVersion": "1",
                     "labels": {"app": format!("a{}", app), "tier": format!("t{}", j % 3)}},
-                "spec": {"nodeName": format!("node-{}", i % 20), "containers": [{"name": "c",
+                "spec": {"nodeName": format!("node-{}", i % nodes), "containers": [{"name": "c",
                     "ports": [{"name": "http", "containerPort": 8080}, {"name": "dns", "containerPort": 53, "protocol": "UDP"}]}]},
                 "status": {"phase": "Running", "podIP": ip}
             }))
             .unwrap()
         };
-        let policy = |k: usize| -> StandardPolicy {
+        fn policy_with_port(k: usize, port: u16) -> StandardPolicy {
             let mut spec = json!({
                 "podSelector": {"matchLabels": {"app": format!("a{}", (k / NAMESPACES) % 10)}},
                 "ingress": [{"from": [{"podSelector": {"matchLabels": {"tier": format!("t{}", k % 3)}}},
                     {"namespaceSelector": {"matchLabels": {"team": format!("t{}", k % 5)}},
                      "podSelector": {"matchLabels": {"app": format!("a{}", (k + 1) % 10)}}}],
-                    "ports": [{"port": 80}, {"port": "http"}]}]
+                    "ports": [{"port": port}, {"port": "http"}]}]
             });
             if k.is_multiple_of(3) {
                 spec["egress"] = json!([{"to": [{"ipBlock": {"cidr": "10.0.0.0/8", "except": ["10.100.0.0/16"]}}]},
@@ -445,7 +451,7 @@ mod tests {
                 spec["policyTypes"] = json!(["Ingress", "Egress"]);
             }
             serde_json::from_value(json!({"metadata": {"name": format!("np{k}"), "namespace": format!("b{}", k % NAMESPACES)}, "spec": spec})).unwrap()
-        };
+        }
         // The median of 31 runs: single runs of a few milliseconds are noise.
         let median = |f: &mut dyn FnMut(usize)| {
             let mut ms: Vec<f64> = (0..31)
@@ -458,7 +464,7 @@ mod tests {
             ms.sort_by(f64::total_cmp);
             ms[ms.len() / 2]
         };
-        let pods: Vec<Pod> = (0..5000).map(|i| pod(i, (i / NAMESPACES) % 10)).collect();
+        let pods: Vec<Pod> = (0..pod_count).map(|i| pod(i, (i / NAMESPACES) % 10)).collect();
         let mut snapshot = Vec::new();
         let t_snapshot = median(&mut |_| snapshot = pods.iter().filter_map(pod_info).map(Arc::new).collect());
         // In the order the watch keeps them.
@@ -468,7 +474,7 @@ mod tests {
             namespaces: (0..NAMESPACES)
                 .map(|n| (format!("b{n}"), [("team".to_owned(), format!("t{}", n % 5))].into()))
                 .collect(),
-            standard: (0..1000).map(|k| Arc::new(policy(k))).collect(),
+            standard: (0..1000).map(|k| Arc::new(policy_with_port(k, 80))).collect(),
             weft: Vec::new(),
             cluster_policies: Vec::new(),
             nodes: Vec::new(),
@@ -484,14 +490,29 @@ mod tests {
         let (mut inc, mut renderer) = (Incremental::new("node-0"), render::Renderer::new(None));
         let mut last = inc.compile(&cluster);
         renderer.render(&last.pods);
-        let mut changes = Vec::new();
-        for (node, key, value) in [("node-0", "app", "a9"), ("node-7", "tier", "t1")] {
+        // Each change is undone by the next run: a label change of a pod on
+        // this node, then of one elsewhere, then a policy's port.
+        type Change = Box<dyn Fn(usize, &mut Cluster)>;
+        let relabel = |node: &str, key: &'static str, value: &'static str| -> (String, Change) {
             let i = cluster.pods.iter().position(|p| p.node == node).unwrap();
             let was = cluster.pods[i].labels[key].clone();
-            let (mut recompiled, mut renders) = (0, Vec::new());
-            let t_pass = median(&mut |k| {
+            let change: Change = Box::new(move |k, cluster| {
                 let label = if k % 2 == 0 { value } else { was.as_str() };
                 Arc::make_mut(&mut cluster.pods[i]).labels.insert(key.into(), label.into());
+            });
+            (format!("a label change on {node}"), change)
+        };
+        let repolicy: Change = Box::new(move |k, cluster| {
+            let port = 80 + (k % 2) as u16;
+            cluster.standard[0] = Arc::new(policy_with_port(0, port));
+        });
+        let mut changes = Vec::new();
+        let kinds =
+            [relabel("node-0", "app", "a9"), relabel("node-7", "tier", "t1"), ("a policy's port".to_owned(), repolicy)];
+        for (what, change) in kinds {
+            let (mut recompiled, mut renders) = (0, Vec::new());
+            let t_pass = median(&mut |k| {
+                change(k, &mut cluster);
                 last = inc.compile(&cluster);
                 recompiled = recompiled.max(last.recompiled);
                 if last.changed {
@@ -501,7 +522,7 @@ mod tests {
                 }
             });
             renders.sort_by(f64::total_cmp);
-            changes.push((node, recompiled, t_pass, renders.get(renders.len() / 2).copied()));
+            changes.push((what, recompiled, t_pass, renders.get(renders.len() / 2).copied()));
         }
         let after = desired.clone();
         let t_diff = median(&mut |_| {
@@ -517,11 +538,9 @@ mod tests {
         println!("| phase | ms |\n|---|---:|");
         println!("| pods read from the objects (once; the watch keeps them) | {t_snapshot:.2} |");
         println!("| compile everything (first pass, resync) | {t_compile:.2} |\n| render everything | {t_render:.2} |");
-        for (node, recompiled, t_pass, t_render) in changes {
+        for (what, recompiled, t_pass, t_render) in changes {
             let render = if t_render.is_some() { "+ render" } else { "(rules unchanged: no render)" };
-            println!(
-                "| a label change on {node}: incremental compile {render}, {recompiled} pods recompiled | {t_pass:.2} |"
-            );
+            println!("| {what}: incremental compile {render}, {recompiled} pods recompiled | {t_pass:.2} |");
             if let Some(t_render) = t_render {
                 println!("| … of which the render | {t_render:.2} |");
             }
