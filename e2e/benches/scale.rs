@@ -8,7 +8,11 @@
 //! created at once and timed until leased, and the agent is started afresh
 //! and timed to ready and to its first full policy sync, then through
 //! policy and pod label changes. The apiserver's own metrics say what each
-//! pod change cost it in watch events and bytes.
+//! pod change cost it in watch events and bytes. At the end the cluster
+//! grows past the operator's pool (the smallest power of two of /24s that
+//! holds the largest point): every node beyond it must be reported (a
+//! condition on the Node and an Event), never left waiting silently, and
+//! leased as soon as nodes leave.
 //!
 //! Everything runs in a network namespace this bench creates; nothing of
 //! the root namespace is touched. Run with `e2e/bench.sh scale` (release
@@ -50,6 +54,10 @@ const AGENT_NODE: &str = "kwok-0";
 const KWOK_STAGES: &str = "kwok-stages.yaml";
 /// kwok manages the Nodes carrying this annotation.
 const KWOK_ANNOTATION: (&str, &str) = ("kwok.x-k8s.io/node", "fake");
+/// Nodes created past the operator's pool at the end.
+const BEYOND_POOL: usize = 20;
+/// Leased nodes then deleted, whose Subnets go to waiting nodes.
+const RELEASED: usize = 5;
 
 fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
@@ -156,10 +164,15 @@ async fn bench(points: &[usize], scale: Scale, ns_path: &str, kwok_bin: &Path) {
             .spawn()
             .expect("kwok"),
     );
-    let args: Vec<String> =
-        ["--cluster-cidr=10.200.0.0/14", "--node-prefix-length=24", "--leader-election-namespace=default"]
-            .map(String::from)
-            .to_vec();
+    let pool = points.last().map_or(1, |n| n + 1).next_power_of_two();
+    let args = vec![
+        format!("--cluster-cidr=10.200.0.0/{}", 24 - pool.trailing_zeros()),
+        "--node-prefix-length=24".to_owned(),
+        "--leader-election-namespace=default".to_owned(),
+        // Deleted nodes' blocks go at once (60 s by default, for a node
+        // that comes back): the exhaustion phase times the hand-over.
+        "--release-grace-seconds=0".to_owned(),
+    ];
     let operator = OperatorProcess::start(&cp, &args).expect("operator");
     let keep = KeepLogs(dir.path().to_owned(), operator.log.clone());
     let leased = spawn_lease_recorder(client.clone());
@@ -233,11 +246,131 @@ async fn bench(points: &[usize], scale: Scale, ns_path: &str, kwok_bin: &Path) {
         );
         results.push(p);
     }
+    let exhaustion = measure_exhaustion(&client, nodes, pool, &leased, &mut kwok, &kwok_log).await;
     drop(kwok);
     drop(keep);
     drop(operator);
     print_table(&results, scale);
+    exhaustion.print();
     cp.shutdown();
+}
+
+/// What growing past the pool showed.
+struct Exhaustion {
+    pool: usize,
+    nodes: usize,
+    leased: usize,
+    /// Nodes with the operator's condition False, reason SubnetPoolExhausted.
+    waiting: usize,
+    /// Of those, how many have a SubnetPoolExhausted Event.
+    with_event: usize,
+    /// From creating the nodes to every one leased or reported.
+    reported: Duration,
+    /// From deleting [`RELEASED`] leased nodes to as many waiting ones leased.
+    recovered: Duration,
+}
+
+impl Exhaustion {
+    fn print(&self) {
+        println!(
+            "\nexhaustion: a pool of {} /24s, {} nodes: {} leased, {} reported waiting (condition SubnetPoolExhausted on the Node, {} with an Event) {:.2} s after they were created; {RELEASED} leased nodes deleted → {RELEASED} waiting nodes leased in {:.2} s (release grace 0 s here)",
+            self.pool,
+            self.nodes,
+            self.leased,
+            self.waiting,
+            self.with_event,
+            self.reported.as_secs_f64(),
+            self.recovered.as_secs_f64()
+        );
+    }
+}
+
+/// Grows the cluster from `nodes` to [`BEYOND_POOL`] nodes past `pool`
+/// Subnets, and waits for each node to be leased or reported waiting; then
+/// deletes [`RELEASED`] leased nodes and waits for as many waiting ones to
+/// be leased.
+async fn measure_exhaustion(
+    client: &Client,
+    nodes: usize,
+    pool: usize,
+    leased: &Counter,
+    kwok: &mut KillOnDrop,
+    log: &Path,
+) -> Exhaustion {
+    let waiting = spawn_counter(Api::<Node>::all(client.clone()), |n: &Node| {
+        let conditions = n.status.as_ref()?.conditions.as_ref()?;
+        let waits = conditions.iter().any(|c| {
+            c.type_ == "WeftSubnetAllocated"
+                && c.status == "False"
+                && c.reason.as_deref() == Some("SubnetPoolExhausted")
+        });
+        waits.then(|| n.metadata.name.clone().unwrap_or_default())
+    });
+    let target = pool + BEYOND_POOL;
+    let start = Instant::now();
+    stream::iter(nodes..target)
+        .for_each_concurrent(CONCURRENCY, |i| {
+            let client = client.clone();
+            async move { create_node(&client, i).await }
+        })
+        .await;
+    let deadline = Instant::now() + Duration::from_secs(300);
+    let (mut l, mut w) = (leased.clone(), waiting.clone());
+    loop {
+        let (leased_so_far, waiting_so_far) = (*l.borrow_and_update(), *w.borrow_and_update());
+        if leased_so_far + waiting_so_far >= target {
+            break;
+        }
+        if let Ok(Some(status)) = kwok.0.try_wait() {
+            panic!("kwok exited ({status}):\n{}", std::fs::read_to_string(log).unwrap_or_default());
+        }
+        assert!(
+            Instant::now() < deadline,
+            "of {target} nodes, {leased_so_far} leased and {waiting_so_far} reported waiting after 300 s: the rest wait silently",
+        );
+        // Woken by either count, or every second to look at kwok.
+        let _ = tokio::time::timeout(Duration::from_secs(1), async {
+            tokio::select! {
+                _ = l.changed() => {}
+                _ = w.changed() => {}
+            }
+        })
+        .await;
+    }
+    let reported = start.elapsed();
+    let (leased_now, waiting_now) = (*leased.borrow(), *waiting.borrow());
+    assert_eq!(leased_now, pool, "every Subnet of the pool leased");
+    assert_eq!(waiting_now, target - pool, "every node beyond the pool reported");
+    // The Event follows the condition: wait for one per waiting node.
+    let events = Api::<k8s_openapi::api::core::v1::Event>::all(client.clone());
+    let exhausted = kube::api::ListParams::default().fields("reason=SubnetPoolExhausted");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let with_event = loop {
+        let listed = events.list(&exhausted).await.map(|l| l.items).unwrap_or_default();
+        let nodes: HashSet<String> = listed.into_iter().filter_map(|e| e.involved_object.name).collect();
+        if nodes.len() >= waiting_now || Instant::now() >= deadline {
+            break nodes;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(with_event.len(), waiting_now, "an Event for every waiting node within 30 s");
+
+    // Nodes leave; the waiting ones get their Subnets.
+    let start = Instant::now();
+    let nodes_api: Api<Node> = Api::all(client.clone());
+    for i in 1..=RELEASED {
+        nodes_api.delete(&format!("kwok-{i}"), &Default::default()).await.expect("delete node");
+    }
+    wait_for(leased, pool + RELEASED, Duration::from_secs(120), "Subnets allocated after nodes left", kwok, log).await;
+    Exhaustion {
+        pool,
+        nodes: target,
+        leased: leased_now,
+        waiting: waiting_now,
+        with_event: with_event.len(),
+        reported,
+        recovered: start.elapsed(),
+    }
 }
 
 /// With `WEFT_SCALE_LOGS` set, copies kwok's, the operator's and the
