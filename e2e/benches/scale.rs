@@ -8,7 +8,11 @@
 //! created at once and timed until leased, and the agent is started afresh
 //! and timed to ready and to its first full policy sync, then through
 //! policy and pod label changes. The apiserver's own metrics say what each
-//! pod change cost it in watch events and bytes. At the end the cluster
+//! pod change cost it in watch events and bytes. After the last point, N
+//! watchers of every pod (the agent's pod watch, as N agents hold it;
+//! `WEFT_SCALE_FANOUT`, default 10,50,100) measure what the apiserver pays
+//! per pod change for each agent, the figure that grows with the node count.
+//! At the end the cluster
 //! grows past the operator's pool (the smallest power of two of /24s that
 //! holds the largest point): every node beyond it must be reported (a
 //! condition on the Node and an Event), never left waiting silently, and
@@ -58,6 +62,8 @@ const KWOK_ANNOTATION: (&str, &str) = ("kwok.x-k8s.io/node", "fake");
 const BEYOND_POOL: usize = 20;
 /// Leased nodes then deleted, whose Subnets go to waiting nodes.
 const RELEASED: usize = 5;
+/// Pod changes timed with each number of watchers.
+const FANOUT_CHANGES: usize = 20;
 
 fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
@@ -246,13 +252,157 @@ async fn bench(points: &[usize], scale: Scale, ns_path: &str, kwok_bin: &Path) {
         );
         results.push(p);
     }
+    let fanout_counts: Vec<usize> = std::env::var("WEFT_SCALE_FANOUT")
+        .unwrap_or_else(|_| "10,50,100".into())
+        .split(',')
+        .filter(|c| !c.trim().is_empty())
+        .map(|c| c.trim().parse().expect("WEFT_SCALE_FANOUT: watcher counts, comma-separated"))
+        .collect();
+    let mut fanout = Vec::new();
+    for &watchers in &fanout_counts {
+        fanout.push(measure_fanout(&client, &cp, watchers).await);
+    }
     let exhaustion = measure_exhaustion(&client, nodes, pool, &leased, &mut kwok, &kwok_log).await;
     drop(kwok);
     drop(keep);
     drop(operator);
     print_table(&results, scale);
+    print_fanout(&fanout, nodes, results.last().map_or(0, |p| p.pods));
     exhaustion.print();
     cp.shutdown();
+}
+
+/// What the apiserver paid with `watchers` watchers of every pod.
+struct Fanout {
+    watchers: usize,
+    /// Apiserver CPU per pod change.
+    cpu_per_change: f64,
+    /// Bytes the apiserver sent to pod watchers per pod change, all together.
+    bytes_per_change: f64,
+    /// From the API write to every watcher having the event.
+    delivered: Vec<Duration>,
+    apiserver_rss: f64,
+}
+
+/// Holds `watchers` watches of every pod (the request the agent's pod
+/// watch makes once listed, from the current resourceVersion; what arrives
+/// is read and counted, not kept), then relabels a pod [`FANOUT_CHANGES`]
+/// times, each timed until every watcher has it.
+async fn measure_fanout(client: &Client, cp: &ControlPlane, watchers: usize) -> Fanout {
+    use futures::AsyncBufReadExt;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let apiserver = cp.pid(Component::Apiserver).expect("apiserver pid");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "s1");
+    let rv = pods.list_metadata(&kube::api::ListParams::default().limit(1)).await.expect("list pods");
+    let rv = rv.metadata.resource_version.unwrap_or_default();
+    // The highest change each watcher has seen (0: none yet).
+    let seen: std::sync::Arc<Vec<AtomicUsize>> =
+        std::sync::Arc::new((0..watchers).map(|_| AtomicUsize::new(0)).collect());
+    let arrived = std::sync::Arc::new(tokio::sync::Notify::new());
+    let mut tasks = tokio::task::JoinSet::new();
+    for w in 0..watchers {
+        let (client, seen, arrived) = (client.clone(), seen.clone(), arrived.clone());
+        let uri = format!("/api/v1/pods?watch=true&allowWatchBookmarks=true&resourceVersion={rv}");
+        tasks.spawn(async move {
+            let request = http::Request::get(uri).body(Vec::new()).expect("request");
+            let body = client.request_stream(request).await.expect("watch pods");
+            let mut lines = body.lines();
+            while let Some(Ok(line)) = lines.next().await {
+                // The change's number, in the label the bench sets.
+                let Some(at) = line.find("\"weft-fanout\":\"") else { continue };
+                let digits: String = line[at + 15..].chars().take_while(char::is_ascii_digit).collect();
+                if let Ok(n) = digits.parse() {
+                    seen[w].fetch_max(n, Ordering::Relaxed);
+                    arrived.notify_waiters();
+                }
+            }
+        });
+    }
+    let relabel = |n: usize| {
+        let pods = pods.clone();
+        async move {
+            let patch = json!({"metadata": {"labels": {"weft-fanout": n.to_string()}}});
+            pods.patch("dep-1-0", &PatchParams::default(), &Patch::Merge(&patch)).await.expect("label pod");
+        }
+    };
+    let all_seen = |n: usize| seen.iter().all(|s| s.load(Ordering::Relaxed) >= n);
+    let wait_all = |n: usize| {
+        let arrived = arrived.clone();
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(60);
+            loop {
+                let notified = arrived.notified();
+                if all_seen(n) {
+                    return;
+                }
+                assert!(Instant::now() < deadline, "{watchers} watchers: change {n} not delivered to all after 60 s");
+                let _ = tokio::time::timeout(Duration::from_millis(100), notified).await;
+            }
+        }
+    };
+    // Change 1 shows every watch is established.
+    relabel(1).await;
+    wait_all(1).await;
+    let (cpu_before, watch_before) = (cpu_seconds(apiserver), watch_events(client).await);
+    let mut delivered = Vec::new();
+    for n in 2..FANOUT_CHANGES + 2 {
+        let t = Instant::now();
+        relabel(n).await;
+        wait_all(n).await;
+        delivered.push(t.elapsed());
+    }
+    let (cpu_after, watch_after) = (cpu_seconds(apiserver), watch_events(client).await);
+    let apiserver_rss = rss_mib(apiserver);
+    tasks.abort_all();
+    Fanout {
+        watchers,
+        cpu_per_change: (cpu_after - cpu_before) / FANOUT_CHANGES as f64,
+        bytes_per_change: (watch_after.1 - watch_before.1) / FANOUT_CHANGES as f64,
+        delivered,
+        apiserver_rss,
+    }
+}
+
+fn print_fanout(fanout: &[Fanout], nodes: usize, pods: usize) {
+    if fanout.is_empty() {
+        return;
+    }
+    println!(
+        "\nfan-out: N watchers of every pod (the agent's pod watch) at {nodes} nodes / {pods} pods; one pod relabelled {FANOUT_CHANGES} times"
+    );
+    println!(
+        "| watchers | apiserver CPU per pod change | per watcher | bytes sent per pod change | delivered to all p50 / p95 | apiserver RSS |"
+    );
+    println!("|---|---|---|---|---|---|");
+    for f in fanout {
+        println!(
+            "| {} | {:.1} ms | {:.3} ms | {:.0} B | {:.0} / {:.0} ms | {:.0} MiB |",
+            f.watchers,
+            f.cpu_per_change * 1e3,
+            f.cpu_per_change * 1e3 / f.watchers as f64,
+            f.bytes_per_change,
+            percentile(&f.delivered, 50) * 1e3,
+            percentile(&f.delivered, 95) * 1e3,
+            f.apiserver_rss
+        );
+    }
+    // A straight line through the points: the per-watcher cost at 1,000 nodes.
+    if let (Some(a), Some(b)) = (fanout.first(), fanout.last())
+        && b.watchers > a.watchers
+    {
+        let slope = (b.cpu_per_change - a.cpu_per_change) / (b.watchers - a.watchers) as f64;
+        let bytes = (b.bytes_per_change - a.bytes_per_change) / (b.watchers - a.watchers) as f64;
+        let at = |n: f64| a.cpu_per_change + slope * (n - a.watchers as f64);
+        println!(
+            "(extrapolated linearly from {} to {} watchers: {:.3} ms of apiserver CPU and {:.0} B per watcher per pod change; 1,000 agents: {:.0} ms of CPU and {:.1} MB per pod change)",
+            a.watchers,
+            b.watchers,
+            slope * 1e3,
+            bytes,
+            at(1000.0) * 1e3,
+            (a.bytes_per_change + bytes * (1000.0 - a.watchers as f64)) / 1e6
+        );
+    }
 }
 
 /// What growing past the pool showed.
