@@ -191,12 +191,7 @@ async fn bench(points: &[usize], scale: Scale, ns_path: &str, kwok_bin: &Path) {
         // Nodes, all at once (CONCURRENCY creations in flight, as a burst of
         // joining kubelets would be), timed until every one is leased.
         let start = Instant::now();
-        stream::iter(nodes..target)
-            .for_each_concurrent(CONCURRENCY, |i| {
-                let client = client.clone();
-                async move { create_node(&client, i).await }
-            })
-            .await;
+        create_nodes(&client, nodes..target).await;
         p.nodes_created = start.elapsed();
         wait_for(&leased, target, Duration::from_secs(600), "Subnets allocated", &mut kwok, &kwok_log).await;
         p.lease = start.elapsed();
@@ -458,12 +453,7 @@ async fn measure_exhaustion(
     });
     let target = pool + BEYOND_POOL;
     let start = Instant::now();
-    stream::iter(nodes..target)
-        .for_each_concurrent(CONCURRENCY, |i| {
-            let client = client.clone();
-            async move { create_node(&client, i).await }
-        })
-        .await;
+    create_nodes(client, nodes..target).await;
     let deadline = Instant::now() + Duration::from_secs(300);
     let (mut l, mut w) = (leased.clone(), waiting.clone());
     loop {
@@ -559,6 +549,16 @@ async fn create_namespaces(client: &Client) {
             .create(&PostParams::default(), &sa)
             .await;
     }
+}
+
+/// Nodes `range`, [`CONCURRENCY`] creations in flight.
+async fn create_nodes(client: &Client, range: std::ops::Range<usize>) {
+    stream::iter(range)
+        .for_each_concurrent(CONCURRENCY, |i| {
+            let client = client.clone();
+            async move { create_node(&client, i).await }
+        })
+        .await;
 }
 
 async fn create_node(client: &Client, i: usize) {
