@@ -62,8 +62,9 @@ fn in_node(node: &str, cmd: &[&str]) -> bool {
     Command::new("ip").args(["netns", "exec", &format!("weft-sbx-{node}")]).args(cmd).status().expect("run").success()
 }
 
-/// A process listening on a TCP port in a node's namespace (stopped on drop).
-struct HostListener(std::process::Child);
+/// A process listening on a TCP port in a node's namespace (stopped, and
+/// its ready file removed, on drop).
+struct HostListener(std::process::Child, std::path::PathBuf);
 
 impl HostListener {
     fn start(node: &str, port: u16) -> Self {
@@ -76,8 +77,10 @@ impl HostListener {
             .arg(&ready)
             .spawn()
             .expect("host listener");
-        wait::until("the host listener", Duration::from_secs(10), || ready.exists().then_some(()));
-        HostListener(child)
+        // Owned from here: a failed wait still stops the process and removes the file.
+        let listener = HostListener(child, ready);
+        wait::until("the host listener", Duration::from_secs(10), || listener.1.exists().then_some(()));
+        listener
     }
 }
 
@@ -85,6 +88,7 @@ impl Drop for HostListener {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
+        let _ = std::fs::remove_file(&self.1);
     }
 }
 
