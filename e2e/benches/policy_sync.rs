@@ -50,6 +50,11 @@ fn main() {
     }
     let pods = env_usize("WEFT_BENCH_PODS", 5000);
     let policies = env_usize("WEFT_BENCH_POLICIES", 1000);
+    // Checked before anything starts: the attack phase changes np20.
+    assert!(
+        policies > 20,
+        "WEFT_BENCH_POLICIES={policies}: at least 21 (np20 is the other tenant's policy it changes)"
+    );
     let cluster_policies = env_usize("WEFT_BENCH_CLUSTER_POLICIES", 100);
     let ns = Netns::new("pbench");
     ns.ip(&["link", "set", "lo", "up"]);
