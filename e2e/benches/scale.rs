@@ -132,6 +132,9 @@ struct Point {
     /// Creating the new Node objects (`CONCURRENCY` in flight).
     nodes_created: Duration,
     lease: Duration,
+    /// The apiserver's requests on Subnets while the new nodes were leased
+    /// (the operator's: nothing else here writes or lists them), by verb.
+    subnet_requests: std::collections::BTreeMap<String, f64>,
     pods_running: Duration,
     operator_rss: f64,
     agent_ready: Duration,
@@ -190,11 +193,16 @@ async fn bench(points: &[usize], scale: Scale, ns_path: &str, kwok_bin: &Path) {
         let mut p = Point { nodes: target, new_nodes: target - nodes, ..Default::default() };
         // Nodes, all at once (CONCURRENCY creations in flight, as a burst of
         // joining kubelets would be), timed until every one is leased.
+        let requests_before = subnet_requests(&client).await;
         let start = Instant::now();
         create_nodes(&client, nodes..target).await;
         p.nodes_created = start.elapsed();
         wait_for(&leased, target, Duration::from_secs(600), "Subnets allocated", &mut kwok, &kwok_log).await;
         p.lease = start.elapsed();
+        p.subnet_requests = subnet_requests(&client).await;
+        for (verb, n) in &mut p.subnet_requests {
+            *n -= requests_before.get(verb).copied().unwrap_or_default();
+        }
         nodes = target;
 
         // Pods in deployments' shapes, spread over every node; kwok runs them.
@@ -727,6 +735,22 @@ async fn measure_agent(client: &Client, cp: &ControlPlane, dir: &Path, p: &mut P
     drop(agent);
 }
 
+/// The apiserver's requests on Subnets so far, by verb (watches excluded:
+/// they are long-running and counted when they start).
+async fn subnet_requests(client: &Client) -> std::collections::BTreeMap<String, f64> {
+    let request = http::Request::get("/metrics").body(Vec::new()).expect("request");
+    let text = client.request_text(request).await.expect("the apiserver's metrics");
+    let mut by_verb = std::collections::BTreeMap::new();
+    for line in text.lines().filter(|l| l.starts_with("apiserver_request_total{") && l.contains("resource=\"subnets\""))
+    {
+        let verb = line.split("verb=\"").nth(1).and_then(|v| v.split('"').next()).unwrap_or_default();
+        if let (false, Some(Ok(n))) = (verb == "WATCH", line.rsplit(' ').next().map(str::parse::<f64>)) {
+            *by_verb.entry(verb.to_owned()).or_default() += n;
+        }
+    }
+    by_verb
+}
+
 /// (watch events, their bytes) the apiserver has sent for pods so far, to
 /// all watchers together.
 async fn watch_events(client: &Client) -> (f64, f64) {
@@ -781,5 +805,10 @@ fn print_table(results: &[Point], scale: Scale) {
         results.iter().map(|p| format!("{:.1} s", f(p).as_secs_f64())).collect::<Vec<_>>().join(", ")
     };
     println!("(creating the new Node objects took, per point: {})", per_point(&|p| p.nodes_created));
+    for p in results {
+        let per_node: Vec<String> =
+            p.subnet_requests.iter().map(|(verb, n)| format!("{verb} {:.2}", n / p.new_nodes.max(1) as f64)).collect();
+        println!("(operator requests on Subnets per new node at {} nodes, by verb: {})", p.nodes, per_node.join(", "));
+    }
     println!("(pods created and Running with kwok's addresses, per point: {})", per_point(&|p| p.pods_running));
 }

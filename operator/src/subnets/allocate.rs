@@ -225,6 +225,9 @@ async fn serve_once(ctx: &Context, batch: Vec<Request>) -> Vec<Request> {
                 Outcome::Created(Box::new(s))
             }
             Err(kube::Error::Api(s)) if s.code == 409 => {
+                // A Subnet of that name the view did not show: the node is
+                // planned again from a fully consistent list, which has it.
+                ctx.allocator.reset();
                 in_pool = in_pool.saturating_sub(1);
                 Outcome::Conflict
             }

@@ -38,6 +38,7 @@ use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::controller::Action;
 use kube::runtime::events::Recorder;
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::reflector::Store;
 use weft_api::Subnet;
 
@@ -112,11 +113,18 @@ async fn reconcile_node_inner(node: &Node, ctx: &Context) -> Result<Action, Erro
     if node.metadata.deletion_timestamp.is_some() {
         return Ok(Action::await_change());
     }
-    // Read from the API, not the cache: a just-deleted Subnet may linger in
-    // the cache and would leave the node without a lease until the resync.
     // A Subnet of this name, also one left by an earlier Node object of the
-    // same name, is this node's lease: it keeps it.
-    let current = ctx.subnets_api.get_opt(&name).await.map_err(kube_err("reading", &name))?;
+    // same name, is this node's lease: it keeps it. One the cache shows is
+    // read from the API: a just-deleted Subnet may linger in the cache and
+    // would leave the node without a lease until the resync. One the cache
+    // does not show yet needs no read (a quorum read each, for every node of
+    // a burst): allocating plans from a view at least as new as this
+    // replica's writes, and a Subnet it misses still holds the name (the
+    // create answers 409 and the node is planned again).
+    let current = match ctx.subnets.get(&ObjectRef::new(&name)) {
+        Some(_) => ctx.subnets_api.get_opt(&name).await.map_err(kube_err("reading", &name))?,
+        None => None,
+    };
     match current {
         // A lease from before the cluster was made dual-stack gets a block of the other family.
         Some(subnet) if subnet.metadata.deletion_timestamp.is_none() && lacks_secondary(ctx, &subnet) => {

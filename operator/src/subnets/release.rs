@@ -375,5 +375,35 @@ mod tests {
             reconcile.await.expect("task").expect("reconcile");
             assert!(no_more_requests(&mut api).await, "no write");
         }
+
+        /// Leasing (the node reconciler, beside the release tests for their
+        /// scripted context): a node the Subnet cache shows nothing for is
+        /// planned and leased without a read of its Subnet first (a quorum
+        /// read per node of a burst), and one it shows is read.
+        #[tokio::test]
+        async fn a_node_without_a_cached_subnet_is_leased_without_reading_one_first() {
+            let (ctx, mut api) = context_with("60", &[], &["n2"]);
+            let node: Node = serde_json::from_value(json!({"metadata": {"name": "n2"}})).expect("node");
+            let reconcile = tokio::spawn(crate::subnets::reconcile_node(Arc::new(node), ctx.clone()));
+            let empty = json!({"kind": "SubnetList", "apiVersion": "weft.dev/v1alpha1", "metadata": {"resourceVersion": "5"}, "items": []});
+            expect(&mut api, Method::GET, "/apis/weft.dev/v1alpha1/subnets", json_response(StatusCode::OK, empty))
+                .await;
+            let mut created = leased("n2", "10.9.0.0/24", false);
+            created.metadata.resource_version = Some("6".into());
+            let answer = json_response(StatusCode::CREATED, serde_json::to_value(&created).expect("json"));
+            let body = expect(&mut api, Method::POST, "/apis/weft.dev/v1alpha1/subnets", answer).await;
+            assert_eq!(body["spec"]["nodeName"], "n2", "{body}");
+            let answer = json_response(StatusCode::OK, serde_json::to_value(&created).expect("json"));
+            expect(&mut api, Method::PATCH, "/apis/weft.dev/v1alpha1/subnets/n2/status", answer).await;
+            reconcile.await.expect("task").expect("reconcile");
+            assert!(no_more_requests(&mut api).await);
+
+            // The cache shows a Subnet: it is read from the API (it may be gone).
+            let (ctx, mut api) = context_with("60", std::slice::from_ref(&created), &["n2"]);
+            let node: Node = serde_json::from_value(json!({"metadata": {"name": "n2"}})).expect("node");
+            let reconcile = tokio::spawn(crate::subnets::reconcile_node(Arc::new(node), ctx));
+            expect(&mut api, Method::GET, "/apis/weft.dev/v1alpha1/subnets/n2", not_found("subnet n2")).await;
+            reconcile.abort();
+        }
     }
 }
