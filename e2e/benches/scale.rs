@@ -735,11 +735,16 @@ async fn measure_agent(client: &Client, cp: &ControlPlane, dir: &Path, p: &mut P
     drop(agent);
 }
 
+/// The apiserver's own metrics, as text.
+async fn apiserver_metrics(client: &Client) -> String {
+    let request = http::Request::get("/metrics").body(Vec::new()).expect("request");
+    client.request_text(request).await.expect("the apiserver's metrics")
+}
+
 /// The apiserver's requests on Subnets so far, by verb (watches excluded:
 /// they are long-running and counted when they start).
 async fn subnet_requests(client: &Client) -> std::collections::BTreeMap<String, f64> {
-    let request = http::Request::get("/metrics").body(Vec::new()).expect("request");
-    let text = client.request_text(request).await.expect("the apiserver's metrics");
+    let text = apiserver_metrics(client).await;
     let mut by_verb = std::collections::BTreeMap::new();
     for line in text.lines().filter(|l| l.starts_with("apiserver_request_total{") && l.contains("resource=\"subnets\""))
     {
@@ -754,8 +759,7 @@ async fn subnet_requests(client: &Client) -> std::collections::BTreeMap<String, 
 /// (watch events, their bytes) the apiserver has sent for pods so far, to
 /// all watchers together.
 async fn watch_events(client: &Client) -> (f64, f64) {
-    let request = http::Request::get("/metrics").body(Vec::new()).expect("request");
-    let text = client.request_text(request).await.expect("the apiserver's metrics");
+    let text = apiserver_metrics(client).await;
     let pods = |l: &&str| l.contains("resource=\"pods\"") || l.contains("kind=\"Pod\"");
     let sum = |name: &str| -> f64 {
         text.lines()
