@@ -538,6 +538,8 @@ mod kernel_tests {
             .expect("add");
             let listed = |map: &str| {
                 let out = Command::new("nft").args(["list", "map", "inet", "t", map]).output().expect("nft");
+                // A failed listing says why (it once came back short under load).
+                assert!(out.status.success(), "nft list map {map}: {}", String::from_utf8_lossy(&out.stderr));
                 String::from_utf8_lossy(&out.stdout).split_whitespace().collect::<Vec<_>>().join(" ")
             };
             assert!(listed("addrs").contains("10.0.0.1 : jump a, 10.0.0.2 : jump b"), "{}", listed("addrs"));
@@ -579,7 +581,11 @@ mod kernel_tests {
             conn.apply(TableFamily::Inet, "t", &[Change::AddElements("addrs", &many)], Duration::from_secs(5))
                 .expect("5,000 elements");
             let all = listed("addrs");
-            assert!(all.contains("10.100.0.0 : jump b") && all.contains("10.100.19.135 : jump b"), "first and last");
+            assert!(
+                all.contains("10.100.0.0 : jump b") && all.contains("10.100.19.135 : jump b"),
+                "first and last, of {} elements listed",
+                all.matches(": jump b").count()
+            );
             assert_eq!(all.matches(": jump b").count(), 5000, "every element");
             let keys: Vec<Key> = many.iter().map(|(k, _)| *k).collect();
             conn.apply(TableFamily::Inet, "t", &[Change::DeleteElements("addrs", &keys)], Duration::from_secs(5))
