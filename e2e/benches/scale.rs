@@ -44,7 +44,9 @@ use weft_e2e::bench_agent::{
     KillOnDrop, METRICS_ADDR, POLL, cpu_seconds, metric, metrics, next_sync, percentile, ready, rss_mib, syncs,
 };
 use weft_e2e::control_plane::operator::OperatorProcess;
-use weft_e2e::control_plane::{Component, ControlPlane, Options, install_crds, tools_dir, tools_present};
+use weft_e2e::control_plane::{
+    Component, ControlPlane, Options, install_crds, tools_dir, tools_present, wait_until_crds_take_creates,
+};
 use weft_e2e::netns::Netns;
 use weft_e2e::{bins, wait};
 
@@ -132,9 +134,9 @@ struct Point {
     /// Creating the new Node objects (`CONCURRENCY` in flight).
     nodes_created: Duration,
     lease: Duration,
-    /// The apiserver's requests on Subnets while the new nodes were leased
-    /// (the operator's: nothing else here writes or lists them), by verb.
-    subnet_requests: std::collections::BTreeMap<String, f64>,
+    /// The operator's requests while the new nodes were leased
+    /// ([`operator_requests`]).
+    operator_requests: std::collections::BTreeMap<String, f64>,
     pods_running: Duration,
     operator_rss: f64,
     agent_ready: Duration,
@@ -156,7 +158,10 @@ async fn bench(points: &[usize], scale: Scale, ns_path: &str, kwok_bin: &Path) {
     let cp = ControlPlane::start_with(&Options { netns: Some(ns_name), ..Default::default() })
         .expect("control plane starts");
     let client = cp.client().await.expect("client");
-    install_crds(&client).await.expect("CRDs");
+    let crds = install_crds(&client).await.expect("CRDs");
+    // Timed leases start once the apiserver no longer holds back creates
+    // of a just-established CRD (as in a cluster, where Weft's CRDs are old).
+    wait_until_crds_take_creates(&client, &crds).await.expect("CRDs settled");
     create_namespaces(&client).await;
     let dir = tempfile::Builder::new().prefix("weft-scale-").tempdir().expect("temp dir");
     let kwok_log = dir.path().join("kwok.log");
@@ -193,14 +198,14 @@ async fn bench(points: &[usize], scale: Scale, ns_path: &str, kwok_bin: &Path) {
         let mut p = Point { nodes: target, new_nodes: target - nodes, ..Default::default() };
         // Nodes, all at once (CONCURRENCY creations in flight, as a burst of
         // joining kubelets would be), timed until every one is leased.
-        let requests_before = subnet_requests(&client).await;
+        let requests_before = operator_requests(&client).await;
         let start = Instant::now();
         create_nodes(&client, nodes..target).await;
         p.nodes_created = start.elapsed();
         wait_for(&leased, target, Duration::from_secs(600), "Subnets allocated", &mut kwok, &kwok_log).await;
         p.lease = start.elapsed();
-        p.subnet_requests = subnet_requests(&client).await;
-        for (verb, n) in &mut p.subnet_requests {
+        p.operator_requests = operator_requests(&client).await;
+        for (verb, n) in &mut p.operator_requests {
             *n -= requests_before.get(verb).copied().unwrap_or_default();
         }
         nodes = target;
@@ -741,16 +746,23 @@ async fn apiserver_metrics(client: &Client) -> String {
     client.request_text(request).await.expect("the apiserver's metrics")
 }
 
-/// The apiserver's requests on Subnets so far, by verb (watches excluded:
-/// they are long-running and counted when they start).
-async fn subnet_requests(client: &Client) -> std::collections::BTreeMap<String, f64> {
+/// The apiserver's requests so far that the operator makes here, by kind
+/// and verb: on Subnets (nothing else here writes or lists them; watches
+/// excluded: they are long-running and counted when they start), and reads
+/// of single Nodes (kwok and the bench watch, patch and create them).
+async fn operator_requests(client: &Client) -> std::collections::BTreeMap<String, f64> {
     let text = apiserver_metrics(client).await;
     let mut by_verb = std::collections::BTreeMap::new();
-    for line in text.lines().filter(|l| l.starts_with("apiserver_request_total{") && l.contains("resource=\"subnets\""))
-    {
-        let verb = line.split("verb=\"").nth(1).and_then(|v| v.split('"').next()).unwrap_or_default();
-        if let (false, Some(Ok(n))) = (verb == "WATCH", line.rsplit(' ').next().map(str::parse::<f64>)) {
-            *by_verb.entry(verb.to_owned()).or_default() += n;
+    for line in text.lines().filter(|l| l.starts_with("apiserver_request_total{")) {
+        let label = |name: &str| line.split(&format!("{name}=\"")).nth(1).and_then(|v| v.split('"').next());
+        let (verb, resource) = (label("verb").unwrap_or_default(), label("resource").unwrap_or_default());
+        let kind = match (resource, verb) {
+            ("subnets", v) if v != "WATCH" => "Subnet",
+            ("nodes", "GET") if label("subresource").unwrap_or_default().is_empty() => "Node",
+            _ => continue,
+        };
+        if let Some(Ok(n)) = line.rsplit(' ').next().map(str::parse::<f64>) {
+            *by_verb.entry(format!("{kind} {verb}")).or_default() += n;
         }
     }
     by_verb
@@ -810,9 +822,12 @@ fn print_table(results: &[Point], scale: Scale) {
     };
     println!("(creating the new Node objects took, per point: {})", per_point(&|p| p.nodes_created));
     for p in results {
-        let per_node: Vec<String> =
-            p.subnet_requests.iter().map(|(verb, n)| format!("{verb} {:.2}", n / p.new_nodes.max(1) as f64)).collect();
-        println!("(operator requests on Subnets per new node at {} nodes, by verb: {})", p.nodes, per_node.join(", "));
+        let per_node: Vec<String> = p
+            .operator_requests
+            .iter()
+            .map(|(verb, n)| format!("{verb} {:.2}", n / p.new_nodes.max(1) as f64))
+            .collect();
+        println!("(operator requests per new node at {} nodes: {})", p.nodes, per_node.join(", "));
     }
     println!("(pods created and Running with kwok's addresses, per point: {})", per_point(&|p| p.pods_running));
 }

@@ -18,7 +18,7 @@ use kube::runtime::watcher;
 use serde_json::json;
 use weft_api::Subnet;
 use weft_e2e::control_plane::operator::OperatorProcess;
-use weft_e2e::control_plane::{ControlPlane, install_crds, tools_dir, tools_present};
+use weft_e2e::control_plane::{ControlPlane, install_crds, tools_dir, tools_present, wait_until_crds_take_creates};
 
 const SINGLE_RUNS: usize = 10;
 const BULK_NODES: usize = 500;
@@ -93,7 +93,10 @@ fn ms(d: Duration) -> String {
 
 async fn bench(cp: &ControlPlane) {
     let client = cp.client().await.expect("client");
-    install_crds(&client).await.expect("CRDs");
+    let crds = install_crds(&client).await.expect("CRDs");
+    // Timed leases start once the apiserver no longer holds back creates
+    // of a just-established CRD (as in a cluster, where Weft's CRDs are old).
+    wait_until_crds_take_creates(&client, &crds).await.expect("CRDs settled");
     let args: Vec<String> =
         ["--cluster-cidr=10.200.0.0/14", "--node-prefix-length=24", "--leader-election-namespace=default"]
             .map(String::from)

@@ -113,8 +113,10 @@ pub struct Config {
     #[arg(long, env = "WEFT_CLUSTER_NETWORK_POLICY", default_value_t = false, action = clap::ArgAction::Set)]
     pub cluster_network_policy: bool,
 
-    /// Maximum reconciles running at once per controller.
-    #[arg(long, env = "WEFT_CONCURRENCY", default_value_t = 64)]
+    /// Maximum reconciles running at once per controller. Nodes waiting
+    /// for a lease are served in batches of those waiting: at 64, 1,000
+    /// joining nodes took 5.1–5.5 s to lease; at 256, 3.7–4.2 s.
+    #[arg(long, env = "WEFT_CONCURRENCY", default_value_t = 256)]
     pub concurrency: u16,
 
     /// Delete every Subnet and HostPortAllocation, then exit (the chart's

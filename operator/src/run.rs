@@ -17,7 +17,7 @@ use weft_api::Subnet;
 use crate::config::Config;
 use crate::leader::{LeaderElector, Term};
 use crate::metrics::{self, Metrics};
-use crate::subnets::{self, Context};
+use crate::subnets::{self, Context, Sightings};
 
 /// Runs the operator until SIGTERM/SIGINT (Ok) or a fatal error.
 pub async fn run(config: Config) -> anyhow::Result<()> {
@@ -111,15 +111,30 @@ async fn run_controllers(
 
     // Subnet deletions wake nodes that are waiting for space.
     let (retry_tx, retry_rx) = tokio::sync::mpsc::channel::<()>(1);
-    let node_ctrl = Controller::new(nodes_api.clone(), node_watch.clone())
-        .watches(subnets_api.clone(), watcher::Config::default(), |s: Subnet| {
-            Some(ObjectRef::<Node>::new(&s.spec.node_name))
-        })
-        .reconcile_all_on(tokio_stream::wrappers::ReceiverStream::new(retry_rx))
-        .with_config(ctrl_config.clone());
-    let subnet_ctrl = Controller::new(subnets_api.clone(), watcher::Config::default())
-        .watches(nodes_api.clone(), node_watch, |node: Node| Some(ObjectRef::<Subnet>::new(&node.name_any())))
-        .with_config(ctrl_config);
+    // Each controller's watch of the other kind triggers reconciles; what it
+    // saw is noted, so a reconcile reads from the API only when the other
+    // controller's cache lags behind it (see `subnets::Sightings`).
+    let (sightings, node_sightings) = (Arc::new(Sightings::default()), Arc::new(Sightings::default()));
+    let node_ctrl = Controller::new(nodes_api.clone(), node_watch.clone());
+    let subnet_ctrl = {
+        let (node_sightings, nodes) = (node_sightings.clone(), node_ctrl.store());
+        Controller::new(subnets_api.clone(), watcher::Config::default())
+            .watches(nodes_api.clone(), node_watch, move |node: Node| {
+                node_sightings.saw(&node, &nodes);
+                Some(ObjectRef::<Subnet>::new(&node.name_any()))
+            })
+            .with_config(ctrl_config.clone())
+    };
+    let node_ctrl = {
+        let (sightings, subnets) = (sightings.clone(), subnet_ctrl.store());
+        node_ctrl
+            .watches(subnets_api.clone(), watcher::Config::default(), move |s: Subnet| {
+                sightings.saw(&s, &subnets);
+                Some(ObjectRef::<Node>::new(&s.spec.node_name))
+            })
+            .reconcile_all_on(tokio_stream::wrappers::ReceiverStream::new(retry_rx))
+            .with_config(ctrl_config)
+    };
 
     let recorder =
         Recorder::new(client.clone(), Reporter { controller: "weft-operator".into(), instance: Some(identity) });
@@ -140,6 +155,8 @@ async fn run_controllers(
         allocator: Default::default(),
         reported: Default::default(),
         absences: Default::default(),
+        sightings,
+        node_sightings,
     });
 
     let wake = {

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 
-pub use kube_util::{install_crds, new_namespace, unique_name, wait_for};
+pub use kube_util::{install_crds, new_namespace, unique_name, wait_for, wait_until_crds_take_creates};
 
 /// Directory holding `kube-apiserver`, `etcd` and `kubectl`.
 pub fn tools_dir() -> PathBuf {

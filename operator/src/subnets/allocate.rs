@@ -136,7 +136,7 @@ pub(super) async fn allocate(node: &Node, ctx: &Context) -> Result<Action, Error
             status::clear_exhausted(ctx, node, &subnet).await;
             Ok(Action::requeue(ctx.config.resync()))
         }
-        Outcome::Exists(subnet) => super::keep_lease(ctx, node, &subnet).await,
+        Outcome::Exists(subnet) => super::keep_lease(ctx, node, &super::newest_known(ctx, *subnet)).await,
         Outcome::Conflict => Ok(Action::requeue(Duration::ZERO)),
         Outcome::Failed(e) => Err(Error::Alloc(name, e)),
         Outcome::Exhausted { space_freed_meanwhile: true, .. } => Ok(Action::requeue(Duration::from_millis(100))),
@@ -222,6 +222,7 @@ async fn serve_once(ctx: &Context, batch: Vec<Request>) -> Vec<Request> {
         let outcome = match result {
             Ok(s) => {
                 ctx.allocator.note_write(&s);
+                ctx.sightings.wrote(&s, &ctx.subnets);
                 Outcome::Created(Box::new(s))
             }
             Err(kube::Error::Api(s)) if s.code == 409 => {
@@ -252,6 +253,7 @@ async fn extend(ctx: &Context, subnet: &Subnet, cidr: IpNet) -> Outcome {
     match ctx.subnets_api.patch(&subnet.name_any(), &pp, &Patch::Merge(&patch)).await {
         Ok(s) => {
             ctx.allocator.note_write(&s);
+            ctx.sightings.wrote(&s, &ctx.subnets);
             tracing::info!(subnet = %s.name_any(), %cidr, "added a block of the other address family to the lease");
             Outcome::Exists(Box::new(s))
         }

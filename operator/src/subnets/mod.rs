@@ -27,6 +27,7 @@
 mod allocate;
 mod plan;
 mod release;
+mod sightings;
 mod status;
 
 use std::sync::Arc;
@@ -44,6 +45,8 @@ use weft_api::Subnet;
 
 pub use allocate::Allocator;
 pub use plan::{Decision, blocks, plan};
+use sightings::Freshest;
+pub use sightings::Sightings;
 pub use status::NODE_CONDITION;
 
 use crate::config::Config;
@@ -96,6 +99,11 @@ pub struct Context {
     pub reported: status::Reported,
     /// Since when each Subnet's node has been seen absent.
     pub absences: release::Absences,
+    /// What the node controller's Subnet watch saw that `subnets` may lack,
+    /// and this replica's Subnet writes.
+    pub sightings: Arc<Sightings<Subnet>>,
+    /// What the Subnet controller's Node watch saw that `nodes` may lack.
+    pub node_sightings: Arc<Sightings<Node>>,
 }
 
 /// Reconciles one Node: make sure it has exactly one valid Subnet.
@@ -114,16 +122,19 @@ async fn reconcile_node_inner(node: &Node, ctx: &Context) -> Result<Action, Erro
         return Ok(Action::await_change());
     }
     // A Subnet of this name, also one left by an earlier Node object of the
-    // same name, is this node's lease: it keeps it. One the cache shows is
-    // read from the API: a just-deleted Subnet may linger in the cache and
+    // same name, is this node's lease: it keeps it. The cache's copy is
+    // used, or this replica's newer write of it; it is read from the API
+    // only when the event that triggered this reconcile (another watch) is
+    // newer than both: a just-deleted Subnet may linger in the cache and
     // would leave the node without a lease until the resync. One the cache
-    // does not show yet needs no read (a quorum read each, for every node of
-    // a burst): allocating plans from a view at least as new as this
-    // replica's writes, and a Subnet it misses still holds the name (the
-    // create answers 409 and the node is planned again).
-    let current = match ctx.subnets.get(&ObjectRef::new(&name)) {
-        Some(_) => ctx.subnets_api.get_opt(&name).await.map_err(kube_err("reading", &name))?,
-        None => None,
+    // does not show needs no read: allocating plans from a view at least as
+    // new as this replica's writes, and a Subnet it misses still holds the
+    // name (the create answers 409 and the node is planned again).
+    let cached = ctx.subnets.get(&ObjectRef::new(&name));
+    let current = match ctx.sightings.freshest(&name, cached.as_deref()) {
+        Freshest::Cache => cached.map(|c| Subnet::clone(&c)),
+        Freshest::Written(subnet) => Some(*subnet),
+        Freshest::Read => ctx.subnets_api.get_opt(&name).await.map_err(kube_err("reading", &name))?,
     };
     match current {
         // A lease from before the cluster was made dual-stack gets a block of the other family.
@@ -147,6 +158,14 @@ async fn keep_lease(ctx: &Context, node: &Node, subnet: &Subnet) -> Result<Actio
     status::ensure_allocated_condition(ctx, subnet).await?;
     status::clear_exhausted(ctx, node, subnet).await;
     Ok(Action::requeue(ctx.config.resync()))
+}
+
+/// `subnet`, or this replica's newer write of it.
+fn newest_known(ctx: &Context, subnet: Subnet) -> Subnet {
+    match ctx.sightings.freshest(&subnet.name_any(), Some(&subnet)) {
+        Freshest::Written(written) => *written,
+        Freshest::Cache | Freshest::Read => subnet,
+    }
 }
 
 /// Reconciles one Subnet: release it when its Node is gone (or replaced),

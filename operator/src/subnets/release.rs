@@ -18,6 +18,7 @@ use weft_api::Subnet;
 use weft_api::subnet::{REASON_LEASE_WITHDRAWN, holds_lease, let_go_patch};
 
 use super::plan::{Agent, Claim, blocks, may_let_go, ready_condition};
+use super::sightings::Freshest;
 use super::{Context, Error, kube_err, managed, status};
 use crate::ipam::overlaps;
 
@@ -44,14 +45,11 @@ pub(super) async fn reconcile(subnet: &Subnet, ctx: &Context) -> Result<Action, 
     super::update_lease_gauges(ctx);
     let name = subnet.name_any();
     let node_name = &subnet.spec.node_name;
-    // Ask the API, not the node cache: this reconcile is often triggered by
-    // the Node's deletion, which the cache (fed by another watch) may not
-    // have seen yet.
-    let node = ctx.nodes_api.get_opt(node_name).await.map_err(kube_err("looking up node of", node_name))?;
+    let node_present = node_present(ctx, node_name).await?;
     if subnet.metadata.deletion_timestamp.is_some() {
-        return let_go_when_unused(ctx, subnet, node.is_some()).await;
+        return let_go_when_unused(ctx, subnet, node_present).await;
     }
-    if node.is_none() {
+    if !node_present {
         if !managed(ctx, subnet) {
             return Ok(Action::await_change());
         }
@@ -85,6 +83,22 @@ pub(super) async fn reconcile(subnet: &Subnet, ctx: &Context) -> Result<Action, 
         delete_subnet(ctx, subnet).await?;
     }
     Ok(Action::requeue(ctx.config.resync()))
+}
+
+/// Whether Node `name` exists. The cache's copy is trusted unless the
+/// Subnet controller's own Node watch (which may have triggered this
+/// reconcile: a Node's deletion) saw a newer version than it holds; a Node
+/// the cache does not show is asked of the API, as releasing on a cache
+/// that has not seen a new Node yet would take its lease.
+async fn node_present(ctx: &Context, name: &str) -> Result<bool, Error> {
+    let cached = ctx.nodes.get(&ObjectRef::new(name));
+    if let Some(node) = &cached
+        && matches!(ctx.node_sightings.freshest(name, Some(node)), Freshest::Cache)
+    {
+        return Ok(true);
+    }
+    let node = ctx.nodes_api.get_opt(name).await.map_err(kube_err("looking up node", name))?;
+    Ok(node.is_some())
 }
 
 /// A withdrawn Subnet: removes the lease finalizer once nobody can still be
@@ -193,8 +207,9 @@ mod tests {
 
         /// A context whose caches hold `subnets` and Nodes named `nodes`.
         fn context_with(grace: &str, subnets: &[Subnet], nodes: &[&str]) -> (Arc<Context>, Handle) {
-            let nodes =
-                nodes.iter().map(|n| serde_json::from_value::<Node>(json!({"metadata": {"name": n}})).expect("node"));
+            let nodes = nodes.iter().map(|n| {
+                serde_json::from_value::<Node>(json!({"metadata": {"name": n, "resourceVersion": "1"}})).expect("node")
+            });
             let (client, handle) = crate::mock_api::client();
             let config =
                 Config::try_parse_from(["x", "--cluster-cidr", "10.9.0.0/16", "--release-grace-seconds", grace])
@@ -213,6 +228,8 @@ mod tests {
                 allocator: Default::default(),
                 reported: Default::default(),
                 absences: Default::default(),
+                sightings: Default::default(),
+                node_sightings: Default::default(),
             };
             (Arc::new(ctx), handle)
         }
@@ -252,6 +269,24 @@ mod tests {
             assert_eq!(body["preconditions"]["uid"], "uid-1", "{body}");
             let action = reconcile.await.expect("task").expect("reconcile");
             assert_eq!(action, Action::await_change());
+        }
+
+        #[tokio::test]
+        async fn a_cached_node_is_read_only_when_its_watch_saw_a_newer_version() {
+            let (ctx, mut api) = context_with("0", &[], &["n1"]);
+            reconcile_subnet(Arc::new(subnet(false, true)), ctx.clone()).await.expect("reconcile");
+            assert!(no_more_requests(&mut api).await, "the cached node was trusted");
+
+            // The Subnet controller's Node watch saw the node's deletion
+            // before the node cache did: the API is asked, and it is gone.
+            let deleted: Node =
+                serde_json::from_value(json!({"metadata": {"name": "n1", "resourceVersion": "2"}})).expect("node");
+            ctx.node_sightings.saw(&deleted, &ctx.nodes);
+            let reconcile = tokio::spawn(reconcile_subnet(Arc::new(subnet(false, true)), ctx));
+            expect(&mut api, Method::GET, "/api/v1/nodes/n1", not_found("node n1")).await;
+            let answer = json_response(StatusCode::OK, serde_json::to_value(subnet(true, true)).expect("json"));
+            expect(&mut api, Method::DELETE, "/apis/weft.dev/v1alpha1/subnets/n1", answer).await;
+            assert_eq!(reconcile.await.expect("task").expect("reconcile"), Action::await_change());
         }
 
         #[tokio::test]
@@ -297,10 +332,6 @@ mod tests {
             assert_eq!(reconcile.await.expect("task").expect("reconcile"), Action::await_change());
         }
 
-        fn node_json(name: &str) -> http::Response<kube::client::Body> {
-            json_response(StatusCode::OK, json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}))
-        }
-
         /// `name` for node `node`, leasing `cidr`, created `age_s` seconds ago.
         fn claim(name: &str, node: &str, cidr: &str, age_s: i64, agent_used: bool) -> Subnet {
             let mut s = subnet(false, agent_used);
@@ -323,13 +354,11 @@ mod tests {
             let (ctx, mut api) = context_with("60", &[live.clone(), ghost, twin.clone()], &["n1"]);
 
             let reconcile = tokio::spawn(reconcile_subnet(Arc::new(live), ctx.clone()));
-            expect(&mut api, Method::GET, "/api/v1/nodes/n1", node_json("n1")).await;
             reconcile.await.expect("task").expect("reconcile");
             assert!(no_more_requests(&mut api).await, "the live node's lease was touched");
 
             // The twin names a live node but no agent uses it: it loses.
             let reconcile = tokio::spawn(reconcile_subnet(Arc::new(twin.clone()), ctx));
-            expect(&mut api, Method::GET, "/api/v1/nodes/n1", node_json("n1")).await;
             let body = expect(
                 &mut api,
                 Method::DELETE,
@@ -348,12 +377,10 @@ mod tests {
             let (ctx, mut api) = context_with("60", &[old.clone(), new.clone()], &["n1", "n2"]);
 
             let reconcile = tokio::spawn(reconcile_subnet(Arc::new(old), ctx.clone()));
-            expect(&mut api, Method::GET, "/api/v1/nodes/n1", node_json("n1")).await;
             reconcile.await.expect("task").expect("reconcile");
             assert!(no_more_requests(&mut api).await, "the older lease was touched");
 
             let reconcile = tokio::spawn(reconcile_subnet(Arc::new(new.clone()), ctx));
-            expect(&mut api, Method::GET, "/api/v1/nodes/n2", node_json("n2")).await;
             expect(
                 &mut api,
                 Method::DELETE,
@@ -379,7 +406,8 @@ mod tests {
         /// Leasing (the node reconciler, beside the release tests for their
         /// scripted context): a node the Subnet cache shows nothing for is
         /// planned and leased without a read of its Subnet first (a quorum
-        /// read per node of a burst), and one it shows is read.
+        /// read per node of a burst); one it shows is read only when the
+        /// trigger watch saw a newer version of it.
         #[tokio::test]
         async fn a_node_without_a_cached_subnet_is_leased_without_reading_one_first() {
             let (ctx, mut api) = context_with("60", &[], &["n2"]);
@@ -398,10 +426,22 @@ mod tests {
             reconcile.await.expect("task").expect("reconcile");
             assert!(no_more_requests(&mut api).await);
 
-            // The cache shows a Subnet: it is read from the API (it may be gone).
+            // The cache shows the Subnet and the trigger watch saw nothing
+            // newer: the cache is trusted (no read), its condition written.
             let (ctx, mut api) = context_with("60", std::slice::from_ref(&created), &["n2"]);
-            let node: Node = serde_json::from_value(json!({"metadata": {"name": "n2"}})).expect("node");
-            let reconcile = tokio::spawn(crate::subnets::reconcile_node(Arc::new(node), ctx));
+            let node: Arc<Node> = Arc::new(serde_json::from_value(json!({"metadata": {"name": "n2"}})).expect("node"));
+            let reconcile = tokio::spawn(crate::subnets::reconcile_node(node.clone(), ctx.clone()));
+            let answer = json_response(StatusCode::OK, serde_json::to_value(&created).expect("json"));
+            expect(&mut api, Method::PATCH, "/apis/weft.dev/v1alpha1/subnets/n2/status", answer).await;
+            reconcile.await.expect("task").expect("reconcile");
+            assert!(no_more_requests(&mut api).await);
+
+            // The trigger watch saw a newer version (its deletion, say) than
+            // the cache holds: it is read from the API, and found gone.
+            let mut deleted = created.clone();
+            deleted.metadata.resource_version = Some("9".into());
+            ctx.sightings.saw(&deleted, &ctx.subnets);
+            let reconcile = tokio::spawn(crate::subnets::reconcile_node(node, ctx));
             expect(&mut api, Method::GET, "/apis/weft.dev/v1alpha1/subnets/n2", not_found("subnet n2")).await;
             reconcile.abort();
         }

@@ -134,7 +134,10 @@ pub(super) async fn patch_metadata(ctx: &Context, subnet: &Subnet, patch: &serde
     let name = subnet.name_any();
     ctx.term.check()?;
     match ctx.subnets_api.patch(&name, &PatchParams::default(), &Patch::Merge(patch)).await {
-        Ok(_) => Ok(()),
+        Ok(written) => {
+            ctx.sightings.wrote(&written, &ctx.subnets);
+            Ok(())
+        }
         Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(()),
         Err(e) => Err(kube_err("updating metadata of", &name)(e)),
     }
@@ -165,7 +168,10 @@ pub(super) async fn ensure_allocated_condition(ctx: &Context, subnet: &Subnet) -
     });
     ctx.term.check()?;
     match ctx.subnets_api.patch_status(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(patch)).await {
-        Ok(_) => Ok(()),
+        Ok(written) => {
+            ctx.sightings.wrote(&written, &ctx.subnets);
+            Ok(())
+        }
         // Deleted meanwhile: the next reconcile reallocates.
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
         Err(e) => Err(kube_err("updating status of", &name)(e)),
