@@ -1,9 +1,11 @@
-//! Rules as nf_tables expressions, for the statements host ports use, so
-//! that an allocation is one netlink batch instead of an `nft` run (a
-//! process and its start-up: about 4 ms, against 0.1 ms for the batch),
-//! and for the guard's check of a neighbour advertisement's target, which
-//! nft 1.0.6 cannot build (a raw payload in a lookup of an IPv6 set).
-//! A rule with any other statement is `None` here and goes through nft.
+//! Rules as nf_tables expressions, for the statements host ports and
+//! NetworkPolicy rules use, so that an allocation or a policy change is one
+//! netlink batch instead of an `nft` run (a process and its start-up: about
+//! 4 ms, against 0.1 ms for the batch; 13 to 33 ms of a policy pass on a
+//! loaded node), and for the guard's check of a neighbour advertisement's
+//! target, which nft 1.0.6 cannot build (a raw payload in a lookup of an
+//! IPv6 set). A rule with any other statement is `None` here and goes
+//! through nft.
 //!
 //! The expressions are the ones nft itself emits for these statements
 //! (`nft --debug=netlink`), so that nft lists the rules as it would list
@@ -15,10 +17,11 @@ use ipnet::IpNet;
 use nftables::expr::{
     BinaryOperation, Expression, Meta, MetaKey, NamedExpression, Payload, PayloadBase, PayloadField, PayloadRaw,
 };
-use nftables::stmt::{Counter, Mangle, Match, NAT, NATFamily, Operator, Statement};
+use nftables::stmt::{Counter, Mangle, Match, NAT, NATFamily, Operator, Reject, RejectType, Statement};
+use nftables::types::RejectCode;
 
 use super::nfnl::{NFTA_DATA_VALUE, NFTA_LIST_ELEM, attr, attr_str, nested};
-use super::ruleset::{Proto, Rule};
+use super::ruleset::{Proto, Rule, TableFamily};
 
 // linux/netfilter/nf_tables.h
 const NFTA_RULE_EXPRESSIONS: u16 = 4;
@@ -36,6 +39,17 @@ const NFTA_CMP_SREG: u16 = 1;
 const NFTA_CMP_OP: u16 = 2;
 const NFTA_CMP_DATA: u16 = 3;
 const NFT_CMP_EQ: u32 = 0;
+const NFT_CMP_NEQ: u32 = 1;
+const NFTA_CT_DREG: u16 = 1;
+const NFTA_CT_KEY: u16 = 2;
+const NFT_CT_STATE: u32 = 0;
+const NFTA_REJECT_TYPE: u16 = 1;
+const NFTA_REJECT_ICMP_CODE: u16 = 2;
+const NFT_REJECT_TCP_RST: u32 = 1;
+const NFT_REJECT_ICMPX_UNREACH: u32 = 2;
+const NFT_REJECT_ICMPX_ADMIN_PROHIBITED: u8 = 3;
+/// `NFT_RETURN`, a negative verdict code sent as its two's complement.
+const NFT_RETURN: u32 = (-5i32).cast_unsigned();
 const NFTA_PAYLOAD_DREG: u16 = 1;
 const NFTA_PAYLOAD_BASE: u16 = 2;
 const NFTA_PAYLOAD_OFFSET: u16 = 3;
@@ -98,11 +112,31 @@ fn meta_load(b: &mut Vec<u8>, key: u32) {
     });
 }
 
-fn cmp_eq(b: &mut Vec<u8>, bytes: &[u8]) {
+fn cmp(b: &mut Vec<u8>, op: u32, bytes: &[u8]) {
     expr(b, "cmp", |b| {
         u32_attr(b, NFTA_CMP_SREG, NFT_REG_1);
-        u32_attr(b, NFTA_CMP_OP, NFT_CMP_EQ);
+        u32_attr(b, NFTA_CMP_OP, op);
         value(b, NFTA_CMP_DATA, bytes);
+    });
+}
+
+fn cmp_eq(b: &mut Vec<u8>, bytes: &[u8]) {
+    cmp(b, NFT_CMP_EQ, bytes);
+}
+
+fn payload_load(b: &mut Vec<u8>, base: u32, offset: u32, len: u32) {
+    expr(b, "payload", |b| {
+        u32_attr(b, NFTA_PAYLOAD_DREG, NFT_REG_1);
+        u32_attr(b, NFTA_PAYLOAD_BASE, base);
+        u32_attr(b, NFTA_PAYLOAD_OFFSET, offset);
+        u32_attr(b, NFTA_PAYLOAD_LEN, len);
+    });
+}
+
+fn lookup(b: &mut Vec<u8>, set: &str) {
+    expr(b, "lookup", |b| {
+        attr_str(b, NFTA_LOOKUP_SET, set);
+        u32_attr(b, NFTA_LOOKUP_SREG, NFT_REG_1);
     });
 }
 
@@ -191,10 +225,8 @@ fn concat_in_set(b: &mut Vec<u8>, fields: &[Expression<'_>], set: &str) -> Optio
             }),
         }
     }
-    expr(b, "lookup", |b| {
-        attr_str(b, NFTA_LOOKUP_SET, set);
-        u32_attr(b, NFTA_LOOKUP_SREG, register(0));
-    });
+    // From the first register, `register(0)`.
+    lookup(b, set);
     Some(())
 }
 
@@ -221,18 +253,46 @@ fn ip_addr_is(b: &mut Vec<u8>, offset: u32, net: IpNet) -> Option<()> {
     cmp_eq(b, &[nfproto]);
     let whole = octets.len();
     let bytes = if len.is_multiple_of(8) { usize::from(len / 8) } else { whole };
-    expr(b, "payload", |b| {
-        u32_attr(b, NFTA_PAYLOAD_DREG, NFT_REG_1);
-        u32_attr(b, NFTA_PAYLOAD_BASE, NFT_PAYLOAD_NETWORK_HEADER);
-        u32_attr(b, NFTA_PAYLOAD_OFFSET, offset);
-        u32_attr(b, NFTA_PAYLOAD_LEN, bytes as u32);
-    });
+    payload_load(b, NFT_PAYLOAD_NETWORK_HEADER, offset, bytes as u32);
     if bytes == whole && usize::from(len) < whole * 8 {
         let (_, mask) = family_bytes(net.netmask());
         bitwise(b, &mask, &vec![0; whole]);
     }
     cmp_eq(b, &octets[..bytes]);
     Some(())
+}
+
+/// `ip|ip6 saddr|daddr @<set>`, behind the same implicit `meta nfproto`.
+fn ip_addr_in_set(b: &mut Vec<u8>, v6: bool, offset: u32, set: &str) {
+    meta_load(b, NFT_META_NFPROTO);
+    cmp_eq(b, &[if v6 { NFPROTO_IPV6 } else { NFPROTO_IPV4 }]);
+    payload_load(b, NFT_PAYLOAD_NETWORK_HEADER, offset, if v6 { 16 } else { 4 });
+    lookup(b, set);
+}
+
+/// The header offset of `protocol`'s `field` (`ip saddr`: 12), and whether
+/// it is IPv6's.
+fn ip_field(protocol: &str, field: &str) -> Option<(bool, u32)> {
+    match (protocol, field) {
+        ("ip", "saddr") => Some((false, 12)),
+        ("ip", "daddr") => Some((false, 16)),
+        ("ip6", "saddr") => Some((true, 8)),
+        ("ip6", "daddr") => Some((true, 24)),
+        _ => None,
+    }
+}
+
+/// The bit of each conntrack state in nft's `ct state` bitmask (the
+/// kernel's `NF_CT_STATE_BIT`).
+fn ct_state_bit(state: &str) -> Option<u32> {
+    match state {
+        "invalid" => Some(1),
+        "established" => Some(1 << 1),
+        "related" => Some(1 << 2),
+        "new" => Some(1 << 3),
+        "untracked" => Some(1 << 6),
+        _ => None,
+    }
 }
 
 fn text<'a>(e: &'a Expression<'_>) -> Option<&'a str> {
@@ -257,34 +317,101 @@ fn net_of(e: &Expression<'_>) -> Option<IpNet> {
     }
 }
 
+/// What the statements of a rule so far tell the next one.
+struct Context {
+    /// The table is `inet`: IP header fields get nft's implicit `meta
+    /// nfproto` match (a bridge table's would be `ether type`), and the
+    /// policy statements (ports, `ct state`, reject) are only ever used
+    /// there.
+    inet: bool,
+    /// The transport protocol an earlier `meta l4proto` matched. A port
+    /// match or a TCP reset needs it: nft would add that match itself when
+    /// it is missing, and the rule would list otherwise.
+    l4: Option<Proto>,
+}
+
 /// One statement's expressions; None when it is not one of those above.
-fn statement(b: &mut Vec<u8>, s: &Statement<'_>) -> Option<()> {
+fn statement(b: &mut Vec<u8>, s: &Statement<'_>, cx: &mut Context) -> Option<()> {
     match s {
+        // `ct state <states>`: nft's flag test, (state & states) != 0.
+        Statement::Match(Match {
+            left: Expression::Named(NamedExpression::CT(ct)),
+            right,
+            op: Operator::IN | Operator::EQ,
+        }) if ct.key == "state" && ct.family.is_none() && ct.dir.is_none() && cx.inet => {
+            let states = match right {
+                Expression::List(items) => items.iter().map(|e| ct_state_bit(text(e)?)).sum::<Option<u32>>()?,
+                one => ct_state_bit(text(one)?)?,
+            };
+            expr(b, "ct", |b| {
+                u32_attr(b, NFTA_CT_KEY, NFT_CT_STATE);
+                u32_attr(b, NFTA_CT_DREG, NFT_REG_1);
+            });
+            // The state is kept in host byte order.
+            bitwise(b, &states.to_ne_bytes(), &[0; 4]);
+            cmp(b, NFT_CMP_NEQ, &[0; 4]);
+            Some(())
+        }
         Statement::Match(Match { left, right, op: Operator::EQ }) => match left {
             Expression::Named(NamedExpression::Concat(fields)) => {
                 concat_in_set(b, fields, text(right)?.strip_prefix('@')?)
             }
             Expression::Named(NamedExpression::Payload(Payload::PayloadField(PayloadField { protocol, field })))
-                if protocol == "ip" || protocol == "ip6" =>
+                if (protocol == "ip" || protocol == "ip6") && cx.inet =>
             {
+                let (v6, offset) = ip_field(protocol, field)?;
+                if let Some(set) = text(right).and_then(|r| r.strip_prefix('@')) {
+                    ip_addr_in_set(b, v6, offset, set);
+                    return Some(());
+                }
                 let net = net_of(right)?;
-                let offset = match (net, field.as_ref()) {
-                    (IpNet::V4(_), "saddr") if protocol == "ip" => 12,
-                    (IpNet::V4(_), "daddr") if protocol == "ip" => 16,
-                    (IpNet::V6(_), "saddr") if protocol == "ip6" => 8,
-                    (IpNet::V6(_), "daddr") if protocol == "ip6" => 24,
-                    _ => return None,
-                };
+                if matches!(net, IpNet::V6(_)) != v6 {
+                    return None;
+                }
                 ip_addr_is(b, offset, net)
+            }
+            // `tcp|udp|sctp dport <port>`: all three keep it at offset 2.
+            Expression::Named(NamedExpression::Payload(Payload::PayloadField(PayloadField { protocol, field })))
+                if field == "dport" && cx.inet =>
+            {
+                let proto = Proto::from_nft(protocol)?;
+                let Expression::Number(port) = right else { return None };
+                let port = u16::try_from(*port).ok()?;
+                if cx.l4 != Some(proto) {
+                    return None;
+                }
+                payload_load(b, NFT_PAYLOAD_TRANSPORT_HEADER, 2, 2);
+                cmp_eq(b, &port.to_be_bytes());
+                Some(())
             }
             l if is_meta(l, MetaKey::L4proto) => {
                 let proto = Proto::from_nft(text(right)?)?;
                 meta_load(b, NFT_META_L4PROTO);
                 cmp_eq(b, &[proto.number()]);
+                cx.l4 = Some(proto);
                 Some(())
             }
             _ => None,
         },
+        Statement::Reject(Some(Reject { _type: Some(RejectType::TCPReset), expr: None }))
+            if cx.inet && cx.l4 == Some(Proto::Tcp) =>
+        {
+            expr(b, "reject", |b| u32_attr(b, NFTA_REJECT_TYPE, NFT_REJECT_TCP_RST));
+            Some(())
+        }
+        Statement::Reject(Some(Reject { _type: Some(RejectType::ICMPX), expr: Some(RejectCode::AdminProhibited) }))
+            if cx.inet =>
+        {
+            expr(b, "reject", |b| {
+                u32_attr(b, NFTA_REJECT_TYPE, NFT_REJECT_ICMPX_UNREACH);
+                attr(b, NFTA_REJECT_ICMP_CODE, &[NFT_REJECT_ICMPX_ADMIN_PROHIBITED]);
+            });
+            Some(())
+        }
+        Statement::Return(None) => {
+            verdict(b, NFT_RETURN);
+            Some(())
+        }
         // `meta mark set meta mark | bits`: nft's (mark & !bits) ^ bits.
         Statement::Mangle(Mangle { key, value }) if is_meta(key, MetaKey::Mark) => {
             let Expression::BinaryOperation(op) = value else { return None };
@@ -340,13 +467,15 @@ fn statement(b: &mut Vec<u8>, s: &Statement<'_>) -> Option<()> {
     }
 }
 
-/// The expressions and comment of `rule` as NEWRULE attributes; None when
-/// a statement is not one this module encodes.
-pub fn encode(rule: &Rule) -> Option<Vec<u8>> {
+/// The expressions and comment of `rule`, in a table of `family`, as
+/// NEWRULE attributes; None when a statement is not one this module
+/// encodes.
+pub fn encode(rule: &Rule, family: TableFamily) -> Option<Vec<u8>> {
     let mut b = Vec::new();
     let mut ok = true;
     nested(&mut b, NFTA_RULE_EXPRESSIONS, |b| {
-        ok = rule.stmts.iter().all(|s| statement(b, s).is_some());
+        let mut cx = Context { inet: family == TableFamily::Inet, l4: None };
+        ok = rule.stmts.iter().all(|s| statement(b, s, &mut cx).is_some());
     });
     if !ok {
         return None;
@@ -377,30 +506,67 @@ mod tests {
             vec![build::l4proto(Proto::Tcp), build::dnat("fd00:10:244:1::5".parse().unwrap(), 8080)],
         ];
         for stmts in ok {
-            assert!(encode(&Rule::new("x", stmts.clone())).is_some(), "{stmts:?}");
+            assert!(encode(&Rule::new("x", stmts.clone()), TableFamily::Inet).is_some(), "{stmts:?}");
         }
         let guard = vec![build::key_in_set(&[Field::InIface, Field::EtherSrc, Field::NdTarget], "s"), build::accept()];
-        assert!(encode(&Rule::new("x", guard)).is_some());
-        assert!(encode(&Rule::new("x", vec![build::count_into("c"), build::drop()])).is_some());
+        assert!(encode(&Rule::new("x", guard), TableFamily::Bridge).is_some());
+        assert!(encode(&Rule::new("x", vec![build::count_into("c"), build::drop()]), TableFamily::Bridge).is_some());
         // A field nft adds a dependency for (`ip6 saddr` in a bridge table) is nft's.
         let v6 = build::key_in_set(&[Field::InIface, Field::Src(Family::V6)], "s");
-        assert!(encode(&Rule::new("x", vec![v6])).is_none());
-        for other in [build::masquerade(), build::ct_state(&["established"]), build::to_local_address()] {
-            assert!(encode(&Rule::new("x", vec![build::l4proto(Proto::Tcp), other.clone()])).is_none(), "{other:?}");
+        assert!(encode(&Rule::new("x", vec![v6]), TableFamily::Bridge).is_none());
+        for other in [build::masquerade(), build::to_local_address(), build::dport(Proto::Tcp, 80, 90)] {
+            let rule = Rule::new("x", vec![build::l4proto(Proto::Tcp), other.clone()]);
+            assert!(encode(&rule, TableFamily::Inet).is_none(), "{other:?}");
+        }
+    }
+
+    #[test]
+    fn policy_statements_are_encoded_in_an_inet_table_only_and_ports_after_their_protocol() {
+        use crate::firewall::build::Addr::{Dst, Src};
+        let policy = [
+            vec![build::ct_state(&["established", "related"]), build::accept()],
+            vec![build::ct_state(&["invalid"]), build::count_into("c"), build::drop()],
+            vec![build::addr_in_set(Src, Family::V4, "peers"), build::ret()],
+            vec![
+                build::addr_in_set(Dst, Family::V6, "peers6"),
+                build::l4proto(Proto::Udp),
+                build::dport(Proto::Udp, 53, 53),
+                build::count_into("c"),
+                build::ret(),
+            ],
+            vec![build::l4proto(Proto::Tcp), build::count_into("c"), build::reject_tcp_reset()],
+            vec![build::count_into("c"), build::reject_prohibited()],
+        ];
+        for stmts in policy {
+            let rule = Rule::new("x", stmts.clone());
+            assert!(encode(&rule, TableFamily::Inet).is_some(), "{stmts:?}");
+            assert!(
+                encode(&rule, TableFamily::Bridge).is_none(),
+                "a bridge table's dependency is not nft's own: {stmts:?}"
+            );
+        }
+        // nft would add the protocol match these need; they are left to it.
+        let without_protocol = [
+            vec![build::dport(Proto::Tcp, 80, 80)],
+            vec![build::l4proto(Proto::Udp), build::dport(Proto::Tcp, 80, 80)],
+            vec![build::l4proto(Proto::Udp), build::reject_tcp_reset()],
+        ];
+        for stmts in without_protocol {
+            assert!(encode(&Rule::new("x", stmts.clone()), TableFamily::Inet).is_none(), "{stmts:?}");
         }
     }
 
     #[test]
     fn a_prefix_off_a_byte_boundary_is_masked_and_the_comment_is_user_data() {
         let rule = Rule::new("pod a", vec![build::addr_in(Addr::Src, "10.240.0.0/12".parse::<IpNet>().unwrap())]);
-        let bytes = encode(&rule).unwrap();
+        let bytes = encode(&rule, TableFamily::Inet).unwrap();
         let has = |needle: &[u8]| bytes.windows(needle.len()).any(|w| w == needle);
         assert!(has(b"bitwise\0") && has(&[255, 240, 0, 0]), "mask 255.240.0.0");
         let mut comment = vec![NFTNL_UDATA_RULE_COMMENT, (rule.comment.len() + 1) as u8];
         comment.extend(rule.comment.as_bytes());
         assert!(has(&comment), "comment in user data");
         let whole = Rule::new("pod a", vec![build::addr_in(Addr::Src, "10.244.0.0/16".parse::<IpNet>().unwrap())]);
-        let bytes = encode(&whole).unwrap();
+        let bytes = encode(&whole, TableFamily::Inet).unwrap();
         assert!(!bytes.windows(8).any(|w| w == b"bitwise\0"), "a /16 compares two bytes");
     }
 
@@ -460,15 +626,49 @@ mod tests {
                     "meta l4proto tcp dnat ip6 to [fd00:10:244:1::5]:80",
                     vec![build::l4proto(Proto::Tcp), build::dnat(pod6, 80)],
                 ),
+                // NetworkPolicy rules.
+                ("ct state established,related accept", vec![build::ct_state(&["established", "related"]), build::accept()]),
+                (
+                    "ct state invalid counter name \"c\" drop",
+                    vec![build::ct_state(&["invalid"]), build::count_into("c"), build::drop()],
+                ),
+                ("ip saddr @peers return", vec![build::addr_in_set(Addr::Src, Family::V4, "peers"), build::ret()]),
+                (
+                    "ip6 daddr @peers6 meta l4proto udp udp dport 53 counter name \"c\" return",
+                    vec![
+                        build::addr_in_set(Addr::Dst, Family::V6, "peers6"),
+                        build::l4proto(Proto::Udp),
+                        build::dport(Proto::Udp, 53, 53),
+                        build::count_into("c"),
+                        build::ret(),
+                    ],
+                ),
+                (
+                    "meta l4proto tcp tcp dport 8080 counter name \"c\" return",
+                    vec![build::l4proto(Proto::Tcp), build::dport(Proto::Tcp, 8080, 8080), build::count_into("c"), build::ret()],
+                ),
+                (
+                    "meta l4proto tcp counter name \"c\" reject with tcp reset",
+                    vec![build::l4proto(Proto::Tcp), build::count_into("c"), build::reject_tcp_reset()],
+                ),
+                (
+                    "counter name \"c\" reject with icmpx admin-prohibited",
+                    vec![build::count_into("c"), build::reject_prohibited()],
+                ),
             ];
             let rules: Vec<(&str, Rule)> = rules.into_iter().map(|(t, s)| (t, Rule::new("pod a", s))).collect();
-            let mut script = String::from("add table inet t\nadd chain inet t a\n");
+            let mut script = String::from(
+                "add table inet t\nadd counter inet t c\n\
+                 add set inet t peers { type ipv4_addr; flags interval; }\n\
+                 add set inet t peers6 { type ipv6_addr; flags interval; }\n\
+                 add chain inet t a\nadd chain inet t b\n",
+            );
             for (text, rule) in &rules {
                 script.push_str(&format!("add rule inet t a {text} comment \"{}\"\n", rule.comment));
             }
             nft_script(&script);
-            let mut changes = vec![Change::AddChain("b")];
-            changes.extend(rules.iter().map(|(_, r)| Change::AddRule("b", encode(r).expect("encodable"))));
+            let mut changes = Vec::new();
+            changes.extend(rules.iter().map(|(_, r)| Change::AddRule("b", encode(r, TableFamily::Inet).expect("encodable"))));
             Conn::default().apply(crate::firewall::ruleset::TableFamily::Inet, "t", &changes, std::time::Duration::from_secs(5)).expect("netlink");
             let listed = |chain: &str| {
                 let out = std::process::Command::new("nft").args(["list", "chain", "inet", "t", chain]).output();
@@ -478,6 +678,9 @@ mod tests {
             let (by_nft, by_netlink) = (listed("a"), listed("b"));
             assert!(by_nft.contains("dnat ip to 10.244.1.5:8080"), "{by_nft}");
             assert!(by_nft.contains("dnat ip6 to [fd00:10:244:1::5]:8080"), "{by_nft}");
+            for policy in ["ct state established,related accept", "reject with tcp reset", "udp dport 53", "@peers6"] {
+                assert!(by_nft.contains(policy), "{policy}: {by_nft}");
+            }
             assert_eq!(by_netlink, by_nft);
         });
     }
@@ -515,10 +718,10 @@ mod tests {
             );
             let changes = vec![
                 Change::AddChain("b"),
-                Change::AddRule("b", encode(&check).expect("encodable")),
-                Change::AddRule("b", encode(&drop).expect("encodable")),
+                Change::AddRule("b", encode(&check, TableFamily::Bridge).expect("encodable")),
+                Change::AddRule("b", encode(&drop, TableFamily::Bridge).expect("encodable")),
                 Change::AddChain("c"),
-                Change::AddRule("c", encode(&on_s6).expect("encodable")),
+                Change::AddRule("c", encode(&on_s6, TableFamily::Bridge).expect("encodable")),
             ];
             let family = crate::firewall::ruleset::TableFamily::Bridge;
             Conn::default().apply(family, "t", &changes, std::time::Duration::from_secs(5)).expect("netlink");

@@ -88,7 +88,7 @@ impl Backend for Nft {
     /// chains exist before a map element jumps to them; elements are gone
     /// before their chains go).
     fn commit(&self, ops: &[Op]) -> Result<(), FirewallError> {
-        for step in steps(ops) {
+        for step in steps(ops, self.family) {
             match step {
                 Step::Nft(cmds) => {
                     let text = serde_json::to_string(&batch(self.family, &self.table, &cmds))
@@ -208,7 +208,7 @@ enum Step<'a> {
 /// nft's. A chain emptied to be refilled is refilled in the same
 /// transaction, so that it is never seen empty. Consecutive ops of one
 /// kind share a transaction.
-fn steps(ops: &[Op]) -> Vec<Step<'_>> {
+fn steps(ops: &[Op], family: TableFamily) -> Vec<Step<'_>> {
     let created: std::collections::HashSet<&str> = ops
         .iter()
         .filter_map(|op| match op {
@@ -231,7 +231,7 @@ fn steps(ops: &[Op]) -> Vec<Step<'_>> {
     for (i, op) in ops.iter().enumerate() {
         match op {
             Op::AddRule(chain, rule) => {
-                encoded[i] = nfnl_rule::encode(rule);
+                encoded[i] = nfnl_rule::encode(rule, family);
                 *by_netlink.entry(chain.as_str()).or_insert(true) &= encoded[i].is_some();
             }
             // A new base chain is made with its rules, so it never hooks in empty.
@@ -597,7 +597,7 @@ mod tests {
         let elems = vec![(written, None)];
         let ops =
             [Op::AddElements("guard-ip4".into(), elems), Op::DeleteElements("guard-ip4".into(), false, vec![written])];
-        assert!(steps(&ops).iter().all(|s| matches!(s, Step::Netlink(_))));
+        assert!(steps(&ops, TableFamily::Bridge).iter().all(|s| matches!(s, Step::Netlink(_))));
     }
 
     #[test]
@@ -631,12 +631,13 @@ mod tests {
             Op::AddSet("policy-set-1".into(), SetKind::Nets(Family::V4)),
             Op::AddChain("policy-in-1".into(), None),
             Op::DeleteElements("policy-ingress".into(), true, vec![net("10.0.0.9/32")]),
-            Op::AddRule("policy-in-1".into(), Rule::new("r", vec![build::ct_state(&["established"]), build::accept()])),
+            // A statement netlink does not carry: the chain is nft's.
+            Op::AddRule("policy-in-1".into(), Rule::new("r", vec![build::to_local_address(), build::accept()])),
             Op::AddElements("policy-set-1".into(), vec![(net("10.1.0.0/16"), None), (net("10.2.0.1/32"), None)]),
             Op::AddElements("policy-ingress".into(), vec![(net("10.0.0.1/32"), jump("policy-in-1"))]),
             Op::DeleteChain("policy-in-0".into()),
         ];
-        let steps = steps(&ops);
+        let steps = steps(&ops, TableFamily::Inet);
         let kinds: Vec<String> = steps
             .iter()
             .map(|s| match s {
@@ -661,7 +662,7 @@ mod tests {
     fn chains_of_encodable_rules_go_over_netlink_with_their_refill() {
         let dnat = || Rule::new("p", vec![build::l4proto(Proto::Tcp), build::dnat("10.0.0.5".parse().unwrap(), 80)]);
         let kinds = |ops: &[Op]| -> Vec<String> {
-            steps(ops)
+            steps(ops, TableFamily::Inet)
                 .iter()
                 .map(|s| match s {
                     Step::Nft(c) => format!("nft:{}", c.len()),

@@ -343,14 +343,17 @@ mod tests {
         let advertised = &bridge.chains["guard-advertised"];
         assert_eq!(advertised.hook, None);
         for rule in &advertised.rules {
-            assert!(crate::firewall::nfnl_rule::encode(rule).is_some(), "{rule:?}");
+            assert!(
+                crate::firewall::nfnl_rule::encode(rule, crate::firewall::ruleset::TableFamily::Bridge).is_some(),
+                "{rule:?}"
+            );
         }
         let rules = &bridge.chains["guard-neighbour"].rules;
         let jump = rules.iter().position(|r| r.stmts.contains(&build::jump("guard-advertised"))).expect("a jump");
         assert_eq!(rules[jump + 1].stmts.last(), Some(&build::drop()), "{:?}", rules[jump + 1]);
         // Reached by goto: nft writes it, in the transaction of the base
         // chain's rule going to it, so it is never seen empty.
-        assert!(rules.iter().any(|r| crate::firewall::nfnl_rule::encode(r).is_none()));
+        assert!(rules.iter().any(|r| crate::firewall::nfnl_rule::encode(r, crate::firewall::ruleset::TableFamily::Bridge).is_none()));
     }
 
     #[test]
