@@ -333,12 +333,11 @@ struct Context {
 /// One statement's expressions; None when it is not one of those above.
 fn statement(b: &mut Vec<u8>, s: &Statement<'_>, cx: &mut Context) -> Option<()> {
     match s {
-        // `ct state <states>`: nft's flag test, (state & states) != 0.
-        Statement::Match(Match {
-            left: Expression::Named(NamedExpression::CT(ct)),
-            right,
-            op: Operator::IN | Operator::EQ,
-        }) if ct.key == "state" && ct.family.is_none() && ct.dir.is_none() && cx.inet => {
+        // `ct state <states>` (as `build::ct_state` writes it): nft's flag
+        // test, (state & states) != 0.
+        Statement::Match(Match { left: Expression::Named(NamedExpression::CT(ct)), right, op: Operator::IN })
+            if ct.key == "state" && ct.family.is_none() && ct.dir.is_none() && cx.inet =>
+        {
             let states = match right {
                 Expression::List(items) => items.iter().map(|e| ct_state_bit(text(e)?)).sum::<Option<u32>>()?,
                 one => ct_state_bit(text(one)?)?,
