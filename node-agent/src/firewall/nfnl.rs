@@ -38,17 +38,21 @@ const NFTA_RULE_TABLE: u16 = 1;
 const NFTA_RULE_CHAIN: u16 = 2;
 const NFTA_SET_TABLE: u16 = 1;
 const NFTA_SET_NAME: u16 = 2;
+const NFTA_TABLE_NAME: u16 = 1;
 const NFTA_OBJ_TABLE: u16 = 1;
 const NFTA_OBJ_NAME: u16 = 2;
 const NFTA_OBJ_TYPE: u16 = 3;
+const NFTA_OBJ_DATA: u16 = 4;
 const NFT_OBJECT_COUNTER: u32 = 1;
 const NLA_F_NESTED: u16 = 0x8000;
+const NFT_MSG_NEWTABLE: u16 = libc::NFT_MSG_NEWTABLE as u16;
 const NFT_MSG_NEWCHAIN: u16 = libc::NFT_MSG_NEWCHAIN as u16;
 const NFT_MSG_NEWRULE: u16 = libc::NFT_MSG_NEWRULE as u16;
 const NFT_MSG_DELCHAIN: u16 = libc::NFT_MSG_DELCHAIN as u16;
 const NFT_MSG_DELRULE: u16 = libc::NFT_MSG_DELRULE as u16;
 const NFT_MSG_DELSET: u16 = libc::NFT_MSG_DELSET as u16;
-const NFT_MSG_DELOBJ: u16 = 20; // linux/netfilter/nf_tables.h
+const NFT_MSG_NEWOBJ: u16 = 18; // linux/netfilter/nf_tables.h
+const NFT_MSG_DELOBJ: u16 = 20;
 const NFNL_SUBSYS_NFTABLES: u16 = libc::NFNL_SUBSYS_NFTABLES as u16;
 const NFT_MSG_NEWSETELEM: u16 = libc::NFT_MSG_NEWSETELEM as u16;
 const NFT_MSG_DELSETELEM: u16 = libc::NFT_MSG_DELSETELEM as u16;
@@ -79,6 +83,8 @@ pub enum NetlinkError {
 /// deleted, a regular chain or a rule added, or an object emptied or deleted.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Change<'a> {
+    /// The batch's table, unless it exists (no change then).
+    AddTable,
     /// A chain no hook calls.
     AddChain(&'a str),
     /// A rule appended to a chain: its attributes from `nfnl_rule::encode`.
@@ -90,6 +96,8 @@ pub enum Change<'a> {
     DeleteChain(&'a str),
     /// A set or a map.
     DeleteSet(&'a str),
+    /// A named counter, from zero.
+    AddCounter(&'a str),
     DeleteCounter(&'a str),
 }
 
@@ -97,6 +105,7 @@ impl Change<'_> {
     /// What the change does, and to what (for errors).
     fn describe(&self) -> (&'static str, &str) {
         match self {
+            Change::AddTable => ("add table", ""),
             Change::AddChain(n) => ("add chain", n),
             Change::AddRule(n, _) => ("add a rule to chain", n),
             Change::AddElements(n, _) => ("add elements to", n),
@@ -104,6 +113,7 @@ impl Change<'_> {
             Change::FlushChain(n) => ("flush chain", n),
             Change::DeleteChain(n) => ("delete chain", n),
             Change::DeleteSet(n) => ("delete set", n),
+            Change::AddCounter(n) => ("add counter", n),
             Change::DeleteCounter(n) => ("delete counter", n),
         }
     }
@@ -202,6 +212,7 @@ pub fn batch(family: TableFamily, table: &str, changes: &[Change<'_>], first_seq
         let seq = first_seq + 1 + i as u32;
         seqs.push(seq);
         let (ty, create) = match change {
+            Change::AddTable => (NFT_MSG_NEWTABLE, NLM_F_CREATE),
             Change::AddChain(_) => (NFT_MSG_NEWCHAIN, NLM_F_CREATE),
             Change::AddRule(..) => (NFT_MSG_NEWRULE, NLM_F_CREATE | NLM_F_APPEND),
             Change::AddElements(..) => (NFT_MSG_NEWSETELEM, NLM_F_CREATE),
@@ -209,10 +220,12 @@ pub fn batch(family: TableFamily, table: &str, changes: &[Change<'_>], first_seq
             Change::FlushChain(_) => (NFT_MSG_DELRULE, 0),
             Change::DeleteChain(_) => (NFT_MSG_DELCHAIN, 0),
             Change::DeleteSet(_) => (NFT_MSG_DELSET, 0),
+            Change::AddCounter(_) => (NFT_MSG_NEWOBJ, NLM_F_CREATE),
             Change::DeleteCounter(_) => (NFT_MSG_DELOBJ, 0),
         };
         let flags = NLM_F_REQUEST | NLM_F_ACK | create;
         message(&mut buf, (subsys << 8) | ty, flags, seq, family.nfproto(), 0, |b| match change {
+            Change::AddTable => attr_str(b, NFTA_TABLE_NAME, table),
             Change::AddChain(chain) => {
                 attr_str(b, NFTA_CHAIN_TABLE, table);
                 attr_str(b, NFTA_CHAIN_NAME, chain);
@@ -254,6 +267,13 @@ pub fn batch(family: TableFamily, table: &str, changes: &[Change<'_>], first_seq
             Change::DeleteSet(set) => {
                 attr_str(b, NFTA_SET_TABLE, table);
                 attr_str(b, NFTA_SET_NAME, set);
+            }
+            Change::AddCounter(name) => {
+                attr_str(b, NFTA_OBJ_TABLE, table);
+                attr_str(b, NFTA_OBJ_NAME, name);
+                attr(b, NFTA_OBJ_TYPE, &NFT_OBJECT_COUNTER.to_be_bytes());
+                // Required, and empty: the counter starts at zero.
+                nested(b, NFTA_OBJ_DATA, |_| {});
             }
             Change::DeleteCounter(name) => {
                 attr_str(b, NFTA_OBJ_TABLE, table);
@@ -614,6 +634,17 @@ mod kernel_tests {
                 "{table}"
             );
             assert!(table.contains("chain a ") && table.contains("map addrs "), "only those: {table}");
+
+            // A counter made over netlink lists as one nft makes.
+            nft("add counter inet t by_nft");
+            conn.apply(TableFamily::Inet, "t", &[Change::AddCounter("by_netlink")], Duration::from_secs(5))
+                .expect("a counter");
+            let counter = |name: &str| {
+                let out = Command::new("nft").args(["list", "counter", "inet", "t", name]).output().expect("nft");
+                String::from_utf8_lossy(&out.stdout).replace(name, "_")
+            };
+            assert!(counter("by_nft").contains("packets 0 bytes 0"), "{}", counter("by_nft"));
+            assert_eq!(counter("by_netlink"), counter("by_nft"));
 
             // Thousands of messages in one batch: all their answers are
             // queued before the first is read, and none is lost.

@@ -202,8 +202,9 @@ enum Step<'a> {
 
 /// `ops` as transactions: map element changes and deletions go over
 /// netlink (nft would first read much of the table, every interval set's
-/// elements included); so do regular chains whose rules `nfnl_rule`
-/// encodes (host ports: no nft process per allocation). A new address set
+/// elements included); so do new counters and regular chains whose rules
+/// `nfnl_rule` encodes (host ports and policy: no nft process per
+/// allocation or policy change). A new address set
 /// is made with its elements in the same command; other additions are
 /// nft's. A chain emptied to be refilled is refilled in the same
 /// transaction, so that it is never seen empty. Consecutive ops of one
@@ -264,11 +265,16 @@ fn steps(ops: &[Op], family: TableFamily) -> Vec<Step<'_>> {
             Op::FlushChain(name) if deleted.contains(name.as_str()) => Some(nfnl::Change::FlushChain(name)),
             Op::DeleteChain(name) => Some(nfnl::Change::DeleteChain(name)),
             Op::DeleteSet(name, _) => Some(nfnl::Change::DeleteSet(name)),
+            Op::AddCounter(name) => Some(nfnl::Change::AddCounter(name)),
             Op::DeleteCounter(name) => Some(nfnl::Change::DeleteCounter(name)),
             _ => None,
         };
+        let nft_before = out.iter().any(|s| matches!(s, Step::Nft(_)));
         match (change, out.last_mut()) {
             (Some(c), Some(Step::Netlink(changes))) => changes.push(c),
+            // The table may not exist yet (a part's first sync can begin
+            // with a counter): made first, as every nft batch does.
+            (Some(c), _) if !nft_before => out.push(Step::Netlink(vec![nfnl::Change::AddTable, c])),
             (Some(c), _) => out.push(Step::Netlink(vec![c])),
             (None, last) => {
                 let inline = match op {
@@ -676,7 +682,10 @@ mod tests {
             Op::AddRule("hostport-tcp-80".into(), dnat()),
             Op::AddElements("hostport-ports".into(), vec![(Key::ProtoPort(Proto::Tcp, 80), Some("x".into()))]),
         ];
-        assert_eq!(kinds(&allocate), ["netlink:3"]);
+        assert_eq!(kinds(&allocate), ["netlink:4"]);
+        // Made first: the table may not exist yet. After an nft step it does.
+        let first = steps(&allocate, TableFamily::Inet);
+        assert!(matches!(&first[0], Step::Netlink(c) if matches!(c[0], nfnl::Change::AddTable)));
         // One rule netlink cannot carry keeps the whole refill with nft.
         let refill = [
             Op::FlushChain("c".into()),
