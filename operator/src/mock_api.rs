@@ -86,3 +86,18 @@ where
     }
     reader
 }
+
+/// Subnet `name` (for node `name`) leasing `cidr`, at resourceVersion `rv`.
+pub fn subnet_at(name: &str, cidr: &str, rv: &str) -> weft_api::Subnet {
+    let spec = weft_api::SubnetSpec {
+        node_name: name.into(),
+        cidr: cidr.into(),
+        cidrs: Vec::new(),
+        backend: weft_api::Backend::Vxlan,
+        vni: Some(1),
+        mtu: None,
+    };
+    let mut s = weft_api::Subnet::new(name, spec);
+    s.metadata.resource_version = Some(rv.into());
+    s
+}

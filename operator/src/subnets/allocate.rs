@@ -327,20 +327,7 @@ fn cached_view(cached: &[Arc<Subnet>], hint: &mut CacheHint) -> Option<Vec<Subne
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn subnet(name: &str, cidr: &str, rv: &str) -> Subnet {
-        let spec = weft_api::SubnetSpec {
-            node_name: name.into(),
-            cidr: cidr.into(),
-            cidrs: Vec::new(),
-            backend: weft_api::Backend::Vxlan,
-            vni: Some(1),
-            mtu: None,
-        };
-        let mut s = Subnet::new(name, spec);
-        s.metadata.resource_version = Some(rv.into());
-        s
-    }
+    use crate::mock_api::subnet_at as subnet;
 
     fn cidrs(view: &[Subnet]) -> Vec<(String, String)> {
         let mut v: Vec<_> = view.iter().map(|s| (s.name_any(), s.spec.cidr.clone())).collect();

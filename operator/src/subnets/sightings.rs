@@ -143,17 +143,7 @@ mod tests {
     use weft_api::Subnet;
 
     fn subnet(name: &str, rv: &str) -> Subnet {
-        let spec = weft_api::SubnetSpec {
-            node_name: name.into(),
-            cidr: "10.0.0.0/24".into(),
-            cidrs: Vec::new(),
-            backend: weft_api::Backend::Vxlan,
-            vni: Some(1),
-            mtu: None,
-        };
-        let mut s = Subnet::new(name, spec);
-        s.metadata.resource_version = Some(rv.into());
-        s
+        crate::mock_api::subnet_at(name, "10.0.0.0/24", rv)
     }
 
     /// What `freshest` answered: where from, and the written copy's version.
