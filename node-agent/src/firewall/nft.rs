@@ -248,6 +248,8 @@ fn steps(ops: &[Op], family: TableFamily) -> Vec<Step<'_>> {
         })
     };
     let mut out: Vec<Step<'_>> = Vec::new();
+    // Whether an nft step (which makes the table first) comes before.
+    let mut nft_before = false;
     for (i, op) in ops.iter().enumerate() {
         let change = match op {
             Op::AddChain(name, None) if netlink_chain(name) => Some(nfnl::Change::AddChain(name)),
@@ -269,7 +271,6 @@ fn steps(ops: &[Op], family: TableFamily) -> Vec<Step<'_>> {
             Op::DeleteCounter(name) => Some(nfnl::Change::DeleteCounter(name)),
             _ => None,
         };
-        let nft_before = out.iter().any(|s| matches!(s, Step::Nft(_)));
         match (change, out.last_mut()) {
             (Some(c), Some(Step::Netlink(changes))) => changes.push(c),
             // The table may not exist yet (a part's first sync can begin
@@ -285,6 +286,7 @@ fn steps(ops: &[Op], family: TableFamily) -> Vec<Step<'_>> {
                     Some(Step::Nft(cmds)) => cmds.push((op, inline)),
                     _ => out.push(Step::Nft(vec![(op, inline)])),
                 }
+                nft_before = true;
             }
         }
     }
