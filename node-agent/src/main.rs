@@ -1,31 +1,6 @@
 //! weft-agent: the node agent. Serves weft-cni on a Unix socket, owns the
 //! node's pod addresses and programs the node's dataplane.
 
-mod attach;
-mod attachment;
-mod cni_server;
-mod config;
-mod dataplane;
-mod encapsulation_guard;
-mod events;
-mod firewall;
-mod guard;
-mod heap;
-mod hostport;
-mod http;
-mod ipam;
-mod lease;
-mod masquerade;
-mod metrics;
-mod node_settings;
-mod overlay;
-mod peer_sync;
-mod policy;
-mod stable_hash;
-#[cfg(test)]
-mod test_support;
-mod tunnel;
-
 use std::os::unix::fs::PermissionsExt;
 use std::sync::{Arc, OnceLock};
 
@@ -37,9 +12,13 @@ use tokio_stream::wrappers::UnixListenerStream;
 use weft_api::subnet::Subnet;
 use weft_proto::cni::v1::cni_server::CniServer;
 
-use attach::Attacher;
 use config::Config;
 use ipam::{Ipam, Ipv6Block, Pool};
+use weft_agent::attach::Attacher;
+use weft_agent::{
+    attach, cni_server, config, dataplane, firewall, guard, hostport, http, ipam, lease, masquerade, metrics,
+    node_settings, overlay, peer_sync, policy, tunnel,
+};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {

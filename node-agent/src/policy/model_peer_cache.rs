@@ -97,6 +97,11 @@ impl PeerCache {
         self.entries.values().map(Vec::len).sum()
     }
 
+    #[cfg(test)]
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     /// Forgets everything: the next pass resolves every spec anew.
     pub fn clear(&mut self) {
         self.entries.clear();
