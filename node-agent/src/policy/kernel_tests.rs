@@ -39,6 +39,7 @@ fn pods(extra_port: u16) -> Vec<PodPolicy> {
                 }],
                 verdict: Verdict::Drop,
                 origin: "weft.dev/prod/deny".into(),
+                index: 0,
                 silent: false,
             },
             Rule {
@@ -50,6 +51,7 @@ fn pods(extra_port: u16) -> Vec<PodPolicy> {
                 ],
                 verdict: Verdict::Allow,
                 origin: "prod/allow".into(),
+                index: 0,
                 silent: false,
             },
         ],
@@ -60,6 +62,7 @@ fn pods(extra_port: u16) -> Vec<PodPolicy> {
             matches: vec![Match { peers: set, proto: Some(Proto::Udp), ports: Some((53, 53)) }],
             verdict: Verdict::Allow,
             origin: "prod/dns".into(),
+            index: 0,
             silent: false,
         }],
         default_deny: true,
@@ -160,6 +163,7 @@ fn ipv6_peers_and_pods_round_trip_beside_ipv4_ones() {
             matches: vec![Match { peers: both, proto: Some(Proto::Tcp), ports: Some((80, 80)) }],
             verdict: Verdict::Allow,
             origin: "prod/web".into(),
+            index: 0,
             silent: false,
         };
         dual[0].ingress.as_mut().unwrap().rules.push(rule);

@@ -16,6 +16,7 @@ mod addr_ranges;
 pub mod attached;
 mod caches;
 pub mod drop_log;
+pub mod explain;
 pub mod incremental;
 pub mod limits;
 pub mod metrics;

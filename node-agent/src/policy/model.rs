@@ -128,6 +128,17 @@ pub struct Match {
     pub ports: Option<(u16, u16)>,
 }
 
+impl Match {
+    /// Whether a packet from/to `remote` to destination port `proto`/`port` matches.
+    pub fn hits(&self, remote: IpAddr, proto: Proto, port: u16) -> bool {
+        let peer_ok = match &self.peers {
+            Peers::Any => true,
+            Peers::Nets(nets) => nets.iter().any(|n| n.contains(&remote)),
+        };
+        peer_ok && self.proto.is_none_or(|p| p == proto) && self.ports.is_none_or(|(lo, hi)| lo <= port && port <= hi)
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Verdict {
     /// Admit for this direction; no later rule is consulted.
@@ -143,6 +154,8 @@ pub struct Rule {
     /// The policy it comes from: `ns/name`, `weft.dev/ns/name` or
     /// `ClusterNetworkPolicy/name`.
     pub origin: String,
+    /// Its position in its policy's ingress or egress rules, from 0.
+    pub index: u32,
     /// A Drop that never answers, whatever the agent's deny action: a
     /// ClusterNetworkPolicy Deny, which the API defines as a drop.
     pub silent: bool,
@@ -666,10 +679,10 @@ impl<'a> Compiler<'a> {
             // Weft rules: priority descending (already sorted), Deny first at equal priority.
             let mut weft_rules: Vec<(i32, bool, Rule)> = Vec::new();
             for p in weft_here.iter().filter(|p| pick(p)) {
-                for r in rules_of(p, dir) {
+                for (index, r) in (0..).zip(rules_of(p, dir)) {
                     let matches = self.view.compile_rule(r, dir, pod);
                     if !matches.is_empty() {
-                        let rule = Rule { matches, verdict: r.verdict, origin: p.origin(), silent: false };
+                        let rule = Rule { matches, verdict: r.verdict, origin: p.origin(), index, silent: false };
                         weft_rules.push((p.priority.unwrap_or_default(), r.verdict == Verdict::Allow, rule));
                     }
                 }
@@ -678,10 +691,10 @@ impl<'a> Compiler<'a> {
             let mut rules: Vec<Rule> = weft_rules.into_iter().map(|(_, _, r)| r).collect();
             let isolating: Vec<&PolicyView<'_>> = standard_here.iter().filter(|p| pick(p)).collect();
             for p in &isolating {
-                for r in rules_of(p, dir) {
+                for (index, r) in (0..).zip(rules_of(p, dir)) {
                     let matches = self.view.compile_rule(r, dir, pod);
                     if !matches.is_empty() {
-                        rules.push(Rule { matches, verdict: Verdict::Allow, origin: p.origin(), silent: false });
+                        rules.push(Rule { matches, verdict: Verdict::Allow, origin: p.origin(), index, silent: false });
                     }
                 }
             }
@@ -734,6 +747,32 @@ impl<'a> Compiler<'a> {
                 out.push(Reach::Cluster(p.subject));
             }
         }
+        out
+    }
+
+    /// The policies that select `pod` in direction `dir` (its chain's
+    /// rules come from them, and a standard one isolates it): their
+    /// origins, namespaced ones first, in evaluation order within each kind.
+    pub fn selecting(&self, pod: &PodInfo, dir: Direction) -> Vec<String> {
+        let here = |by_ns: &HashMap<&str, Vec<PolicyView<'_>>>| -> Vec<String> {
+            let views = by_ns.get(pod.namespace.as_str()).map(Vec::as_slice).unwrap_or_default();
+            let has_dir =
+                |p: &PolicyView<'_>| if dir == Direction::Ingress { p.ingress.is_some() } else { p.egress.is_some() };
+            views
+                .iter()
+                .filter(|p| has_dir(p) && selects(p.namespace, p.pod_selector, pod))
+                .map(|p| p.origin())
+                .collect()
+        };
+        let mut out = here(&self.weft);
+        out.extend(here(&self.standard));
+        let ns_labels = self.view.ns_labels(&pod.namespace);
+        out.extend(
+            self.tiers
+                .all()
+                .filter(|p| !p.rules(dir).is_empty() && p.subject.selects(pod, ns_labels))
+                .map(|p| p.origin()),
+        );
         out
     }
 
@@ -820,23 +859,11 @@ pub fn compile(cluster: &Cluster, node: &str) -> Vec<PodPolicy> {
     cluster.pods.iter().filter(|p| p.node == node).filter_map(|pod| compiler.pod_policy(pod)).collect()
 }
 
-/// What a chain decides for one packet (for tests and debugging): from/to
-/// `remote`, `proto`/`port`. True when admitted.
+/// What a chain decides for one packet (for tests): from/to `remote`,
+/// `proto`/`port`. True when admitted.
 #[cfg(test)]
 pub fn admits(chain: &Chain, remote: IpAddr, proto: Proto, port: u16) -> bool {
-    let hit = |m: &Match| {
-        let peer_ok = match &m.peers {
-            Peers::Any => true,
-            Peers::Nets(nets) => nets.iter().any(|n| n.contains(&remote)),
-        };
-        peer_ok && m.proto.is_none_or(|p| p == proto) && m.ports.is_none_or(|(lo, hi)| lo <= port && port <= hi)
-    };
-    for r in &chain.rules {
-        if r.matches.iter().any(hit) {
-            return r.verdict == Verdict::Allow;
-        }
-    }
-    !chain.default_deny
+    super::explain::decide(Some(chain), remote, proto, port).admitted()
 }
 
 #[cfg(test)]

@@ -89,7 +89,7 @@ impl<'a> TierView<'a> {
         }
     }
 
-    fn origin(&self) -> String {
+    pub fn origin(&self) -> String {
         format!("ClusterNetworkPolicy/{}", self.name)
     }
 }
@@ -156,13 +156,13 @@ impl<'a> Tiers<'a> {
     ) -> Vec<(Rule, bool)> {
         let mut out = Vec::new();
         for p in tier.iter().filter(|p| p.subject.selects(pod, ns_labels)) {
-            for r in p.rules(dir) {
+            for (index, r) in (0..).zip(p.rules(dir)) {
                 let matches = view.compile_rule(&r.spec, dir, pod);
                 if !matches.is_empty() {
                     // A Deny drops (the API's word): never answered. (A
                     // Pass is replaced by the rules it passes to.)
                     let silent = r.spec.verdict == Verdict::Drop && !r.pass;
-                    out.push((Rule { matches, verdict: r.spec.verdict, origin: p.origin(), silent }, r.pass));
+                    out.push((Rule { matches, verdict: r.spec.verdict, origin: p.origin(), index, silent }, r.pass));
                 }
             }
         }
@@ -280,12 +280,18 @@ pub(super) fn with_admin(admin: Vec<(Rule, bool)>, rest: Vec<Rule>, default_deny
             let matches: Vec<Match> =
                 rule.matches.iter().flat_map(|a| r.matches.iter().filter_map(move |b| intersect(a, b))).collect();
             if !matches.is_empty() {
-                out.push(Rule { matches, verdict: r.verdict, origin: r.origin.clone(), silent: r.silent });
+                out.push(Rule {
+                    matches,
+                    verdict: r.verdict,
+                    origin: r.origin.clone(),
+                    index: r.index,
+                    silent: r.silent,
+                });
             }
         }
         let verdict = if default_deny { Verdict::Drop } else { Verdict::Allow };
         // The end of the namespaces' tier: their isolation, answered as theirs is.
-        out.push(Rule { matches: rule.matches, verdict, origin: rule.origin, silent: false });
+        out.push(Rule { matches: rule.matches, verdict, origin: rule.origin, index: rule.index, silent: false });
     }
     out.extend(rest);
     out

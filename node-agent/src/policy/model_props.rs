@@ -445,7 +445,7 @@ pub(crate) fn case() -> impl Strategy<Value = Case> {
 // ---------------------------------------------------------------------------
 // The naive evaluator
 
-mod naive {
+pub(crate) mod naive {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
     use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 

@@ -11,7 +11,7 @@ fn net(s: &str) -> IpNet {
 }
 
 fn rule(verdict: Verdict, origin: &str, matches: Vec<Match>) -> Rule {
-    Rule { matches, verdict, origin: origin.into(), silent: false }
+    Rule { matches, verdict, origin: origin.into(), index: 0, silent: false }
 }
 
 /// A pod with the addresses `ips` (comma-separated).
