@@ -57,6 +57,28 @@ fn dns1123_subdomain(s: &str) -> bool {
     s.len() <= 253 && s.split('.').all(dns1123_label)
 }
 
+/// A namespace's name, as a user gives it (a DNS-1123 label).
+pub fn namespace(s: &str) -> Result<(), String> {
+    if dns1123_label(s) {
+        Ok(())
+    } else {
+        Err(format!(
+            "invalid namespace {s:?}: it must be a DNS-1123 label (1 to 63 lower-case letters, digits and '-', not starting or ending with '-')"
+        ))
+    }
+}
+
+/// A pod's name, as a user gives it (a DNS-1123 subdomain).
+pub fn pod_name(s: &str) -> Result<(), String> {
+    if dns1123_subdomain(s) {
+        Ok(())
+    } else {
+        Err(format!(
+            "invalid pod name {s:?}: it must be a DNS-1123 subdomain (lower-case letters, digits, '-' and '.')"
+        ))
+    }
+}
+
 /// The keys of `CNI_ARGS` that Kubernetes runtimes set, each checked when
 /// present: `K8S_POD_NAMESPACE` (a DNS-1123 label), `K8S_POD_NAME` (a
 /// DNS-1123 subdomain), `K8S_POD_UID` and `K8S_POD_INFRA_CONTAINER_ID`

@@ -139,26 +139,38 @@ impl Caches {
             cluster_policies: Vec::new(),
             nodes: Vec::new(),
         };
-        for ns in self.namespaces.state() {
-            if let Some(name) = &ns.metadata.name {
-                c.namespaces.insert(name.clone(), ns.metadata.labels.clone().unwrap_or_default());
-            }
-        }
+        c.namespaces = namespace_labels(self.namespaces.state().iter().map(Arc::as_ref));
         if let Some((policies, nodes)) = &self.cluster {
             c.cluster_policies = policies.state();
             c.nodes = nodes.values();
             c.nodes.sort_by(|a, b| a.name.cmp(&b.name));
         }
-        for p in self.weft.state() {
-            let problems = wnp::validate(&p.spec);
-            if problems.is_empty() {
-                c.weft.push(p);
-            } else {
-                tracing::debug!(namespace = ?p.metadata.namespace, name = ?p.metadata.name, ?problems, "ignoring an invalid Weft NetworkPolicy");
-            }
-        }
+        c.weft = valid_weft(self.weft.state());
         c
     }
+}
+
+/// Each namespace's labels, by name.
+pub fn namespace_labels<'n>(
+    namespaces: impl IntoIterator<Item = &'n Namespace>,
+) -> BTreeMap<String, BTreeMap<String, String>> {
+    let named = namespaces.into_iter().filter_map(|ns| Some((ns.metadata.name.clone()?, ns)));
+    named.map(|(name, ns)| (name, ns.metadata.labels.clone().unwrap_or_default())).collect()
+}
+
+/// The Weft policies that are enforced: those `validate` finds nothing
+/// wrong with (the others are logged at debug; the operator reports them).
+pub fn valid_weft(policies: Vec<Arc<WeftPolicy>>) -> Vec<Arc<WeftPolicy>> {
+    let mut out = Vec::with_capacity(policies.len());
+    for p in policies {
+        let problems = wnp::validate(&p.spec);
+        if problems.is_empty() {
+            out.push(p);
+        } else {
+            tracing::debug!(namespace = ?p.metadata.namespace, name = ?p.metadata.name, ?problems, "ignoring an invalid Weft NetworkPolicy");
+        }
+    }
+    out
 }
 
 /// Keeps only what policy reads, so that the caches stay small with many pods.

@@ -14,7 +14,7 @@
 
 mod addr_ranges;
 pub mod attached;
-mod caches;
+pub mod caches;
 pub mod drop_log;
 pub mod explain;
 pub mod incremental;

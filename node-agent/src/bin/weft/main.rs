@@ -1,0 +1,48 @@
+//! weft: the user's view of a Weft cluster. `weft explain` says which
+//! policies decide a connection between two pods, computed by the agent's
+//! own policy model from what the API holds (no packet sent). Installed as
+//! `kubectl-weft`, it is also `kubectl weft`.
+
+mod explain;
+mod kube_read;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser, Debug)]
+#[command(name = "weft", version, about = "Inspect a Weft pod network")]
+struct Cli {
+    /// The kubeconfig to use (default: $KUBECONFIG, then ~/.kube/config, then in-cluster).
+    #[arg(long, global = true)]
+    kubeconfig: Option<std::path::PathBuf>,
+    /// The kubeconfig context to use (default: its current context).
+    #[arg(long, global = true)]
+    context: Option<String>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Which policies select each end of a connection, and which rule decides it.
+    Explain(explain::Args),
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> std::process::ExitCode {
+    weft_telemetry::logging::init("WEFT_LOG");
+    let cli = Cli::parse();
+    let result = async {
+        let client = kube_read::client(cli.kubeconfig.as_deref(), cli.context.as_deref()).await?;
+        match cli.command {
+            Command::Explain(args) => explain::run(&client, &args).await,
+        }
+    }
+    .await;
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("weft: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
