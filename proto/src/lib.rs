@@ -2,13 +2,19 @@
 //!
 //! weft-cni stays thin: it parses the CNI environment and stdin into a
 //! [`cni::v1::CniRequest`] and turns the reply back into CNI JSON. All decisions
-//! are the agent's.
+//! are the agent's. `flows::v1` is the agent's flow records service.
 
 pub mod validate;
 
 pub mod cni {
     pub mod v1 {
         tonic::include_proto!("weft.cni.v1");
+    }
+}
+
+pub mod flows {
+    pub mod v1 {
+        tonic::include_proto!("weft.flows.v1");
     }
 }
 

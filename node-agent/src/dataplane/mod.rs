@@ -2,12 +2,14 @@
 //! the kernel; what should exist is decided by its callers.
 
 pub mod bridge_netfilter;
+pub mod conntrack_events;
 pub mod entries;
 pub mod exec;
 pub mod iptables;
 pub mod ipv6_reach;
 pub mod link;
 pub mod netlink_blocking;
+pub mod netlink_datagram;
 pub mod netns;
 pub mod routes;
 pub mod sysctl;

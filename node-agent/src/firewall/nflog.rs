@@ -13,15 +13,13 @@ use netlink_packet_netfilter::nflog::{ConfigCmd, ConfigMode, PacketNla, ULogMess
 use netlink_packet_netfilter::{NetfilterMessage, NetfilterMessageInner, NetfilterProtoFamily};
 use netlink_sys::{Socket, constants::NETLINK_NETFILTER};
 
-use crate::dataplane::exec;
+use crate::dataplane::netlink_datagram::{self, Read};
 
 /// Bytes of each packet the kernel copies to us: an IPv6 header and the ports.
 const COPY: u32 = 64;
 /// Room for a burst of records between two reads; past it the kernel drops
 /// records and says so (ENOBUFS).
 const RECV_BUFFER: usize = 1 << 20;
-/// The largest datagram the kernel sends us (it batches records up to this).
-const DATAGRAM: usize = 64 * 1024;
 /// How long the kernel may take to answer the bind.
 const BIND_ANSWER: Duration = Duration::from_secs(5);
 
@@ -111,6 +109,11 @@ impl Group {
         }
     }
 
+    fn read(&mut self, timeout: Duration) -> Result<Read, Error> {
+        let group = self.group;
+        netlink_datagram::read(&self.socket, &mut self.buf, timeout).map_err(|source| Error::Recv { group, source })
+    }
+
     /// Waits up to `timeout` for records; an empty list when none came.
     pub fn recv(&mut self, timeout: Duration) -> Result<Received, Error> {
         Ok(match self.read(timeout)? {
@@ -119,32 +122,6 @@ impl Group {
             Read::Lost => Received::Lost,
         })
     }
-
-    /// One datagram into `buf`, waiting up to `timeout` for it.
-    fn read(&mut self, timeout: Duration) -> Result<Read, Error> {
-        let group = self.group;
-        let deadline = std::time::Instant::now() + timeout;
-        if !exec::readable_before(&self.socket, deadline).map_err(|source| Error::Recv { group, source })? {
-            return Ok(Read::Nothing);
-        }
-        self.buf.clear();
-        self.buf.resize(DATAGRAM, 0);
-        match self.socket.recv(&mut &mut self.buf[..], libc::MSG_DONTWAIT) {
-            Ok(n) => {
-                self.buf.truncate(n);
-                Ok(Read::Bytes)
-            }
-            Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => Ok(Read::Lost),
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(Read::Nothing),
-            Err(source) => Err(Error::Recv { group, source }),
-        }
-    }
-}
-
-enum Read {
-    Bytes,
-    Nothing,
-    Lost,
 }
 
 /// The logged packets in one read of the socket (acks and anything else
