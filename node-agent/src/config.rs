@@ -126,6 +126,17 @@ pub struct Config {
     #[arg(long, env = "WEFT_POLICY_DROP_LOG_RATE", default_value_t = 10,
           value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub policy_drop_log_rate: u32,
+    /// With the drop log on: write a log line per packet logged (off: the
+    /// records only feed the flow records).
+    #[arg(long, env = "WEFT_POLICY_DROP_LOG_LINES", default_value_t = true, action = clap::ArgAction::Set)]
+    pub policy_drop_log_lines: bool,
+    /// Record this node's pods' flows (connections opened and closed,
+    /// packets policy denied) in a ring of this many records, served on the
+    /// agent's socket; 0 turns recording off. Denied packets are recorded
+    /// when the drop log is on (`--policy-drop-log-group`).
+    #[arg(long, env = "WEFT_FLOWS_CAPACITY", default_value_t = 0,
+          value_parser = clap::value_parser!(u32).range(0..=1_000_000))]
+    pub flows_capacity: u32,
     /// Addresses for /metrics, /healthz and /readyz, comma-separated (the
     /// chart: loopback for the probes and the node IP for Prometheus).
     #[arg(long, env = "WEFT_METRICS_ADDR", default_value = "0.0.0.0:9646", value_delimiter = ',')]

@@ -10,6 +10,7 @@ pub mod dataplane;
 pub mod encapsulation_guard;
 pub mod events;
 pub mod firewall;
+pub mod flows;
 pub mod guard;
 pub mod heap;
 pub mod hostport;

@@ -16,7 +16,7 @@ use config::Config;
 use ipam::{Ipam, Ipv6Block, Pool};
 use weft_agent::attach::Attacher;
 use weft_agent::{
-    attach, cni_server, config, dataplane, firewall, guard, hostport, http, ipam, lease, masquerade, metrics,
+    attach, cni_server, config, dataplane, firewall, flows, guard, hostport, http, ipam, lease, masquerade, metrics,
     node_settings, overlay, peer_sync, policy, tunnel,
 };
 
@@ -127,13 +127,14 @@ async fn run(config: Config) -> anyhow::Result<()> {
     if let (Some(api), Some(overlay)) = (&subnets, overlay) {
         lease_gone = hold_lease(&config, api, &lease, overlay, &attacher, &metrics);
     }
-    if let (Some(client), Some(attached)) = (&client, policy_pods) {
-        start_policy(&config, client, subnets.as_ref(), attached, &metrics);
-    }
+    let flows = match (&client, policy_pods) {
+        (Some(client), Some(attached)) => start_policy(&config, client, subnets.as_ref(), attached, &metrics),
+        _ => None,
+    };
 
     let listener = bind_socket(&config.socket)?;
     tracing::info!(node = %config.node_name, pod_cidr = %pool.cidr(), socket = %config.socket.display(), "weft-agent ready");
-    let grpc = serve_cni(listener, Arc::clone(&attacher), shutdown(stop_rx))?;
+    let grpc = serve_cni(listener, Arc::clone(&attacher), flows, shutdown(stop_rx))?;
 
     let outcome = tokio::select! {
         r = &mut signal => r,
@@ -222,17 +223,41 @@ fn key_rotation(config: &Config, reconciler: &Arc<overlay::Reconciler>) -> lease
     })
 }
 
-/// The policy loop, and (with a lease) the reporter of its failures.
+/// The policy loop, (with a lease) the reporter of its failures and (with
+/// `--flows-capacity`) the flow recorder, whose service it returns.
 fn start_policy(
     config: &Config,
     client: &kube::Client,
     subnets: Option<&Api<Subnet>>,
     attached: Arc<policy::attached::Attached>,
     metrics: &metrics::Metrics,
-) {
+) -> Option<flows::service::FlowService> {
     if let Some(api) = subnets {
         let failure = attached.watch_failure();
         tokio::spawn(policy::report::run(api.clone(), config.node_name.clone(), failure));
+    }
+    let mut drop_log_readers = policy::drop_log::Readers { lines: config.policy_drop_log_lines, sink: None };
+    let (mut publish, mut service) = (None, None);
+    if config.flows_capacity > 0 {
+        let ring = Arc::new(flows::ring::Ring::new(config.flows_capacity as usize));
+        let (tx, rx) = tokio::sync::watch::channel(None);
+        let rejects = config.policy_deny_action == policy::render::DenyAction::Reject;
+        let recorder = Arc::new(flows::recorder::Recorder::new(
+            &config.node_name,
+            Arc::clone(&ring),
+            Arc::clone(&metrics.flows),
+            rejects,
+            rx,
+        ));
+        if let Err(e) = recorder.start_connections() {
+            tracing::error!(error = %e, "flows: cannot start the conntrack reader");
+        }
+        if config.drop_log().is_none() {
+            tracing::warn!("flows: no --policy-drop-log-group, so packets policy denies are not recorded");
+        }
+        drop_log_readers.sink = Some(recorder);
+        publish = Some(tx);
+        service = Some(flows::service::FlowService::new(&config.node_name, ring, Arc::clone(&metrics.flows)));
     }
     let settings = policy::sync::Settings {
         node: config.node_name.clone(),
@@ -240,20 +265,25 @@ fn start_policy(
         deny: config.policy_deny_action,
         drop_log: config.drop_log(),
         cluster_policies: config.cluster_network_policy,
+        drop_log_readers,
+        publish,
     };
     tokio::spawn(policy::sync::run(client.clone(), settings, Arc::clone(&metrics.policy), attached));
+    service
 }
 
-/// Serves weft-cni on `listener` until `stop` resolves, on a thread and
+/// Serves weft-cni (and the flow records, when recorded) on `listener` until `stop` resolves, on a thread and
 /// runtime of its own, so that CNI requests and the reconcilers never queue
 /// behind each other; the verbs' blocking kernel work goes to the blocking
 /// pool (attach::off_thread).
 fn serve_cni(
     listener: std::os::unix::net::UnixListener,
     attacher: Arc<Attacher>,
+    flows: Option<flows::service::FlowService>,
     stop: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<std::thread::JoinHandle<anyhow::Result<()>>> {
     let service = CniServer::new(cni_server::CniService::new(attacher));
+    let flows = flows.map(weft_proto::flows::v1::flows_server::FlowsServer::new);
     std::thread::Builder::new()
         .name("weft-cni-server".into())
         .spawn(move || -> anyhow::Result<()> {
@@ -265,6 +295,7 @@ fn serve_cni(
                 let listener = UnixListener::from_std(listener).context("cannot use the CNI socket")?;
                 tonic::transport::Server::builder()
                     .add_service(service)
+                    .add_optional_service(flows)
                     .serve_with_incoming_shutdown(UnixListenerStream::new(listener), stop)
                     .await
                     .context("gRPC server")

@@ -61,6 +61,7 @@ pub struct Metrics {
     /// udp and wireguard: packets through the agent's datapath, by outcome.
     pub tunnel_packets: Family<OutcomeLabels, Counter>,
     pub policy: std::sync::Arc<crate::policy::metrics::PolicyMetrics>,
+    pub flows: std::sync::Arc<crate::flows::metrics::FlowMetrics>,
 }
 
 fn latency_histogram() -> Histogram {
@@ -159,6 +160,7 @@ impl Default for Metrics {
             tunnel_packets.clone(),
         );
         let policy = std::sync::Arc::new(crate::policy::metrics::PolicyMetrics::register(&mut registry));
+        let flows = crate::flows::metrics::FlowMetrics::register(&mut registry);
         Self {
             registry,
             requests,
@@ -177,6 +179,7 @@ impl Default for Metrics {
             guard_repairs,
             tunnel_packets,
             policy,
+            flows,
         }
     }
 }

@@ -8,6 +8,7 @@ use super::DataplaneError;
 
 const IP_FORWARD: &str = "/proc/sys/net/ipv4/ip_forward";
 const IPV6_FORWARDING: &str = "/proc/sys/net/ipv6/conf/all/forwarding";
+const CONNTRACK_ACCT: &str = "/proc/sys/net/netfilter/nf_conntrack_acct";
 
 /// Turns IPv4 forwarding on in this network namespace; returns whether it was off.
 pub fn ensure_ipv4_forwarding() -> Result<bool, DataplaneError> {
@@ -19,6 +20,12 @@ pub fn ensure_ipv4_forwarding() -> Result<bool, DataplaneError> {
 /// `accept_ra` is 2: a node that takes its own IPv6 address from them needs that.
 pub fn ensure_ipv6_forwarding() -> Result<bool, DataplaneError> {
     ensure_on(Path::new(IPV6_FORWARDING))
+}
+
+/// Has connection tracking count each connection's packets and bytes (the
+/// flow records' counters); returns whether it was off.
+pub fn ensure_conntrack_accounting() -> Result<bool, DataplaneError> {
+    ensure_on(Path::new(CONNTRACK_ACCT))
 }
 
 /// Lets link `ifname` answer neighbour solicitations for its proxy entries

@@ -80,7 +80,8 @@ impl Ring {
     pub fn list(&self, filter: &Filter, limit: usize) -> Vec<Arc<Flow>> {
         let inner = self.lock();
         let limit = if limit == 0 { usize::MAX } else { limit };
-        let mut out: Vec<Arc<Flow>> = inner.flows.iter().rev().filter(|f| admits(filter, f)).take(limit).cloned().collect();
+        let mut out: Vec<Arc<Flow>> =
+            inner.flows.iter().rev().filter(|f| admits(filter, f)).take(limit).cloned().collect();
         out.reverse();
         out
     }
@@ -107,9 +108,10 @@ pub fn admits(filter: &Filter, flow: &Flow) -> bool {
     let in_namespaces = filter.namespaces.is_empty()
         || ends.iter().flatten().any(|e| !e.pod.is_empty() && filter.namespaces.contains(&e.namespace));
     let pod_ok = filter.pod.is_empty()
-        || ends.iter().flatten().any(|e| {
-            !e.pod.is_empty() && filter.pod.split_once('/') == Some((e.namespace.as_str(), e.pod.as_str()))
-        });
+        || ends
+            .iter()
+            .flatten()
+            .any(|e| !e.pod.is_empty() && filter.pod.split_once('/') == Some((e.namespace.as_str(), e.pod.as_str())));
     let verdict_ok = filter.verdict == Verdict::Unspecified as i32 || filter.verdict == flow.verdict;
     in_namespaces && pod_ok && verdict_ok
 }

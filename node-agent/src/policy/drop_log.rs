@@ -3,7 +3,8 @@
 //! rate-limited copy of what it drops to an NFLOG group (see
 //! [`render::DropLog`]); a thread of the agent reads that group and writes
 //! one log line per packet: the policy and direction (from the drop
-//! counter named in the record's prefix), addresses, protocol and ports.
+//! counter named in the record's prefix), addresses, protocol and ports;
+//! and hands each to the flow recorder when flows are on (`Sink`).
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -34,6 +35,7 @@ pub struct Dropped {
     pub src: Option<IpAddr>,
     pub dst: Option<IpAddr>,
     pub proto: Option<String>,
+    pub proto_number: Option<u8>,
     pub sport: Option<u16>,
     pub dport: Option<u16>,
 }
@@ -48,6 +50,7 @@ pub fn describe(record: &Logged, labels: &BTreeMap<String, CounterLabels>) -> Dr
         src: p.map(|p| p.src),
         dst: p.map(|p| p.dst),
         proto: p.map(|p| proto_name(p.proto)),
+        proto_number: p.map(|p| p.proto),
         sport: p.and_then(|p| p.ports).map(|(s, _)| s),
         dport: p.and_then(|p| p.ports).map(|(_, d)| d),
     }
@@ -64,16 +67,39 @@ fn proto_name(n: u8) -> String {
     }
 }
 
+/// Who else reads the dropped packets (the flow recorder): told of each,
+/// and of records the kernel dropped.
+pub trait Sink: Send + Sync {
+    fn dropped(&self, d: &Dropped);
+    fn lost(&self);
+}
+
+/// Where the records go: log lines (`lines`), and `sink` if any.
+pub struct Readers {
+    pub lines: bool,
+    pub sink: Option<Arc<dyn Sink>>,
+}
+
 /// Starts the reader thread, which binds the group in the caller's network
 /// namespace (the node's; a new thread starts in its creator's) on its own
 /// thread, off the runtime's. A bind error (the group taken, no
 /// permission) is logged there and leaves policy enforced, only the log
 /// missing.
-pub fn start(log: render::DropLog, labels: Labels, metrics: Arc<PolicyMetrics>) -> std::io::Result<()> {
+pub fn start(
+    log: render::DropLog,
+    labels: Labels,
+    metrics: Arc<PolicyMetrics>,
+    readers: Readers,
+) -> std::io::Result<()> {
     std::thread::Builder::new().name("policy-drop-log".into()).spawn(move || match nflog::Group::bind(log.group) {
         Ok(group) => {
-            tracing::info!(group = log.group, per_second = log.per_second, "policy drop log: reading NFLOG group");
-            read_forever(group, &labels, &metrics)
+            tracing::info!(
+                group = log.group,
+                per_second = log.per_second,
+                lines = readers.lines,
+                "policy drop log: reading NFLOG group"
+            );
+            read_forever(group, &labels, &metrics, &readers)
         }
         Err(e) => tracing::error!(
             error = %e,
@@ -84,7 +110,7 @@ pub fn start(log: render::DropLog, labels: Labels, metrics: Arc<PolicyMetrics>) 
     Ok(())
 }
 
-fn read_forever(mut group: nflog::Group, labels: &Labels, metrics: &PolicyMetrics) {
+fn read_forever(mut group: nflog::Group, labels: &Labels, metrics: &PolicyMetrics, readers: &Readers) {
     loop {
         match group.recv(READ_WAIT) {
             Ok(Received::Packets(records)) if records.is_empty() => {}
@@ -94,12 +120,20 @@ fn read_forever(mut group: nflog::Group, labels: &Labels, metrics: &PolicyMetric
                     records.iter().map(|r| (describe(r, &labels), r)).collect()
                 };
                 for (d, record) in lines {
-                    log_line(&d, record);
+                    if readers.lines {
+                        log_line(&d, record);
+                    }
+                    if let Some(sink) = &readers.sink {
+                        sink.dropped(&d);
+                    }
                 }
                 metrics.drop_log.get_or_create(&ResultLabels { result: "logged" }).inc_by(records.len() as u64);
             }
             Ok(Received::Lost) => {
                 metrics.drop_log.get_or_create(&ResultLabels { result: "lost" }).inc();
+                if let Some(sink) = &readers.sink {
+                    sink.lost();
+                }
                 tracing::warn!("policy drop log: the kernel dropped records (read too slowly)");
             }
             Err(e) => {

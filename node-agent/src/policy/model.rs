@@ -868,8 +868,8 @@ pub fn admits(chain: &Chain, remote: IpAddr, proto: Proto, port: u16) -> bool {
 
 #[cfg(test)]
 #[path = "model_tests.rs"]
-pub(super) mod tests;
+pub(crate) mod tests;
 
 #[cfg(test)]
 #[path = "model_props.rs"]
-pub(super) mod props;
+pub(crate) mod props;

@@ -20,7 +20,7 @@ use super::drop_log;
 use super::incremental::Incremental;
 use super::limits::{self, NodeRefusal};
 use super::metrics::{KindLabels, PolicyMetrics, ResultLabels};
-use super::model::Cluster;
+use super::model::{Cluster, PodPolicy};
 use super::render::{self, Desired};
 use super::report;
 use crate::firewall::nft::Nft;
@@ -76,6 +76,8 @@ impl Report {
 /// pods they cover, and how many of those were compiled anew.
 struct Want {
     rules: Option<Arc<Desired>>,
+    /// The local pods under policy, as compiled.
+    local: Vec<Arc<PodPolicy>>,
     local_pods: usize,
     recompiled: usize,
     /// How long the compile and the render took.
@@ -109,7 +111,8 @@ impl Compute {
         let compiled_at = started.elapsed();
         let rules = compiled.changed.then(|| self.renderer.render(&compiled.pods));
         let took = (compiled_at, started.elapsed() - compiled_at);
-        Want { rules, local_pods: compiled.pods.len(), recompiled: compiled.recompiled, took }
+        let local_pods = compiled.pods.len();
+        Want { rules, local: compiled.pods, local_pods, recompiled: compiled.recompiled, took }
     }
 }
 
@@ -124,6 +127,17 @@ pub struct Settings {
     pub drop_log: Option<render::DropLog>,
     /// Enforce ClusterNetworkPolicies too (their CRD must be installed).
     pub cluster_policies: bool,
+    /// Who reads the drop log's records besides the log lines.
+    pub drop_log_readers: drop_log::Readers,
+    /// Where each pass publishes what it computed (the flow recorder's view).
+    pub publish: Option<tokio::sync::watch::Sender<Option<Arc<Latest>>>>,
+}
+
+/// What the latest pass computed: every pod the policy loop knows, and this
+/// node's pods under policy as compiled.
+pub struct Latest {
+    pub cluster: Arc<Cluster>,
+    pub local: Vec<Arc<PodPolicy>>,
 }
 
 /// Runs for the agent's lifetime; `attached`: the pods ADD registered
@@ -164,17 +178,18 @@ struct PolicyLoop {
     kernel_due: tokio::time::Instant,
     /// Whether rules were ever applied (then the iptables-era ones are gone).
     cleaned_up: bool,
+    publish: Option<tokio::sync::watch::Sender<Option<Arc<Latest>>>>,
 }
 
 impl PolicyLoop {
     /// Also starts the counters' reader and, when asked, the drop log.
     fn start(events: Client, settings: Settings, metrics: Arc<PolicyMetrics>, attached: Arc<Attached>) -> Self {
-        let Settings { node, resync, deny, drop_log, cluster_policies: _ } = settings;
+        let Settings { node, resync, deny, drop_log, cluster_policies: _, drop_log_readers, publish } = settings;
         let engine = Arc::new(Engine::new(Nft::default()));
         let labels: drop_log::Labels = Arc::new(std::sync::Mutex::new(Default::default()));
         tokio::spawn(read_counters(Arc::clone(&engine), Arc::clone(&labels), Arc::clone(&metrics)));
         if let Some(log) = drop_log
-            && let Err(e) = drop_log::start(log, Arc::clone(&labels), Arc::clone(&metrics))
+            && let Err(e) = drop_log::start(log, Arc::clone(&labels), Arc::clone(&metrics), drop_log_readers)
         {
             tracing::error!(error = %e, "cannot start the policy drop log reader; policy is enforced without it");
         }
@@ -195,6 +210,7 @@ impl PolicyLoop {
             last_over_node: Vec::new(),
             kernel_due: tokio::time::Instant::now(),
             cleaned_up: false,
+            publish,
         }
     }
 
@@ -210,9 +226,13 @@ impl PolicyLoop {
         let snapshot_took = started.elapsed();
         self.bound(&mut cluster);
         let full = tokio::time::Instant::now() >= self.kernel_due;
-        let Some(want) = self.compute(cluster, full).await else {
+        let cluster = Arc::new(cluster);
+        let Some(want) = self.compute(Arc::clone(&cluster), full).await else {
             return tokio::time::Instant::now() + RETRY;
         };
+        if let Some(tx) = &self.publish {
+            tx.send_replace(Some(Arc::new(Latest { cluster, local: want.local.clone() })));
+        }
         // Only the kernel shows tampering, so the resync (or a retry) always
         // reads it; otherwise only rules that changed go to it. Pod churn
         // elsewhere in the cluster that cannot change this node's rules
@@ -300,7 +320,7 @@ impl PolicyLoop {
 
     /// This node's rules for `cluster`, computed off the runtime; None when
     /// the task failed (counted and logged).
-    async fn compute(&mut self, cluster: Cluster, full: bool) -> Option<Want> {
+    async fn compute(&mut self, cluster: Arc<Cluster>, full: bool) -> Option<Want> {
         let compute = Arc::clone(&self.compute);
         let task = tokio::task::spawn_blocking(move || {
             let mut c = compute.lock().unwrap_or_else(|p| p.into_inner());

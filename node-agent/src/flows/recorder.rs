@@ -1,0 +1,163 @@
+//! Reads the kernel's conntrack events on a thread of its own and takes
+//! the drop log's records (as its `Sink`); makes flow records of those
+//! that concern this node's pods, into the ring and the metrics.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use tokio::sync::watch;
+use weft_proto::flows::v1::{Event, Flow, Verdict};
+
+use super::annotate::{self, Index};
+use super::metrics::FlowMetrics;
+use super::ring::Ring;
+use crate::dataplane::conntrack_events::{Events, Received};
+use crate::dataplane::sysctl;
+use crate::policy::drop_log::{Dropped, Sink};
+use crate::policy::sync::Latest;
+
+/// How long a read waits before looking again (nothing depends on it).
+const READ_WAIT: Duration = Duration::from_secs(1);
+/// Pause after a failed read, so that a broken socket does not spin.
+const AFTER_ERROR: Duration = Duration::from_secs(1);
+/// The address index is rebuilt from a newer policy pass at most this
+/// often: at 50,000 pods a rebuild takes milliseconds, and passes can come
+/// every few milliseconds under churn.
+const REINDEX_EVERY: Duration = Duration::from_secs(1);
+
+pub struct Recorder {
+    node: String,
+    ring: Arc<Ring>,
+    metrics: Arc<FlowMetrics>,
+    /// Denies answer (the agent's deny action is reject).
+    rejects: bool,
+    index: Mutex<Indexed>,
+}
+
+struct Indexed {
+    latest: watch::Receiver<Option<Arc<Latest>>>,
+    index: Arc<Index>,
+    built: Option<Instant>,
+}
+
+impl Recorder {
+    pub fn new(
+        node: &str,
+        ring: Arc<Ring>,
+        metrics: Arc<FlowMetrics>,
+        rejects: bool,
+        latest: watch::Receiver<Option<Arc<Latest>>>,
+    ) -> Self {
+        let index = Mutex::new(Indexed { latest, index: Arc::new(Index::empty(node)), built: None });
+        Recorder { node: node.to_owned(), ring, metrics, rejects, index }
+    }
+
+    /// Starts reading conntrack events in the caller's network namespace
+    /// (the node's), on a thread of its own. A bind error is logged there:
+    /// flows then show denied packets only.
+    pub fn start_connections(self: &Arc<Self>) -> std::io::Result<()> {
+        let me = Arc::clone(self);
+        std::thread::Builder::new().name("flow-conntrack".into()).spawn(move || {
+            match sysctl::ensure_conntrack_accounting() {
+                Ok(true) => tracing::info!("flows: turned on connection tracking's packet and byte counters"),
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "flows: cannot turn on conntrack counters; closed flows show none")
+                }
+            }
+            match Events::bind() {
+                Ok(events) => me.read_forever(events),
+                Err(e) => {
+                    tracing::error!(error = %e, "flows: cannot read conntrack events; only denied packets are recorded")
+                }
+            }
+        })?;
+        Ok(())
+    }
+
+    fn read_forever(&self, mut events: Events) {
+        tracing::info!(node = %self.node, capacity = self.ring.capacity(), "flows: recording this node's pods' connections");
+        loop {
+            match events.recv(READ_WAIT) {
+                Ok(Received::Events(batch)) if batch.is_empty() => {}
+                Ok(Received::Events(batch)) => {
+                    let (index, now) = (self.index(), now_ms());
+                    for e in &batch {
+                        if let Some(flow) = annotate::connection(&index, e, now) {
+                            self.push(flow);
+                        }
+                    }
+                }
+                Ok(Received::Lost) => self.kernel_lost(),
+                Err(e) => {
+                    tracing::warn!(error = %e, "flows: reading conntrack events failed");
+                    std::thread::sleep(AFTER_ERROR);
+                }
+            }
+        }
+    }
+
+    fn push(&self, flow: Flow) {
+        let ns = |e: Option<&weft_proto::flows::v1::Endpoint>| e.map(|e| e.namespace.clone()).unwrap_or_default();
+        let (src_ns, dst_ns) = (ns(flow.source.as_ref()), ns(flow.destination.as_ref()));
+        let (event, verdict) = (event_name(flow.event), verdict_name(flow.verdict));
+        if self.ring.push(flow) {
+            self.metrics.evicted.inc();
+        }
+        self.metrics.record(event, verdict, &src_ns, &dst_ns);
+    }
+
+    fn kernel_lost(&self) {
+        // ENOBUFS says some were dropped, not how many: at least one.
+        self.ring.lost(1);
+        self.metrics.lost.get_or_create(&super::metrics::ReasonLabels { reason: "kernel" }).inc();
+    }
+
+    /// The index of the latest policy pass (rebuilt at most every REINDEX_EVERY).
+    fn index(&self) -> Arc<Index> {
+        let mut ix = self.index.lock().unwrap_or_else(|p| p.into_inner());
+        let due = ix.built.is_none_or(|at| at.elapsed() >= REINDEX_EVERY);
+        if due && ix.latest.has_changed().unwrap_or(false) {
+            let latest = ix.latest.borrow_and_update().clone();
+            if let Some(latest) = latest {
+                ix.index = Arc::new(Index::new(&self.node, &latest));
+                ix.built = Some(Instant::now());
+            }
+        }
+        Arc::clone(&ix.index)
+    }
+}
+
+impl Sink for Recorder {
+    fn dropped(&self, d: &Dropped) {
+        if let Some(flow) = annotate::denied(&self.index(), d, self.rejects, now_ms()) {
+            self.push(flow);
+        }
+    }
+
+    fn lost(&self) {
+        self.kernel_lost();
+    }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or_default()
+}
+
+pub fn event_name(e: i32) -> &'static str {
+    match Event::try_from(e) {
+        Ok(Event::Opened) => "opened",
+        Ok(Event::Closed) => "closed",
+        Ok(Event::Denied) => "denied",
+        _ => "unspecified",
+    }
+}
+
+pub fn verdict_name(v: i32) -> &'static str {
+    match Verdict::try_from(v) {
+        Ok(Verdict::Forwarded) => "forwarded",
+        Ok(Verdict::Dropped) => "dropped",
+        Ok(Verdict::Rejected) => "rejected",
+        _ => "unspecified",
+    }
+}
