@@ -13,7 +13,8 @@ use weft_proto::flows::v1::{Endpoint, Event, Flow, Verdict};
 use crate::dataplane::conntrack_events::{self, Kind};
 use crate::policy::drop_log::Dropped;
 use crate::policy::explain::{Decided, decide};
-use crate::policy::model::{Chain, Direction, PodInfo, PodPolicy, Proto};
+use crate::policy::model::{Chain, Compiler, Direction, PeerCache, PodInfo, PodPolicy, Proto};
+use crate::policy::render::DEFAULT_DENY;
 use crate::policy::sync::Latest;
 
 /// What the policy loop computed last, indexed by address.
@@ -21,18 +22,42 @@ pub struct Index {
     node: String,
     pods: HashMap<IpAddr, Arc<PodInfo>>,
     chains: HashMap<IpAddr, Arc<PodPolicy>>,
+    /// The standard policies isolating each local pod under policy, by
+    /// direction (ingress, egress): what a default deny is named after.
+    isolating: HashMap<IpAddr, Arc<[String; 2]>>,
 }
 
 impl Index {
     pub fn new(node: &str, snapshot: &Latest) -> Self {
-        let pods = snapshot.cluster.pods.iter().flat_map(|p| p.ips.iter().map(move |ip| (*ip, Arc::clone(p))));
+        let pods: HashMap<IpAddr, Arc<PodInfo>> =
+            snapshot.cluster.pods.iter().flat_map(|p| p.ips.iter().map(move |ip| (*ip, Arc::clone(p)))).collect();
         let chains = snapshot.local.iter().flat_map(|p| p.ips.iter().map(move |ip| (*ip, Arc::clone(p))));
-        Index { node: node.to_owned(), pods: pods.collect(), chains: chains.collect() }
+        // Selecting policies are looked up without resolving any peer: cheap.
+        let compiler = Compiler::with_cache(&snapshot.cluster, PeerCache::default());
+        let mut isolating = HashMap::new();
+        for (ip, pod) in snapshot.local.iter().flat_map(|p| p.ips.iter()).filter_map(|ip| Some((*ip, pods.get(ip)?))) {
+            let standard = |dir| {
+                let names = compiler.selecting(pod, dir).into_iter();
+                names
+                    .filter(|n| !n.starts_with("weft.dev/") && !n.starts_with("ClusterNetworkPolicy/"))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            };
+            isolating.insert(ip, Arc::new([standard(Direction::Ingress), standard(Direction::Egress)]));
+        }
+        Index { node: node.to_owned(), pods, chains: chains.collect(), isolating }
     }
 
     /// Nothing known yet (before the policy loop's first pass).
     pub fn empty(node: &str) -> Self {
-        Index { node: node.to_owned(), pods: HashMap::new(), chains: HashMap::new() }
+        Index { node: node.to_owned(), pods: HashMap::new(), chains: HashMap::new(), isolating: HashMap::new() }
+    }
+
+    /// The standard policies isolating the local pod at `addr` in `dir`, comma-separated.
+    fn isolating(&self, addr: IpAddr, dir: Direction) -> Option<&str> {
+        let names = self.isolating.get(&addr)?;
+        let n = &names[usize::from(dir == Direction::Egress)];
+        (!n.is_empty()).then_some(n.as_str())
     }
 
     fn local_pod(&self, addr: IpAddr) -> Option<&PodInfo> {
@@ -115,11 +140,15 @@ fn allowed_by(index: &Index, src: IpAddr, dst: IpAddr, proto: u8, port: u16) -> 
 pub fn denied(index: &Index, d: &Dropped, rejects: bool, time_unix_ms: u64) -> Option<Flow> {
     let (src, dst) = (d.src?, d.dst?);
     let direction = d.direction.unwrap_or_default();
-    let policy = d.policy.clone().unwrap_or_default();
     let dir = match direction {
         "ingress" => Some((Direction::Ingress, dst, src)),
         "egress" => Some((Direction::Egress, src, dst)),
         _ => None,
+    };
+    // A default deny's counter is shared: name the policies isolating the pod.
+    let policy = match (d.policy.as_deref(), dir) {
+        (Some(DEFAULT_DENY), Some((dir, at, _))) => index.isolating(at, dir).unwrap_or(DEFAULT_DENY).to_owned(),
+        (p, _) => p.unwrap_or_default().to_owned(),
     };
     let proto = d.proto_number.and_then(Proto::from_number);
     let rule = match (dir, proto, d.dport) {
@@ -154,8 +183,8 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+    use crate::policy::model::Cluster;
     use crate::policy::model::tests::{NODE, cluster, std_policy};
-    use crate::policy::model::{Cluster, Compiler};
 
     fn snapshot(c: Cluster) -> Latest {
         let compiler = Compiler::new(&c);
@@ -231,6 +260,9 @@ mod tests {
         };
         let f = denied(&index, &d, true, 0).expect("recorded");
         assert_eq!((f.policy.as_str(), f.direction.as_str(), f.rule), ("prod/deny-all", "ingress", -1));
+        // The end of the chain: its counter is the shared default deny's; the record names the isolating policy.
+        let chain_end = Dropped { policy: Some(DEFAULT_DENY.into()), ..d.clone() };
+        assert_eq!(denied(&index, &chain_end, true, 0).unwrap().policy, "prod/deny-all");
         assert_eq!((f.event, f.verdict), (Event::Denied as i32, Verdict::Rejected as i32));
         assert_eq!((end(&f, true), end(&f, false)), (("dev".into(), "tool".into()), ("prod".into(), "db".into())));
         assert_eq!(denied(&index, &d, false, 0).unwrap().verdict, Verdict::Dropped as i32);

@@ -1,9 +1,11 @@
 //! weft: the user's view of a Weft cluster. `weft explain` says which
 //! policies decide a connection between two pods, computed by the agent's
-//! own policy model from what the API holds (no packet sent). Installed as
-//! `kubectl-weft`, it is also `kubectl weft`.
+//! own policy model from what the API holds (no packet sent); `weft flows`
+//! shows a node's flow records. Installed as `kubectl-weft`, it is also
+//! `kubectl weft`.
 
 mod explain;
+mod flows;
 mod kube_read;
 
 use clap::{Parser, Subcommand};
@@ -25,6 +27,8 @@ struct Cli {
 enum Command {
     /// Which policies select each end of a connection, and which rule decides it.
     Explain(explain::Args),
+    /// One node's flow records (run on the node: it reads the agent's socket).
+    Flows(flows::Args),
 }
 
 #[tokio::main(flavor = "current_thread")]
@@ -32,9 +36,12 @@ async fn main() -> std::process::ExitCode {
     weft_telemetry::logging::init("WEFT_LOG");
     let cli = Cli::parse();
     let result = async {
-        let client = kube_read::client(cli.kubeconfig.as_deref(), cli.context.as_deref()).await?;
         match cli.command {
-            Command::Explain(args) => explain::run(&client, &args).await,
+            Command::Explain(args) => {
+                let client = kube_read::client(cli.kubeconfig.as_deref(), cli.context.as_deref()).await?;
+                explain::run(&client, &args).await
+            }
+            Command::Flows(args) => flows::run(&args).await,
         }
     }
     .await;
