@@ -172,6 +172,7 @@ agent:
   podAttachment: routed
   policyDenyAction: drop
   policyDropLog: {enabled: true, group: 77, ratePerSecond: 5}
+  flows: {enabled: false}
 cni:
   binDir: /usr/libexec/cni
   confDir: /etc/cni/alt.d
@@ -300,8 +301,10 @@ fn template_renders_defaults() {
     assert_eq!(env(a, "WEFT_CLUSTER_CIDR")["value"], "10.244.0.0/16");
     assert_eq!(env(a, "WEFT_POD_ATTACHMENT")["value"], "bridge");
     assert_eq!(env(a, "WEFT_POLICY_DENY_ACTION")["value"], "reject");
-    let names = serde_yaml::to_string(&a["env"]).expect("env");
-    assert!(!names.contains("WEFT_POLICY_DROP_LOG"), "the drop log is off by default: {names}");
+    // Flows are on by default: the drop log's group feeds them, without its log lines.
+    assert_eq!(env(a, "WEFT_FLOWS_CAPACITY")["value"], "4096");
+    assert_eq!(env(a, "WEFT_POLICY_DROP_LOG_GROUP")["value"], "100");
+    assert_eq!(env(a, "WEFT_POLICY_DROP_LOG_LINES")["value"], "false", "the drop log's lines are off by default");
     let mounts: Vec<&str> =
         pod["volumes"].as_sequence().expect("volumes").iter().filter_map(|v| v["hostPath"]["path"].as_str()).collect();
     for dir in ["/run/weft", "/var/lib/weft", "/opt/cni/bin", "/etc/cni/net.d"] {
@@ -533,6 +536,9 @@ fn template_renders_custom_values() {
     assert_eq!(env(a, "WEFT_LOG")["value"], "debug");
     assert_eq!(env(a, "WEFT_POLICY_DROP_LOG_GROUP")["value"], "77");
     assert_eq!(env(a, "WEFT_POLICY_DROP_LOG_RATE")["value"], "5");
+    assert_eq!(env(a, "WEFT_POLICY_DROP_LOG_LINES")["value"], "true");
+    let names = serde_yaml::to_string(&a["env"]).expect("env");
+    assert!(!names.contains("WEFT_FLOWS_CAPACITY"), "flows turned off: {names}");
     assert_eq!(env(a, "WEFT_POLICY_DENY_ACTION")["value"], "drop");
     assert_eq!(pod["imagePullSecrets"][0]["name"], "regcred");
     let script = pod["initContainers"][0]["command"][2].as_str().expect("script");
@@ -628,6 +634,7 @@ fn schema_and_checks_reject_bad_values_with_clear_messages() {
         ("agent.policyDenyAction=ignore", "at '/agent/policyDenyAction': value must be one of 'reject', 'drop'"),
         ("agent.policyDropLog.group=0", "at '/agent/policyDropLog/group'"),
         ("agent.policyDropLog.ratePerSecond=0", "at '/agent/policyDropLog/ratePerSecond'"),
+        ("agent.flows.capacity=0", "at '/agent/flows/capacity'"),
         ("cni.confFileName=weft.conf", "at '/cni/confFileName'"),
         (
             "network.clusterCIDR=10.0.0.0/24",
