@@ -729,7 +729,8 @@ fn images_contain_what_the_dockerfile_and_the_agent_need() {
     let Some((agent, operator)) = images() else { return };
     let agent = Image::load(&agent).expect("agent image");
     let operator = Image::load(&operator).expect("operator image");
-    check_weft_image(&agent, "agent", "ghcr.io/weft/weft-agent", &["weft-agent", "weft-cni", "weft"]).expect("agent image");
+    check_weft_image(&agent, "agent", "ghcr.io/weft/weft-agent", &["weft-agent", "weft-cni", "weft"])
+        .expect("agent image");
     check_weft_image(&operator, "operator", "ghcr.io/weft/weft-operator", &["weft-operator"]).expect("operator image");
 
     // Every program the agent executes, with its Debian alternatives links

@@ -91,11 +91,15 @@ impl Prometheus {
     fn start(agents: &[String]) -> Prometheus {
         let dir = tempfile::tempdir().expect("prometheus dir");
         let targets = |t: &[String]| t.iter().map(|t| format!("'{t}'")).collect::<Vec<_>>().join(", ");
+        // The chart's alerts, evaluated against what the daemons expose.
+        let rules = Path::new(env!("CARGO_MANIFEST_DIR")).join("../charts/weft/rules/alerts.yaml");
         let config = format!(
             "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n  evaluation_interval: 1s\n\
+             rule_files: ['{}']\n\
              scrape_configs:\n\
              - job_name: weft-operator\n  static_configs:\n  - targets: [{}]\n\
              - job_name: weft-agent\n  static_configs:\n  - targets: [{}]\n",
+            rules.display(),
             targets(&[OPERATOR_METRICS.to_owned()]),
             targets(agents)
         );
@@ -252,4 +256,21 @@ fn metrics_pass_promtool_are_documented_and_prometheus_sees_them_change() {
     wait::until("prometheus to see the DEL", Duration::from_secs(30), || {
         (prom.value(r#"sum(weft_agent_cni_requests_total{verb="DEL"})"#) >= 1.0).then_some(())
     });
+
+    // The chart's alerts: every rule evaluates without error on these
+    // series, and none is pending or firing on this healthy sandbox.
+    let rules = wait::until("every alert rule to be evaluated", Duration::from_secs(30), || {
+        let body = curl_in_cp(&[&format!("http://{CP_IP}:{PROMETHEUS_PORT}/api/v1/rules")])?;
+        let v: Value = serde_json::from_str(&body).ok()?;
+        let rules: Vec<Value> = v["data"]["groups"]
+            .as_array()?
+            .iter()
+            .flat_map(|g| g["rules"].as_array().cloned().unwrap_or_default())
+            .collect();
+        (!rules.is_empty() && rules.iter().all(|r| r["lastEvaluation"] != "0001-01-01T00:00:00Z")).then_some(rules)
+    });
+    for r in &rules {
+        assert_eq!(r["health"], "ok", "alert {} does not evaluate: {}", r["name"], r["lastError"]);
+    }
+    assert!(prom.query("ALERTS").is_empty(), "alerts on a healthy sandbox: {:?}", prom.query("ALERTS"));
 }

@@ -103,13 +103,17 @@ async fn readyz(State(AppState { agent: slot, ready }): State<AppState>) -> impl
     // applied stay in force; new pods wait), not in STATUS: the node keeps
     // running what it runs.
     let policy = agent.policy_pods.as_ref().and_then(|p| p.failure());
-    match (ready.get(|| async { agent.readiness().await.map_err(|e| e.to_string()) }).await, policy) {
-        (Ok(()), None) => (StatusCode::OK, "ready".to_owned()),
-        (Err(e), _) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {e}")),
-        (Ok(()), Some(why)) => {
-            (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: network policy changes are not applied: {why}"))
-        }
-    }
+    let (status, text) =
+        match (ready.get(|| async { agent.readiness().await.map_err(|e| e.to_string()) }).await, policy) {
+            (Ok(()), None) => (StatusCode::OK, "ready".to_owned()),
+            (Err(e), _) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {e}")),
+            (Ok(()), Some(why)) => {
+                (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: network policy changes are not applied: {why}"))
+            }
+        };
+    // What the probe saw, for the alert on agents that stay unready.
+    agent.metrics.not_ready.set(i64::from(status != StatusCode::OK));
+    (status, text)
 }
 
 #[cfg(test)]

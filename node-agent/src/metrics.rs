@@ -61,6 +61,8 @@ pub struct Metrics {
     /// udp and wireguard: packets through the agent's datapath, by outcome.
     pub tunnel_packets: Family<OutcomeLabels, Counter>,
     pub policy: std::sync::Arc<crate::policy::metrics::PolicyMetrics>,
+    /// 1 when the last readiness check (/readyz) failed, else 0 (also before the first).
+    pub not_ready: Gauge,
     pub flows: std::sync::Arc<crate::flows::metrics::FlowMetrics>,
 }
 
@@ -161,6 +163,12 @@ impl Default for Metrics {
         );
         let policy = std::sync::Arc::new(crate::policy::metrics::PolicyMetrics::register(&mut registry));
         let flows = crate::flows::metrics::FlowMetrics::register(&mut registry);
+        let not_ready = Gauge::default();
+        registry.register(
+            "not_ready",
+            "1 when the agent's last readiness check (/readyz, which kubelet's probe calls) failed, else 0 (also before the first)",
+            not_ready.clone(),
+        );
         Self {
             registry,
             requests,
@@ -179,6 +187,7 @@ impl Default for Metrics {
             guard_repairs,
             tunnel_packets,
             policy,
+            not_ready,
             flows,
         }
     }
