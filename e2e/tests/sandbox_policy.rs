@@ -12,7 +12,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use serde_json::Value;
-use weft_e2e::sandbox::testing::{Up, apply, kubectl, ok, probe_matrix, try_apply};
+use weft_e2e::sandbox::testing::{Up, apply, explained_matrix, kubectl, ok, probe_matrix, try_apply};
 use weft_e2e::wait;
 
 const CONVERGE: Duration = Duration::from_secs(45);
@@ -80,7 +80,19 @@ fn expect_family(step: &str, family: &str, protocol: &str, port: u16, expect: &i
         })
     }));
     assert!(converged.is_ok(), "step {step:?} ({family}, {protocol}/{port}) did not converge; differences:\n{last}");
-    eprintln!("ok: {step} ({family}, {protocol}/{port})");
+    // What the datapath did is what `weft explain` says, for every pair.
+    let explained = explained_matrix(family, protocol, port, &PODS);
+    let differ: Vec<String> = explained
+        .iter()
+        .filter(|(k, v)| want.get(*k) != Some(v))
+        .map(|((f, t), v)| format!("  {f} -> {t}: explained {}, observed {}", allowed(*v), allowed(!*v)))
+        .collect();
+    assert!(
+        differ.is_empty(),
+        "step {step:?} ({family}, {protocol}/{port}): weft explain disagrees:\n{}",
+        differ.join("\n")
+    );
+    eprintln!("ok: {step} ({family}, {protocol}/{port}), explained alike");
 }
 
 fn allowed(v: bool) -> &'static str {

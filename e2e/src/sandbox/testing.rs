@@ -65,6 +65,56 @@ pub fn probe_matrix(family: &str, protocol: &str, port: u16) -> std::collections
     m
 }
 
+/// What `weft explain` (the policy model, from the API) says of every
+/// ordered pair of `pods` over `family` to `protocol`/`port`: admitted or
+/// not. Run in parallel, one CLI run per pair.
+pub fn explained_matrix(
+    family: &str,
+    protocol: &str,
+    port: u16,
+    pods: &[&str],
+) -> std::collections::BTreeMap<(String, String), bool> {
+    let state = <super::State as crate::supervisor::StateFile>::load().expect("sandbox state");
+    let listing = ok(&["pods"]);
+    let field = if family == "ipv6" { 3 } else { 2 };
+    let addr = |key: &str| -> String {
+        let line =
+            listing.lines().find(|l| l.starts_with(&format!("{key} "))).unwrap_or_else(|| panic!("no pod {key}"));
+        line.split_whitespace().nth(field).unwrap_or_else(|| panic!("no {family} address for {key}")).to_owned()
+    };
+    let target = format!("{port}/{}", protocol.to_ascii_uppercase());
+    let pairs: Vec<(&str, &str, String)> = pods
+        .iter()
+        .flat_map(|f| pods.iter().filter(move |t| *t != f).map(move |t| (*f, *t)))
+        .map(|(f, t)| (f, t, addr(t)))
+        .collect();
+    std::thread::scope(|scope| {
+        let runs: Vec<_> = pairs
+            .iter()
+            .map(|(from, to, to_addr)| {
+                let (kubeconfig, target) = (&state.kubeconfig, &target);
+                scope.spawn(move || {
+                    let out = Command::new(bins::weft("weft"))
+                        .arg("--kubeconfig")
+                        .arg(kubeconfig)
+                        .args(["explain", "--from", from, "--to", to_addr, "--port", target, "-o", "json"])
+                        .output()
+                        .expect("weft runs");
+                    assert!(
+                        out.status.success(),
+                        "weft explain {from} -> {to}: {}",
+                        String::from_utf8_lossy(&out.stderr)
+                    );
+                    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("explanation JSON");
+                    assert_eq!(v["ingress"]["pod"], serde_json::json!(to), "{to_addr} is {to}'s");
+                    ((from.to_string(), to.to_string()), v["allowed"].as_bool().expect("allowed"))
+                })
+            })
+            .collect();
+        runs.into_iter().map(|r| r.join().unwrap_or_else(|p| std::panic::resume_unwind(p))).collect()
+    })
+}
+
 /// Waits (at most `within`) until the probe matrix between `pods` over
 /// `family` equals `expect(from, to)`; fails the test with the last matrix.
 #[track_caller]
