@@ -20,6 +20,8 @@ const GROUP_DESTROY: u32 = 3;
 /// Room for a burst of events between two reads; past it the kernel drops
 /// events and says so (ENOBUFS).
 const RECV_BUFFER: usize = 4 << 20;
+/// Datagrams taken per wake-up at most.
+const BATCH: usize = 256;
 /// CTA_COUNTERS_ORIG/REPLY, and their CTA_COUNTERS_PACKETS/BYTES.
 const CTA_COUNTERS_ORIG: u16 = 9;
 const CTA_COUNTERS_REPLY: u16 = 10;
@@ -49,11 +51,11 @@ pub struct Event {
 }
 
 /// What one read brought.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Received {
-    Events(Vec<Event>),
-    /// The kernel dropped events: we read too slowly.
-    Lost,
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Received {
+    pub events: Vec<Event>,
+    /// The kernel dropped events before these: we read too slowly.
+    pub lost: bool,
 }
 
 /// A socket subscribed to the conntrack events of the caller's network namespace.
@@ -72,13 +74,25 @@ impl Events {
         Ok(Events { socket, buf: Vec::new() })
     }
 
-    /// Waits up to `timeout` for events; an empty list when none came.
+    /// Waits up to `timeout` for events, then takes every queued one (up
+    /// to [`BATCH`] datagrams); an empty list when none came.
     pub fn recv(&mut self, timeout: Duration) -> std::io::Result<Received> {
-        Ok(match netlink_datagram::read(&self.socket, &mut self.buf, timeout)? {
-            Read::Bytes => Received::Events(parse_messages(&self.buf)),
-            Read::Nothing => Received::Events(Vec::new()),
-            Read::Lost => Received::Lost,
-        })
+        let mut got = Received::default();
+        match netlink_datagram::read(&self.socket, &mut self.buf, timeout)? {
+            Read::Bytes => got.events = parse_messages(&self.buf),
+            Read::Nothing => return Ok(got),
+            Read::Lost => got.lost = true,
+        }
+        // The kernel sends one datagram per event: take what else is queued
+        // without waiting again.
+        for _ in 1..BATCH {
+            match netlink_datagram::read_now(&self.socket, &mut self.buf)? {
+                Read::Bytes => got.events.extend(parse_messages(&self.buf)),
+                Read::Nothing => break,
+                Read::Lost => got.lost = true,
+            }
+        }
+        Ok(got)
     }
 }
 
@@ -221,10 +235,9 @@ mod tests {
             let deadline = std::time::Instant::now() + Duration::from_secs(5);
             let (mut new, mut destroy) = (None, None);
             while (new.is_none() || destroy.is_none()) && std::time::Instant::now() < deadline {
-                let Received::Events(batch) = events.recv(Duration::from_millis(200)).expect("recv") else {
-                    panic!("events lost in an idle namespace")
-                };
-                for e in batch.into_iter().filter(|e| e.dport == port) {
+                let got = events.recv(Duration::from_millis(200)).expect("recv");
+                assert!(!got.lost, "events lost in an idle namespace");
+                for e in got.events.into_iter().filter(|e| e.dport == port) {
                     match e.kind {
                         Kind::New => new = Some(e),
                         Kind::Destroy => destroy = Some(e),

@@ -26,13 +26,17 @@ pub fn read(socket: &Socket, buf: &mut Vec<u8>, timeout: Duration) -> io::Result
     if !exec::readable_before(socket, Instant::now() + timeout)? {
         return Ok(Read::Nothing);
     }
+    read_now(socket, buf)
+}
+
+/// Reads one datagram into `buf` if one is queued (`Nothing` if not).
+pub fn read_now(socket: &Socket, buf: &mut Vec<u8>) -> io::Result<Read> {
+    // Into the spare capacity, unzeroed: conntrack sends a datagram per
+    // event, and zeroing 64 KiB for each was most of the reader's work.
     buf.clear();
-    buf.resize(DATAGRAM, 0);
-    match socket.recv(&mut &mut buf[..], libc::MSG_DONTWAIT) {
-        Ok(n) => {
-            buf.truncate(n);
-            Ok(Read::Bytes)
-        }
+    buf.reserve(DATAGRAM);
+    match socket.recv(buf, libc::MSG_DONTWAIT) {
+        Ok(_) => Ok(Read::Bytes),
         Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => Ok(Read::Lost),
         Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(Read::Nothing),
         Err(e) => Err(e),

@@ -11,7 +11,7 @@ use weft_proto::flows::v1::{Event, Flow, Verdict};
 use super::annotate::{self, Index};
 use super::metrics::FlowMetrics;
 use super::ring::Ring;
-use crate::dataplane::conntrack_events::{Events, Received};
+use crate::dataplane::conntrack_events::Events;
 use crate::dataplane::sysctl;
 use crate::policy::drop_log::{Dropped, Sink};
 use crate::policy::sync::Latest;
@@ -20,10 +20,17 @@ use crate::policy::sync::Latest;
 const READ_WAIT: Duration = Duration::from_secs(1);
 /// Pause after a failed read, so that a broken socket does not spin.
 const AFTER_ERROR: Duration = Duration::from_secs(1);
+/// After a small batch, the reader waits this long for events to gather
+/// (records appear at most this much later).
+const COALESCE: Duration = Duration::from_millis(20);
+const COALESCE_BELOW: usize = 128;
 /// The address index is rebuilt from a newer policy pass at most this
 /// often: at 50,000 pods a rebuild takes milliseconds, and passes can come
-/// every few milliseconds under churn.
+/// every few milliseconds under churn …
 const REINDEX_EVERY: Duration = Duration::from_secs(1);
+/// … or this often when an event names no pod it knows (a new pod's first
+/// connections, which would otherwise go unrecorded for up to a second).
+const REINDEX_ON_MISS: Duration = Duration::from_millis(100);
 
 pub struct Recorder {
     node: String,
@@ -79,16 +86,40 @@ impl Recorder {
         tracing::info!(node = %self.node, capacity = self.ring.capacity(), "flows: recording this node's pods' connections");
         loop {
             match events.recv(READ_WAIT) {
-                Ok(Received::Events(batch)) if batch.is_empty() => {}
-                Ok(Received::Events(batch)) => {
-                    let (index, now) = (self.index(), now_ms());
-                    for e in &batch {
-                        if let Some(flow) = annotate::connection(&index, e, now) {
-                            self.push(flow);
+                Ok(got) => {
+                    if got.lost {
+                        self.kernel_lost();
+                    }
+                    if got.events.is_empty() {
+                        continue;
+                    }
+                    let (index, now) = (self.index(REINDEX_EVERY), now_ms());
+                    let mut missed = Vec::new();
+                    for e in &got.events {
+                        match annotate::connection(&index, e, now) {
+                            Some(flow) => self.push(flow),
+                            None => missed.push(e),
                         }
                     }
+                    // No local pod at either end: perhaps one the index
+                    // does not know yet (a pod's first connections).
+                    if !missed.is_empty() {
+                        let fresh = self.index(REINDEX_ON_MISS);
+                        if !Arc::ptr_eq(&fresh, &index) {
+                            missed
+                                .iter()
+                                .filter_map(|e| annotate::connection(&fresh, e, now))
+                                .for_each(|f| self.push(f));
+                        }
+                    }
+                    // Let events gather before the next wake-up: woken per
+                    // event, the thread spent most of its time switching in
+                    // and out. The socket's buffer holds far more than
+                    // arrives meanwhile; a full batch goes on at once.
+                    if got.events.len() < COALESCE_BELOW {
+                        std::thread::sleep(COALESCE);
+                    }
                 }
-                Ok(Received::Lost) => self.kernel_lost(),
                 Err(e) => {
                     tracing::warn!(error = %e, "flows: reading conntrack events failed");
                     std::thread::sleep(AFTER_ERROR);
@@ -113,10 +144,11 @@ impl Recorder {
         self.metrics.lost.get_or_create(&super::metrics::ReasonLabels { reason: "kernel" }).inc();
     }
 
-    /// The index of the latest policy pass (rebuilt at most every REINDEX_EVERY).
-    fn index(&self) -> Arc<Index> {
+    /// The index of the latest policy pass, rebuilt when it is at least
+    /// `min_age` old.
+    fn index(&self, min_age: Duration) -> Arc<Index> {
         let mut ix = self.index.lock().unwrap_or_else(|p| p.into_inner());
-        let due = ix.built.is_none_or(|at| at.elapsed() >= REINDEX_EVERY);
+        let due = ix.built.is_none_or(|at| at.elapsed() >= min_age);
         if due && ix.latest.has_changed().unwrap_or(false) {
             let latest = ix.latest.borrow_and_update().clone();
             if let Some(latest) = latest {
@@ -130,7 +162,7 @@ impl Recorder {
 
 impl Sink for Recorder {
     fn dropped(&self, d: &Dropped) {
-        if let Some(flow) = annotate::denied(&self.index(), d, self.rejects, now_ms()) {
+        if let Some(flow) = annotate::denied(&self.index(REINDEX_ON_MISS), d, self.rejects, now_ms()) {
             self.push(flow);
         }
     }
