@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use weft_e2e::sandbox::testing::{Up, ok};
+use weft_e2e::sandbox::testing::{Up, ok, pod_ip};
 use weft_e2e::sandbox::{self, NS_PREFIX, State};
 use weft_e2e::supervisor::StateFile;
 
@@ -35,15 +35,6 @@ fn in_netns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static)
 
 fn pod_ns(name: &str) -> String {
     format!("{NS_PREFIX}pod-default-{name}")
-}
-
-fn pod_ip(key: &str) -> Ipv4Addr {
-    ok(&["pods"])
-        .lines()
-        .find(|l| l.starts_with(&format!("{key} ")))
-        .and_then(|l| l.split_whitespace().nth(2))
-        .and_then(|a| a.parse().ok())
-        .unwrap_or_else(|| panic!("no address for {key}"))
 }
 
 /// The agent's CPU time so far (user + system), in clock ticks, and its RSS in MiB.
@@ -146,7 +137,7 @@ fn measure(flows: bool, secs: u64) -> Option<Run> {
     let state = State::load().expect("sandbox state");
     let node = state.node("node-1").expect("node-1").clone();
     let pid = sandbox::read_pid(&sandbox::state_dir().join("node-1").join("agent.pid")).expect("agent pid");
-    let b = pod_ip("default/b");
+    let b: Ipv4Addr = pod_ip("default/b").parse().expect("b's address");
     let stop = Arc::new(AtomicBool::new(false));
     let serving = Arc::clone(&stop);
     let server = in_netns(&pod_ns("b"), move || {

@@ -9,7 +9,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use weft_e2e::sandbox::testing::{Up, apply, connect, kubectl, ok};
+use weft_e2e::sandbox::testing::{Up, apply, connect, kubectl, ok, pod_ip};
 use weft_e2e::{bins, sandbox, wait};
 
 const CONVERGE: Duration = Duration::from_secs(45);
@@ -30,15 +30,6 @@ fn flows(node: &str, args: &[&str]) -> Vec<Value> {
         .expect("weft runs");
     assert!(out.status.success(), "weft flows: {}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).expect("a JSON line")).collect()
-}
-
-fn pod_ip(key: &str) -> String {
-    ok(&["pods"])
-        .lines()
-        .find(|l| l.starts_with(&format!("{key} ")))
-        .and_then(|l| l.split_whitespace().nth(2))
-        .unwrap_or_else(|| panic!("no address for {key}"))
-        .to_owned()
 }
 
 fn pod_at(end: &Value) -> String {

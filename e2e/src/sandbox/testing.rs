@@ -65,6 +65,18 @@ pub fn probe_matrix(family: &str, protocol: &str, port: u16) -> std::collections
     m
 }
 
+/// A sandbox pod's address of `family` (`ipv4` or `ipv6`), from `pods`'s listing.
+pub fn pod_address(listing: &str, key: &str, family: &str) -> String {
+    let field = if family == "ipv6" { 3 } else { 2 };
+    let line = listing.lines().find(|l| l.starts_with(&format!("{key} "))).unwrap_or_else(|| panic!("no pod {key}"));
+    line.split_whitespace().nth(field).unwrap_or_else(|| panic!("no {family} address for {key}")).to_owned()
+}
+
+/// A sandbox pod's IPv4 address.
+pub fn pod_ip(key: &str) -> String {
+    pod_address(&ok(&["pods"]), key, "ipv4")
+}
+
 /// What `weft explain` (the policy model, from the API) says of every
 /// ordered pair of `pods` over `family` to `protocol`/`port`: admitted or
 /// not. Run in parallel, one CLI run per pair.
