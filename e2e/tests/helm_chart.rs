@@ -172,7 +172,6 @@ agent:
   podAttachment: routed
   policyDenyAction: drop
   policyDropLog: {enabled: true, group: 77, ratePerSecond: 5}
-  flows: {enabled: false}
 cni:
   binDir: /usr/libexec/cni
   confDir: /etc/cni/alt.d
@@ -301,10 +300,9 @@ fn template_renders_defaults() {
     assert_eq!(env(a, "WEFT_CLUSTER_CIDR")["value"], "10.244.0.0/16");
     assert_eq!(env(a, "WEFT_POD_ATTACHMENT")["value"], "bridge");
     assert_eq!(env(a, "WEFT_POLICY_DENY_ACTION")["value"], "reject");
-    // Flows are on by default: the drop log's group feeds them, without its log lines.
-    assert_eq!(env(a, "WEFT_FLOWS_CAPACITY")["value"], "4096");
-    assert_eq!(env(a, "WEFT_POLICY_DROP_LOG_GROUP")["value"], "100");
-    assert_eq!(env(a, "WEFT_POLICY_DROP_LOG_LINES")["value"], "false", "the drop log's lines are off by default");
+    let names = serde_yaml::to_string(&a["env"]).expect("env");
+    assert!(!names.contains("WEFT_POLICY_DROP_LOG"), "the drop log is off by default: {names}");
+    assert!(!names.contains("WEFT_FLOWS_CAPACITY"), "flows are off by default: {names}");
     let mounts: Vec<&str> =
         pod["volumes"].as_sequence().expect("volumes").iter().filter_map(|v| v["hostPath"]["path"].as_str()).collect();
     for dir in ["/run/weft", "/var/lib/weft", "/opt/cni/bin", "/etc/cni/net.d"] {
@@ -537,8 +535,6 @@ fn template_renders_custom_values() {
     assert_eq!(env(a, "WEFT_POLICY_DROP_LOG_GROUP")["value"], "77");
     assert_eq!(env(a, "WEFT_POLICY_DROP_LOG_RATE")["value"], "5");
     assert_eq!(env(a, "WEFT_POLICY_DROP_LOG_LINES")["value"], "true");
-    let names = serde_yaml::to_string(&a["env"]).expect("env");
-    assert!(!names.contains("WEFT_FLOWS_CAPACITY"), "flows turned off: {names}");
     assert_eq!(env(a, "WEFT_POLICY_DENY_ACTION")["value"], "drop");
     assert_eq!(pod["imagePullSecrets"][0]["name"], "regcred");
     let script = pod["initContainers"][0]["command"][2].as_str().expect("script");
@@ -1103,4 +1099,24 @@ fn the_cluster_network_policy_crd_installs_validates_and_outlives_the_release() 
     kubectl_ok(cp, &["get", "clusternetworkpolicy", &name]);
     kubectl_ok(cp, &["delete", "clusternetworkpolicy", &name]);
     kubectl_ok(cp, &["delete", "namespace", &ns, "--wait=false"]);
+}
+
+#[test]
+fn flows_turn_on_the_drop_log_group_without_its_lines() {
+    let Some(helm) = Helm::new() else { return };
+    let chart = chart_dir();
+    let env_of = |set: &str| {
+        let docs = documents(&helm.ok(&["template", "t", chart.to_str().expect("path"), "--set", set]));
+        let ds = find(&docs, "DaemonSet", "-agent");
+        ds["spec"]["template"]["spec"]["containers"][0].clone()
+    };
+    // Flows alone: the group feeds them, the log lines stay off.
+    let a = env_of("agent.flows.enabled=true,agent.flows.capacity=1000");
+    assert_eq!(env(&a, "WEFT_FLOWS_CAPACITY")["value"], "1000");
+    assert_eq!(env(&a, "WEFT_POLICY_DROP_LOG_GROUP")["value"], "100");
+    assert_eq!(env(&a, "WEFT_POLICY_DROP_LOG_LINES")["value"], "false");
+    // With the drop log asked for too, its lines are on.
+    let both = env_of("agent.flows.enabled=true,agent.policyDropLog.enabled=true");
+    assert_eq!(env(&both, "WEFT_FLOWS_CAPACITY")["value"], "4096");
+    assert_eq!(env(&both, "WEFT_POLICY_DROP_LOG_LINES")["value"], "true");
 }

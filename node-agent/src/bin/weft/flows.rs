@@ -16,8 +16,9 @@ const LIST_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// The agent's socket on this node.
-    #[arg(long, default_value = weft_proto::DEFAULT_AGENT_SOCKET)]
+    /// The agent's socket on this node (in the agent's container, its
+    /// WEFT_AGENT_SOCKET: `kubectl exec` finds it whatever the chart's runDir).
+    #[arg(long, env = "WEFT_AGENT_SOCKET", default_value = weft_proto::DEFAULT_AGENT_SOCKET)]
     socket: PathBuf,
     /// Only records with a pod of this namespace at either end (repeatable).
     #[arg(long = "namespace", short = 'n', value_parser = parse_namespace)]
