@@ -183,6 +183,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+    use crate::policy::explain::tests::db_admits_cache_then_web_on_5432;
     use crate::policy::model::Cluster;
     use crate::policy::model::tests::{NODE, cluster, std_policy};
 
@@ -214,14 +215,7 @@ mod tests {
     #[test]
     fn connections_of_local_pods_name_both_pods_and_the_admitting_rule() {
         let mut c = cluster();
-        c.standard.push(std_policy(
-            "prod",
-            "db",
-            json!({"podSelector": {"matchLabels": {"app": "db"}}, "ingress": [
-                {"from": [{"podSelector": {"matchLabels": {"app": "cache"}}}]},
-                {"from": [{"podSelector": {"matchLabels": {"app": "web"}}}], "ports": [{"port": 5432}]}
-            ]}),
-        ));
+        c.standard.push(db_admits_cache_then_web_on_5432());
         let index = Index::new(NODE, &snapshot(c));
         // prod/web (10.0.1.1, local) to prod/db (10.0.1.2, local).
         let f = connection(&index, &event(Kind::New, "10.0.1.1", "10.0.1.2", 5432), 7).expect("recorded");

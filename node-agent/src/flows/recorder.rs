@@ -129,13 +129,13 @@ impl Recorder {
     }
 
     fn push(&self, flow: Flow) {
-        let ns = |e: Option<&weft_proto::flows::v1::Endpoint>| e.map(|e| e.namespace.clone()).unwrap_or_default();
-        let (src_ns, dst_ns) = (ns(flow.source.as_ref()), ns(flow.destination.as_ref()));
-        let (event, verdict) = (event_name(flow.event), verdict_name(flow.verdict));
+        // Counted first, from the record's own names: no copies per record.
+        let src_ns = flow.source.as_ref().map_or("", |e| e.namespace.as_str());
+        let dst_ns = flow.destination.as_ref().map_or("", |e| e.namespace.as_str());
+        self.metrics.record(event_name(flow.event), verdict_name(flow.verdict), src_ns, dst_ns);
         if self.ring.push(flow) {
             self.metrics.evicted.inc();
         }
-        self.metrics.record(event, verdict, &src_ns, &dst_ns);
     }
 
     fn kernel_lost(&self) {

@@ -125,4 +125,4 @@ fn proto_name(p: Proto) -> &'static str {
 
 #[cfg(test)]
 #[path = "explain_tests.rs"]
-mod tests;
+pub(crate) mod tests;

@@ -24,17 +24,22 @@ fn a_deny_all_names_the_isolating_policy_and_refuses() {
     assert_eq!(e.refused_by().and_then(|s| s.pod.as_deref()), Some("prod/db"));
 }
 
-#[test]
-fn the_first_matching_rule_decides_with_its_position() {
-    let mut c = cluster();
-    c.standard.push(std_policy(
+/// `prod/db`: pods app=db admit app=cache (rule 0), then app=web on 5432 (rule 1).
+pub(crate) fn db_admits_cache_then_web_on_5432() -> std::sync::Arc<k8s_openapi::api::networking::v1::NetworkPolicy> {
+    std_policy(
         "prod",
         "db",
         json!({"podSelector": {"matchLabels": {"app": "db"}}, "ingress": [
             {"from": [{"podSelector": {"matchLabels": {"app": "cache"}}}]},
             {"from": [{"podSelector": {"matchLabels": {"app": "web"}}}], "ports": [{"port": 5432}]}
         ]}),
-    ));
+    )
+}
+
+#[test]
+fn the_first_matching_rule_decides_with_its_position() {
+    let mut c = cluster();
+    c.standard.push(db_admits_cache_then_web_on_5432());
     c.weft.push(weft_policy(
         "prod",
         "no-web-8080",
