@@ -17,7 +17,7 @@ use ipnet::IpNet;
 use nftables::expr::{
     BinaryOperation, Expression, Meta, MetaKey, NamedExpression, Payload, PayloadBase, PayloadField, PayloadRaw,
 };
-use nftables::stmt::{Counter, Mangle, Match, NAT, NATFamily, Operator, Reject, RejectType, Statement};
+use nftables::stmt::{Counter, Limit, Log, Mangle, Match, NAT, NATFamily, Operator, Reject, RejectType, Statement};
 use nftables::types::RejectCode;
 
 use super::nfnl::{NFTA_DATA_VALUE, NFTA_LIST_ELEM, attr, attr_str, nested};
@@ -40,6 +40,8 @@ const NFTA_CMP_OP: u16 = 2;
 const NFTA_CMP_DATA: u16 = 3;
 const NFT_CMP_EQ: u32 = 0;
 const NFT_CMP_NEQ: u32 = 1;
+const NFT_CMP_LTE: u32 = 3;
+const NFT_CMP_GTE: u32 = 5;
 const NFTA_CT_DREG: u16 = 1;
 const NFTA_CT_KEY: u16 = 2;
 const NFT_CT_STATE: u32 = 0;
@@ -78,6 +80,14 @@ const NFTA_NAT_FAMILY: u16 = 2;
 const NFTA_NAT_REG_ADDR_MIN: u16 = 3;
 const NFTA_NAT_REG_PROTO_MIN: u16 = 5;
 const NFT_NAT_DNAT: u32 = 1;
+const NFTA_LIMIT_RATE: u16 = 1;
+const NFTA_LIMIT_UNIT: u16 = 2;
+const NFTA_LIMIT_BURST: u16 = 3;
+const NFTA_LIMIT_TYPE: u16 = 4;
+const NFTA_LIMIT_FLAGS: u16 = 5;
+const NFT_LIMIT_PKTS: u32 = 0;
+const NFTA_LOG_GROUP: u16 = 1;
+const NFTA_LOG_PREFIX: u16 = 2;
 const NFPROTO_IPV4: u8 = 2;
 const NFPROTO_IPV6: u8 = 10;
 const NFT_REG_VERDICT: u32 = 0;
@@ -321,8 +331,8 @@ fn net_of(e: &Expression<'_>) -> Option<IpNet> {
 struct Context {
     /// The table is `inet`: IP header fields get nft's implicit `meta
     /// nfproto` match (a bridge table's would be `ether type`), and the
-    /// policy statements (ports, `ct state`, reject) are only ever used
-    /// there.
+    /// policy statements (ports, `ct state`, reject, the drop log's limit
+    /// and log) are only ever used there.
     inet: bool,
     /// The transport protocol an earlier `meta l4proto` matched. A port
     /// match or a TCP reset needs it: nft would add that match itself when
@@ -369,18 +379,34 @@ fn statement(b: &mut Vec<u8>, s: &Statement<'_>, cx: &mut Context) -> Option<()>
                 }
                 ip_addr_is(b, offset, net)
             }
-            // `tcp|udp|sctp dport <port>`: all three keep it at offset 2.
+            // `tcp|udp|sctp dport <port>|<lo>-<hi>`: all three keep it at offset 2.
             Expression::Named(NamedExpression::Payload(Payload::PayloadField(PayloadField { protocol, field })))
                 if field == "dport" && cx.inet =>
             {
                 let proto = Proto::from_nft(protocol)?;
-                let Expression::Number(port) = right else { return None };
-                let port = u16::try_from(*port).ok()?;
+                let port = |e: &Expression<'_>| match e {
+                    Expression::Number(n) => u16::try_from(*n).ok(),
+                    _ => None,
+                };
                 if cx.l4 != Some(proto) {
                     return None;
                 }
-                payload_load(b, NFT_PAYLOAD_TRANSPORT_HEADER, 2, 2);
-                cmp_eq(b, &port.to_be_bytes());
+                match right {
+                    Expression::Range(range) => {
+                        // `<lo>-<hi>`: nft's two comparisons, of big-endian
+                        // values (the kernel compares bytes).
+                        let [lo, hi] = &range.range;
+                        let (lo, hi) = (port(lo)?, port(hi)?);
+                        payload_load(b, NFT_PAYLOAD_TRANSPORT_HEADER, 2, 2);
+                        cmp(b, NFT_CMP_GTE, &lo.to_be_bytes());
+                        cmp(b, NFT_CMP_LTE, &hi.to_be_bytes());
+                    }
+                    one => {
+                        let one = port(one)?;
+                        payload_load(b, NFT_PAYLOAD_TRANSPORT_HEADER, 2, 2);
+                        cmp_eq(b, &one.to_be_bytes());
+                    }
+                }
                 Some(())
             }
             l if is_meta(l, MetaKey::L4proto) => {
@@ -455,6 +481,46 @@ fn statement(b: &mut Vec<u8>, s: &Statement<'_>, cx: &mut Context) -> Option<()>
             verdict(b, NF_DROP);
             Some(())
         }
+        // `limit rate <n>/second burst <m> packets` (as
+        // `build::under_rate_per_second` writes it).
+        Statement::Limit(Limit {
+            rate,
+            rate_unit,
+            per,
+            burst: Some(burst),
+            burst_unit: None,
+            inv: None | Some(false),
+        }) if cx.inet && rate_unit.as_deref().is_none_or(|u| u == "packets") && per.as_deref() == Some("second") => {
+            expr(b, "limit", |b| {
+                attr(b, NFTA_LIMIT_RATE, &u64::from(*rate).to_be_bytes());
+                attr(b, NFTA_LIMIT_UNIT, &1u64.to_be_bytes());
+                u32_attr(b, NFTA_LIMIT_BURST, *burst);
+                u32_attr(b, NFTA_LIMIT_TYPE, NFT_LIMIT_PKTS);
+                u32_attr(b, NFTA_LIMIT_FLAGS, 0);
+            });
+            Some(())
+        }
+        // `log prefix "<prefix>" group <group>` (as `build::log_to_group`
+        // writes it). No snap length: the kernel would read one of 0 as
+        // "copy nothing" rather than as nft's "unset".
+        Statement::Log(Some(Log {
+            prefix: Some(prefix),
+            group: Some(group),
+            snaplen: None,
+            queue_threshold: None,
+            level: None,
+            flags: None,
+        })) if cx.inet => {
+            let group = u16::try_from(*group).ok()?;
+            if prefix.as_bytes().contains(&0) {
+                return None;
+            }
+            expr(b, "log", |b| {
+                attr(b, NFTA_LOG_GROUP, &group.to_be_bytes());
+                attr_str(b, NFTA_LOG_PREFIX, prefix);
+            });
+            Some(())
+        }
         Statement::Counter(Counter::Named(name)) => {
             expr(b, "objref", |b| {
                 u32_attr(b, NFTA_OBJREF_IMM_TYPE, NFT_OBJECT_COUNTER);
@@ -513,7 +579,7 @@ mod tests {
         // A field nft adds a dependency for (`ip6 saddr` in a bridge table) is nft's.
         let v6 = build::key_in_set(&[Field::InIface, Field::Src(Family::V6)], "s");
         assert!(encode(&Rule::new("x", vec![v6]), TableFamily::Bridge).is_none());
-        for other in [build::masquerade(), build::to_local_address(), build::dport(Proto::Tcp, 80, 90)] {
+        for other in [build::masquerade(), build::to_local_address()] {
             let rule = Rule::new("x", vec![build::l4proto(Proto::Tcp), other.clone()]);
             assert!(encode(&rule, TableFamily::Inet).is_none(), "{other:?}");
         }
@@ -535,6 +601,8 @@ mod tests {
             ],
             vec![build::l4proto(Proto::Tcp), build::count_into("c"), build::reject_tcp_reset()],
             vec![build::count_into("c"), build::reject_prohibited()],
+            vec![build::l4proto(Proto::Tcp), build::under_rate_per_second(10), build::log_to_group(7, "c")],
+            vec![build::l4proto(Proto::Tcp), build::dport(Proto::Tcp, 80, 90), build::count_into("c"), build::ret()],
         ];
         for stmts in policy {
             let rule = Rule::new("x", stmts.clone());
@@ -654,6 +722,25 @@ mod tests {
                     "counter name \"c\" reject with icmpx admin-prohibited",
                     vec![build::count_into("c"), build::reject_prohibited()],
                 ),
+                (
+                    "meta l4proto udp udp dport 8000-8080 counter name \"c\" return",
+                    vec![
+                        build::l4proto(Proto::Udp),
+                        build::dport(Proto::Udp, 8000, 8080),
+                        build::count_into("c"),
+                        build::ret(),
+                    ],
+                ),
+                // The policy drop log's copy to its NFLOG group.
+                (
+                    "ip saddr @peers meta l4proto tcp limit rate 10/second burst 10 packets log prefix \"c\" group 7",
+                    vec![
+                        build::addr_in_set(Addr::Src, Family::V4, "peers"),
+                        build::l4proto(Proto::Tcp),
+                        build::under_rate_per_second(10),
+                        build::log_to_group(7, "c"),
+                    ],
+                ),
             ];
             let rules: Vec<(&str, Rule)> = rules.into_iter().map(|(t, s)| (t, Rule::new("pod a", s))).collect();
             let mut script = String::from(
@@ -677,7 +764,14 @@ mod tests {
             let (by_nft, by_netlink) = (listed("a"), listed("b"));
             assert!(by_nft.contains("dnat ip to 10.244.1.5:8080"), "{by_nft}");
             assert!(by_nft.contains("dnat ip6 to [fd00:10:244:1::5]:8080"), "{by_nft}");
-            for policy in ["ct state established,related accept", "reject with tcp reset", "udp dport 53", "@peers6"] {
+            for policy in [
+                "ct state established,related accept",
+                "reject with tcp reset",
+                "udp dport 53",
+                "udp dport 8000-8080",
+                "@peers6",
+                "limit rate 10/second burst 10 packets log prefix \"c\" group 7",
+            ] {
                 assert!(by_nft.contains(policy), "{policy}: {by_nft}");
             }
             assert_eq!(by_netlink, by_nft);

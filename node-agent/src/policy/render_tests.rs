@@ -134,6 +134,26 @@ fn with_the_drop_log_each_drop_is_preceded_by_a_limited_copy_to_the_group_and_no
     assert_eq!(d.counters, render(&pods, None).counters, "the same counters");
 }
 
+/// A policy change is a netlink batch, not an `nft` run, with or without
+/// the drop log and whichever the deny action: every rule of a pod chain
+/// is one `nfnl_rule` encodes.
+#[test]
+fn every_pod_chain_rule_goes_over_netlink_with_or_without_the_drop_log() {
+    use crate::firewall::nfnl_rule;
+    use crate::firewall::ruleset::TableFamily;
+    let pods = [pod("prod/db", "10.0.1.5,fd00::5", Some(db_chain()), Some(db_chain()))];
+    for log in [None, Some(DropLog { group: 7, per_second: 5 })] {
+        for deny in [DenyAction::Drop, DenyAction::Reject] {
+            let d = render_denying(&pods, log, deny);
+            for dir in ["in", "eg"] {
+                for rule in &pod_chains(&d, dir)[0].rules {
+                    assert!(nfnl_rule::encode(rule, TableFamily::Inet).is_some(), "{log:?} {deny:?}: {}", json(rule));
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn with_the_drop_action_each_deny_is_one_silent_drop() {
     let pods = [pod("prod/db", "10.0.1.5", Some(db_chain()), None)];
