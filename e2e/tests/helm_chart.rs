@@ -301,8 +301,9 @@ fn template_renders_defaults() {
     assert_eq!(env(a, "WEFT_POD_ATTACHMENT")["value"], "bridge");
     assert_eq!(env(a, "WEFT_POLICY_DENY_ACTION")["value"], "reject");
     let names = serde_yaml::to_string(&a["env"]).expect("env");
-    assert!(!names.contains("WEFT_POLICY_DROP_LOG"), "the drop log is off by default: {names}");
-    assert!(!names.contains("WEFT_FLOWS_CAPACITY"), "flows are off by default: {names}");
+    assert!(!names.contains("WEFT_POLICY_DROP_LOG_LINES\n  value: 'true'"), "the drop log's lines are off by default: {names}");
+    assert_eq!(env(a, "WEFT_FLOWS_CAPACITY")["value"], "4096", "flows are on by default");
+    assert_eq!(env(a, "WEFT_POLICY_DROP_LOG_LINES")["value"], "false", "without the drop log's lines");
     let mounts: Vec<&str> =
         pod["volumes"].as_sequence().expect("volumes").iter().filter_map(|v| v["hostPath"]["path"].as_str()).collect();
     for dir in ["/run/weft", "/var/lib/weft", "/opt/cni/bin", "/etc/cni/net.d"] {
@@ -1115,6 +1116,9 @@ fn flows_turn_on_the_drop_log_group_without_its_lines() {
     assert_eq!(env(&a, "WEFT_FLOWS_CAPACITY")["value"], "1000");
     assert_eq!(env(&a, "WEFT_POLICY_DROP_LOG_GROUP")["value"], "100");
     assert_eq!(env(&a, "WEFT_POLICY_DROP_LOG_LINES")["value"], "false");
+    // Turned off, neither the ring nor the group.
+    let off = serde_yaml::to_string(&env_of("agent.flows.enabled=false")["env"]).expect("env");
+    assert!(!off.contains("WEFT_FLOWS_CAPACITY") && !off.contains("WEFT_POLICY_DROP_LOG"), "{off}");
     // With the drop log asked for too, its lines are on.
     let both = env_of("agent.flows.enabled=true,agent.policyDropLog.enabled=true");
     assert_eq!(env(&both, "WEFT_FLOWS_CAPACITY")["value"], "4096");
