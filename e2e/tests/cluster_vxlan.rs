@@ -6,6 +6,7 @@
 
 use std::time::{Duration, Instant};
 
+use serde_json::{Value, json};
 use weft_api::host_port::{NAMESPACE_OPT_IN_LABEL, NAMESPACE_OPT_IN_VALUE};
 use weft_e2e::cluster::configs::ProxyMode;
 use weft_e2e::cluster::node;
@@ -25,7 +26,7 @@ fn weft_on_real_nodes_with_vxlan() {
         ("each node has its own hostname, which its hostNetwork pods share", hostnames),
         ("pods reach each other across and within nodes (TCP, UDP), a Service reaches both nodes", connectivity),
         ("spec hostPort and weft.dev/host-ports reachable from the other node", host_ports),
-        ("standard and weft.dev NetworkPolicies enforced by the agent image", policies),
+        ("standard and weft.dev NetworkPolicies enforced by the agent image, explained and recorded", policies),
         ("a hostile pod gets past no policy (link-local, spoofed sources, its first packets)", hostile),
         ("deleted pods leave no address, veth or host-port rule", nothing_leaks),
         ("a hung agent makes its node NotReady through CNI STATUS, and it recovers", status_follows_the_agent),
@@ -52,19 +53,7 @@ fn hostnames(_: &Cluster) {
         let (ran, name) = node_exec(node, &["hostname"]);
         assert!(ran && name.trim() == node, "{node} calls itself {name:?}");
         // The agent runs with hostNetwork: it shares the node's UTS namespace.
-        let agent = kubectl_ok(&[
-            "get",
-            "pods",
-            "-n",
-            "kube-system",
-            "-l",
-            "app.kubernetes.io/component=agent",
-            "--field-selector",
-            &format!("spec.nodeName={node}"),
-            "-o",
-            "jsonpath={.items[0].metadata.name}",
-        ]);
-        let name = kubectl_ok(&["exec", "-n", "kube-system", agent.trim(), "-c", "agent", "--", "hostname"]);
+        let name = in_agent(node, &["hostname"]);
         assert_eq!(name.trim(), node, "the agent pod on {node} calls itself {name:?}");
     }
 }
@@ -125,6 +114,59 @@ fn host_ports(cluster: &Cluster) {
     assert_eq!(answer, "auto");
 }
 
+/// Runs `command` in the agent container of `node`'s Weft agent pod.
+fn in_agent(node: &str, command: &[&str]) -> String {
+    let agent = kubectl_ok(&[
+        "get",
+        "pods",
+        "-n",
+        "kube-system",
+        "-l",
+        "app.kubernetes.io/component=agent",
+        "--field-selector",
+        &format!("spec.nodeName={node}"),
+        "-o",
+        "jsonpath={.items[0].metadata.name}",
+    ]);
+    let mut args = vec!["exec", "-n", "kube-system", agent.trim(), "-c", "agent", "--"];
+    args.extend_from_slice(command);
+    kubectl_ok(&args)
+}
+
+/// `weft flows <args> -o json` in `node`'s agent pod (flows are on by
+/// default in the chart): the node's records, parsed.
+fn flows(node: &str, args: &[&str]) -> Vec<Value> {
+    let mut command = vec!["weft", "flows"];
+    command.extend_from_slice(args);
+    command.extend_from_slice(&["-o", "json"]);
+    let out = in_agent(node, &command);
+    out.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}"))).collect()
+}
+
+/// The newest record at `node` of `event` from pod `from` to pod `to` (names in [`NS`]).
+fn flow(node: &str, event: &str, verdict: &str, from: &str, to: &str) -> Option<Value> {
+    let end = |r: &Value, side: &str| {
+        r[side]["namespace"].as_str() == Some(NS)
+            && r[side]["pod"].as_str() == Some(if side == "source" { from } else { to })
+    };
+    let pod = format!("{NS}/{from}");
+    let records = flows(node, &["--pod", &pod, "--verdict", verdict]);
+    records.into_iter().rev().find(|r| r["event"] == event && end(r, "source") && end(r, "destination"))
+}
+
+/// `weft explain` from the test host with the cluster's kubeconfig: the
+/// policies as the apiserver has them, no packet sent.
+fn explain(cluster: &Cluster, from: &str, to: &str) -> Value {
+    let out = std::process::Command::new(weft_e2e::bins::weft("weft"))
+        .env("KUBECONFIG", &cluster.state().kubeconfig)
+        .args(["explain", "--from", &format!("{NS}/{from}"), "--to", &format!("{NS}/{to}")])
+        .args(["--port", &format!("{HTTP_PORT}/TCP"), "-o", "json"])
+        .output()
+        .expect("weft runs");
+    assert!(out.status.success(), "weft explain: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("JSON")
+}
+
 /// `GET /hostname` from inside a node (its network namespace).
 fn curl_from_node(node: &str, target: &str) -> Option<String> {
     let url = format!("http://{target}/hostname");
@@ -132,7 +174,7 @@ fn curl_from_node(node: &str, target: &str) -> Option<String> {
     ok.then(|| out.trim().to_owned()).filter(|s| !s.is_empty())
 }
 
-fn policies(_: &Cluster) {
+fn policies(cluster: &Cluster) {
     let server = pod("server", "node-1", &[("app", "server")]).run();
     pod("client", "node-2", &[("role", "client")]).run();
     pod("other", "node-2", &[("role", "other")]).run();
@@ -156,6 +198,31 @@ spec:
     });
     assert!(reaches("client"), "client is admitted by the standard policy");
 
+    // `weft explain` says what the datapath just did, from the API's objects.
+    let policy = format!("{NS}/server-from-clients");
+    let other = explain(cluster, "other", "server");
+    assert_eq!(other["allowed"], json!(false), "{other:#}");
+    assert_eq!(other["ingress"]["decided"], json!({"by": "defaultDeny"}), "{other:#}");
+    assert_eq!(other["ingress"]["selectedBy"], json!([policy]), "{other:#}");
+    let client = explain(cluster, "client", "server");
+    assert_eq!(client["allowed"], json!(true), "{client:#}");
+    assert_eq!(client["ingress"]["decided"], json!({"by": "rule", "origin": policy, "rule": 0, "allow": true}));
+    // And server's agent recorded both, naming the policy, within 2 s.
+    assert!(!reaches("other"));
+    let denied = eventually("other's refused connection recorded at node-1", Duration::from_secs(2), || {
+        flow("node-1", "denied", "rejected", "other", "server")
+    });
+    assert_eq!(
+        (denied["policy"].as_str(), denied["direction"].as_str()),
+        (Some(&*policy), Some("ingress")),
+        "{denied}"
+    );
+    assert!(reaches("client"));
+    let opened = eventually("client's connection recorded at node-1", Duration::from_secs(2), || {
+        flow("node-1", "opened", "forwarded", "client", "server")
+    });
+    assert_eq!((opened["policy"].as_str(), opened["rule"].as_i64()), (Some(&*policy), Some(0)), "{opened}");
+
     apply(&format!(
         r#"apiVersion: weft.dev/v1alpha1
 kind: NetworkPolicy
@@ -171,6 +238,13 @@ spec:
     eventually("the weft.dev Deny to override the standard allow", Duration::from_secs(30), || {
         (!reaches("client")).then_some(())
     });
+    let deny = format!("weft.dev/{NS}/deny-clients");
+    let client = explain(cluster, "client", "server");
+    assert_eq!(client["ingress"]["decided"], json!({"by": "rule", "origin": deny, "rule": 0, "allow": false}));
+    let denied = eventually("client's refused connection recorded at node-1", Duration::from_secs(2), || {
+        flow("node-1", "denied", "rejected", "client", "server")
+    });
+    assert_eq!(denied["policy"].as_str(), Some(&*deny), "{denied}");
     kubectl_ok(&["delete", "networkpolicies.weft.dev", "-n", NS, "deny-clients"]);
     kubectl_ok(&["delete", "networkpolicies.networking.k8s.io", "-n", NS, "server-from-clients"]);
     eventually("both policies gone: other reaches server again", Duration::from_secs(30), || {

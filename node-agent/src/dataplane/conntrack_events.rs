@@ -66,9 +66,15 @@ pub struct Events {
 
 impl Events {
     pub fn bind() -> std::io::Result<Self> {
+        Self::bind_with_buffer(RECV_BUFFER)
+    }
+
+    /// [`Events::bind`] with a receive buffer of `bytes` (the kernel may
+    /// round it).
+    fn bind_with_buffer(bytes: usize) -> std::io::Result<Self> {
         let mut socket = Socket::new(NETLINK_NETFILTER)?;
         socket.bind_auto()?;
-        let _ = socket.set_rx_buf_sz(RECV_BUFFER);
+        let _ = socket.set_rx_buf_sz(bytes);
         socket.add_membership(GROUP_NEW)?;
         socket.add_membership(GROUP_DESTROY)?;
         Ok(Events { socket, buf: Vec::new() })
@@ -251,6 +257,47 @@ mod tests {
             let destroy = destroy.expect("a DESTROY event");
             let (packets, bytes) = destroy.counters.expect("counters with nf_conntrack_acct on");
             assert!(packets >= 6 && bytes > 5, "handshake, data and close: {packets} packets, {bytes} bytes");
+        });
+    }
+
+    /// More events than the socket's buffer holds, unread: the next read
+    /// says some were lost (ENOBUFS), and later events still come.
+    #[test]
+    fn events_past_a_full_buffer_are_reported_lost_and_reading_goes_on() {
+        if !require_root() {
+            return;
+        }
+        let ns = TestNetns::new();
+        ns.run(|| {
+            sh("ip link set lo up");
+            sh("nft 'add table inet t; add chain inet t out { type filter hook output priority 0; }; add rule inet t out ct state new accept'");
+            // The kernel doubles the size asked and keeps a floor of a few KiB.
+            let mut events = Events::bind_with_buffer(4096).expect("bind the conntrack groups");
+            let socket = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind");
+            // One new connection per destination port; each a NEW event of about 200 bytes.
+            for port in 20_000..21_000u16 {
+                socket.send_to(b"x", ("127.0.0.1", port)).expect("send");
+            }
+            let deadline = std::time::Instant::now() + Duration::from_secs(5);
+            let mut lost = false;
+            while !lost && std::time::Instant::now() < deadline {
+                lost = events.recv(Duration::from_millis(100)).expect("recv").lost;
+            }
+            assert!(lost, "1,000 events in a 4 KiB buffer, and no loss reported");
+            // Drained, the socket delivers again.
+            while !events.recv(Duration::from_millis(50)).expect("recv").events.is_empty() {}
+            socket.send_to(b"x", ("127.0.0.1", 30_000)).expect("send");
+            let deadline = std::time::Instant::now() + Duration::from_secs(5);
+            let seen = loop {
+                let got = events.recv(Duration::from_millis(200)).expect("recv");
+                if got.events.iter().any(|e| e.kind == Kind::New && e.dport == 30_000) {
+                    break true;
+                }
+                if std::time::Instant::now() > deadline {
+                    break false;
+                }
+            };
+            assert!(seen, "no event after the loss");
         });
     }
 

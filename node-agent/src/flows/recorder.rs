@@ -193,3 +193,22 @@ pub fn verdict_name(v: i32) -> &'static str {
         _ => "unspecified",
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::flows::metrics::ReasonLabels;
+
+    /// What the kernel dropped (ENOBUFS, from either reader) is counted in
+    /// the ring's answer and in the metric, at least once per occurrence.
+    #[test]
+    fn a_kernel_loss_is_counted_in_the_ring_and_the_metric() {
+        let (ring, metrics) = (Arc::new(Ring::new(8)), Arc::new(FlowMetrics::default()));
+        let (_tx, latest) = watch::channel(None);
+        let recorder = Recorder::new("node-1", Arc::clone(&ring), Arc::clone(&metrics), true, latest);
+        recorder.lost();
+        recorder.lost();
+        assert_eq!(ring.counts().lost, 2);
+        assert_eq!(metrics.lost.get_or_create(&ReasonLabels { reason: "kernel" }).get(), 2);
+    }
+}
