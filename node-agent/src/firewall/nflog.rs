@@ -9,7 +9,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::time::Duration;
 
 use netlink_packet_core::{NetlinkMessage, NetlinkPayload};
-use netlink_packet_netfilter::nflog::{ConfigCmd, ConfigMode, PacketNla, ULogMessage, config_request};
+use netlink_packet_netfilter::nflog::{ConfigCmd, ConfigMode, ConfigNla, PacketNla, ULogMessage, config_request};
 use netlink_packet_netfilter::{NetfilterMessage, NetfilterMessageInner, NetfilterProtoFamily};
 use netlink_sys::{Socket, constants::NETLINK_NETFILTER};
 
@@ -88,7 +88,10 @@ impl Group {
         let request = config_request(
             NetfilterProtoFamily::Unspec,
             group,
-            vec![ConfigCmd::Bind.into(), ConfigMode::new_packet(COPY).into()],
+            // Each record sent as it is logged: by default the kernel holds
+            // them until 100 gather or a second passes, and a denied
+            // connection's record would come up to a second late.
+            vec![ConfigCmd::Bind.into(), ConfigMode::new_packet(COPY).into(), ConfigNla::QThresh(1)],
         );
         let mut bytes = vec![0; request.header.length as usize];
         request.serialize(&mut bytes);
