@@ -2,7 +2,8 @@
 //! refuses shows up at the destination's agent as denied, naming the
 //! isolating policy, within 2 s; one it admits as opened, naming the
 //! admitting rule; `weft flows` filters by pod and verdict. Read from each
-//! agent's socket with the `weft` CLI.
+//! agent's socket with the `weft` CLI. `weft explain --probe` has the
+//! source's agent send one connection from inside the pod, as explained.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -10,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use weft_e2e::sandbox::testing::{Up, apply, connect, kubectl, ok, pod_ip};
+use weft_e2e::supervisor::StateFile;
 use weft_e2e::{bins, sandbox, wait};
 
 const CONVERGE: Duration = Duration::from_secs(45);
@@ -30,6 +32,24 @@ fn flows(node: &str, args: &[&str]) -> Vec<Value> {
         .expect("weft runs");
     assert!(out.status.success(), "weft flows: {}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).expect("a JSON line")).collect()
+}
+
+/// `weft explain --from <from> --to <to> --port 80 --probe` against the
+/// agent of `node`: the explanation with the probe, or the CLI's error.
+fn explain_probe(node: &str, from: &str, to: &str) -> Result<Value, String> {
+    let state = sandbox::State::load().expect("the sandbox is up");
+    let out = Command::new(bins::weft("weft"))
+        .arg("--kubeconfig")
+        .arg(&state.kubeconfig)
+        .args(["explain", "--from", from, "--to", to, "--port", "80/TCP", "--probe", "-o", "json", "--socket"])
+        .arg(socket(node))
+        .output()
+        .expect("weft runs");
+    if out.status.success() {
+        Ok(serde_json::from_slice(&out.stdout).expect("JSON"))
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
 }
 
 fn pod_at(end: &Value) -> String {
@@ -106,4 +126,24 @@ spec:
     // Filters: nothing of dev/client among prod/web's records; a namespace without pods has none.
     assert!(flows("node-2", &["--pod", "prod/web"]).iter().all(|r| pod_at(&r["source"]) != "dev/client"));
     assert!(flows("node-2", &["-n", "kube-system"]).is_empty());
+
+    // `weft explain --probe` at the source's node: web's probe connects,
+    // as explained, and the node's record of it has the probe's port.
+    let web = explain_probe("node-1", "prod/web", "prod/db").expect("probed");
+    assert_eq!(
+        (web["allowed"].as_bool(), web["probe"]["outcome"].as_str()),
+        (Some(true), Some("connected")),
+        "{web:#}"
+    );
+    assert_eq!(web["probe"]["agrees"], true);
+    let port = web["probe"]["source"]["port"].clone();
+    let records = web["probe"]["flows"].as_array().expect("flows");
+    assert!(!records.is_empty() && records.iter().all(|r| r["source"]["port"] == port), "{web:#}");
+    // client's is refused (db's ingress rejects it), as explained.
+    let client = explain_probe("node-1", "dev/client", "prod/db").expect("probed");
+    assert_eq!((client["allowed"].as_bool(), client["probe"]["outcome"].as_str()), (Some(false), Some("refused")));
+    assert_eq!(client["probe"]["agrees"], true, "{client:#}");
+    // A pod of another node: node-1's agent says where to run it.
+    let err = explain_probe("node-1", "prod/db", "prod/web").expect_err("db is on node-2");
+    assert!(err.contains("not attached on node node-1"), "{err}");
 }

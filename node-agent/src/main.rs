@@ -282,8 +282,13 @@ fn serve_cni(
     flows: Option<flows::service::FlowService>,
     stop: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<std::thread::JoinHandle<anyhow::Result<()>>> {
+    // Probes are sent from the pods this node's attachment records name.
+    let ipam = Arc::clone(&attacher.ipam);
+    let pods: flows::service::PodNetns = Arc::new(move |pod: &str| {
+        ipam.all().into_iter().find(|(_, r)| r.pod == pod).map(|(_, r)| std::path::PathBuf::from(r.netns))
+    });
     let service = CniServer::new(cni_server::CniService::new(attacher));
-    let flows = flows.map(weft_proto::flows::v1::flows_server::FlowsServer::new);
+    let flows = flows.map(|f| weft_proto::flows::v1::flows_server::FlowsServer::new(f.with_probes(pods)));
     std::thread::Builder::new()
         .name("weft-cni-server".into())
         .spawn(move || -> anyhow::Result<()> {

@@ -11,6 +11,7 @@ pub mod link;
 pub mod netlink_blocking;
 pub mod netlink_datagram;
 pub mod netns;
+pub mod probe;
 pub mod routes;
 pub mod sysctl;
 pub mod tun;

@@ -97,8 +97,10 @@ fn open_file(path: &Path) -> Result<File, NetnsError> {
     })
 }
 
-/// Runs `make` on a short-lived thread inside the namespace at `path`.
-async fn inside<T: Send + 'static>(
+/// Runs `make` on a short-lived thread inside the namespace at `path`
+/// (for what must be made there: a socket stays in the namespace it was
+/// made in, whichever thread uses it later).
+pub async fn inside<T: Send + 'static>(
     path: &Path,
     make: impl FnOnce() -> Result<T, NetnsError> + Send + 'static,
 ) -> Result<T, NetnsError> {

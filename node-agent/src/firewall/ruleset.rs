@@ -45,13 +45,13 @@ impl Proto {
         }
     }
 
-    /// From the Kubernetes API's spelling (`TCP` when absent); `None` for
-    /// anything else (matches nothing).
     /// The protocol of an IP protocol number, if it is one of these.
     pub fn from_number(n: u8) -> Option<Proto> {
         [Proto::Tcp, Proto::Udp, Proto::Sctp].into_iter().find(|p| p.number() == n)
     }
 
+    /// From the Kubernetes API's spelling (`TCP` when absent); `None` for
+    /// anything else (matches nothing).
     pub fn parse(s: Option<&str>) -> Option<Proto> {
         match s.unwrap_or("TCP") {
             "TCP" => Some(Proto::Tcp),

@@ -1,10 +1,13 @@
 //! `weft explain --from ns/pod --to ns/pod --port 80/TCP`: reads pods,
 //! namespaces and every kind of policy from the API, and evaluates the
 //! connection with the agent's policy model (`policy::explain`), as the
-//! agents of both ends would.
+//! agents of both ends would. With `--probe`, run in the agent pod of the
+//! source's node, it also sends one connection from the source pod and
+//! shows how it ended and the flow records it made.
 
 use std::fmt::Write as _;
 use std::net::IpAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
@@ -33,6 +36,15 @@ pub struct Args {
     /// Output format.
     #[arg(short, long, value_enum, default_value_t = Output::Text)]
     output: Output,
+    /// Also send one connection (TCP or UDP) from the source pod, from
+    /// inside its network namespace, and show how it ended and the flow
+    /// records it made. Run in the agent pod of the source pod's node:
+    /// `kubectl exec -n <ns> <weft-agent pod> -- weft explain … --probe`.
+    #[arg(long)]
+    probe: bool,
+    /// The agent's socket, for --probe (in the agent's container, its WEFT_AGENT_SOCKET).
+    #[arg(long, env = "WEFT_AGENT_SOCKET", default_value = weft_proto::DEFAULT_AGENT_SOCKET)]
+    socket: PathBuf,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -74,11 +86,30 @@ pub async fn run(client: &Client, args: &Args) -> anyhow::Result<()> {
     let (from, to) = resolve(&cluster, &args.from, &args.to)?;
     let compiler = Compiler::with_cache(&cluster, Default::default());
     let explanation = explain(&compiler, from, to, args.port.1, args.port.0);
+    let probe = if args.probe {
+        let pod = explanation.egress.pod.as_deref().context("--probe needs a pod as the source")?;
+        if args.port.1 == Proto::Sctp {
+            bail!("--probe sends TCP or UDP only");
+        }
+        let target = (explanation.to, args.port.0, args.port.1);
+        Some(crate::probe::send(&args.socket, pod, target, explanation.allowed).await?)
+    } else {
+        None
+    };
     match args.output {
         Output::Json => {
-            println!("{}", serde_json::to_string_pretty(&explanation).context("writing the explanation")?)
+            let mut out = serde_json::to_value(&explanation).context("writing the explanation")?;
+            if let Some(p) = &probe {
+                out["probe"] = p.json();
+            }
+            println!("{}", serde_json::to_string_pretty(&out).context("writing the explanation")?)
         }
-        Output::Text => print!("{}", text(&explanation)),
+        Output::Text => {
+            print!("{}", text(&explanation));
+            if let Some(p) = &probe {
+                print!("{}", p.text());
+            }
+        }
     }
     Ok(())
 }

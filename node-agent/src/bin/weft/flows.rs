@@ -8,7 +8,7 @@ use anyhow::Context;
 use serde_json::{Value, json};
 use weft_agent::flows::recorder::{event_name, verdict_name};
 use weft_proto::flows::v1::flows_client::FlowsClient;
-use weft_proto::flows::v1::{Endpoint, Filter, Flow, ListRequest, Verdict};
+use weft_proto::flows::v1::{Endpoint, Filter, Flow, ListRequest, ListResponse, Verdict};
 
 /// How long the agent may take to accept the connection, and to answer a list.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -87,13 +87,24 @@ pub async fn run(args: &Args) -> anyhow::Result<()> {
         return Ok(());
     }
     let list = client.list(request).await.context("listing the agent's flows")?.into_inner();
+    print_list(&list, args.output);
+    Ok(())
+}
+
+/// The records the agent at `socket` holds now that `filter` admits.
+pub async fn list(socket: &std::path::Path, filter: Filter) -> anyhow::Result<ListResponse> {
+    let channel = weft_proto::unix::channel(socket, CONNECT_TIMEOUT, Some(LIST_TIMEOUT)).await?;
+    let request = ListRequest { filter: Some(filter), limit: 0 };
+    Ok(FlowsClient::new(channel).list(request).await.context("listing the agent's flows")?.into_inner())
+}
+
+fn print_list(list: &ListResponse, output: Output) {
     for flow in &list.flows {
-        print_flow(flow, args.output);
+        print_flow(flow, output);
     }
     if list.lost > 0 {
         eprintln!("weft: node {} lost records at least {} times (the kernel dropped events)", list.node, list.lost);
     }
-    Ok(())
 }
 
 fn print_flow(f: &Flow, output: Output) {

@@ -1,12 +1,14 @@
 //! weft: the user's view of a Weft cluster. `weft explain` says which
 //! policies decide a connection between two pods, computed by the agent's
-//! own policy model from what the API holds (no packet sent); `weft flows`
+//! own policy model from what the API holds (and with `--probe`, what one
+//! connection sent from the source pod did); `weft flows`
 //! shows a node's flow records. Installed as `kubectl-weft`, it is also
 //! `kubectl weft`.
 
 mod explain;
 mod flows;
 mod kube_read;
+mod probe;
 
 use clap::{Parser, Subcommand};
 
