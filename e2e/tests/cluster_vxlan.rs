@@ -222,6 +222,13 @@ spec:
         flow("node-1", "opened", "forwarded", "client", "server")
     });
     assert_eq!((opened["policy"].as_str(), opened["rule"].as_i64()), (Some(&*policy), Some(0)), "{opened}");
+    // `weft explain --probe` in the agent pod of other's node (node-2), with
+    // the agent's own in-cluster identity: refused, as explained.
+    let (from, to, port) = (format!("{NS}/other"), format!("{NS}/server"), format!("{HTTP_PORT}/TCP"));
+    let probe = ["weft", "explain", "--from", &from, "--to", &to, "--port", &port, "--probe", "-o", "json"];
+    let probed: Value = serde_json::from_str(&in_agent("node-2", &probe)).expect("JSON");
+    assert_eq!(probed["probe"]["outcome"], "refused", "{probed:#}");
+    assert_eq!((probed["allowed"].as_bool(), probed["probe"]["agrees"].as_bool()), (Some(false), Some(true)));
 
     apply(&format!(
         r#"apiVersion: weft.dev/v1alpha1

@@ -42,6 +42,12 @@ pub struct Args {
     /// `kubectl exec -n <ns> <weft-agent pod> -- weft explain … --probe`.
     #[arg(long)]
     probe: bool,
+    /// Whether ClusterNetworkPolicies count, as they do for the agents when
+    /// they enforce them (chart `clusterNetworkPolicy.enforce`): `auto`
+    /// reads them when the API serves them; `true`/`false`. In the agent's
+    /// container it follows the agent's own setting.
+    #[arg(long, env = "WEFT_CLUSTER_NETWORK_POLICY", default_value = "auto", value_parser = parse_cluster_policies)]
+    cluster_network_policies: ClusterPolicies,
     /// The agent's socket, for --probe (in the agent's container, its WEFT_AGENT_SOCKET).
     #[arg(long, env = "WEFT_AGENT_SOCKET", default_value = weft_proto::DEFAULT_AGENT_SOCKET)]
     socket: PathBuf,
@@ -51,6 +57,24 @@ pub struct Args {
 enum Output {
     Text,
     Json,
+}
+
+/// Whether ClusterNetworkPolicies are read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClusterPolicies {
+    /// When the API serves them.
+    Auto,
+    Enforced,
+    Ignored,
+}
+
+fn parse_cluster_policies(s: &str) -> Result<ClusterPolicies, String> {
+    match s {
+        "auto" => Ok(ClusterPolicies::Auto),
+        "true" => Ok(ClusterPolicies::Enforced),
+        "false" => Ok(ClusterPolicies::Ignored),
+        _ => Err(format!("{s:?}: auto, true or false")),
+    }
 }
 
 /// One end as the user named it.
@@ -82,7 +106,7 @@ fn parse_port(s: &str) -> Result<(u16, Proto), String> {
 }
 
 pub async fn run(client: &Client, args: &Args) -> anyhow::Result<()> {
-    let cluster = read_cluster(client).await?;
+    let cluster = read_cluster(client, args.cluster_network_policies).await?;
     let (from, to) = resolve(&cluster, &args.from, &args.to)?;
     let compiler = Compiler::with_cache(&cluster, Default::default());
     let explanation = explain(&compiler, from, to, args.port.1, args.port.0);
@@ -115,13 +139,17 @@ pub async fn run(client: &Client, args: &Args) -> anyhow::Result<()> {
 }
 
 /// What the agents compute policy from, read from the API.
-async fn read_cluster(client: &Client) -> anyhow::Result<Cluster> {
+async fn read_cluster(client: &Client, cluster_policies: ClusterPolicies) -> anyhow::Result<Cluster> {
     let pods = list_all(&Api::<Pod>::all(client.clone()), "pods").await?;
     let namespaces = list_all(&Api::<Namespace>::all(client.clone()), "namespaces").await?;
     let standard = list_all(&Api::<StandardPolicy>::all(client.clone()), "NetworkPolicies").await?;
     let weft = list_if_served(&Api::<WeftPolicy>::all(client.clone()), "weft.dev NetworkPolicies").await?;
-    let cluster_policies =
-        list_if_served(&Api::<ClusterNetworkPolicy>::all(client.clone()), "ClusterNetworkPolicies").await?;
+    let api = Api::<ClusterNetworkPolicy>::all(client.clone());
+    let cluster_policies = match cluster_policies {
+        ClusterPolicies::Auto => list_if_served(&api, "ClusterNetworkPolicies").await?,
+        ClusterPolicies::Enforced => list_all(&api, "ClusterNetworkPolicies").await?,
+        ClusterPolicies::Ignored => Vec::new(),
+    };
     // Only ClusterNetworkPolicy's node peers read nodes.
     let nodes = if cluster_policies.is_empty() {
         Vec::new()
@@ -246,6 +274,8 @@ mod tests {
         for bad in ["db", "Prod/db", "prod/db/x", "prod/../x", "prod/", "/db", "prod/db%2f"] {
             assert!(parse_target(bad).is_err(), "{bad} accepted");
         }
+        assert_eq!(parse_cluster_policies("false"), Ok(ClusterPolicies::Ignored));
+        assert!(parse_cluster_policies("yes").is_err());
         assert_eq!(parse_port("80").unwrap(), (80, Proto::Tcp));
         assert_eq!(parse_port("53/udp").unwrap(), (53, Proto::Udp));
         for bad in ["0", "65536", "80/icmp", "http", "80/"] {
