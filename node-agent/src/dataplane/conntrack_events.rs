@@ -5,13 +5,14 @@
 //! the counters, which it leaves undecoded, here.
 
 use std::net::IpAddr;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use netlink_packet_core::{NLA_TYPE_MASK, NetlinkMessage, NetlinkPayload, Nla};
 use netlink_packet_netfilter::conntrack::{ConntrackAttribute, ConntrackMessage, IPTuple, ProtoTuple, Tuple};
 use netlink_packet_netfilter::{NetfilterMessage, NetfilterMessageInner};
 use netlink_sys::{Socket, constants::NETLINK_NETFILTER};
 
+use super::exec;
 use super::netlink_datagram::{self, Read};
 
 /// The multicast groups of new and destroyed connections (NFNLGRP_CONNTRACK_*).
@@ -20,8 +21,8 @@ const GROUP_DESTROY: u32 = 3;
 /// Room for a burst of events between two reads; past it the kernel drops
 /// events and says so (ENOBUFS).
 const RECV_BUFFER: usize = 4 << 20;
-/// Datagrams taken per wake-up at most.
-const BATCH: usize = 256;
+/// `recvmmsg` calls per wake-up at most (64 datagrams each).
+const READS_PER_WAKE: usize = 4;
 /// CTA_COUNTERS_ORIG/REPLY, and their CTA_COUNTERS_PACKETS/BYTES.
 const CTA_COUNTERS_ORIG: u16 = 9;
 const CTA_COUNTERS_REPLY: u16 = 10;
@@ -61,7 +62,7 @@ pub struct Received {
 /// A socket subscribed to the conntrack events of the caller's network namespace.
 pub struct Events {
     socket: Socket,
-    buf: Vec<u8>,
+    batch: netlink_datagram::Batch,
 }
 
 impl Events {
@@ -77,25 +78,28 @@ impl Events {
         let _ = socket.set_rx_buf_sz(bytes);
         socket.add_membership(GROUP_NEW)?;
         socket.add_membership(GROUP_DESTROY)?;
-        Ok(Events { socket, buf: Vec::new() })
+        Ok(Events { socket, batch: netlink_datagram::Batch::default() })
     }
 
     /// Waits up to `timeout` for events, then takes every queued one (up
-    /// to [`BATCH`] datagrams); an empty list when none came.
+    /// to [`READS_PER_WAKE`] batches); an empty list when none came.
     pub fn recv(&mut self, timeout: Duration) -> std::io::Result<Received> {
         let mut got = Received::default();
-        match netlink_datagram::read(&self.socket, &mut self.buf, timeout)? {
-            Read::Bytes => got.events = parse_messages(&self.buf),
-            Read::Nothing => return Ok(got),
-            Read::Lost => got.lost = true,
+        if !exec::readable_before(&self.socket, Instant::now() + timeout)? {
+            return Ok(got);
         }
-        // The kernel sends one datagram per event: take what else is queued
-        // without waiting again.
-        for _ in 1..BATCH {
-            match netlink_datagram::read_now(&self.socket, &mut self.buf)? {
-                Read::Bytes => got.events.extend(parse_messages(&self.buf)),
+        // The kernel sends one datagram per event: many per system call.
+        for _ in 0..READS_PER_WAKE {
+            match self.batch.read_now(&self.socket)? {
                 Read::Nothing => break,
                 Read::Lost => got.lost = true,
+                Read::Bytes => {}
+            }
+            for d in self.batch.datagrams() {
+                got.events.extend(parse_messages(d));
+            }
+            if !self.batch.was_full() {
+                break;
             }
         }
         Ok(got)
