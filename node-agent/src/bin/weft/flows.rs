@@ -75,26 +75,25 @@ pub async fn run(args: &Args) -> anyhow::Result<()> {
             Some(VerdictArg::Rejected) => Verdict::Rejected,
         } as i32,
     };
-    let request = ListRequest { filter: Some(filter), limit: args.limit };
-    let timeout = (!args.follow).then_some(LIST_TIMEOUT);
-    let channel = weft_proto::unix::channel(&args.socket, CONNECT_TIMEOUT, timeout).await?;
-    let mut client = FlowsClient::new(channel);
-    if args.follow {
-        let mut stream = client.follow(request).await.context("following the agent's flows")?.into_inner();
-        while let Some(flow) = stream.message().await.context("reading the agent's flows")? {
-            print_flow(&flow, args.output);
-        }
+    if !args.follow {
+        print_list(&list(&args.socket, filter, args.limit).await?, args.output);
         return Ok(());
     }
-    let list = client.list(request).await.context("listing the agent's flows")?.into_inner();
-    print_list(&list, args.output);
+    let channel = weft_proto::unix::channel(&args.socket, CONNECT_TIMEOUT, None).await?;
+    let request = ListRequest { filter: Some(filter), limit: args.limit };
+    let mut stream =
+        FlowsClient::new(channel).follow(request).await.context("following the agent's flows")?.into_inner();
+    while let Some(flow) = stream.message().await.context("reading the agent's flows")? {
+        print_flow(&flow, args.output);
+    }
     Ok(())
 }
 
-/// The records the agent at `socket` holds now that `filter` admits.
-pub async fn list(socket: &std::path::Path, filter: Filter) -> anyhow::Result<ListResponse> {
+/// The records the agent at `socket` holds now that `filter` admits (the
+/// newest `limit`; 0: all).
+pub async fn list(socket: &std::path::Path, filter: Filter, limit: u32) -> anyhow::Result<ListResponse> {
     let channel = weft_proto::unix::channel(socket, CONNECT_TIMEOUT, Some(LIST_TIMEOUT)).await?;
-    let request = ListRequest { filter: Some(filter), limit: 0 };
+    let request = ListRequest { filter: Some(filter), limit };
     Ok(FlowsClient::new(channel).list(request).await.context("listing the agent's flows")?.into_inner())
 }
 

@@ -59,7 +59,7 @@ pub async fn send(
     let filter = Filter { pod: pod.to_owned(), ..Filter::default() };
     let started = Instant::now();
     let flows = loop {
-        let flows: Vec<Flow> = list(socket, filter.clone()).await?.flows.into_iter().filter(mine).collect();
+        let flows: Vec<Flow> = list(socket, filter.clone(), 0).await?.flows.into_iter().filter(mine).collect();
         if !flows.is_empty() || started.elapsed() >= RECORDS_WAIT {
             break flows;
         }
