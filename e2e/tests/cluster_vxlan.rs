@@ -27,6 +27,7 @@ fn weft_on_real_nodes_with_vxlan() {
         ("pods reach each other across and within nodes (TCP, UDP), a Service reaches both nodes", connectivity),
         ("spec hostPort and weft.dev/host-ports reachable from the other node", host_ports),
         ("standard and weft.dev NetworkPolicies enforced by the agent image, explained and recorded", policies),
+        ("every node's flows through the Kubernetes API, each caller seeing only what RBAC lets it", flows_api),
         ("a hostile pod gets past no policy (link-local, spoofed sources, its first packets)", hostile),
         ("deleted pods leave no address, veth or host-port rule", nothing_leaks),
         ("a hung agent makes its node NotReady through CNI STATUS, and it recovers", status_follows_the_agent),
@@ -260,6 +261,158 @@ spec:
 }
 
 /// Weft's host veths, IPAM records and host-port rules on a node.
+/// The host IP of the first kube-system pod of Weft's `component`.
+fn weft_pod_host_ip(component: &str, node: Option<&str>) -> String {
+    let mut args = vec!["get", "pods", "-n", "kube-system", "-l"];
+    let selector = format!("app.kubernetes.io/component={component}");
+    args.push(&selector);
+    let field = node.map(|n| format!("spec.nodeName={n}"));
+    if let Some(f) = &field {
+        args.extend_from_slice(&["--field-selector", f]);
+    }
+    args.extend_from_slice(&["-o", "jsonpath={.items[0].status.hostIP}"]);
+    kubectl_ok(&args).trim().to_owned()
+}
+
+/// `weft flows -o json <args>` from the test host with `kubeconfig`:
+/// success, and the records (or the error).
+fn flows_through_api(kubeconfig: &std::path::Path, args: &[&str]) -> Result<Vec<Value>, String> {
+    let out = std::process::Command::new(weft_e2e::bins::weft("weft"))
+        .env("KUBECONFIG", kubeconfig)
+        .env_remove("WEFT_AGENT_SOCKET")
+        .args(["flows", "-o", "json"])
+        .args(args)
+        .output()
+        .expect("weft runs");
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    Ok(text.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}"))).collect())
+}
+
+/// The gRPC status an agent's flows listener gives a List sent from
+/// `node` with `token` (None: no token), read from the response's headers.
+fn agent_listener_status(node: &str, agent_ip: &str, token: Option<&str>) -> String {
+    let url = format!("http://{agent_ip}:9654/weft.flows.v1.Flows/List");
+    let auth = token.map(|t| format!("-H 'authorization: Bearer {t}'")).unwrap_or_default();
+    // An empty ListRequest, framed: no compression, length 0.
+    let script = format!(
+        "printf '\\000\\000\\000\\000\\000' | curl -s -i --max-time 5 --http2-prior-knowledge \
+         -H 'content-type: application/grpc' -H 'te: trailers' {auth} --data-binary @- {url}"
+    );
+    let (_, out) = node_exec(node, &["sh", "-c", &script]);
+    // A refusal comes in the headers; an answer's status in the trailers,
+    // which curl may not print: a 200 without a status there is an answer.
+    match out.lines().find_map(|l| l.strip_prefix("grpc-status:")) {
+        Some(status) => status.trim().to_owned(),
+        None if out.starts_with("HTTP/2 200") => "0".to_owned(),
+        None => format!("no gRPC status in: {out}"),
+    }
+}
+
+fn flows_api(cluster: &Cluster) {
+    const OTHER: &str = "weft-e2e-visitors";
+    let admin = cluster.state().kubeconfig.clone();
+    namespace(OTHER, &[]);
+    TestPod { namespace: OTHER, ..pod("visitor", "node-2", &[]) }.run();
+    let server = weft_e2e::cluster::workloads::placement(NS, "server").expect("server placed").0;
+    assert!(
+        http_hostname(OTHER, "visitor", &format!("{server}:{HTTP_PORT}")).is_some(),
+        "no policy: visitor reaches server"
+    );
+
+    // The cluster admin, through the API: both nodes' records of visitor → server.
+    let visitor = format!("{OTHER}/visitor");
+    let seen = eventually("visitor → server through the flows API, from both nodes", Duration::from_secs(30), || {
+        let records = flows_through_api(&admin, &["--pod", &visitor]).ok()?;
+        let to_server: Vec<&Value> =
+            records.iter().filter(|r| r["destination"]["pod"] == "server" && r["source"]["pod"] == "visitor").collect();
+        let nodes: std::collections::BTreeSet<&str> = to_server.iter().filter_map(|r| r["node"].as_str()).collect();
+        (nodes.len() == 2).then_some(to_server.len())
+    });
+    assert!(seen >= 2);
+
+    // alice may view weft-e2e only (the chart's reader role joins `view`).
+    kubectl_ok(&["create", "rolebinding", "alice-views", "-n", NS, "--clusterrole=view", "--user=alice"]);
+    eventually("view to include flows.weft.dev (role aggregation)", Duration::from_secs(30), || {
+        let (_, out) = kubectl(&["auth", "can-i", "list", "flows.flows.weft.dev", "-n", NS, "--as", "alice"]);
+        (out.trim() == "yes").then_some(())
+    });
+    let kubeconfig = std::fs::read_to_string(&admin).expect("kubeconfig");
+    let alice_config = tempfile::NamedTempFile::new().expect("temp file");
+    let alice_text = kubeconfig.replacen("    token:", "    as: alice\n    token:", 1);
+    assert_ne!(alice_text, kubeconfig, "the kubeconfig has a token user");
+    std::fs::write(alice_config.path(), alice_text).expect("write alice's kubeconfig");
+    let alice = alice_config.path();
+    let hers = flows_through_api(alice, &["-n", NS]).expect("alice lists weft-e2e's flows");
+    assert!(!hers.is_empty(), "weft-e2e has flows");
+    for r in &hers {
+        let ends = [&r["source"], &r["destination"]];
+        assert!(ends.iter().any(|e| e["namespace"] == NS), "a record without weft-e2e at either end: {r}");
+        for e in ends {
+            assert!(e["namespace"] == NS || (e["namespace"] == "" && e["pod"] == ""), "another namespace shown: {r}");
+        }
+    }
+    assert!(
+        hers.iter()
+            .any(|r| r["destination"]["pod"] == "server" && r["source"]["address"] != "" && r["source"]["pod"] == ""),
+        "visitor's connection is hers, without visitor's name"
+    );
+    for forbidden in [vec!["-n", OTHER], vec![]] {
+        let err = flows_through_api(alice, &forbidden).expect_err("alice may not read these flows");
+        assert!(err.contains("forbidden"), "{forbidden:?}: {err}");
+    }
+
+    // Nobody reaches the flows past the apiserver: the operator's port
+    // refuses a client without the front-proxy certificate, whatever
+    // headers it sends ...
+    let operator_ip = weft_pod_host_ip("operator", None);
+    let url = format!("https://{operator_ip}:9648/apis/flows.weft.dev/v1alpha1/flows");
+    let spoof =
+        ["curl", "-sk", "--max-time", "5", "-H", "X-Remote-User: admin", "-H", "X-Remote-Group: system:masters", &url];
+    let (ok, out) = node_exec("node-2", &spoof);
+    assert!(
+        !ok && !out.contains("FlowList"),
+        "the flows API answered a client without the front-proxy certificate: {out}"
+    );
+    // ... and an agent answers only the operator's token for flows.weft.dev.
+    let agent_ip = weft_pod_host_ip("agent", Some("node-1"));
+    assert_eq!(agent_listener_status("node-2", &agent_ip, None), "16", "no token: unauthenticated");
+    let agent_sa = kubectl_ok(&[
+        "get",
+        "pods",
+        "-n",
+        "kube-system",
+        "-l",
+        "app.kubernetes.io/component=agent",
+        "-o",
+        "jsonpath={.items[0].spec.serviceAccountName}",
+    ]);
+    let operator_sa = kubectl_ok(&[
+        "get",
+        "pods",
+        "-n",
+        "kube-system",
+        "-l",
+        "app.kubernetes.io/component=operator",
+        "-o",
+        "jsonpath={.items[0].spec.serviceAccountName}",
+    ]);
+    let token = |sa: &str, audience: &str| {
+        kubectl_ok(&["create", "token", "-n", "kube-system", sa.trim(), "--audience", audience]).trim().to_owned()
+    };
+    let stolen = token(&agent_sa, "flows.weft.dev");
+    assert_eq!(agent_listener_status("node-2", &agent_ip, Some(&stolen)), "7", "an agent's token: permission denied");
+    let wrong_audience = token(&operator_sa, "https://kubernetes.default.svc.cluster.local");
+    assert_eq!(agent_listener_status("node-2", &agent_ip, Some(&wrong_audience)), "16", "the operator's API token");
+    let right = token(&operator_sa, "flows.weft.dev");
+    assert_eq!(agent_listener_status("node-2", &agent_ip, Some(&right)), "0", "the operator's flows token");
+
+    kubectl_ok(&["delete", "namespace", OTHER, "--timeout=120s"]);
+    kubectl_ok(&["delete", "rolebinding", "-n", NS, "alice-views"]);
+}
+
 fn hostile(_: &Cluster) {
     weft_e2e::cluster::hostile::attacks_fail("weft-hostile");
 }

@@ -4,6 +4,7 @@
 use std::path::Path;
 
 use k8s_openapi::api::authorization::v1::{ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec};
+use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, PostParams};
 use weft_e2e::control_plane::{ControlPlane, tools_dir, tools_present};
 
@@ -39,15 +40,29 @@ fn private_control_plane_serves_and_cleans_up_after_a_panic() {
                 },
                 ..Default::default()
             };
-            let answer = Api::<SelfSubjectAccessReview>::all(client)
+            let answer = Api::<SelfSubjectAccessReview>::all(client.clone())
                 .create(&PostParams::default(), &review)
                 .await
                 .expect("access review");
             assert!(answer.status.is_some_and(|s| s.allowed), "admin may delete nodes");
+            // The aggregation layer is configured: extension apiservers (the
+            // operator's flows.weft.dev) learn the front proxy's CA and name here.
+            let auth = Api::<ConfigMap>::namespaced(client, "kube-system")
+                .get("extension-apiserver-authentication")
+                .await
+                .expect("extension-apiserver-authentication");
+            let data = auth.data.unwrap_or_default();
+            let ca = std::fs::read_to_string(&cp.pki.front_proxy_ca_cert).expect("front-proxy CA");
+            assert_eq!(data.get("requestheader-client-ca-file").map(|s| s.trim()), Some(ca.trim()));
+            assert_eq!(data.get("requestheader-allowed-names").map(String::as_str), Some(r#"["front-proxy-client"]"#));
+            assert_eq!(data.get("requestheader-username-headers").map(String::as_str), Some(r#"["X-Remote-User"]"#));
         });
         panic!("deliberate panic with a running control plane");
     }));
-    assert!(outcome.is_err(), "the closure panics");
+    let panic = outcome.expect_err("the closure panics");
+    // ... at the deliberate panic, not at a failed check before it.
+    let message = panic.downcast_ref::<&str>().copied().or(panic.downcast_ref::<String>().map(String::as_str));
+    assert_eq!(message, Some("deliberate panic with a running control plane"));
     let (pids, dir) = seen;
     assert_eq!(pids.len(), 2, "etcd and kube-apiserver were running");
     for pid in pids {

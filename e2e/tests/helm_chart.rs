@@ -233,9 +233,12 @@ fn template_renders_defaults() {
     assert_eq!(
         kinds(&docs),
         [
+            "APIService",
             "ClusterRole",
             "ClusterRole",
             "ClusterRole",
+            "ClusterRole",
+            "ClusterRoleBinding",
             "ClusterRoleBinding",
             "ClusterRoleBinding",
             "ClusterRoleBinding",
@@ -246,6 +249,9 @@ fn template_renders_defaults() {
             "Job",
             "Role",
             "RoleBinding",
+            "RoleBinding",
+            "Secret",
+            "Service",
             "Service",
             "Service",
             "ServiceAccount",
@@ -323,7 +329,8 @@ fn template_renders_defaults() {
     assert!(conf["plugins"][0].get("mtu").is_none(), "no MTU by default: the agent derives it");
 
     // Least privilege: the agent writes only Subnet status, its node's
-    // HostPortAllocations and Events; it never creates or deletes anything else.
+    // HostPortAllocations and Events (and creates TokenReviews, which store
+    // nothing); it never creates or deletes anything else.
     let agent_role = find(&docs, "ClusterRole", "-agent");
     for rule in agent_role["rules"].as_sequence().expect("rules") {
         let text = serde_yaml::to_string(rule).expect("rule");
@@ -331,7 +338,7 @@ fn template_renders_defaults() {
         let resources: Vec<&str> =
             rule["resources"].as_sequence().expect("resources").iter().filter_map(|r| r.as_str()).collect();
         assert!(
-            !writes || resources.iter().all(|r| ["hostportallocations", "events"].contains(r)),
+            !writes || resources.iter().all(|r| ["hostportallocations", "events", "tokenreviews"].contains(r)),
             "agent rule too broad: {text}"
         );
     }
@@ -702,8 +709,8 @@ impl Release<'_> {
         let selector = format!("app.kubernetes.io/instance={}", self.name);
         let mut found = Vec::new();
         for kinds in [
-            "deployments,daemonsets,services,serviceaccounts,configmaps,roles,rolebindings",
-            "clusterroles,clusterrolebindings",
+            "deployments,daemonsets,services,serviceaccounts,configmaps,secrets,roles,rolebindings",
+            "clusterroles,clusterrolebindings,apiservices",
         ] {
             let out = kubectl_ok(self.cp, &["get", kinds, "-A", "-l", &selector, "-o", "name"]);
             found.extend(out.lines().map(str::to_owned));
@@ -736,7 +743,7 @@ fn install_upgrade_uninstall_on_a_real_apiserver() {
         "uninstall.removeWeftObjects=false",
     ]);
     let objects = release.assert_all_objects_exist();
-    assert_eq!(objects.len(), 18, "{objects:?}");
+    assert_eq!(objects.len(), 24, "{objects:?}");
     // The CRDs came from the chart's crds/ directory and are served.
     for crd in ["subnets.weft.dev", "hostportallocations.weft.dev", "networkpolicies.weft.dev"] {
         kubectl_ok(cp, &["get", "crd", crd]);
@@ -807,6 +814,22 @@ fn install_upgrade_uninstall_on_a_real_apiserver() {
     }
     assert!(!can(&agent_sa, "patch", "networkpolicies.weft.dev", &["--subresource=status"]));
     assert!(!can(&agent_sa, "create", "networkpolicies.networking.k8s.io", &[]));
+    // The flows API: the operator delegates authentication and
+    // authorization and reads the front proxy's configuration; the agent
+    // checks the operator's token.
+    assert!(can(&op_sa, "create", "tokenreviews.authentication.k8s.io", &[]));
+    assert!(can(&op_sa, "create", "subjectaccessreviews.authorization.k8s.io", &[]));
+    assert!(can(&op_sa, "get", "configmaps/extension-apiserver-authentication", &["-n", "kube-system"]));
+    assert!(!can(&op_sa, "get", "configmaps/other", &["-n", "kube-system"]));
+    assert!(can(&op_sa, "list", "pods", &["-n", ns]));
+    assert!(can(&agent_sa, "create", "tokenreviews.authentication.k8s.io", &[]));
+    assert!(!can(&agent_sa, "create", "subjectaccessreviews.authorization.k8s.io", &[]));
+    let ca_bundle =
+        || kubectl_ok(cp, &["get", "apiservice", "v1alpha1.flows.weft.dev", "-o", "jsonpath={.spec.caBundle}"]);
+    let secret_ca = || jsonpath("secret", &format!("{name}-flows-api-tls"), r"{.data.ca\.crt}");
+    let installed_ca = ca_bundle();
+    assert!(!installed_ca.is_empty());
+    assert_eq!(installed_ca, secret_ca(), "the APIService trusts the serving certificate's CA");
 
     agent_writes_only_its_own_nodes_objects(cp, ns, &agent_sa);
     operator_changes_only_its_pod_annotation(cp, ns, &op_sa);
@@ -828,9 +851,12 @@ fn install_upgrade_uninstall_on_a_real_apiserver() {
     let conf: serde_json::Value = serde_json::from_str(&conf).expect("conflist JSON");
     assert_eq!(conf["plugins"][0]["mtu"], 1400);
     let objects = release.assert_all_objects_exist();
-    assert_eq!(objects.len(), 16, "the metrics Services are gone: {objects:?}");
+    assert_eq!(objects.len(), 22, "the metrics Services are gone: {objects:?}");
     let services = kubectl_ok(cp, &["get", "services", "-n", ns, "-o", "name"]);
-    assert!(services.trim().is_empty(), "stray services after upgrade: {services}");
+    assert_eq!(services.trim(), format!("service/{name}-flows-api"), "stray services after upgrade");
+    // The upgrade kept the flows API's CA and certificate (lookup).
+    assert_eq!(ca_bundle(), installed_ca, "the upgrade issued a new CA");
+    assert_eq!(secret_ca(), installed_ca);
 
     // Uninstall leaves nothing of the release; the CRDs stay (Helm's policy).
     helm.ok(&["uninstall", &name, "-n", ns, "--wait", "--timeout", "1m"]);
@@ -906,7 +932,9 @@ fn custom_values_render_objects_the_apiserver_accepts() {
         "--set",
         "metrics.prometheusRule.enabled=false",
     ]);
-    let out = kubectl(cp, &["apply", "--dry-run=server", "-n", &ns, "-f", "-"], Some(&rendered));
+    // No -n: every namespaced object names its namespace, and one (the flows
+    // API's RoleBinding) is in kube-system.
+    let out = kubectl(cp, &["apply", "--dry-run=server", "-f", "-"], Some(&rendered));
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(out.status.success(), "rejected: {}\n{stdout}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(
@@ -1057,8 +1085,10 @@ fn the_cluster_network_policy_crd_installs_validates_and_outlives_the_release() 
     let chart = chart_dir();
     let name = control_plane::unique_name("weft-cnp");
     let ns = control_plane::unique_name("weft-cnp");
+    // Without the flows API: its APIService is one per cluster, and
+    // install_upgrade_uninstall_on_a_real_apiserver may hold it meanwhile.
     let set = "uninstall.removeWeftObjects=false,clusterNetworkPolicy.installCRDs=true,\
-               clusterNetworkPolicy.crdChannel=experimental";
+               clusterNetworkPolicy.crdChannel=experimental,flowsApi.enabled=false";
     let chart = chart.to_str().expect("path");
     helm.ok(&["install", &name, chart, "-n", &ns, "--create-namespace", "--timeout", "2m", "--set", set]);
     let crd = "clusternetworkpolicies.policy.networking.k8s.io";
@@ -1121,4 +1151,269 @@ fn flows_turn_on_the_drop_log_group_without_its_lines() {
     let both = env_of("agent.flows.enabled=true,agent.policyDropLog.enabled=true");
     assert_eq!(env(&both, "WEFT_FLOWS_CAPACITY")["value"], "4096");
     assert_eq!(env(&both, "WEFT_POLICY_DROP_LOG_LINES")["value"], "true");
+}
+
+/// Kinds and names of what the flows API adds to a rendering, with `sets`.
+fn flows_api_objects(helm: &Helm, sets: &str) -> Vec<String> {
+    let chart = chart_dir();
+    let mut args = vec!["template", "rel", chart.to_str().expect("path"), "-n", "weft-system"];
+    if !sets.is_empty() {
+        args.extend(["--set", sets]);
+    }
+    let out = helm.ok(&args);
+    let mut found: Vec<String> = documents(&out)
+        .iter()
+        .filter(|d| {
+            let name = d["metadata"]["name"].as_str().unwrap_or("");
+            name.contains("flows") || name.ends_with("-auth-delegator") || name.ends_with("-authentication-reader")
+        })
+        .map(|d| format!("{}/{}", d["kind"].as_str().unwrap_or("?"), d["metadata"]["name"].as_str().unwrap_or("?")))
+        .collect();
+    found.sort();
+    // Nor anything in the pods or the agent's role.
+    for (what, needle) in [
+        ("WEFT_FLOWS_API_ADDR", "WEFT_FLOWS_API_ADDR"),
+        ("WEFT_FLOWS_LISTEN", "WEFT_FLOWS_LISTEN"),
+        ("WEFT_FLOWS_READER", "WEFT_FLOWS_READER"),
+        ("the flows token volume", "flows.weft.dev"),
+        ("tokenreviews", "tokenreviews"),
+    ] {
+        if out.contains(needle) {
+            found.push(what.to_owned());
+        }
+    }
+    found
+}
+
+#[test]
+fn flows_api_renders_with_defaults() {
+    let Some(helm) = Helm::new() else { return };
+    let out = helm.ok(&["template", "rel", chart_dir().to_str().expect("path"), "-n", "weft-system"]);
+    let docs = documents(&out);
+
+    // The serving certificate and its CA, which the APIService trusts.
+    let secret = find(&docs, "Secret", "-flows-api-tls");
+    assert_eq!(secret["metadata"]["name"], "rel-weft-flows-api-tls");
+    assert_eq!(secret["metadata"]["namespace"], "weft-system");
+    assert_eq!(secret["type"], "kubernetes.io/tls");
+    // k8s-openapi decodes the Secret's base64 data.
+    let typed: k8s_openapi::api::core::v1::Secret = serde_yaml::from_value(secret.clone()).expect("a Secret");
+    let data = |key: &str| {
+        let bytes = typed.data.as_ref().and_then(|d| d.get(key)).unwrap_or_else(|| panic!("no {key} in the Secret"));
+        String::from_utf8(bytes.0.clone()).expect("PEM is text")
+    };
+    assert!(data("ca.crt").starts_with("-----BEGIN CERTIFICATE-----"));
+    assert!(data("tls.crt").starts_with("-----BEGIN CERTIFICATE-----"));
+    assert!(data("tls.key").contains("PRIVATE KEY-----"));
+    assert_ne!(data("ca.crt"), data("tls.crt"));
+
+    let svc = find(&docs, "Service", "-flows-api");
+    assert_eq!(svc["metadata"]["name"], "rel-weft-flows-api");
+    assert_eq!(svc["metadata"]["namespace"], "weft-system");
+    assert_eq!(svc["spec"]["selector"]["app.kubernetes.io/component"], "operator");
+    assert_eq!(svc["spec"]["selector"]["app.kubernetes.io/instance"], "rel");
+    assert_eq!(svc["spec"]["ports"][0]["port"], 443);
+    assert_eq!(svc["spec"]["ports"][0]["targetPort"], 9648);
+
+    let api = find(&docs, "APIService", "v1alpha1.flows.weft.dev");
+    assert_eq!(api["apiVersion"], "apiregistration.k8s.io/v1");
+    let spec = &api["spec"];
+    assert_eq!(spec["group"], "flows.weft.dev");
+    assert_eq!(spec["version"], "v1alpha1");
+    assert_eq!(spec["groupPriorityMinimum"], 1000);
+    assert_eq!(spec["versionPriority"], 15);
+    assert_eq!(spec["service"]["name"], "rel-weft-flows-api");
+    assert_eq!(spec["service"]["namespace"], "weft-system");
+    assert_eq!(spec["service"]["port"], 443);
+    assert!(spec["insecureSkipTLSVerify"].is_null() || spec["insecureSkipTLSVerify"] == false);
+    assert_eq!(spec["caBundle"], secret["data"]["ca.crt"], "the caBundle is the serving certificate's CA");
+
+    // Readers: aggregated into view, edit and admin.
+    let reader = find(&docs, "ClusterRole", "-flows-reader");
+    assert_eq!(reader["metadata"]["name"], "rel-weft-flows-reader");
+    for role in ["view", "edit", "admin"] {
+        assert_eq!(
+            reader["metadata"]["labels"][format!("rbac.authorization.k8s.io/aggregate-to-{role}").as_str()],
+            "true"
+        );
+    }
+    assert_eq!(reader["rules"].as_sequence().expect("rules").len(), 1);
+    let rule = &reader["rules"][0];
+    assert_eq!(rule["apiGroups"][0], "flows.weft.dev");
+    assert_eq!(rule["resources"].as_sequence().expect("resources").len(), 1);
+    assert_eq!(rule["resources"][0], "flows");
+    assert_eq!(serde_yaml::to_string(&rule["verbs"]).expect("verbs"), "- get\n- list\n");
+
+    // The operator delegates authentication and authorization to the
+    // apiserver and reads the front proxy's configuration.
+    let op_subject = |binding: &Value| {
+        assert_eq!(binding["subjects"][0]["kind"], "ServiceAccount");
+        assert_eq!(binding["subjects"][0]["name"], "rel-weft-operator");
+        assert_eq!(binding["subjects"][0]["namespace"], "weft-system");
+    };
+    let delegator = find(&docs, "ClusterRoleBinding", "-operator-auth-delegator");
+    assert_eq!(delegator["roleRef"]["kind"], "ClusterRole");
+    assert_eq!(delegator["roleRef"]["name"], "system:auth-delegator");
+    op_subject(delegator);
+    let reader_binding = find(&docs, "RoleBinding", "-operator-authentication-reader");
+    assert_eq!(reader_binding["metadata"]["namespace"], "kube-system");
+    assert_eq!(reader_binding["roleRef"]["kind"], "Role");
+    assert_eq!(reader_binding["roleRef"]["name"], "extension-apiserver-authentication-reader");
+    op_subject(reader_binding);
+    // It lists the agents' pods (the cluster-wide pods rule covers it).
+    let op_role = find(&docs, "ClusterRole", "rel-weft-operator");
+    let pods = op_role["rules"]
+        .as_sequence()
+        .expect("rules")
+        .iter()
+        .find(|r| r["apiGroups"][0] == "" && r["resources"][0] == "pods")
+        .expect("a pods rule");
+    assert!(pods["verbs"].as_sequence().expect("verbs").iter().any(|v| v == "list"));
+    // The agents check the operator's token.
+    let agent_role = find(&docs, "ClusterRole", "-agent");
+    let reviews = agent_role["rules"]
+        .as_sequence()
+        .expect("rules")
+        .iter()
+        .find(|r| r["resources"][0] == "tokenreviews")
+        .expect("a tokenreviews rule");
+    assert_eq!(reviews["apiGroups"][0], "authentication.k8s.io");
+    assert_eq!(serde_yaml::to_string(&reviews["verbs"]).expect("verbs"), "- create\n");
+
+    // The operator serves the API with the Secret's certificate and calls the
+    // agents with a token only they accept.
+    let op = find(&docs, "Deployment", "-operator");
+    let pod = &op["spec"]["template"]["spec"];
+    let c = &pod["containers"][0];
+    for (name, value) in [
+        ("WEFT_FLOWS_API_ADDR", "0.0.0.0:9648"),
+        ("WEFT_FLOWS_API_CERT", "/etc/weft/flows-api/tls.crt"),
+        ("WEFT_FLOWS_API_KEY", "/etc/weft/flows-api/tls.key"),
+        ("WEFT_FLOWS_TOKEN_FILE", "/var/run/secrets/weft/flows/token"),
+        ("WEFT_FLOWS_AGENT_PORT", "9654"),
+        ("WEFT_FLOWS_AGENT_NAMESPACE", "weft-system"),
+        (
+            "WEFT_FLOWS_AGENT_SELECTOR",
+            "app.kubernetes.io/name=weft,app.kubernetes.io/instance=rel,app.kubernetes.io/component=agent",
+        ),
+    ] {
+        assert_eq!(env(c, name)["value"], value, "{name}");
+    }
+    // The selector is the agents' own.
+    let ds = find(&docs, "DaemonSet", "-agent");
+    for (k, v) in ds["spec"]["selector"]["matchLabels"].as_mapping().expect("matchLabels") {
+        let pair = format!("{}={}", k.as_str().expect("key"), v.as_str().expect("value"));
+        assert!(env(c, "WEFT_FLOWS_AGENT_SELECTOR")["value"].as_str().expect("selector").contains(&pair), "{pair}");
+    }
+    let port = c["ports"].as_sequence().expect("ports").iter().find(|p| p["name"] == "flows-api").expect("port");
+    assert_eq!(port["containerPort"], 9648);
+    assert_eq!(port["hostPort"], 9648, "hostNetwork: the port is a host port");
+    let mount = |path: &str| {
+        c["volumeMounts"]
+            .as_sequence()
+            .expect("volumeMounts")
+            .iter()
+            .find(|m| m["mountPath"] == path)
+            .unwrap_or_else(|| panic!("nothing mounted at {path}"))
+            .clone()
+    };
+    let volume = |name: &Value| {
+        pod["volumes"]
+            .as_sequence()
+            .expect("volumes")
+            .iter()
+            .find(|v| &v["name"] == name)
+            .unwrap_or_else(|| panic!("no volume {name:?}"))
+            .clone()
+    };
+    let tls = mount("/etc/weft/flows-api");
+    assert_eq!(tls["readOnly"], true);
+    assert_eq!(volume(&tls["name"])["secret"]["secretName"], "rel-weft-flows-api-tls");
+    let token = mount("/var/run/secrets/weft/flows");
+    assert_eq!(token["readOnly"], true);
+    let projected = &volume(&token["name"])["projected"]["sources"][0]["serviceAccountToken"];
+    assert_eq!(projected["audience"], "flows.weft.dev");
+    assert_eq!(projected["expirationSeconds"], 3600);
+    assert_eq!(projected["path"], "token");
+
+    // Each agent serves its node's records on the node IP to the operator alone.
+    let a = &ds["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(env(a, "WEFT_FLOWS_LISTEN")["value"], "$(WEFT_NODE_IP):9654");
+    assert_eq!(env(a, "WEFT_FLOWS_READER")["value"], "system:serviceaccount:weft-system:rel-weft-operator");
+    let names: Vec<&str> = a["env"].as_sequence().expect("env").iter().filter_map(|e| e["name"].as_str()).collect();
+    let pos = |n: &str| names.iter().position(|x| *x == n).unwrap_or_else(|| panic!("no {n}"));
+    assert!(pos("WEFT_NODE_IP") < pos("WEFT_FLOWS_LISTEN"), "$(WEFT_NODE_IP) is defined before its use");
+    let port = a["ports"].as_sequence().expect("ports").iter().find(|p| p["name"] == "flows").expect("port");
+    assert_eq!(port["containerPort"], 9654);
+
+    // IPv6-only: the operator binds [::] (as its metrics do), the agent its
+    // node IP in brackets.
+    let out = helm.ok(&[
+        "template",
+        "rel",
+        chart_dir().to_str().expect("path"),
+        "--set",
+        "network.clusterCIDR=null,network.ipv6ClusterCIDR=fd00:10:244::/56",
+    ]);
+    let docs = documents(&out);
+    let c = &find(&docs, "Deployment", "-operator")["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(env(c, "WEFT_FLOWS_API_ADDR")["value"], "[::]:9648");
+    let a = &find(&docs, "DaemonSet", "-agent")["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(env(a, "WEFT_FLOWS_LISTEN")["value"], "[$(WEFT_NODE_IP)]:9654");
+
+    // Ports and aggregation are values.
+    let out = helm.ok(&[
+        "template",
+        "rel",
+        chart_dir().to_str().expect("path"),
+        "--set",
+        "flowsApi.port=19648,flowsApi.agentPort=19654,flowsApi.aggregateToView=false,operator.hostNetwork=false",
+    ]);
+    let docs = documents(&out);
+    assert_eq!(find(&docs, "Service", "-flows-api")["spec"]["ports"][0]["targetPort"], 19648);
+    let c = &find(&docs, "Deployment", "-operator")["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(env(c, "WEFT_FLOWS_API_ADDR")["value"], "0.0.0.0:19648");
+    assert_eq!(env(c, "WEFT_FLOWS_AGENT_PORT")["value"], "19654");
+    let port = c["ports"].as_sequence().expect("ports").iter().find(|p| p["name"] == "flows-api").expect("port");
+    assert!(port["hostPort"].is_null(), "no host port off the host network");
+    let a = &find(&docs, "DaemonSet", "-agent")["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(env(a, "WEFT_FLOWS_LISTEN")["value"], "$(WEFT_NODE_IP):19654");
+    let labels =
+        serde_yaml::to_string(&find(&docs, "ClusterRole", "-flows-reader")["metadata"]["labels"]).expect("labels");
+    assert!(!labels.contains("aggregate-to"), "{labels}");
+}
+
+#[test]
+fn flows_api_is_off_unless_both_flows_values_are_on() {
+    let Some(helm) = Helm::new() else { return };
+    let on = flows_api_objects(&helm, "");
+    assert_eq!(
+        on,
+        [
+            "APIService/v1alpha1.flows.weft.dev",
+            "ClusterRole/rel-weft-flows-reader",
+            "ClusterRoleBinding/rel-weft-operator-auth-delegator",
+            "RoleBinding/rel-weft-operator-authentication-reader",
+            "Secret/rel-weft-flows-api-tls",
+            "Service/rel-weft-flows-api",
+            "WEFT_FLOWS_API_ADDR",
+            "WEFT_FLOWS_LISTEN",
+            "WEFT_FLOWS_READER",
+            "the flows token volume",
+            "tokenreviews",
+        ]
+    );
+    for off in
+        ["flowsApi.enabled=false", "agent.flows.enabled=false", "flowsApi.enabled=false,agent.flows.enabled=false"]
+    {
+        let left = flows_api_objects(&helm, off);
+        assert!(left.is_empty(), "with {off}: {left:?}");
+    }
+    // The agents keep their own flow records with the API off.
+    let out = helm.ok(&["template", "rel", chart_dir().to_str().expect("path"), "--set", "flowsApi.enabled=false"]);
+    let docs = documents(&out);
+    let a = &find(&docs, "DaemonSet", "-agent")["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(env(a, "WEFT_FLOWS_CAPACITY")["value"], "4096");
+    let op = serde_yaml::to_string(&find(&docs, "Deployment", "-operator")["spec"]).expect("operator");
+    assert!(!op.contains("flows"), "{op}");
 }

@@ -137,6 +137,15 @@ pub struct Config {
     #[arg(long, env = "WEFT_FLOWS_CAPACITY", default_value_t = 0,
           value_parser = clap::value_parser!(u32).range(0..=1_000_000))]
     pub flows_capacity: u32,
+    /// Also serve the flow records over TCP here, for the operator's
+    /// flows.weft.dev API, to --flows-reader only.
+    #[arg(long, env = "WEFT_FLOWS_LISTEN", requires = "flows_reader")]
+    pub flows_listen: Option<SocketAddr>,
+    /// The one user --flows-listen serves (the operator's service account,
+    /// `system:serviceaccount:NAMESPACE:NAME`), proven by its token for the
+    /// audience flows.weft.dev.
+    #[arg(long, env = "WEFT_FLOWS_READER")]
+    pub flows_reader: Option<String>,
     /// Addresses for /metrics, /healthz and /readyz, comma-separated (the
     /// chart: loopback for the probes and the node IP for Prometheus).
     #[arg(long, env = "WEFT_METRICS_ADDR", default_value = "0.0.0.0:9646", value_delimiter = ',')]

@@ -132,6 +132,17 @@ async fn run(config: Config) -> anyhow::Result<()> {
         _ => None,
     };
 
+    if let (Some(addr), Some(reader), Some(client), Some(service)) =
+        (config.flows_listen, &config.flows_reader, &client, &flows)
+    {
+        let reviewer = flows::token_review::TokenReviewer::new(client.clone(), reader.clone());
+        let remote = flows::remote::RemoteFlows::new(service.clone(), reviewer);
+        tokio::spawn(async move {
+            if let Err(e) = flows::remote::serve(addr, remote).await {
+                tracing::error!(error = %format!("{e:#}"), "flows: the operator's listener stopped");
+            }
+        });
+    }
     let listener = bind_socket(&config.socket)?;
     tracing::info!(node = %config.node_name, pod_cidr = %pool.cidr(), socket = %config.socket.display(), "weft-agent ready");
     let grpc = serve_cni(listener, Arc::clone(&attacher), flows, shutdown(stop_rx))?;

@@ -113,6 +113,39 @@ pub struct Config {
     #[arg(long, env = "WEFT_CLUSTER_NETWORK_POLICY", default_value_t = false, action = clap::ArgAction::Set)]
     pub cluster_network_policy: bool,
 
+    /// Serve flows.weft.dev (every node's flow records through the
+    /// Kubernetes API, as RBAC lets each caller read them) on this address;
+    /// off without it. Needs --flows-api-cert and --flows-api-key.
+    #[arg(long, env = "WEFT_FLOWS_API_ADDR", requires_all = ["flows_api_cert", "flows_api_key"])]
+    pub flows_api_addr: Option<SocketAddr>,
+
+    /// The flows API's serving certificate (PEM; the APIService's caBundle signs it).
+    #[arg(long, env = "WEFT_FLOWS_API_CERT")]
+    pub flows_api_cert: Option<std::path::PathBuf>,
+
+    /// The flows API's serving key (PEM).
+    #[arg(long, env = "WEFT_FLOWS_API_KEY")]
+    pub flows_api_key: Option<std::path::PathBuf>,
+
+    /// The operator's service account token for the agents' flows listeners
+    /// (projected, audience flows.weft.dev).
+    #[arg(long, env = "WEFT_FLOWS_TOKEN_FILE", default_value = "/var/run/secrets/weft/flows/token")]
+    pub flows_token_file: std::path::PathBuf,
+
+    /// Where the agents are: their namespace, label selector and flows port.
+    #[arg(long, env = "WEFT_FLOWS_AGENT_NAMESPACE", default_value = "weft-system")]
+    pub flows_agent_namespace: String,
+
+    #[arg(
+        long,
+        env = "WEFT_FLOWS_AGENT_SELECTOR",
+        default_value = "app.kubernetes.io/name=weft,app.kubernetes.io/component=agent"
+    )]
+    pub flows_agent_selector: String,
+
+    #[arg(long, env = "WEFT_FLOWS_AGENT_PORT", default_value_t = 9654)]
+    pub flows_agent_port: u16,
+
     /// Maximum reconciles running at once per controller. Nodes waiting
     /// for a lease are served in batches of those waiting: at 64, 1,000
     /// joining nodes took 5.1–5.5 s to lease; at 256, 3.7–4.2 s.

@@ -3,6 +3,7 @@
 
 pub mod cluster_policies;
 pub mod config;
+pub mod flows_api;
 pub mod hostports;
 pub mod ipam;
 pub mod leader;

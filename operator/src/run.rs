@@ -28,6 +28,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     metrics.set_leases(0, pool.capacity());
 
     let mut server = tokio::spawn(metrics::serve(config.metrics_addr, metrics.clone()));
+    // Every replica serves the flows API: it holds no state to lead.
+    if let Some(settings) = flows_api_settings(&config, &client) {
+        tokio::spawn(crate::flows_api::run(settings, client.clone()));
+    }
     let identity = config.identity.clone().unwrap_or_else(default_identity);
 
     let mut elector = config.leader_elect.then(|| {
@@ -83,6 +87,20 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         elector.release().await;
     }
     outcome
+}
+
+fn flows_api_settings(config: &Config, client: &Client) -> Option<crate::flows_api::Settings> {
+    Some(crate::flows_api::Settings {
+        addr: config.flows_api_addr?,
+        cert: config.flows_api_cert.clone()?,
+        key: config.flows_api_key.clone()?,
+        agents: crate::flows_api::agents::Agents {
+            pods: Api::namespaced(client.clone(), &config.flows_agent_namespace),
+            selector: config.flows_agent_selector.clone(),
+            port: config.flows_agent_port,
+            token_file: config.flows_token_file.clone(),
+        },
+    })
 }
 
 fn server_exit(res: Result<std::io::Result<()>, tokio::task::JoinError>) -> anyhow::Error {

@@ -4,6 +4,7 @@
 //! [`cni::v1::CniRequest`] and turns the reply back into CNI JSON. All decisions
 //! are the agent's. `flows::v1` is the agent's flow records service.
 
+pub mod flows_json;
 pub mod unix;
 pub mod validate;
 

@@ -54,6 +54,19 @@ IPv6-only cluster (whose probes and scrapes come over IPv6) every IPv6 one. */}}
 {{- define "weft.anyAddress" -}}
 {{- if .Values.network.clusterCIDR -}}0.0.0.0{{- else -}}[::]{{- end -}}
 {{- end -}}
+{{/* The node IP (WEFT_NODE_IP, set before) with a port: bracketed in an
+IPv6-only cluster, whose node IPs are IPv6 addresses. */}}
+{{- define "weft.nodeAddress" -}}
+{{- if .root.Values.network.clusterCIDR -}}$(WEFT_NODE_IP):{{ .port }}
+{{- else -}}[$(WEFT_NODE_IP)]:{{ .port }}
+{{- end -}}
+{{- end -}}
+{{/* "true" when the flows API is on: it serves the agents' flow records, so
+both flowsApi.enabled and agent.flows.enabled. */}}
+{{- define "weft.flowsApi.enabled" -}}
+{{- if and .Values.flowsApi.enabled .Values.agent.flows.enabled -}}true{{- end -}}
+{{- end -}}
+{{- define "weft.flowsApi.name" -}}{{ include "weft.fullname" . }}-flows-api{{- end -}}
 {{/* "true" when the cluster is dual-stack: an IPv4 CIDR and an IPv6 one. */}}
 {{- define "weft.dualStack" -}}
 {{- if and .Values.network.clusterCIDR .Values.network.ipv6ClusterCIDR -}}true{{- end -}}

@@ -256,6 +256,19 @@ impl ControlPlane {
             &format!("--service-account-key-file={}", pki.service_account_pub.display()),
             &format!("--service-account-signing-key-file={}", pki.service_account_key.display()),
             "--service-cluster-ip-range=10.96.0.0/16",
+            // The aggregation layer (flows.weft.dev): the apiserver proxies
+            // to extension apiservers with the front proxy's client
+            // certificate and passes the user in these headers.
+            &format!("--requestheader-client-ca-file={}", pki.front_proxy_ca_cert.display()),
+            &format!("--requestheader-allowed-names={}", pki::FRONT_PROXY_CLIENT_CN),
+            "--requestheader-username-headers=X-Remote-User",
+            "--requestheader-group-headers=X-Remote-Group",
+            "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+            &format!("--proxy-client-cert-file={}", pki.front_proxy_client_cert.display()),
+            &format!("--proxy-client-key-file={}", pki.front_proxy_client_key.display()),
+            // No kube-proxy in the apiserver's namespace: dial the
+            // endpoints' addresses, not the Service's cluster IP.
+            "--enable-aggregator-routing=true",
             "--allow-privileged=true",
             "--enable-priority-and-fairness=false",
             "--profiling=false",

@@ -1,5 +1,7 @@
 //! Throwaway PKI for a test control plane: a CA, the apiserver's serving
-//! certificate and a service-account signing key, all written as PEM files.
+//! certificate, a service-account signing key and a separate front-proxy CA
+//! with the client certificate the aggregator presents to extension
+//! apiservers, all written as PEM files.
 
 use std::path::{Path, PathBuf};
 
@@ -17,6 +19,14 @@ pub struct Pki {
     pub serving_key: PathBuf,
     pub service_account_key: PathBuf,
     pub service_account_pub: PathBuf,
+    /// CA of the front proxy (the aggregator): extension apiservers trust
+    /// the request headers of clients it signed
+    /// (`--requestheader-client-ca-file`).
+    pub front_proxy_ca_cert: PathBuf,
+    /// The aggregator's client certificate (CN `front-proxy-client`) and key
+    /// (`--proxy-client-cert-file`, `--proxy-client-key-file`).
+    pub front_proxy_client_cert: PathBuf,
+    pub front_proxy_client_key: PathBuf,
     /// CA certificate as PEM, for kubeconfigs.
     pub ca_pem: String,
     /// Client certificates issued with the PKI, in the order requested.
@@ -42,6 +52,10 @@ pub struct ClientCert {
     pub key: PathBuf,
 }
 
+/// Common name the front proxy's client certificate holds
+/// (`--requestheader-allowed-names`).
+pub const FRONT_PROXY_CLIENT_CN: &str = "front-proxy-client";
+
 /// Generates the PKI into `dir`.
 pub fn generate(dir: &Path) -> anyhow::Result<Pki> {
     generate_with_sans(dir, &[], &[])
@@ -51,14 +65,7 @@ pub fn generate(dir: &Path) -> anyhow::Result<Pki> {
 /// certificate (the sandbox's apiserver address on its underlay) and client
 /// certificates for `clients` (kubelets, kube-proxy).
 pub fn generate_with_sans(dir: &Path, extra_sans: &[String], clients: &[ClientIdentity]) -> anyhow::Result<Pki> {
-    let ca_key = KeyPair::generate().context("generating CA key")?;
-    let mut ca_params = CertificateParams::new(Vec::<String>::new()).context("CA params")?;
-    ca_params.distinguished_name = dn("weft-test-ca");
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca_params.key_usages =
-        vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
-    let ca_cert = ca_params.self_signed(&ca_key).context("self-signing CA")?;
-    let issuer = Issuer::new(ca_params, ca_key);
+    let (ca_cert, issuer) = new_ca("weft-test-ca")?;
 
     // The apiserver is reached as 127.0.0.1 by tests and as the first
     // service IP / kubernetes.default by in-cluster clients.
@@ -103,12 +110,26 @@ pub fn generate_with_sans(dir: &Path, extra_sans: &[String], clients: &[ClientId
         issued.push(issued_cert);
     }
 
+    // A CA of its own, as kubeadm does: a certificate the cluster CA signed
+    // must not be able to assert request headers to extension apiservers.
+    let (front_proxy_ca, front_proxy_issuer) = new_ca("weft-front-proxy-ca")?;
+    let front_proxy_key = KeyPair::generate().context("generating front-proxy client key")?;
+    let mut front_proxy_params = CertificateParams::new(Vec::<String>::new()).context("front-proxy client params")?;
+    front_proxy_params.distinguished_name = dn(FRONT_PROXY_CLIENT_CN);
+    front_proxy_params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+    let front_proxy_client = front_proxy_params
+        .signed_by(&front_proxy_key, &front_proxy_issuer)
+        .context("signing the front-proxy client certificate")?;
+
     let pki = Pki {
         ca_cert: dir.join("ca.crt"),
         serving_cert: dir.join("apiserver.crt"),
         serving_key: dir.join("apiserver.key"),
         service_account_key: dir.join("sa.key"),
         service_account_pub: dir.join("sa.pub"),
+        front_proxy_ca_cert: dir.join("front-proxy-ca.crt"),
+        front_proxy_client_cert: dir.join("front-proxy-client.crt"),
+        front_proxy_client_key: dir.join("front-proxy-client.key"),
         ca_pem: ca_cert.pem(),
         clients: issued,
     };
@@ -117,7 +138,21 @@ pub fn generate_with_sans(dir: &Path, extra_sans: &[String], clients: &[ClientId
     write(&pki.serving_key, &serving_key.serialize_pem())?;
     write(&pki.service_account_key, &sa_key.serialize_pem())?;
     write(&pki.service_account_pub, &sa_key.public_key_pem())?;
+    write(&pki.front_proxy_ca_cert, &front_proxy_ca.pem())?;
+    write(&pki.front_proxy_client_cert, &front_proxy_client.pem())?;
+    write(&pki.front_proxy_client_key, &front_proxy_key.serialize_pem())?;
     Ok(pki)
+}
+
+/// A self-signed CA named `common_name` and the issuer that signs with it.
+fn new_ca(common_name: &str) -> anyhow::Result<(rcgen::Certificate, Issuer<'static, KeyPair>)> {
+    let key = KeyPair::generate().with_context(|| format!("generating {common_name}'s key"))?;
+    let mut params = CertificateParams::new(Vec::<String>::new()).with_context(|| format!("{common_name} params"))?;
+    params.distinguished_name = dn(common_name);
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
+    let cert = params.self_signed(&key).with_context(|| format!("self-signing {common_name}"))?;
+    Ok((cert, Issuer::new(params, key)))
 }
 
 fn dn(common_name: &str) -> DistinguishedName {

@@ -8,10 +8,13 @@
 //!
 //! `ring` holds the records, `annotate` turns kernel events into records
 //! (pure), `recorder` reads the kernel, `service` serves the records,
-//! `metrics` counts them.
+//! `metrics` counts them. `remote` serves them over TCP to the operator
+//! (`--flows-listen`), whose token `token_review` checks.
 
 pub mod annotate;
 pub mod metrics;
 pub mod recorder;
+pub mod remote;
 pub mod ring;
 pub mod service;
+pub mod token_review;

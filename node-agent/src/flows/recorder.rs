@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::watch;
-use weft_proto::flows::v1::{Event, Flow, Verdict};
+use weft_proto::flows::v1::Flow;
 
 use super::annotate::{self, Index};
 use super::metrics::FlowMetrics;
@@ -176,23 +176,7 @@ fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or_default()
 }
 
-pub fn event_name(e: i32) -> &'static str {
-    match Event::try_from(e) {
-        Ok(Event::Opened) => "opened",
-        Ok(Event::Closed) => "closed",
-        Ok(Event::Denied) => "denied",
-        _ => "unspecified",
-    }
-}
-
-pub fn verdict_name(v: i32) -> &'static str {
-    match Verdict::try_from(v) {
-        Ok(Verdict::Forwarded) => "forwarded",
-        Ok(Verdict::Dropped) => "dropped",
-        Ok(Verdict::Rejected) => "rejected",
-        _ => "unspecified",
-    }
-}
+pub use weft_proto::flows_json::{event_name, verdict_name};
 
 #[cfg(test)]
 mod tests {

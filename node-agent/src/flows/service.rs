@@ -28,6 +28,7 @@ const PROBE_WAIT_MAX: Duration = Duration::from_secs(10);
 /// Where a pod attached on this node has its network namespace, by NAMESPACE/NAME.
 pub type PodNetns = Arc<dyn Fn(&str) -> Option<PathBuf> + Send + Sync>;
 
+#[derive(Clone)]
 pub struct FlowService {
     node: String,
     ring: Arc<Ring>,
@@ -100,7 +101,7 @@ pub fn check_filter(f: &Filter) -> Result<(), Status> {
     Ok(())
 }
 
-type FlowStream = Pin<Box<dyn Stream<Item = Result<Flow, Status>> + Send>>;
+pub type FlowStream = Pin<Box<dyn Stream<Item = Result<Flow, Status>> + Send>>;
 
 #[tonic::async_trait]
 impl Flows for FlowService {

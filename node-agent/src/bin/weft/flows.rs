@@ -1,14 +1,15 @@
-//! `weft flows`: one node's flow records, from its agent's socket
-//! (`--socket`, on the node), listed or followed, as text or JSON lines.
+//! `weft flows`: flow records, listed or followed, as text or JSON lines:
+//! every node's through the flows.weft.dev API (the caller's own rights
+//! decide which namespaces), or with `--socket` one node's from its agent.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
-use serde_json::{Value, json};
-use weft_agent::flows::recorder::{event_name, verdict_name};
+use serde_json::Value;
 use weft_proto::flows::v1::flows_client::FlowsClient;
 use weft_proto::flows::v1::{Endpoint, Filter, Flow, ListRequest, ListResponse, Verdict};
+use weft_proto::flows_json::{event_name, verdict_name};
 
 /// How long the agent may take to accept the connection, and to answer a list.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -16,10 +17,11 @@ const LIST_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// The agent's socket on this node (in the agent's container, its
-    /// WEFT_AGENT_SOCKET: `kubectl exec` finds it whatever the chart's runDir).
-    #[arg(long, env = "WEFT_AGENT_SOCKET", default_value = weft_proto::DEFAULT_AGENT_SOCKET)]
-    socket: PathBuf,
+    /// Read one node's records from its agent's socket (on the node; in the
+    /// agent's container its WEFT_AGENT_SOCKET, so `kubectl exec` finds it
+    /// whatever the chart's runDir) instead of every node's through the API.
+    #[arg(long, env = "WEFT_AGENT_SOCKET")]
+    pub socket: Option<PathBuf>,
     /// Only records with a pod of this namespace at either end (repeatable).
     #[arg(long = "namespace", short = 'n', value_parser = parse_namespace)]
     namespaces: Vec<String>,
@@ -64,8 +66,8 @@ fn parse_pod(s: &str) -> Result<String, String> {
     Ok(s.to_owned())
 }
 
-pub async fn run(args: &Args) -> anyhow::Result<()> {
-    let filter = Filter {
+fn filter_of(args: &Args) -> Filter {
+    Filter {
         namespaces: args.namespaces.clone(),
         pod: args.pod.clone().unwrap_or_default(),
         verdict: match args.verdict {
@@ -74,12 +76,17 @@ pub async fn run(args: &Args) -> anyhow::Result<()> {
             Some(VerdictArg::Dropped) => Verdict::Dropped,
             Some(VerdictArg::Rejected) => Verdict::Rejected,
         } as i32,
-    };
+    }
+}
+
+/// One node's records, from the agent's socket.
+pub async fn run_local(socket: &std::path::Path, args: &Args) -> anyhow::Result<()> {
+    let filter = filter_of(args);
     if !args.follow {
-        print_list(&list(&args.socket, filter, args.limit).await?, args.output);
+        print_list(&list(socket, filter, args.limit).await?, args.output);
         return Ok(());
     }
-    let channel = weft_proto::unix::channel(&args.socket, CONNECT_TIMEOUT, None).await?;
+    let channel = weft_proto::unix::channel(socket, CONNECT_TIMEOUT, None).await?;
     let request = ListRequest { filter: Some(filter), limit: args.limit };
     let mut stream =
         FlowsClient::new(channel).follow(request).await.context("following the agent's flows")?.into_inner();
@@ -113,28 +120,9 @@ fn print_flow(f: &Flow, output: Output) {
     }
 }
 
-fn end_json(e: Option<&Endpoint>) -> Value {
-    let e = e.cloned().unwrap_or_default();
-    json!({"address": e.address, "port": e.port, "namespace": e.namespace, "pod": e.pod})
-}
-
 /// A record as JSON (the field names of `weft.flows.v1.Flow`, in camelCase).
 pub fn json_of(f: &Flow) -> Value {
-    json!({
-        "seq": f.seq,
-        "timeUnixMs": f.time_unix_ms,
-        "node": f.node,
-        "event": event_name(f.event),
-        "protocol": f.protocol,
-        "source": end_json(f.source.as_ref()),
-        "destination": end_json(f.destination.as_ref()),
-        "verdict": verdict_name(f.verdict),
-        "policy": f.policy,
-        "direction": f.direction,
-        "rule": f.rule,
-        "packets": f.packets,
-        "bytes": f.bytes,
-    })
+    weft_proto::flows_json::to_json(f)
 }
 
 /// A record on one line.
@@ -167,6 +155,95 @@ pub fn text_of(f: &Flow) -> String {
         end(f.destination.as_ref()),
         verdict_name(f.verdict)
     )
+}
+
+/// The API's path for `namespace`'s records (None: every namespace's).
+fn api_path(namespace: Option<&str>) -> String {
+    match namespace {
+        Some(ns) => format!("/apis/flows.weft.dev/v1alpha1/namespaces/{ns}/flows"),
+        None => "/apis/flows.weft.dev/v1alpha1/flows".to_owned(),
+    }
+}
+
+/// The query of a list or follow (values are validated names: only the
+/// pod's slash needs escaping).
+fn api_query(args: &Args) -> String {
+    let mut q = Vec::new();
+    let verdict = filter_of(args).verdict;
+    if verdict != Verdict::Unspecified as i32 {
+        q.push(format!("verdict={}", verdict_name(verdict)));
+    }
+    if let Some(pod) = &args.pod {
+        q.push(format!("pod={}", pod.replace('/', "%2F")));
+    }
+    if args.limit > 0 {
+        q.push(format!("limit={}", args.limit));
+    }
+    if args.follow {
+        q.push("watch=true".to_owned());
+    }
+    q.join("&")
+}
+
+fn get(path: &str, query: &str) -> anyhow::Result<http::Request<Vec<u8>>> {
+    let uri = if query.is_empty() { path.to_owned() } else { format!("{path}?{query}") };
+    http::Request::get(uri).body(Vec::new()).context("building the flows request")
+}
+
+/// Every node's records through the flows.weft.dev API, with the caller's
+/// own rights: per namespace asked for, or (none asked) every namespace's.
+pub async fn run_api(client: &kube::Client, args: &Args) -> anyhow::Result<()> {
+    let namespaces: Vec<Option<&str>> = match args.namespaces.as_slice() {
+        [] => vec![None],
+        many => many.iter().map(|n| Some(n.as_str())).collect(),
+    };
+    let query = api_query(args);
+    if args.follow {
+        let [namespace] = namespaces.as_slice() else {
+            anyhow::bail!("--follow takes one --namespace, or none for every namespace");
+        };
+        let path = api_path(*namespace);
+        let stream = client
+            .request_stream(get(&path, &query)?)
+            .await
+            .with_context(|| format!("following {path} (is the flows API installed and may you read it?)"))?;
+        use futures::{AsyncBufReadExt, TryStreamExt};
+        let mut lines = stream.lines();
+        while let Some(line) = lines.try_next().await.context("reading the followed flows")? {
+            let value: Value = serde_json::from_str(&line).context("a followed record is not JSON")?;
+            let flow = weft_proto::flows_json::from_json(&value).map_err(anyhow::Error::msg)?;
+            print_flow(&flow, args.output);
+        }
+        return Ok(());
+    }
+    let mut flows = Vec::new();
+    for namespace in namespaces {
+        let path = api_path(namespace);
+        let list: Value = client
+            .request(get(&path, &query)?)
+            .await
+            .with_context(|| format!("listing {path} (is the flows API installed and may you read it?)"))?;
+        for item in list["items"].as_array().map(Vec::as_slice).unwrap_or_default() {
+            flows.push(weft_proto::flows_json::from_json(item).map_err(anyhow::Error::msg)?);
+        }
+        for node in list["nodes"].as_array().map(Vec::as_slice).unwrap_or_default() {
+            let name = node["node"].as_str().unwrap_or("?");
+            if let Some(e) = node["error"].as_str() {
+                eprintln!("weft: node {name} did not answer: {e}");
+            } else if node["lost"].as_u64().unwrap_or(0) > 0 {
+                eprintln!("weft: node {name} lost records at least {} times (the kernel dropped events)", node["lost"]);
+            }
+        }
+    }
+    flows.sort_by_key(|f| (f.time_unix_ms, f.node.clone(), f.seq));
+    flows.dedup_by(|a, b| a.node == b.node && a.seq == b.seq);
+    if args.limit > 0 && flows.len() > args.limit as usize {
+        flows.drain(..flows.len() - args.limit as usize);
+    }
+    for flow in &flows {
+        print_flow(flow, args.output);
+    }
+    Ok(())
 }
 
 #[cfg(test)]

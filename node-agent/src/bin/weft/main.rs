@@ -2,7 +2,8 @@
 //! policies decide a connection between two pods, computed by the agent's
 //! own policy model from what the API holds (and with `--probe`, what one
 //! connection sent from the source pod did); `weft flows`
-//! shows a node's flow records. Installed as `kubectl-weft`, it is also
+//! shows the flow records of every node (through the flows.weft.dev API) or
+//! of one (its agent's socket). Installed as `kubectl-weft`, it is also
 //! `kubectl weft`.
 
 mod explain;
@@ -29,7 +30,8 @@ struct Cli {
 enum Command {
     /// Which policies select each end of a connection, and which rule decides it.
     Explain(explain::Args),
-    /// One node's flow records (run on the node: it reads the agent's socket).
+    /// Flow records: every node's through the Kubernetes API (as your rights
+    /// allow), or one node's from its agent's socket (--socket).
     Flows(flows::Args),
 }
 
@@ -43,7 +45,13 @@ async fn main() -> std::process::ExitCode {
                 let client = kube_read::client(cli.kubeconfig.as_deref(), cli.context.as_deref()).await?;
                 explain::run(&client, &args).await
             }
-            Command::Flows(args) => flows::run(&args).await,
+            Command::Flows(args) => match &args.socket {
+                Some(socket) => flows::run_local(socket, &args).await,
+                None => {
+                    let client = kube_read::client(cli.kubeconfig.as_deref(), cli.context.as_deref()).await?;
+                    flows::run_api(&client, &args).await
+                }
+            },
         }
     }
     .await;

@@ -1,0 +1,258 @@
+//! The flows API's listener: TLS that only the apiserver's front-proxy
+//! certificate gets through, then one HTTP/1.1 request after another.
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use bytes::Bytes;
+use futures::StreamExt;
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper_util::rt::TokioIo;
+use k8s_openapi::api::authorization::v1::{ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec};
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, PostParams};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use tokio_rustls::TlsAcceptor;
+
+use super::agents::Agents;
+use super::request_header::{Caller, RequestHeaderConfig};
+use super::routes::{self, Route};
+
+/// How long a client may take over its TLS handshake; the apiserver and the
+/// agents, to answer.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+const REVIEW_TIMEOUT: Duration = Duration::from_secs(5);
+/// How often the apiserver's front-proxy settings are read again while they
+/// are missing.
+const RETRY: Duration = Duration::from_secs(30);
+
+pub struct Settings {
+    pub addr: SocketAddr,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub agents: Agents,
+}
+
+type Body = UnsyncBoxBody<Bytes, Infallible>;
+
+struct State {
+    client: kube::Client,
+    request_header: RequestHeaderConfig,
+    agents: Agents,
+}
+
+/// Serves the flows API until the process ends. Until the apiserver
+/// publishes its front-proxy settings it serves nothing and says why.
+pub async fn run(settings: Settings, client: kube::Client) {
+    let request_header = loop {
+        match front_proxy_settings(&client).await {
+            Ok(c) => break c,
+            Err(e) => {
+                tracing::warn!(error = %format!("{e:#}"), "flows API: not serving yet");
+                tokio::time::sleep(RETRY).await;
+            }
+        }
+    };
+    if let Err(e) = serve(settings, client, request_header).await {
+        tracing::error!(error = %format!("{e:#}"), "flows API stopped");
+    }
+}
+
+async fn front_proxy_settings(client: &kube::Client) -> anyhow::Result<RequestHeaderConfig> {
+    let api = Api::<ConfigMap>::namespaced(client.clone(), "kube-system");
+    let cm = tokio::time::timeout(REVIEW_TIMEOUT, api.get("extension-apiserver-authentication"))
+        .await
+        .context("reading kube-system/extension-apiserver-authentication timed out")?
+        .context("reading kube-system/extension-apiserver-authentication")?;
+    Ok(RequestHeaderConfig::from_data(&cm.data.unwrap_or_default())?)
+}
+
+/// TLS that asks for a client certificate signed by `client_ca` and refuses
+/// connections without one.
+pub fn tls_config(cert: &[u8], key: &[u8], client_ca: &[u8]) -> anyhow::Result<rustls::ServerConfig> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    for ca in CertificateDer::pem_slice_iter(client_ca) {
+        roots.add(ca.context("reading the front-proxy CA")?).context("using the front-proxy CA")?;
+    }
+    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
+        .build()
+        .context("the front-proxy CA")?;
+    let certs = CertificateDer::pem_slice_iter(cert)
+        .collect::<Result<Vec<_>, _>>()
+        .context("reading the serving certificate")?;
+    let key = PrivateKeyDer::from_pem_slice(key).context("reading the serving key")?;
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .context("TLS versions")?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(certs, key)
+        .context("the serving certificate and key")?;
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(config)
+}
+
+/// The common name of a verified client certificate.
+fn common_name(cert: &CertificateDer<'_>) -> Option<String> {
+    let (_, parsed) = x509_parser::parse_x509_certificate(cert.as_ref()).ok()?;
+    parsed.subject().iter_common_name().next()?.as_str().ok().map(str::to_owned)
+}
+
+async fn serve(settings: Settings, client: kube::Client, request_header: RequestHeaderConfig) -> anyhow::Result<()> {
+    let read = |p: &PathBuf| std::fs::read(p).with_context(|| format!("reading {}", p.display()));
+    let tls = tls_config(&read(&settings.cert)?, &read(&settings.key)?, request_header.client_ca.as_bytes())?;
+    let acceptor = TlsAcceptor::from(Arc::new(tls));
+    let listener = tokio::net::TcpListener::bind(settings.addr)
+        .await
+        .with_context(|| format!("listening on {} for the flows API", settings.addr))?;
+    tracing::info!(addr = %settings.addr, "flows API serving");
+    let state = Arc::new(State { client, request_header, agents: settings.agents });
+    loop {
+        let (tcp, peer) = match listener.accept().await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(error = %e, "flows API: accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let (acceptor, state) = (acceptor.clone(), Arc::clone(&state));
+        tokio::spawn(async move {
+            let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                Ok(Ok(tls)) => tls,
+                Ok(Err(e)) => return tracing::debug!(%peer, error = %e, "flows API: TLS refused"),
+                Err(_) => return tracing::debug!(%peer, "flows API: TLS handshake timed out"),
+            };
+            let name = tls.get_ref().1.peer_certificates().and_then(|c| c.first()).and_then(common_name);
+            if let Err(e) = state.request_header.check_name(name.as_deref().unwrap_or("")) {
+                return tracing::warn!(%peer, error = %e, "flows API: connection refused");
+            }
+            let service = hyper::service::service_fn(move |req| {
+                let state = Arc::clone(&state);
+                async move { Ok::<_, Infallible>(respond(&state, req).await) }
+            });
+            if let Err(e) =
+                hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(tls), service).await
+            {
+                tracing::debug!(%peer, error = %e, "flows API: connection ended");
+            }
+        });
+    }
+}
+
+fn json(code: StatusCode, value: &serde_json::Value) -> Response<Body> {
+    let mut r = Response::new(Full::new(Bytes::from(value.to_string())).boxed_unsync());
+    *r.status_mut() = code;
+    r.headers_mut().insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/json"));
+    r
+}
+
+fn failure(code: StatusCode, reason: &str, message: &str) -> Response<Body> {
+    json(code, &routes::status(code.as_u16(), reason, message))
+}
+
+async fn respond(state: &State, req: Request<Incoming>) -> Response<Body> {
+    if req.method() != Method::GET {
+        return failure(StatusCode::METHOD_NOT_ALLOWED, "MethodNotAllowed", "the flows API is read-only");
+    }
+    let route = match routes::route(req.uri().path()) {
+        Ok(r) => r,
+        Err(e @ routes::RouteError::NotFound(_)) => return failure(StatusCode::NOT_FOUND, "NotFound", &e.to_string()),
+        Err(e) => return failure(StatusCode::BAD_REQUEST, "BadRequest", &e.to_string()),
+    };
+    let namespace = match route {
+        Route::Health => return json(StatusCode::OK, &serde_json::json!("ok")),
+        Route::GroupList => return json(StatusCode::OK, &routes::group_list()),
+        Route::Group => return json(StatusCode::OK, &routes::group()),
+        Route::Resources => return json(StatusCode::OK, &routes::resources()),
+        Route::Flows { namespace } => namespace,
+    };
+    let caller = match state.request_header.caller(req.headers()) {
+        Ok(c) => c,
+        Err(e) => return failure(StatusCode::UNAUTHORIZED, "Unauthorized", &e.to_string()),
+    };
+    let query = match routes::query(req.uri().query(), namespace.as_deref()) {
+        Ok(q) => q,
+        Err(e) => return failure(StatusCode::BAD_REQUEST, "BadRequest", &e.to_string()),
+    };
+    let verb = if query.watch { "watch" } else { "list" };
+    match may(&state.client, &caller, verb, namespace.as_deref()).await {
+        Ok(true) => {}
+        Ok(false) => {
+            let where_ =
+                namespace.as_deref().map_or("at the cluster scope".to_owned(), |n| format!("in the namespace {n:?}"));
+            let message = format!(
+                "flows.weft.dev is forbidden: User {:?} cannot {verb} resource \"flows\" {where_}",
+                caller.user
+            );
+            return failure(StatusCode::FORBIDDEN, "Forbidden", &message);
+        }
+        Err(e) => return failure(StatusCode::SERVICE_UNAVAILABLE, "ServiceUnavailable", &format!("{e:#}")),
+    }
+    let filter = routes::filter(namespace.as_deref(), &query);
+    if query.watch {
+        return match state.agents.follow(filter, query.limit).await {
+            Ok(flows) => {
+                let lines = flows.map(move |f| {
+                    let f = match &namespace {
+                        Some(ns) => routes::redact(ns, f),
+                        None => f,
+                    };
+                    let mut line = weft_proto::flows_json::to_json(&f).to_string();
+                    line.push('\n');
+                    Ok::<_, Infallible>(Frame::data(Bytes::from(line)))
+                });
+                let mut r = Response::new(BodyExt::boxed_unsync(StreamBody::new(lines)));
+                r.headers_mut().insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/json"));
+                r
+            }
+            Err(e) => failure(StatusCode::SERVICE_UNAVAILABLE, "ServiceUnavailable", &format!("{e:#}")),
+        };
+    }
+    match state.agents.list(filter, query.limit).await {
+        Ok((flows, nodes)) => {
+            let flows = match &namespace {
+                Some(ns) => flows.into_iter().map(|f| routes::redact(ns, f)).collect(),
+                None => flows,
+            };
+            json(StatusCode::OK, &routes::flow_list(flows, &nodes, query.limit))
+        }
+        Err(e) => failure(StatusCode::SERVICE_UNAVAILABLE, "ServiceUnavailable", &format!("{e:#}")),
+    }
+}
+
+/// Whether the apiserver lets `caller` `verb` flows in `namespace` (all: None).
+async fn may(client: &kube::Client, caller: &Caller, verb: &str, namespace: Option<&str>) -> anyhow::Result<bool> {
+    let review = SubjectAccessReview {
+        spec: SubjectAccessReviewSpec {
+            user: Some(caller.user.clone()),
+            groups: Some(caller.groups.clone()),
+            extra: Some(caller.extra.clone().into_iter().collect::<BTreeMap<_, _>>()),
+            resource_attributes: Some(ResourceAttributes {
+                group: Some(routes::GROUP.to_owned()),
+                version: Some(routes::VERSION.to_owned()),
+                resource: Some(routes::RESOURCE.to_owned()),
+                verb: Some(verb.to_owned()),
+                namespace: namespace.map(str::to_owned),
+                ..ResourceAttributes::default()
+            }),
+            ..SubjectAccessReviewSpec::default()
+        },
+        ..SubjectAccessReview::default()
+    };
+    let api = Api::<SubjectAccessReview>::all(client.clone());
+    let answer = tokio::time::timeout(REVIEW_TIMEOUT, api.create(&PostParams::default(), &review))
+        .await
+        .context("the apiserver took too long to review access")?
+        .context("asking the apiserver whether the caller may read flows")?;
+    Ok(answer.status.is_some_and(|s| s.allowed))
+}
