@@ -311,6 +311,55 @@ fn agent_listener_status(node: &str, agent_ip: &str, token: Option<&str>) -> Str
     }
 }
 
+/// `weft flows --follow` through the API with `kubeconfig` (alice's): a
+/// connection made after it started arrives as it happens, from the node
+/// that recorded it.
+fn follow_through_api(kubeconfig: &std::path::Path, server: &str) {
+    use std::io::BufRead;
+    let pod = format!("{NS}/client");
+    let mut child = std::process::Command::new(weft_e2e::bins::weft("weft"))
+        .env("KUBECONFIG", kubeconfig)
+        .env_remove("WEFT_AGENT_SOCKET")
+        .args(["flows", "--follow", "-n", NS, "--pod", &pod, "--verdict", "forwarded", "-o", "json"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit())
+        .spawn()
+        .expect("weft runs");
+    let stdout = child.stdout.take().expect("piped stdout");
+    let (tx, rx) = std::sync::mpsc::channel::<Value>();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+            let Ok(v) = serde_json::from_str(&line) else { continue };
+            if tx.send(v).is_err() {
+                return;
+            }
+        }
+    });
+    let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_millis() as u64;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut found = None;
+    while found.is_none() && Instant::now() < deadline {
+        // One new connection a round, until one arrives (the follow may
+        // still be opening its streams to the agents).
+        assert!(http_hostname(NS, "client", &format!("{server}:{HTTP_PORT}")).is_some(), "client reaches server");
+        let round = Instant::now() + Duration::from_secs(2);
+        while let Some(left) = round.checked_duration_since(Instant::now()) {
+            match rx.recv_timeout(left) {
+                Ok(r) if r["timeUnixMs"].as_u64() >= Some(since) && r["destination"]["pod"] == "server" => {
+                    found = Some(r);
+                    break;
+                }
+                Ok(_) => {}
+                Err(_) => break,
+            }
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let r = found.expect("a new connection of client's arrives through `weft flows --follow` within 20 s");
+    assert_eq!(r["source"]["pod"], "client", "{r}");
+}
+
 fn flows_api(cluster: &Cluster) {
     const OTHER: &str = "weft-e2e-visitors";
     let admin = cluster.state().kubeconfig.clone();
@@ -359,6 +408,7 @@ fn flows_api(cluster: &Cluster) {
             .any(|r| r["destination"]["pod"] == "server" && r["source"]["address"] != "" && r["source"]["pod"] == ""),
         "visitor's connection is hers, without visitor's name"
     );
+    follow_through_api(alice, &server);
     for forbidden in [vec!["-n", OTHER], vec![]] {
         let err = flows_through_api(alice, &forbidden).expect_err("alice may not read these flows");
         assert!(err.contains("forbidden"), "{forbidden:?}: {err}");

@@ -256,3 +256,100 @@ async fn may(client: &kube::Client, caller: &Caller, verb: &str, namespace: Opti
         .context("asking the apiserver whether the caller may read flows")?;
     Ok(answer.status.is_some_and(|s| s.allowed))
 }
+
+#[cfg(test)]
+mod tests {
+    use rcgen::{BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair};
+    use tokio_rustls::TlsConnector;
+
+    use super::*;
+
+    struct Ca {
+        pem: String,
+        issuer: Issuer<'static, KeyPair>,
+    }
+
+    fn ca(name: &str) -> Ca {
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.distinguished_name.push(DnType::CommonName, name);
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let pem = params.self_signed(&key).unwrap().pem();
+        Ca { pem, issuer: Issuer::new(params, key) }
+    }
+
+    /// A certificate and key (PEM) signed by `ca`.
+    fn issue(ca: &Ca, name: &str, client: bool) -> (String, String) {
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(if client { vec![] } else { vec!["flows.test".to_owned()] }).unwrap();
+        params.distinguished_name.push(DnType::CommonName, name);
+        params.extended_key_usages =
+            vec![if client { ExtendedKeyUsagePurpose::ClientAuth } else { ExtendedKeyUsagePurpose::ServerAuth }];
+        (params.signed_by(&key, &ca.issuer).unwrap().pem(), key.serialize_pem())
+    }
+
+    /// What the server makes of one connection from a client presenting
+    /// `client` (cert and key PEM): the certificate's name, or the refusal.
+    async fn server_sees(
+        server: &rustls::ServerConfig,
+        serving_ca: &str,
+        client: Option<(String, String)>,
+    ) -> Result<Option<String>, String> {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(CertificateDer::from_pem_slice(serving_ca.as_bytes()).unwrap()).unwrap();
+        let builder = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots);
+        let config = match client {
+            Some((cert, key)) => builder
+                .with_client_auth_cert(
+                    vec![CertificateDer::from_pem_slice(cert.as_bytes()).unwrap()],
+                    PrivateKeyDer::from_pem_slice(key.as_bytes()).unwrap(),
+                )
+                .unwrap(),
+            None => builder.with_no_client_auth(),
+        };
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let acceptor = TlsAcceptor::from(Arc::new(server.clone()));
+        let accepted = tokio::spawn(async move {
+            let (tcp, _) = listener.accept().await.unwrap();
+            match acceptor.accept(tcp).await {
+                Ok(tls) => Ok(tls.get_ref().1.peer_certificates().and_then(|c| c.first()).and_then(common_name)),
+                Err(e) => Err(e.to_string()),
+            }
+        });
+        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let name = rustls::pki_types::ServerName::try_from("flows.test").unwrap();
+        // The client's side may finish before the server refuses its certificate (TLS 1.3).
+        let _ = TlsConnector::from(Arc::new(config)).connect(name, tcp).await;
+        accepted.await.unwrap()
+    }
+
+    #[tokio::test]
+    async fn only_the_front_proxys_certificate_gets_through() {
+        let serving_ca = ca("serving");
+        let front_proxy = ca("front-proxy-ca");
+        let stranger = ca("somebody-else");
+        let (cert, key) = issue(&serving_ca, "flows.test", false);
+        let server = tls_config(cert.as_bytes(), key.as_bytes(), front_proxy.pem.as_bytes()).unwrap();
+
+        let apiserver = issue(&front_proxy, "front-proxy-client", true);
+        assert_eq!(server_sees(&server, &serving_ca.pem, Some(apiserver)).await, Ok(Some("front-proxy-client".into())));
+        assert!(server_sees(&server, &serving_ca.pem, None).await.is_err(), "no certificate: refused");
+        let forged = issue(&stranger, "front-proxy-client", true);
+        assert!(server_sees(&server, &serving_ca.pem, Some(forged)).await.is_err(), "another CA: refused");
+    }
+
+    #[test]
+    fn a_bad_front_proxy_ca_or_serving_pair_is_an_error_that_says_which() {
+        let serving_ca = ca("serving");
+        let (cert, key) = issue(&serving_ca, "flows.test", false);
+        let e = tls_config(cert.as_bytes(), b"not a key", serving_ca.pem.as_bytes()).unwrap_err();
+        assert!(format!("{e:#}").contains("serving key"), "{e:#}");
+        let e = tls_config(cert.as_bytes(), key.as_bytes(), b"").unwrap_err();
+        assert!(format!("{e:#}").contains("front-proxy CA"), "{e:#}");
+    }
+}
