@@ -117,19 +117,8 @@ fn host_ports(cluster: &Cluster) {
 
 /// Runs `command` in the agent container of `node`'s Weft agent pod.
 fn in_agent(node: &str, command: &[&str]) -> String {
-    let agent = kubectl_ok(&[
-        "get",
-        "pods",
-        "-n",
-        "kube-system",
-        "-l",
-        "app.kubernetes.io/component=agent",
-        "--field-selector",
-        &format!("spec.nodeName={node}"),
-        "-o",
-        "jsonpath={.items[0].metadata.name}",
-    ]);
-    let mut args = vec!["exec", "-n", "kube-system", agent.trim(), "-c", "agent", "--"];
+    let agent = weft_pods("agent", Some(node), "{.items[0].metadata.name}");
+    let mut args = vec!["exec", "-n", "kube-system", &agent, "-c", "agent", "--"];
     args.extend_from_slice(command);
     kubectl_ok(&args)
 }
@@ -261,16 +250,16 @@ spec:
 }
 
 /// Weft's host veths, IPAM records and host-port rules on a node.
-/// The host IP of the first kube-system pod of Weft's `component`.
-fn weft_pod_host_ip(component: &str, node: Option<&str>) -> String {
-    let mut args = vec!["get", "pods", "-n", "kube-system", "-l"];
+/// `jsonpath` over Weft's kube-system pods of `component` (on `node`, if given).
+fn weft_pods(component: &str, node: Option<&str>, jsonpath: &str) -> String {
     let selector = format!("app.kubernetes.io/component={component}");
-    args.push(&selector);
+    let mut args = vec!["get", "pods", "-n", "kube-system", "-l", &selector];
     let field = node.map(|n| format!("spec.nodeName={n}"));
     if let Some(f) = &field {
         args.extend_from_slice(&["--field-selector", f]);
     }
-    args.extend_from_slice(&["-o", "jsonpath={.items[0].status.hostIP}"]);
+    let output = format!("jsonpath={jsonpath}");
+    args.extend_from_slice(&["-o", &output]);
     kubectl_ok(&args).trim().to_owned()
 }
 
@@ -417,7 +406,7 @@ fn flows_api(cluster: &Cluster) {
     // Nobody reaches the flows past the apiserver: the operator's port
     // refuses a client without the front-proxy certificate, whatever
     // headers it sends ...
-    let operator_ip = weft_pod_host_ip("operator", None);
+    let operator_ip = weft_pods("operator", None, "{.items[0].status.hostIP}");
     let url = format!("https://{operator_ip}:9648/apis/flows.weft.dev/v1alpha1/flows");
     let spoof =
         ["curl", "-sk", "--max-time", "5", "-H", "X-Remote-User: admin", "-H", "X-Remote-Group: system:masters", &url];
@@ -427,28 +416,10 @@ fn flows_api(cluster: &Cluster) {
         "the flows API answered a client without the front-proxy certificate: {out}"
     );
     // ... and an agent answers only the operator's token for flows.weft.dev.
-    let agent_ip = weft_pod_host_ip("agent", Some("node-1"));
+    let agent_ip = weft_pods("agent", Some("node-1"), "{.items[0].status.hostIP}");
     assert_eq!(agent_listener_status("node-2", &agent_ip, None), "16", "no token: unauthenticated");
-    let agent_sa = kubectl_ok(&[
-        "get",
-        "pods",
-        "-n",
-        "kube-system",
-        "-l",
-        "app.kubernetes.io/component=agent",
-        "-o",
-        "jsonpath={.items[0].spec.serviceAccountName}",
-    ]);
-    let operator_sa = kubectl_ok(&[
-        "get",
-        "pods",
-        "-n",
-        "kube-system",
-        "-l",
-        "app.kubernetes.io/component=operator",
-        "-o",
-        "jsonpath={.items[0].spec.serviceAccountName}",
-    ]);
+    let agent_sa = weft_pods("agent", None, "{.items[0].spec.serviceAccountName}");
+    let operator_sa = weft_pods("operator", None, "{.items[0].spec.serviceAccountName}");
     let token = |sa: &str, audience: &str| {
         kubectl_ok(&["create", "token", "-n", "kube-system", sa.trim(), "--audience", audience]).trim().to_owned()
     };
@@ -545,16 +516,7 @@ fn status_follows_the_agent(cluster: &Cluster) {
 }
 
 fn agent_pods() -> Vec<String> {
-    let out = kubectl_ok(&[
-        "get",
-        "pods",
-        "-n",
-        "kube-system",
-        "-l",
-        "app.kubernetes.io/component=agent",
-        "-o",
-        "jsonpath={.items[*].metadata.uid}",
-    ]);
+    let out = weft_pods("agent", None, "{.items[*].metadata.uid}");
     out.split_whitespace().map(str::to_owned).collect()
 }
 

@@ -1242,7 +1242,11 @@ fn flows_api_renders_with_defaults() {
     assert_eq!(rule["apiGroups"][0], "flows.weft.dev");
     assert_eq!(rule["resources"].as_sequence().expect("resources").len(), 1);
     assert_eq!(rule["resources"][0], "flows");
-    assert_eq!(serde_yaml::to_string(&rule["verbs"]).expect("verbs"), "- get\n- list\n");
+    assert_eq!(
+        serde_yaml::to_string(&rule["verbs"]).expect("verbs"),
+        "- get\n- list\n- watch\n",
+        "watch: weft flows --follow"
+    );
 
     // The operator delegates authentication and authorization to the
     // apiserver and reads the front proxy's configuration.
