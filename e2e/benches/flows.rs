@@ -8,7 +8,9 @@
 //! Run with `cargo bench -p weft-e2e --bench flows` after
 //! `cargo build --release --workspace --bins` and with
 //! `WEFT_BIN_DIR=target/release` (a debug agent measures the debug build).
-//! `WEFT_FLOWS_SECONDS` sets each rate's duration (default 5).
+//! `WEFT_FLOWS_SECONDS` sets each rate's duration and each iperf3 run's
+//! (default 5); `WEFT_FLOWS_IPERF_RUNS` the iperf3 runs per column (default
+//! 3; the table gives their median and range).
 
 use std::net::{Ipv4Addr, SocketAddrV4, TcpListener, TcpStream};
 use std::process::Command;
@@ -88,14 +90,15 @@ fn connections(rate: u64, secs: u64, to: SocketAddrV4) -> u64 {
     .expect("client thread")
 }
 
-/// Pod-to-pod TCP throughput a -> b, in Gbit/s.
-fn throughput(b: Ipv4Addr, secs: u64) -> f64 {
+/// Pod-to-pod TCP throughput a -> b, in Gbit/s, measured `runs` times
+/// against one server (the first run also waits for the server to listen).
+fn throughput(b: Ipv4Addr, secs: u64, runs: usize) -> Vec<f64> {
     let mut server = Command::new("ip")
         .args(["netns", "exec", &pod_ns("b"), "iperf3", "-s", "-p", "5201"])
         .stdout(std::process::Stdio::null())
         .spawn()
         .expect("iperf3 server");
-    let out = weft_e2e::wait::until("iperf3 client to run", Duration::from_secs(10), || {
+    let client = || {
         let out = Command::new("ip")
             .args(["netns", "exec", &pod_ns("a"), "iperf3", "-c", &b.to_string(), "-p", "5201", "-J", "-t"])
             .arg(secs.to_string())
@@ -107,21 +110,32 @@ fn throughput(b: Ipv4Addr, secs: u64) -> f64 {
                 String::from_utf8_lossy(&out.stdout).lines().find(|l| l.contains("error")).unwrap_or("")
             );
         }
-        out.status.success().then_some(out)
-    });
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+        Some(v["end"]["sum_received"]["bits_per_second"].as_f64()? / 1e9)
+    };
+    let first = weft_e2e::wait::until("iperf3 client to run", Duration::from_secs(10 + secs), client);
+    let mut gbps = vec![first];
+    for _ in 1..runs {
+        gbps.push(client().expect("iperf3 client run"));
+    }
     let _ = server.kill();
     let _ = server.wait();
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("iperf3 JSON");
-    v["end"]["sum_received"]["bits_per_second"].as_f64().expect("bits_per_second") / 1e9
+    gbps
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
 }
 
 struct Run {
     /// Per rate: made, agent CPU share of one core, RSS MiB, recorded.
     rates: Vec<(u64, u64, f64, f64, f64)>,
-    gbps: f64,
+    /// Each iperf3 run's Gbit/s.
+    gbps: Vec<f64>,
 }
 
-fn measure(flows: bool, secs: u64) -> Option<Run> {
+fn measure(flows: bool, secs: u64, iperf_runs: usize) -> Option<Run> {
     let mut args = vec!["--nodes", "1"];
     if flows {
         args.extend([
@@ -175,15 +189,16 @@ fn measure(flows: bool, secs: u64) -> Option<Run> {
     stop.store(true, Ordering::Relaxed);
     server.join().expect("server thread");
     eprintln!("flows {}: iperf3", if flows { "on" } else { "off" });
-    let gbps = throughput(b, secs);
+    let gbps = throughput(b, secs, iperf_runs);
     drop(up);
     Some(Run { rates, gbps })
 }
 
 fn main() {
     let secs: u64 = std::env::var("WEFT_FLOWS_SECONDS").ok().and_then(|v| v.parse().ok()).unwrap_or(5);
-    let Some(off) = measure(false, secs) else { return };
-    let Some(on) = measure(true, secs) else { return };
+    let runs: usize = std::env::var("WEFT_FLOWS_IPERF_RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(3).max(1);
+    let Some(off) = measure(false, secs, runs) else { return };
+    let Some(on) = measure(true, secs, runs) else { return };
     println!("\n## Flow recording: agent cost and pod throughput ({secs} s per rate, one node, pod a -> pod b)\n");
     println!(
         "| new connections/s | made (off / on) | agent CPU off | agent CPU on | CPU on − off | RSS off / on (MiB) | recorded (on) |"
@@ -203,7 +218,13 @@ fn main() {
             100.0 * n.4 / n.1.max(1) as f64
         );
     }
-    println!("\n| pod-to-pod TCP (iperf3) | off | on | on / off |");
+    let range = |v: &[f64]| {
+        let (lo, hi) = v.iter().fold((f64::MAX, f64::MIN), |(lo, hi), x| (lo.min(*x), hi.max(*x)));
+        format!("{lo:.2}–{hi:.2}")
+    };
+    println!("\n| pod-to-pod TCP (iperf3, {runs} runs of {secs} s each) | off | on | on / off |");
     println!("|---|---:|---:|---:|");
-    println!("| Gbit/s | {:.2} | {:.2} | {:.3} |", off.gbps, on.gbps, on.gbps / off.gbps);
+    let (m_off, m_on) = (median(off.gbps.clone()), median(on.gbps.clone()));
+    println!("| Gbit/s, median | {m_off:.2} | {m_on:.2} | {:.3} |", m_on / m_off);
+    println!("| Gbit/s, range | {} | {} | |", range(&off.gbps), range(&on.gbps));
 }

@@ -273,8 +273,12 @@ fn flows_through_api(kubeconfig: &std::path::Path, args: &[&str]) -> Result<Vec<
         .args(args)
         .output()
         .expect("weft runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
     if !out.status.success() {
-        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+        return Err(stderr.into_owned());
+    }
+    if !stderr.is_empty() {
+        eprintln!("    weft flows {args:?}: {}", stderr.trim());
     }
     let text = String::from_utf8_lossy(&out.stdout);
     Ok(text.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}"))).collect())
@@ -362,13 +366,28 @@ fn flows_api(cluster: &Cluster) {
 
     // The cluster admin, through the API: both nodes' records of visitor → server.
     let visitor = format!("{OTHER}/visitor");
-    let seen = eventually("visitor → server through the flows API, from both nodes", Duration::from_secs(30), || {
-        let records = flows_through_api(&admin, &["--pod", &visitor]).ok()?;
+    let mut last = String::new();
+    let seen = weft_e2e::wait::try_until(Duration::from_secs(30), || {
+        let records = match flows_through_api(&admin, &["--pod", &visitor]) {
+            Ok(r) => r,
+            Err(e) => {
+                last = e;
+                return None;
+            }
+        };
         let to_server: Vec<&Value> =
             records.iter().filter(|r| r["destination"]["pod"] == "server" && r["source"]["pod"] == "visitor").collect();
         let nodes: std::collections::BTreeSet<&str> = to_server.iter().filter_map(|r| r["node"].as_str()).collect();
+        last = format!("{} records, {} of visitor → server, from {nodes:?}", records.len(), to_server.len());
         (nodes.len() == 2).then_some(to_server.len())
     });
+    let Some(seen) = seen else {
+        let (_, logs) =
+            kubectl(&["logs", "-n", "kube-system", "-l", "app.kubernetes.io/component=operator", "--tail=30"]);
+        panic!(
+            "visitor → server not seen through the flows API from both nodes within 30 s: {last}\noperator:\n{logs}"
+        );
+    };
     assert!(seen >= 2);
 
     // alice may view weft-e2e only (the chart's reader role joins `view`).

@@ -179,7 +179,7 @@ pub fn denied(index: &Index, d: &Dropped, rejects: bool, time_unix_ms: u64) -> O
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use serde_json::json;
 
     use super::*;
@@ -187,14 +187,14 @@ mod tests {
     use crate::policy::model::Cluster;
     use crate::policy::model::tests::{NODE, cluster, std_policy};
 
-    fn snapshot(c: Cluster) -> Latest {
+    pub(crate) fn snapshot(c: Cluster) -> Latest {
         let compiler = Compiler::new(&c);
         let local =
             c.pods.iter().filter(|p| p.node == NODE).filter_map(|p| compiler.pod_policy(p)).map(Arc::new).collect();
         Latest { cluster: Arc::new(c), local }
     }
 
-    fn event(kind: Kind, src: &str, dst: &str, dport: u16) -> conntrack_events::Event {
+    pub(crate) fn event(kind: Kind, src: &str, dst: &str, dport: u16) -> conntrack_events::Event {
         conntrack_events::Event {
             kind,
             proto: 6,

@@ -11,7 +11,7 @@ use weft_proto::flows::v1::Flow;
 use super::annotate::{self, Index};
 use super::metrics::FlowMetrics;
 use super::ring::Ring;
-use crate::dataplane::conntrack_events::Events;
+use crate::dataplane::conntrack_events::{self, Events};
 use crate::dataplane::sysctl;
 use crate::policy::drop_log::{Dropped, Sink};
 use crate::policy::sync::Latest;
@@ -28,8 +28,9 @@ const COALESCE_BELOW: usize = 128;
 /// often: at 50,000 pods a rebuild takes milliseconds, and passes can come
 /// every few milliseconds under churn …
 const REINDEX_EVERY: Duration = Duration::from_secs(1);
-/// … or this often when an event names no pod it knows (a new pod's first
-/// connections, which would otherwise go unrecorded for up to a second).
+/// … or this often when an event has an end it cannot name (a new pod's
+/// first connections, which would otherwise go unrecorded, or unnamed, for
+/// up to a second).
 const REINDEX_ON_MISS: Duration = Duration::from_millis(100);
 
 pub struct Recorder {
@@ -39,6 +40,8 @@ pub struct Recorder {
     /// Denies answer (the agent's deny action is reject).
     rejects: bool,
     index: Mutex<Indexed>,
+    /// [`REINDEX_EVERY`], [`REINDEX_ON_MISS`] (tests shorten them).
+    reindex: (Duration, Duration),
 }
 
 struct Indexed {
@@ -56,7 +59,7 @@ impl Recorder {
         latest: watch::Receiver<Option<Arc<Latest>>>,
     ) -> Self {
         let index = Mutex::new(Indexed { latest, index: Arc::new(Index::empty(node)), built: None });
-        Recorder { node: node.to_owned(), ring, metrics, rejects, index }
+        Recorder { node: node.to_owned(), ring, metrics, rejects, index, reindex: (REINDEX_EVERY, REINDEX_ON_MISS) }
     }
 
     /// Starts reading conntrack events in the caller's network namespace
@@ -93,25 +96,7 @@ impl Recorder {
                     if got.events.is_empty() {
                         continue;
                     }
-                    let (index, now) = (self.index(REINDEX_EVERY), now_ms());
-                    let mut missed = Vec::new();
-                    for e in &got.events {
-                        match annotate::connection(&index, e, now) {
-                            Some(flow) => self.push(flow),
-                            None => missed.push(e),
-                        }
-                    }
-                    // No local pod at either end: perhaps one the index
-                    // does not know yet (a pod's first connections).
-                    if !missed.is_empty() {
-                        let fresh = self.index(REINDEX_ON_MISS);
-                        if !Arc::ptr_eq(&fresh, &index) {
-                            missed
-                                .iter()
-                                .filter_map(|e| annotate::connection(&fresh, e, now))
-                                .for_each(|f| self.push(f));
-                        }
-                    }
+                    self.record(&got.events, now_ms());
                     // Let events gather before the next wake-up: woken per
                     // event, the thread spent most of its time switching in
                     // and out. The socket's buffer holds far more than
@@ -124,6 +109,33 @@ impl Recorder {
                     tracing::warn!(error = %e, "flows: reading conntrack events failed");
                     std::thread::sleep(AFTER_ERROR);
                 }
+            }
+        }
+    }
+
+    /// Records a batch of connection events. An event naming no local pod,
+    /// or an address the index cannot name (perhaps a pod that just started:
+    /// its first connections), is looked at again with a newer index, which
+    /// is then due sooner ([`REINDEX_ON_MISS`]; an address outside the pods
+    /// costs a look at whether a newer pass exists).
+    fn record(&self, events: &[conntrack_events::Event], now: u64) {
+        let index = self.index(self.reindex.0);
+        let mut again = Vec::new();
+        for e in events {
+            match annotate::connection(&index, e, now) {
+                Some(flow) if names_both(&flow) => self.push(flow),
+                annotated => again.push((e, annotated)),
+            }
+        }
+        if again.is_empty() {
+            return;
+        }
+        let fresh = self.index(self.reindex.1);
+        let newer = !Arc::ptr_eq(&fresh, &index);
+        for (e, annotated) in again {
+            let flow = if newer { annotate::connection(&fresh, e, now) } else { annotated };
+            if let Some(flow) = flow {
+                self.push(flow);
             }
         }
     }
@@ -160,9 +172,14 @@ impl Recorder {
     }
 }
 
+/// Whether a record names the pods at both ends.
+fn names_both(f: &Flow) -> bool {
+    [&f.source, &f.destination].iter().all(|e| e.as_ref().is_some_and(|e| !e.pod.is_empty()))
+}
+
 impl Sink for Recorder {
     fn dropped(&self, d: &Dropped) {
-        if let Some(flow) = annotate::denied(&self.index(REINDEX_ON_MISS), d, self.rejects, now_ms()) {
+        if let Some(flow) = annotate::denied(&self.index(self.reindex.1), d, self.rejects, now_ms()) {
             self.push(flow);
         }
     }
@@ -194,5 +211,37 @@ mod tests {
         recorder.lost();
         assert_eq!(ring.counts().lost, 2);
         assert_eq!(metrics.lost.get_or_create(&ReasonLabels { reason: "kernel" }).get(), 2);
+    }
+
+    /// A pod that just started connects to a local pod: the index built
+    /// before its address was known cannot name it, so its record waits
+    /// for the newer pass (due sooner on such a miss) instead of going out
+    /// unnamed.
+    #[test]
+    fn a_new_pods_first_connection_is_named_from_the_newer_pass() {
+        use crate::dataplane::conntrack_events::Kind;
+        use crate::flows::annotate::tests::{event, snapshot};
+        use crate::policy::model::tests::cluster;
+
+        let run = |on_miss: Duration| {
+            let ring = Arc::new(Ring::new(8));
+            let (tx, latest) = watch::channel(None);
+            let mut recorder = Recorder::new("n1", Arc::clone(&ring), Arc::new(FlowMetrics::default()), true, latest);
+            recorder.reindex = (Duration::from_secs(3600), on_miss);
+            let full = cluster();
+            let mut before = full.clone();
+            before.pods.retain(|p| !p.ips.contains(&"10.0.2.2".parse().unwrap()));
+            tx.send(Some(Arc::new(snapshot(before)))).unwrap();
+            // dev/web (10.0.2.2, on another node) to prod/db (local).
+            let e = event(Kind::New, "10.0.2.2", "10.0.1.2", 5432);
+            recorder.record(std::slice::from_ref(&e), 1);
+            tx.send(Some(Arc::new(snapshot(full)))).unwrap();
+            recorder.record(std::slice::from_ref(&e), 2);
+            let filter = weft_proto::flows::v1::Filter::default();
+            ring.list(&filter, 0).iter().map(|f| f.source.as_ref().unwrap().pod.clone()).collect::<Vec<_>>()
+        };
+        assert_eq!(run(Duration::ZERO), ["", "web"]);
+        // Not yet due: the record still goes out, unnamed, not lost.
+        assert_eq!(run(Duration::from_secs(3600)), ["", ""]);
     }
 }
