@@ -263,9 +263,9 @@ fn weft_pods(component: &str, node: Option<&str>, jsonpath: &str) -> String {
     kubectl_ok(&args).trim().to_owned()
 }
 
-/// `weft flows -o json <args>` from the test host with `kubeconfig`:
-/// success, and the records (or the error).
-fn flows_through_api(kubeconfig: &std::path::Path, args: &[&str]) -> Result<Vec<Value>, String> {
+/// `weft flows -o json <args>` from the test host with `kubeconfig`: the
+/// records and what it said on stderr (nodes that did not answer), or the error.
+fn flows_and_warnings(kubeconfig: &std::path::Path, args: &[&str]) -> Result<(Vec<Value>, String), String> {
     let out = std::process::Command::new(weft_e2e::bins::weft("weft"))
         .env("KUBECONFIG", kubeconfig)
         .env_remove("WEFT_AGENT_SOCKET")
@@ -273,15 +273,21 @@ fn flows_through_api(kubeconfig: &std::path::Path, args: &[&str]) -> Result<Vec<
         .args(args)
         .output()
         .expect("weft runs");
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     if !out.status.success() {
-        return Err(stderr.into_owned());
-    }
-    if !stderr.is_empty() {
-        eprintln!("    weft flows {args:?}: {}", stderr.trim());
+        return Err(stderr);
     }
     let text = String::from_utf8_lossy(&out.stdout);
-    Ok(text.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}"))).collect())
+    Ok((text.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}"))).collect(), stderr))
+}
+
+/// [`flows_and_warnings`]'s records; its warnings go to the test's log.
+fn flows_through_api(kubeconfig: &std::path::Path, args: &[&str]) -> Result<Vec<Value>, String> {
+    let (records, warnings) = flows_and_warnings(kubeconfig, args)?;
+    if !warnings.is_empty() {
+        eprintln!("    weft flows {args:?}: {}", warnings.trim());
+    }
+    Ok(records)
 }
 
 /// The gRPC status an agent's flows listener gives a List sent from
@@ -514,6 +520,12 @@ fn status_follows_the_agent(cluster: &Cluster) {
     // A hung agent: it keeps its socket but answers nothing.
     // SAFETY: plain kill(2) of the agent process found in node-2.
     assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+    // The flows API answers without it, in bounded time, and says which
+    // node did not answer.
+    let started = Instant::now();
+    let (_, warnings) = flows_and_warnings(&cluster.state().kubeconfig, &["-n", NS]).expect("flows without node-2");
+    assert!(warnings.contains("node node-2 did not answer"), "{warnings}");
+    assert!(started.elapsed() < Duration::from_secs(15), "a hung agent held the flows API {:?}", started.elapsed());
     eventually("node-2 NotReady once STATUS fails", Duration::from_secs(60), || {
         (node_ready("node-2") == Some(false)).then_some(())
     });
