@@ -1,7 +1,8 @@
 //! Who may read this node's flows over TCP: one service account (the
 //! operator's, which serves flows.weft.dev), proven by its bound token for
-//! the audience `flows.weft.dev`, which the apiserver reviews. A review is
-//! remembered for a minute, by the token's hash.
+//! the audience `flows.weft.dev`, which the apiserver reviews. A passed
+//! review is remembered for a minute, by the token's hash; reviews are
+//! asked at most a few a second.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -17,6 +18,11 @@ const REVIEW_TIMEOUT: Duration = Duration::from_secs(5);
 const REMEMBER: Duration = Duration::from_secs(60);
 /// Reviews remembered at most (a caller sending new tokens cannot grow it).
 const REMEMBERED: usize = 64;
+/// Reviews asked of the apiserver per second at most: the listener is on
+/// the node's address, which pods can reach, and a review per made-up
+/// token would turn a pod's flood into the apiserver's load. The operator
+/// needs one a minute per token.
+const REVIEWS_PER_SECOND: u32 = 5;
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum Refused {
@@ -28,6 +34,25 @@ pub enum Refused {
     NotTheReader(String),
     #[error("cannot review the token: {0}")]
     Unavailable(String),
+}
+
+/// Counts reviews in one-second windows (pure: the caller gives the time).
+#[derive(Debug, Default)]
+pub struct ReviewBudget {
+    window: Option<Instant>,
+    used: u32,
+}
+
+impl ReviewBudget {
+    /// Whether one more review may go to the apiserver at `now`.
+    pub fn take(&mut self, now: Instant) -> bool {
+        if self.window.is_none_or(|start| now.duration_since(start) >= Duration::from_secs(1)) {
+            self.window = Some(now);
+            self.used = 0;
+        }
+        self.used += 1;
+        self.used <= REVIEWS_PER_SECOND
+    }
 }
 
 /// What a review's answer means for `reader` (pure).
@@ -55,11 +80,17 @@ pub struct TokenReviewer {
     api: Api<TokenReview>,
     reader: String,
     passed: Mutex<HashMap<[u8; 32], Instant>>,
+    budget: Mutex<ReviewBudget>,
 }
 
 impl TokenReviewer {
     pub fn new(client: kube::Client, reader: String) -> Self {
-        TokenReviewer { api: Api::all(client), reader, passed: Mutex::new(HashMap::new()) }
+        TokenReviewer {
+            api: Api::all(client),
+            reader,
+            passed: Mutex::new(HashMap::new()),
+            budget: Mutex::new(ReviewBudget::default()),
+        }
     }
 
     /// Ok when `token` is the reader's.
@@ -71,6 +102,9 @@ impl TokenReviewer {
             if passed.get(&key).is_some_and(|until| *until > now) {
                 return Ok(());
             }
+        }
+        if !self.budget.lock().unwrap_or_else(|p| p.into_inner()).take(now) {
+            return Err(Refused::Unavailable("too many token reviews this second".into()));
         }
         let review = TokenReview {
             spec: TokenReviewSpec { token: Some(token.to_owned()), audiences: Some(vec![AUDIENCE.to_owned()]) },
@@ -123,6 +157,16 @@ mod tests {
             Err(Refused::NotAuthenticated(_))
         ));
         assert!(decide(None, OPERATOR).is_err());
+    }
+
+    #[test]
+    fn a_flood_of_made_up_tokens_costs_the_apiserver_a_few_reviews_a_second() {
+        let mut budget = ReviewBudget::default();
+        let t0 = Instant::now();
+        let allowed = (0..1000).filter(|_| budget.take(t0)).count();
+        assert_eq!(allowed, REVIEWS_PER_SECOND as usize);
+        assert!(!budget.take(t0 + Duration::from_millis(999)));
+        assert!(budget.take(t0 + Duration::from_secs(1)), "a new second, a new budget");
     }
 
     #[test]
