@@ -44,6 +44,7 @@ pub struct Metrics {
     /// weft.dev NetworkPolicies by `state` (accepted, rejected).
     pub network_policies: Family<StateLabel, Gauge>,
     pub standard_policies_refused: Gauge,
+    pub flows_api_serving: Gauge,
     ready: AtomicBool,
 }
 
@@ -98,8 +99,15 @@ impl Metrics {
             "Standard NetworkPolicies over Weft's size bound (the agents isolate their pods and admit nothing)",
             standard_policies_refused.clone(),
         );
+        let flows_api_serving = Gauge::default();
+        registry.register(
+            "flows_api_serving",
+            "1 while this replica serves the flows.weft.dev API (--flows-api-addr), else 0",
+            flows_api_serving.clone(),
+        );
         Metrics {
             registry,
+            flows_api_serving,
             host_ports,
             host_port_collected,
             subnet_leases,

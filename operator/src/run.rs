@@ -30,7 +30,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let mut server = tokio::spawn(metrics::serve(config.metrics_addr, metrics.clone()));
     // Every replica serves the flows API: it holds no state to lead.
     if let Some(settings) = flows_api_settings(&config, &client) {
-        tokio::spawn(crate::flows_api::run(settings, client.clone()));
+        tokio::spawn(crate::flows_api::run(settings, client.clone(), metrics.flows_api_serving.clone()));
     }
     let identity = config.identity.clone().unwrap_or_else(default_identity);
 

@@ -19,6 +19,7 @@ use hyper_util::rt::TokioIo;
 use k8s_openapi::api::authorization::v1::{ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, PostParams};
+use prometheus_client::metrics::gauge::Gauge;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio_rustls::TlsAcceptor;
@@ -31,8 +32,7 @@ use super::routes::{self, Route};
 /// agents, to answer.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 const REVIEW_TIMEOUT: Duration = Duration::from_secs(5);
-/// How often the apiserver's front-proxy settings are read again while they
-/// are missing.
+/// How long the API waits before trying again to serve.
 const RETRY: Duration = Duration::from_secs(30);
 
 pub struct Settings {
@@ -50,20 +50,22 @@ struct State {
     agents: Agents,
 }
 
-/// Serves the flows API until the process ends. Until the apiserver
-/// publishes its front-proxy settings it serves nothing and says why.
-pub async fn run(settings: Settings, client: kube::Client) {
-    let request_header = loop {
-        match front_proxy_settings(&client).await {
-            Ok(c) => break c,
-            Err(e) => {
-                tracing::warn!(error = %format!("{e:#}"), "flows API: not serving yet");
-                tokio::time::sleep(RETRY).await;
-            }
+/// Serves the flows API until the process ends. While it cannot (the
+/// apiserver publishes no front-proxy settings yet, the serving certificate
+/// is unreadable, the port taken) it says why and tries again; `serving`
+/// is 1 while it listens.
+pub async fn run(settings: Settings, client: kube::Client, serving: Gauge) {
+    loop {
+        let outcome = async {
+            let request_header = front_proxy_settings(&client).await?;
+            serve(&settings, client.clone(), request_header, &serving).await
         }
-    };
-    if let Err(e) = serve(settings, client, request_header).await {
-        tracing::error!(error = %format!("{e:#}"), "flows API stopped");
+        .await;
+        serving.set(0);
+        if let Err(e) = outcome {
+            tracing::warn!(error = %format!("{e:#}"), retry_in = ?RETRY, "flows API: not serving");
+        }
+        tokio::time::sleep(RETRY).await;
     }
 }
 
@@ -107,7 +109,12 @@ fn common_name(cert: &CertificateDer<'_>) -> Option<String> {
     parsed.subject().iter_common_name().next()?.as_str().ok().map(str::to_owned)
 }
 
-async fn serve(settings: Settings, client: kube::Client, request_header: RequestHeaderConfig) -> anyhow::Result<()> {
+async fn serve(
+    settings: &Settings,
+    client: kube::Client,
+    request_header: RequestHeaderConfig,
+    serving: &Gauge,
+) -> anyhow::Result<()> {
     let read = |p: &PathBuf| std::fs::read(p).with_context(|| format!("reading {}", p.display()));
     let tls = tls_config(&read(&settings.cert)?, &read(&settings.key)?, request_header.client_ca.as_bytes())?;
     let acceptor = TlsAcceptor::from(Arc::new(tls));
@@ -115,7 +122,8 @@ async fn serve(settings: Settings, client: kube::Client, request_header: Request
         .await
         .with_context(|| format!("listening on {} for the flows API", settings.addr))?;
     tracing::info!(addr = %settings.addr, "flows API serving");
-    let state = Arc::new(State { client, request_header, agents: settings.agents });
+    serving.set(1);
+    let state = Arc::new(State { client, request_header, agents: settings.agents.clone() });
     loop {
         let (tcp, peer) = match listener.accept().await {
             Ok(c) => c,
