@@ -310,30 +310,64 @@ fn agent_listener_status(node: &str, agent_ip: &str, token: Option<&str>) -> Str
     }
 }
 
+/// A running `weft flows --follow -o json` through the API: its records
+/// as they come; killed when dropped.
+struct Follower {
+    child: std::process::Child,
+    records: std::sync::mpsc::Receiver<Value>,
+}
+
+impl Follower {
+    fn start(kubeconfig: &std::path::Path, args: &[&str]) -> Follower {
+        use std::io::BufRead;
+        let mut child = std::process::Command::new(weft_e2e::bins::weft("weft"))
+            .env("KUBECONFIG", kubeconfig)
+            .env_remove("WEFT_AGENT_SOCKET")
+            .args(["flows", "--follow", "-o", "json"])
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::inherit())
+            .spawn()
+            .expect("weft runs");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (tx, records) = std::sync::mpsc::channel::<Value>();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+                let Ok(v) = serde_json::from_str(&line) else { continue };
+                if tx.send(v).is_err() {
+                    return;
+                }
+            }
+        });
+        Follower { child, records }
+    }
+
+    /// The next record that `wanted` admits, if one comes before `deadline`.
+    fn next_until(&self, deadline: Instant, wanted: impl Fn(&Value) -> bool) -> Option<Value> {
+        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+            match self.records.recv_timeout(left) {
+                Ok(r) if wanted(&r) => return Some(r),
+                Ok(_) => {}
+                Err(_) => return None,
+            }
+        }
+        None
+    }
+}
+
+impl Drop for Follower {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 /// `weft flows --follow` through the API with `kubeconfig` (alice's): a
 /// connection made after it started arrives as it happens, from the node
 /// that recorded it.
 fn follow_through_api(kubeconfig: &std::path::Path, server: &str) {
-    use std::io::BufRead;
     let pod = format!("{NS}/client");
-    let mut child = std::process::Command::new(weft_e2e::bins::weft("weft"))
-        .env("KUBECONFIG", kubeconfig)
-        .env_remove("WEFT_AGENT_SOCKET")
-        .args(["flows", "--follow", "-n", NS, "--pod", &pod, "--verdict", "forwarded", "-o", "json"])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::inherit())
-        .spawn()
-        .expect("weft runs");
-    let stdout = child.stdout.take().expect("piped stdout");
-    let (tx, rx) = std::sync::mpsc::channel::<Value>();
-    std::thread::spawn(move || {
-        for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
-            let Ok(v) = serde_json::from_str(&line) else { continue };
-            if tx.send(v).is_err() {
-                return;
-            }
-        }
-    });
+    let follower = Follower::start(kubeconfig, &["-n", NS, "--pod", &pod, "--verdict", "forwarded"]);
     let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_millis() as u64;
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut found = None;
@@ -341,20 +375,10 @@ fn follow_through_api(kubeconfig: &std::path::Path, server: &str) {
         // One new connection a round, until one arrives (the follow may
         // still be opening its streams to the agents).
         assert!(http_hostname(NS, "client", &format!("{server}:{HTTP_PORT}")).is_some(), "client reaches server");
-        let round = Instant::now() + Duration::from_secs(2);
-        while let Some(left) = round.checked_duration_since(Instant::now()) {
-            match rx.recv_timeout(left) {
-                Ok(r) if r["timeUnixMs"].as_u64() >= Some(since) && r["destination"]["pod"] == "server" => {
-                    found = Some(r);
-                    break;
-                }
-                Ok(_) => {}
-                Err(_) => break,
-            }
-        }
+        found = follower.next_until(Instant::now() + Duration::from_secs(2), |r| {
+            r["timeUnixMs"].as_u64() >= Some(since) && r["destination"]["pod"] == "server"
+        });
     }
-    let _ = child.kill();
-    let _ = child.wait();
     let r = found.expect("a new connection of client's arrives through `weft flows --follow` within 20 s");
     assert_eq!(r["source"]["pod"], "client", "{r}");
 }
@@ -526,6 +550,11 @@ fn status_follows_the_agent(cluster: &Cluster) {
     let (_, warnings) = flows_and_warnings(&cluster.state().kubeconfig, &["-n", NS]).expect("flows without node-2");
     assert!(warnings.contains("node node-2 did not answer"), "{warnings}");
     assert!(started.elapsed() < Duration::from_secs(15), "a hung agent held the flows API {:?}", started.elapsed());
+    // A follow too: node-1's held records come through, node-2 left out.
+    let follower = Follower::start(&cluster.state().kubeconfig, &["-n", NS]);
+    let held = follower.next_until(Instant::now() + Duration::from_secs(15), |r| r["node"] == "node-1");
+    assert!(held.is_some(), "a hung agent held up a follow through the flows API");
+    drop(follower);
     eventually("node-2 NotReady once STATUS fails", Duration::from_secs(60), || {
         (node_ready("node-2") == Some(false)).then_some(())
     });

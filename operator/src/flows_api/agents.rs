@@ -21,6 +21,9 @@ const LIST_TIMEOUT: Duration = Duration::from_secs(5);
 /// Agents asked at once.
 const FAN_OUT: usize = 32;
 
+/// The `authorization` value the agents check.
+type Token = tonic::metadata::MetadataValue<tonic::metadata::Ascii>;
+
 /// One agent's records and counters, or why it did not answer.
 type AgentAnswer = Result<(Vec<Flow>, NodeCounts), String>;
 
@@ -58,7 +61,7 @@ impl Agents {
             .collect())
     }
 
-    async fn token(&self) -> anyhow::Result<tonic::metadata::MetadataValue<tonic::metadata::Ascii>> {
+    async fn token(&self) -> anyhow::Result<Token> {
         use anyhow::Context;
         let token = tokio::fs::read_to_string(&self.token_file)
             .await
@@ -92,8 +95,7 @@ impl Agents {
                 async move {
                     let answer = async {
                         let channel = self.channel(&agent, Some(LIST_TIMEOUT)).await?;
-                        let mut request = tonic::Request::new(ListRequest { filter: Some(filter), limit });
-                        request.metadata_mut().insert("authorization", token);
+                        let request = list_request(filter, limit, token);
                         let r = FlowsClient::new(channel).list(request).await.map_err(|s| s.message().to_owned())?;
                         let r = r.into_inner();
                         Ok((r.flows, NodeCounts { lost: r.lost, evicted: r.evicted, capacity: r.capacity }))
@@ -121,7 +123,8 @@ impl Agents {
     }
 
     /// Every agent's records as they come (after those held), merged; an
-    /// agent that cannot be reached is left out, and logged.
+    /// agent that cannot be reached, or does not start answering in time
+    /// (a hung one), is left out, and logged.
     pub async fn follow(
         &self,
         filter: Filter,
@@ -129,24 +132,39 @@ impl Agents {
     ) -> anyhow::Result<impl futures::Stream<Item = Flow> + Send + 'static + use<>> {
         let agents = self.find().await?;
         let token = self.token().await?;
-        let mut streams = Vec::new();
-        for agent in agents {
-            let channel = match self.channel(&agent, None).await {
-                Ok(c) => c,
-                Err(e) => {
-                    tracing::warn!(node = %agent.node, error = %e, "flows API: an agent left out of a follow");
-                    continue;
+        let streams: Vec<_> = futures::stream::iter(agents)
+            .map(|agent| {
+                let request = list_request(filter.clone(), limit, token.clone());
+                async move {
+                    let started = async {
+                        let channel = self.channel(&agent, None).await?;
+                        let mut client = FlowsClient::new(channel);
+                        match tokio::time::timeout(LIST_TIMEOUT, client.follow(request)).await {
+                            Ok(Ok(stream)) => Ok(stream.into_inner()),
+                            Ok(Err(status)) => Err(status.message().to_owned()),
+                            Err(_) => Err(format!("no answer within {LIST_TIMEOUT:?}")),
+                        }
+                    };
+                    match started.await {
+                        Ok(stream) => Some(stream.filter_map(|f| async move { f.ok() }).boxed()),
+                        Err(e) => {
+                            tracing::warn!(node = %agent.node, error = %e, "flows API: an agent left out of a follow");
+                            None
+                        }
+                    }
                 }
-            };
-            let mut request = tonic::Request::new(ListRequest { filter: Some(filter.clone()), limit });
-            request.metadata_mut().insert("authorization", token.clone());
-            match FlowsClient::new(channel).follow(request).await {
-                Ok(s) => streams.push(s.into_inner().filter_map(|f| async move { f.ok() }).boxed()),
-                Err(e) => {
-                    tracing::warn!(node = %agent.node, error = %e.message(), "flows API: an agent refused a follow")
-                }
-            }
-        }
+            })
+            .buffer_unordered(FAN_OUT)
+            .filter_map(|s| async move { s })
+            .collect()
+            .await;
         Ok(futures::stream::select_all(streams))
     }
+}
+
+/// A list or follow request carrying the operator's token.
+fn list_request(filter: Filter, limit: u32, token: Token) -> tonic::Request<ListRequest> {
+    let mut request = tonic::Request::new(ListRequest { filter: Some(filter), limit });
+    request.metadata_mut().insert("authorization", token);
+    request
 }
