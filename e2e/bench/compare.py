@@ -3,7 +3,8 @@
 
 Each argument is LABEL:FROM_NS:TO_NS:ADDR. Every round measures every pair
 once, in alternating order, so the machine's drift and noise hit all pairs
-alike: TCP throughput with iperf3 (client on CPU 0, server on CPU 1) and
+alike: TCP throughput with iperf3 (client on CPU 0, server on CPU 1;
+--streams parallel streams, 1 by default) and
 ping round trips (ping on CPU 0), twice: spaced 2 ms apart (an idle path,
 as a request meets it; on a VM this includes waking halted CPUs), in ten
 short blocks per round with the pairs taking turns, and back to back (ping
@@ -32,7 +33,7 @@ def netns(ns, *cmd, **kw):
     return subprocess.run(["ip", "netns", "exec", ns, *cmd], **kw)
 
 
-def throughput(src, dst, addr, secs):
+def throughput(src, dst, addr, secs, streams=1):
     server = subprocess.Popen(
         ["ip", "netns", "exec", dst, "taskset", "-c", "1", "iperf3", "-s", "-p", str(PORT), "-1"],
         stdout=subprocess.DEVNULL,
@@ -45,7 +46,7 @@ def throughput(src, dst, addr, secs):
                 raise RuntimeError(f"iperf3 server in {dst} did not listen")
             time.sleep(0.01)
         out = netns(
-            src, "taskset", "-c", "0", "iperf3", "-c", addr, "-p", str(PORT), "-t", str(secs), "-J",
+            src, "taskset", "-c", "0", "iperf3", "-c", addr, "-p", str(PORT), "-t", str(secs), "-P", str(streams), "-J",
             capture_output=True, text=True, check=True,
         ).stdout
         return json.loads(out)["end"]["sum_received"]["bits_per_second"] / 1e9
@@ -75,6 +76,7 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--rounds", type=int, default=12)
     p.add_argument("--secs", type=int, default=4)
+    p.add_argument("--streams", type=int, default=1, help="parallel TCP streams of iperf3 (-P)")
     p.add_argument("--pings", type=int, default=200, help=f"spaced pings per pair and round, in {BLOCKS} blocks")
     p.add_argument("--ratio", action="append", default=[], help="A/B: per-round ratios of two labels")
     p.add_argument("pairs", nargs="+")
@@ -92,7 +94,7 @@ def main():
     for r in range(a.rounds):
         order = pairs if r % 2 == 0 else list(reversed(pairs))
         for label, src, dst, addr in order:
-            gbps[label].append(throughput(src, dst, addr, a.secs))
+            gbps[label].append(throughput(src, dst, addr, a.secs, a.streams))
         # Spaced pings in short blocks taking turns, so that what the VM's
         # idle CPUs do meanwhile falls on every pair alike.
         samples = {label: [] for label, *_ in pairs}

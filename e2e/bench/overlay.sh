@@ -40,6 +40,8 @@ want() { [[ $SECTIONS == *" $1 "* ]]; }
 SBX=target/debug/weft-sandbox
 ROUNDS=${ROUNDS:-12}
 SECS=${SECS:-4}
+# iperf3's parallel streams per measurement (STREAMS=4 for the multi-stream table).
+STREAMS=${STREAMS:-1}
 export RUST_BACKTRACE=0
 N1=weft-sbx-node-1 N2=weft-sbx-node-2
 
@@ -64,7 +66,7 @@ compare_pairs() {
   for x in "${@:2}"; do ratios+=(--ratio "$first/${x%%:*}"); done
   while read -r k t r f runs; do
     if [[ $k == */* ]]; then PT[$k]=$t PR[$k]=$r PF[$k]=$f; else T[$k]=$t R[$k]=$r F[$k]=$f P[$k]=$runs; fi
-  done < <(python3 e2e/bench/compare.py --rounds "$ROUNDS" --secs "$SECS" "${ratios[@]}" "$@")
+  done < <(python3 e2e/bench/compare.py --rounds "$ROUNDS" --secs "$SECS" --streams "$STREAMS" "${ratios[@]}" "$@")
 }
 
 # 100 NetworkPolicies in namespace bench-pol, all selecting role=bench: a
@@ -231,7 +233,7 @@ two_pods() {
 }
 
 $SBX down >/dev/null 2>&1 || true
-declare -A T R F P PT PR PF
+declare -A T R F P PT PR PF CPU
 
 # --- vxlan sandboxes: weft vxlan vs a hand-built VXLAN --------------------------
 # Pods routed first (that sandbox comes down at once), then bridged (the
@@ -355,8 +357,26 @@ baseline_wireguard_go() {
   ip -n $N2 addr add 172.31.98.2/30 dev wgb2; ip -n $N2 link set wgb2 mtu 1420 up
 }
 
+# CPU time (clock ticks) both sandbox agents have used so far.
+agent_ticks() {
+  local n st t=0
+  for n in node-1 node-2; do
+    read -r -a st <"/proc/$(cat "${WEFT_SANDBOX_DIR:-/run/weft-sandbox}/$n/agent.pid")/stat"
+    t=$((t + st[13] + st[14]))
+  done
+  echo "$t"
+}
+
+# Both agents' CPU-seconds per Gbit the weft pair KEY carried in its rounds:
+# CPUs busy per Gbit/s (the baseline pairs' rounds and the pings cost the
+# agents next to nothing, and count here).
+cpu_per_gbps() {
+  awk -v t="${CPU[$1]}" -v hz="$(getconf CLK_TCK)" -v secs="$SECS" \
+    '{ for (i = 1; i <= NF; i++) s += $i } END { printf "%.2f", t / hz / (s * secs) }' <<<"${P[$1]}"
+}
+
 tunnel() {
-  local weft=$1 backend=$2
+  local weft=$1 backend=$2 ticks
   $SBX up --nodes 2 --backend "$backend" >/dev/null
   two_pods
   if [[ $backend == wireguard ]]; then
@@ -366,7 +386,9 @@ tunnel() {
     baseline_vxlan 10.250.0.11 10.250.0.12 172.31.99.1/30 172.31.99.2/30
     baseline_pairs ipv4 1450 172.31.99.2 172.31.99.1
   fi
+  ticks=$(agent_ticks)
   compare "$weft" "$B_IP"
+  CPU[$weft]=$(($(agent_ticks) - ticks))
   $SBX down >/dev/null
   del_baseline_pods
 }
@@ -467,7 +489,7 @@ triple() {
   fi
 }
 echo
-echo "Pod-to-pod across nodes, ${ROUNDS} interleaved rounds: iperf3 ${SECS}s per round (median Gbit/s;"
+echo "Pod-to-pod across nodes, ${ROUNDS} interleaved rounds: iperf3 ${SECS}s, ${STREAMS} stream(s), per round (median Gbit/s;"
 echo "client CPU 0, server CPU 1), 200 pings 2 ms apart per round in blocks of 20, the pairs"
 echo "taking turns (median RTT of all), and 4000 back-to-back pings per round (ping -f; mean"
 echo "RTT: the path without idle wake-ups). Pings from CPU 0."
@@ -487,6 +509,10 @@ triple wv6 "weft vxlan, IPv6 pods, bridged" bridged "hand-built VXLAN"
 triple wv6u "weft vxlan over IPv6, bridged" bridged "hand-built VXLAN"
 triple wv6o "weft IPv6-only cluster, bridged" bridged "hand-built VXLAN"
 triple wv6or "weft IPv6-only cluster, routed" routed "hand-built VXLAN"
+if want tunnel; then
+echo
+echo "Agent CPU per Gbit/s (both agents, ${STREAMS} stream(s)): udp $(cpu_per_gbps wu), wireguard $(cpu_per_gbps ww)"
+fi
 if want vxlan; then
 pair wpol wnop "weft vxlan, 100 policies" "weft vxlan, no policy" "ratio 100 policies / none"
 pair wgrd wnog "weft vxlan, source guard" "weft vxlan, guard skipped" "ratio guard / skipped"

@@ -419,7 +419,10 @@ async fn setup_overlay(
         cfg.wireguard_key = Some(key);
     }
     let reconciler = overlay::Reconciler::new(host, cfg).context("overlay configuration")?;
-    let reconciler = Arc::new(reconciler.with_tunnel_stats(tunnel::engine::Stats::of(&metrics.tunnel_packets)));
+    let reconciler = Arc::new(
+        reconciler
+            .with_tunnel_stats(tunnel::engine::Stats::of(&metrics.tunnel_packets, &metrics.tunnel_device_operations)),
+    );
     let local = reconciler.ensure_local().await.context("cannot set up this node's overlay")?;
 
     // Pods on other nodes are reached through this node's forwarding path,

@@ -39,6 +39,11 @@ pub struct OutcomeLabels {
     pub outcome: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DirectionLabels {
+    pub direction: &'static str,
+}
+
 type HistogramFamily = Family<VerbLabels, Histogram, fn() -> Histogram>;
 
 pub struct Metrics {
@@ -60,6 +65,9 @@ pub struct Metrics {
     pub guard_repairs: Counter,
     /// udp and wireguard: packets through the agent's datapath, by outcome.
     pub tunnel_packets: Family<OutcomeLabels, Counter>,
+    /// udp and wireguard: reads and writes of the TUN device (with its
+    /// offloads, one carries many packets).
+    pub tunnel_device_operations: Family<DirectionLabels, Counter>,
     pub policy: std::sync::Arc<crate::policy::metrics::PolicyMetrics>,
     /// 1 when the last readiness check (/readyz) failed, else 0 (also before the first).
     pub not_ready: Gauge,
@@ -161,6 +169,12 @@ impl Default for Metrics {
             "udp and wireguard backends: datagrams sent and packets delivered to pods (sent, received), and packets dropped: to a cluster address no usable peer holds (no_peer), from a peer with a source not of its pods or for another node (spoofed), not from a peer or not authentic (refused), failed sends (send_error)",
             tunnel_packets.clone(),
         );
+        let tunnel_device_operations = Family::<DirectionLabels, Counter>::default();
+        registry.register(
+            "tunnel_device_operations",
+            "udp and wireguard backends: reads (direction=read) and writes (direction=write) of the TUN device; with its offloads one carries up to 64 KiB of a TCP stream, so packets per operation shows them working",
+            tunnel_device_operations.clone(),
+        );
         let policy = std::sync::Arc::new(crate::policy::metrics::PolicyMetrics::register(&mut registry));
         let flows = crate::flows::metrics::FlowMetrics::register(&mut registry);
         let not_ready = Gauge::default();
@@ -186,6 +200,7 @@ impl Default for Metrics {
             guard_dropped,
             guard_repairs,
             tunnel_packets,
+            tunnel_device_operations,
             policy,
             not_ready,
             flows,

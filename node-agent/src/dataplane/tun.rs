@@ -5,6 +5,11 @@
 //! The device is persistent (TUNSETPERSIST): it, its address and the routes
 //! through it outlive the agent, so a restarted agent attaches to the same
 //! device and nothing has to be reprogrammed while traffic waits.
+//!
+//! Every packet carries a `virtio_net_hdr` (IFF_VNET_HDR), and the device
+//! takes and hands over TCP packets of up to 64 KiB with partial checksums
+//! (TUNSETOFFLOAD: checksum, TSO for both families), as a NIC with those
+//! offloads does: the caller cuts and joins segments.
 
 use std::ffi::CString;
 use std::net::IpAddr;
@@ -22,6 +27,11 @@ const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
 const TUNSETPERSIST: libc::c_ulong = 0x4004_54cb;
 const IFF_TUN: libc::c_short = 0x0001;
 const IFF_NO_PI: libc::c_short = 0x1000;
+const IFF_VNET_HDR: libc::c_short = 0x4000;
+const TUNSETOFFLOAD: libc::c_ulong = 0x4004_54d0;
+const TUN_F_CSUM: libc::c_uint = 0x01;
+const TUN_F_TSO4: libc::c_uint = 0x02;
+const TUN_F_TSO6: libc::c_uint = 0x04;
 
 /// `struct ifreq` as TUNSETIFF reads it: the name, then the flags.
 #[repr(C)]
@@ -32,8 +42,9 @@ struct IfReq {
 }
 
 /// Opens (creating it if needed) the TUN device `name` in the calling
-/// thread's network namespace and makes it persistent. Fails with a clear
-/// error when a device of that name exists and is not a TUN device.
+/// thread's network namespace, with vnet headers and offloads, and makes it
+/// persistent. Fails with a clear error when a device of that name exists
+/// and is not a TUN device.
 pub fn open(name: &str) -> Result<OwnedFd, DataplaneError> {
     if name.is_empty() || name.len() >= libc::IFNAMSIZ || name.bytes().any(|b| b == b'/' || b.is_ascii_whitespace()) {
         return Err(DataplaneError::Unexpected(format!("{name:?} is not a usable interface name")));
@@ -46,7 +57,7 @@ pub fn open(name: &str) -> Result<OwnedFd, DataplaneError> {
     }
     // SAFETY: `raw` is a fresh descriptor nobody else owns.
     let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-    let mut req = IfReq { name: [0; libc::IFNAMSIZ], flags: IFF_TUN | IFF_NO_PI, _pad: [0; 22] };
+    let mut req = IfReq { name: [0; libc::IFNAMSIZ], flags: IFF_TUN | IFF_NO_PI | IFF_VNET_HDR, _pad: [0; 22] };
     for (dst, src) in req.name.iter_mut().zip(name.bytes()) {
         *dst = src as libc::c_char;
     }
@@ -58,6 +69,13 @@ pub fn open(name: &str) -> Result<OwnedFd, DataplaneError> {
             _ => "",
         };
         return Err(kernel_op(format!("attach TUN device {name}{hint}"))(e));
+    }
+    // SAFETY: TUNSETOFFLOAD takes an integer argument. Without offloads
+    // (an old kernel) packets still come with a header, one at a time.
+    let offloads = TUN_F_CSUM | TUN_F_TSO4 | TUN_F_TSO6;
+    if unsafe { libc::ioctl(fd.as_raw_fd(), TUNSETOFFLOAD, offloads as libc::c_ulong) } < 0 {
+        let e = std::io::Error::last_os_error();
+        tracing::warn!(device = name, error = %e, "no offloads on the TUN device: one packet per read and write");
     }
     // SAFETY: TUNSETPERSIST takes an integer argument.
     if unsafe { libc::ioctl(fd.as_raw_fd(), TUNSETPERSIST, 1 as libc::c_ulong) } < 0 {

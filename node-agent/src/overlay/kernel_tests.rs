@@ -23,6 +23,7 @@ use super::desired::VxlanUnderlay;
 use super::{Backend, LocalVtep, OverlayConfig, Peer, PeerError, PeerIssue, PeerPath, Reconciler, Report};
 use crate::masquerade;
 use crate::test_support::require_root;
+use crate::tunnel::engine::Stats;
 
 const CLUSTER: &str = "10.244.0.0/16";
 
@@ -116,8 +117,15 @@ where
 }
 
 /// True when a TCP connection from `from` to `ip` in `to` carries a message
-/// both ways. The server and client run on threads inside the namespaces.
+/// both ways.
 fn tcp_works(from: &Ns, to: &Ns, ip: &str) -> bool {
+    tcp_echo(from, to, ip, b"weft!".to_vec())
+}
+
+/// True when `payload`, sent over a TCP connection from `from` to `ip` in
+/// `to`, comes back intact. The server and client run on threads inside
+/// the namespaces.
+fn tcp_echo(from: &Ns, to: &Ns, ip: &str, payload: Vec<u8>) -> bool {
     use std::io::{Read, Write};
     use std::net::{SocketAddr, TcpListener, TcpStream};
     use std::time::Duration;
@@ -129,13 +137,14 @@ fn tcp_works(from: &Ns, to: &Ns, ip: &str) -> bool {
     let addr: SocketAddr = format!("{ip}:7000").parse().unwrap();
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let to_path = to.path();
+    let len = payload.len();
     let server = std::thread::spawn(move || {
         enter(to_path);
         let listener = TcpListener::bind(addr).expect("bind");
         ready_tx.send(()).unwrap();
         let (mut s, _) = listener.accept().expect("accept");
         s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
-        let mut buf = [0u8; 5];
+        let mut buf = vec![0u8; len];
         s.read_exact(&mut buf).and_then(|()| s.write_all(&buf)).is_ok()
     });
     ready_rx.recv().unwrap();
@@ -144,8 +153,8 @@ fn tcp_works(from: &Ns, to: &Ns, ip: &str) -> bool {
         enter(from_path);
         let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_secs(3)) else { return false };
         s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
-        let mut buf = [0u8; 5];
-        s.write_all(b"weft!").and_then(|()| s.read_exact(&mut buf)).is_ok() && &buf == b"weft!"
+        let mut buf = vec![0u8; payload.len()];
+        s.write_all(&payload).and_then(|()| s.read_exact(&mut buf)).is_ok() && buf == payload
     });
     let ok = client.join().unwrap();
     // When the client failed, the server may still be blocked in accept():
@@ -933,16 +942,19 @@ fn bench_thousand_peers() {
 /// A reconciler that keeps running after its reconcile: the TUN backends'
 /// datapath lives as long as it does (its threads and sockets stay in the
 /// node's namespace; its netlink handle does not outlive the pass).
-fn reconcile_and_keep(n: &Node, cfg: OverlayConfig, peers: Vec<Peer>) -> (Reconciler, Report) {
+fn reconcile_and_keep(n: &Node, cfg: OverlayConfig, peers: Vec<Peer>, stats: Stats) -> (Reconciler, Report) {
     in_ns(n.ns.path(), move |h| async move {
-        let r = Reconciler::new(h, cfg).unwrap();
+        let r = Reconciler::new(h, cfg).unwrap().with_tunnel_stats(stats);
         let report = r.reconcile(&peers).await.expect("reconcile");
         (r, report)
     })
 }
 
-fn tunnel_config(n: &Node, backend: Backend, keys: &std::path::Path) -> OverlayConfig {
+/// Node `i`'s configuration on a TUN backend, dual-stack.
+fn tunnel_config(i: usize, n: &Node, backend: Backend, keys: &std::path::Path) -> OverlayConfig {
     let mut cfg = n.config(backend, false);
+    cfg.pod_cidr6 = Some(block6(i));
+    cfg.cluster_cidr6 = Some("fd00:10:244::/56".parse().unwrap());
     if backend == Backend::Wireguard {
         let dir = keys.join(&n.name);
         cfg.wireguard_key = Some(crate::tunnel::keys::load_or_create(&dir, false).expect("a key"));
@@ -958,19 +970,30 @@ fn tun_backends_carry_pods_across_nodes_and_a_restart_adopts_the_device() {
     for backend in [Backend::Udp, Backend::Wireguard] {
         let keys = tempfile::tempdir().unwrap();
         let c = Cluster::new(&[50, 50]);
+        c.add_ipv6();
         let announced: Vec<LocalVtep> = c
             .nodes
             .iter()
-            .map(|n| reconcile_and_keep(n, tunnel_config(n, backend, keys.path()), vec![]).1.local)
+            .enumerate()
+            .map(|(i, n)| {
+                let cfg = tunnel_config(i, n, backend, keys.path());
+                reconcile_and_keep(n, cfg, vec![], Stats::default()).1.local
+            })
             .collect();
         assert_eq!(announced[0].pod_mtu, if backend == Backend::Udp { 1472 } else { 1440 }, "{backend}");
         assert_eq!(announced[0].wireguard_public_key.is_some(), backend == Backend::Wireguard);
-        let peers = c.peers(&announced);
+        let mut peers = c.peers(&announced);
+        for (i, p) in peers.iter_mut().enumerate() {
+            p.pod_cidr6 = Some(block6(i));
+        }
+        let stats = [Stats::default(), Stats::default()];
         let mut running: Vec<Reconciler> = c
             .nodes
             .iter()
-            .map(|n| {
-                let (r, report) = reconcile_and_keep(n, tunnel_config(n, backend, keys.path()), peers.clone());
+            .enumerate()
+            .map(|(i, n)| {
+                let cfg = tunnel_config(i, n, backend, keys.path());
+                let (r, report) = reconcile_and_keep(n, cfg, peers.clone(), stats[i].clone());
                 assert_clean(&report, 1);
                 assert!(report.programmed.values().all(|p| *p == PeerPath::Tunnel));
                 r
@@ -981,11 +1004,33 @@ fn tun_backends_carry_pods_across_nodes_and_a_restart_adopts_the_device() {
         all_pairs_ping(&c);
         assert!(tcp_works(&c.nodes[0].pod, &c.nodes[1].pod, &c.nodes[1].pod_ip()), "{backend}: TCP across nodes");
 
+        // A bulk transfer both ways, over each family, arrives intact
+        // through the offloads: the device hands over many segments per
+        // read and takes many per write (one read per packet would mean no
+        // TSO; one write per packet, nothing joined).
+        let payload: Vec<u8> = (0..4usize << 20).map(|i| (i * 31 + i / 977) as u8).collect();
+        for to in [c.nodes[1].pod_ip(), format!("[{}]", pod_ipv6(1))] {
+            let (reads, writes) = (stats[0].device_reads.get(), stats[1].device_writes.get());
+            let (sent, received) = (stats[0].sent.get(), stats[1].received.get());
+            assert!(tcp_echo(&c.nodes[0].pod, &c.nodes[1].pod, &to, payload.clone()), "{backend} {to}: 4 MiB each way");
+            let per_read = (stats[0].sent.get() - sent) as f64 / (stats[0].device_reads.get() - reads) as f64;
+            let per_write =
+                (stats[1].received.get() - received) as f64 / (stats[1].device_writes.get() - writes) as f64;
+            eprintln!(
+                "{backend} {to}: {per_read:.1} datagrams per device read, {per_write:.1} packets per device write"
+            );
+            assert!(
+                per_read > 2.0 && per_write > 2.0,
+                "{backend} {to}: offloads in effect: {per_read:.1}, {per_write:.1}"
+            );
+        }
+
         // A restart: the device, its address and route stayed; the new
         // datapath attaches to it and traffic flows again.
         drop(running.pop());
         assert!(c.nodes[1].ns.ip(&["link", "show", "weft-tun"]).contains("weft-tun"), "the device persists");
-        let (again, report) = reconcile_and_keep(&c.nodes[1], tunnel_config(&c.nodes[1], backend, keys.path()), peers);
+        let cfg = tunnel_config(1, &c.nodes[1], backend, keys.path());
+        let (again, report) = reconcile_and_keep(&c.nodes[1], cfg, peers, Stats::default());
         assert_eq!(report.ops_planned, 0, "{backend}: the route was kept");
         assert!(
             report.local.device_changes.iter().any(|ch| ch == "datapath started"),

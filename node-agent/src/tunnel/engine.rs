@@ -3,6 +3,10 @@
 //! device to UDP, one from UDP to the TUN device, one runs the backend's
 //! timers. Each waits at most [`POLL`] for its file descriptor, so a stop
 //! is seen within that time.
+//!
+//! The device has offloads ([`offload`]): a read may be many TCP segments,
+//! cut here before they are sealed, and the packets of one received batch
+//! are joined per flow before they are written.
 
 use std::fs::File;
 use std::io::{Read, Write};
@@ -17,15 +21,17 @@ use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 
-use crate::metrics::OutcomeLabels;
+use crate::metrics::{DirectionLabels, OutcomeLabels};
 
 use super::batch::{self, Outbox, Sent};
+use super::offload::{self, Coalescer, VNET_HDR_LEN, VnetHdr};
 use super::peers::addresses;
 use super::{Encapsulation, Sender, Table, TunnelPeer};
 
 const POLL: u16 = 200;
 const TICK: Duration = Duration::from_millis(250);
-/// The largest IP packet, plus room for any backend's header.
+/// The largest IP packet, plus room for the device's and any backend's
+/// header.
 const BUFFER: usize = 65_535 + 256;
 
 /// Packet counts: the agent's `tunnel_packets` metric.
@@ -41,12 +47,17 @@ pub struct Stats {
     /// Not from a peer, not authentic, or not a packet.
     pub refused: Counter,
     pub send_errors: Counter,
+    /// Reads and writes of the device (one may carry many packets).
+    pub device_reads: Counter,
+    pub device_writes: Counter,
 }
 
 impl Stats {
-    /// The counters of `family`, one per outcome.
-    pub fn of(family: &Family<OutcomeLabels, Counter>) -> Self {
-        let c = |outcome| family.get_or_create(&OutcomeLabels { outcome }).clone();
+    /// The counters of `packets` (one per outcome) and `device` (one per
+    /// direction).
+    pub fn of(packets: &Family<OutcomeLabels, Counter>, device: &Family<DirectionLabels, Counter>) -> Self {
+        let c = |outcome| packets.get_or_create(&OutcomeLabels { outcome }).clone();
+        let d = |direction| device.get_or_create(&DirectionLabels { direction }).clone();
         Stats {
             sent: c("sent"),
             received: c("received"),
@@ -54,6 +65,8 @@ impl Stats {
             spoofed: c("spoofed"),
             refused: c("refused"),
             send_errors: c("send_error"),
+            device_reads: d("read"),
+            device_writes: d("write"),
         }
     }
 }
@@ -106,8 +119,9 @@ pub struct Datapath {
 }
 
 impl Datapath {
-    /// Starts the loops on `tun` (an attached TUN device) and `socket` (bound
-    /// to this node's address and the backend's port).
+    /// Starts the loops on `tun` (an attached TUN device with
+    /// `IFF_VNET_HDR`) and `socket` (bound to this node's address and the
+    /// backend's port).
     pub fn start(
         tun: OwnedFd,
         socket: UdpSocket,
@@ -189,6 +203,7 @@ fn readable(s: &Shared, fd: std::os::fd::BorrowedFd<'_>) -> Result<bool, String>
 
 fn tun_to_udp(s: &Shared) {
     let mut packet = vec![0u8; BUFFER];
+    let mut segment = Vec::with_capacity(BUFFER);
     let mut out = vec![0u8; BUFFER];
     let mut tun = &s.tun;
     let mut outbox = Outbox::default();
@@ -210,13 +225,23 @@ fn tun_to_udp(s: &Shared) {
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(e) => return s.fail(format!("cannot read the TUN device: {e}")),
             };
-            let peer = addresses(&packet[..n]).and_then(|(_, dst)| table.route(dst)).and_then(|id| table.get(id));
+            s.stats.device_reads.inc();
+            let Some(hdr) = VnetHdr::parse(&packet[..n]) else { continue };
+            let packet = &mut packet[VNET_HDR_LEN..n];
+            // Every segment of a read has the same addresses.
+            let peer = addresses(packet).and_then(|(_, dst)| table.route(dst)).and_then(|id| table.get(id));
             let Some(peer) = peer else {
                 s.stats.no_peer.inc();
                 continue;
             };
-            if let Some(datagram) = s.encap.seal(peer, &packet[..n], &mut out) {
-                s.count(outbox.push(&s.socket, peer.endpoint, datagram));
+            let cut = offload::segment(&hdr, packet, &mut segment, &mut |p| {
+                if let Some(datagram) = s.encap.seal(peer, p, &mut out) {
+                    s.count(outbox.push(&s.socket, peer.endpoint, datagram));
+                }
+            });
+            if let Err(e) = cut {
+                s.stats.send_errors.inc();
+                tracing::debug!(error = %e, "a packet from the TUN device could not be cut into segments");
             }
         }
     }
@@ -225,6 +250,7 @@ fn tun_to_udp(s: &Shared) {
 fn udp_to_tun(s: &Shared) {
     let mut datagram = vec![0u8; BUFFER];
     let mut out = vec![0u8; BUFFER];
+    let mut inbox = Coalescer::default();
     while !s.stop.load(Ordering::Relaxed) {
         match readable(s, s.socket.as_fd()) {
             Ok(true) => {}
@@ -239,14 +265,16 @@ fn udp_to_tun(s: &Shared) {
                 Err(_) => break,
             };
             for one in datagram[..n].chunks(size.max(1)) {
-                receive(s, &table, from, one, &mut out);
+                receive(s, &table, from, one, &mut out, &mut inbox);
             }
+            // A received batch's packets, joined per flow, go in now.
+            inbox.drain(&mut |packet, segments| write_to_device(s, packet, segments));
         }
     }
 }
 
-/// One datagram from the network, through the backend into the device.
-fn receive(s: &Shared, table: &Table, from: SocketAddr, datagram: &[u8], out: &mut [u8]) {
+/// One datagram from the network, through the backend, into `inbox`.
+fn receive(s: &Shared, table: &Table, from: SocketAddr, datagram: &[u8], out: &mut [u8], inbox: &mut Coalescer) {
     let mut deliver = |sender: Sender, packet: &[u8]| {
         let peer = match sender {
             Sender::Endpoint(ip) => table.by_endpoint(ip),
@@ -260,17 +288,23 @@ fn receive(s: &Shared, table: &Table, from: SocketAddr, datagram: &[u8], out: &m
             s.stats.spoofed.inc();
             return;
         }
-        // A TUN device takes one whole packet per write, or none.
-        match (&s.tun).write(packet) {
-            Ok(n) if n == packet.len() => {
-                s.stats.received.inc();
-            }
-            Ok(_) => tracing::debug!("the TUN device took part of a packet"),
-            Err(e) => tracing::debug!(error = %e, "cannot write to the TUN device"),
-        }
+        inbox.push(packet);
     };
     if !s.encap.open(from, datagram, out, &mut |to, d| s.send(to, d), &mut deliver) {
         s.stats.refused.inc();
+    }
+}
+
+/// Writes one packet (header in front) carrying `segments` packets.
+fn write_to_device(s: &Shared, packet: &[u8], segments: u64) {
+    s.stats.device_writes.inc();
+    // A TUN device takes one whole packet per write, or none.
+    match (&s.tun).write(packet) {
+        Ok(n) if n == packet.len() => {
+            s.stats.received.inc_by(segments);
+        }
+        Ok(_) => tracing::debug!("the TUN device took part of a packet"),
+        Err(e) => tracing::debug!(error = %e, "cannot write to the TUN device"),
     }
 }
 
@@ -293,8 +327,9 @@ mod tests {
     use crate::tunnel::udp::Udp;
 
     /// A packet device for the engine without root: one end of a
-    /// SOCK_SEQPACKET pair keeps packet boundaries as a TUN device does.
-    /// The test's end waits at most 5 s for a packet.
+    /// SOCK_SEQPACKET pair keeps packet boundaries as a TUN device does
+    /// (the test writes and reads each packet behind a vnet header). The
+    /// test's end waits at most 5 s for a packet.
     fn fake_tun() -> (OwnedFd, File) {
         let (engine, test) =
             socketpair(AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC).expect("socketpair");
@@ -318,7 +353,13 @@ mod tests {
     fn next(pods: &mut File) -> Vec<u8> {
         let mut buf = [0u8; 2048];
         let n = pods.read(&mut buf).expect("a packet within 5 s");
-        buf[..n].to_vec()
+        assert_eq!(VnetHdr::parse(&buf[..n]), Some(VnetHdr::default()), "a plain packet's header");
+        buf[VNET_HDR_LEN..n].to_vec()
+    }
+
+    /// Hands `packet` to the engine as the kernel would, behind a header.
+    fn send(pods: &mut File, packet: &[u8]) {
+        pods.write_all(&[&[0u8; VNET_HDR_LEN][..], packet].concat()).unwrap();
     }
 
     fn peer(name: &str, cidr: &str, endpoint: &UdpSocket) -> TunnelPeer {
@@ -340,12 +381,12 @@ mod tests {
 
         // Out: a packet for node-2's pods goes to node-2, as it is.
         let out = packet("10.244.1.5", "10.244.2.7", 1);
-        pods.write_all(&out).unwrap();
+        send(&mut pods, &out);
         let mut buf = [0u8; 2048];
         let (n, from) = node2.recv_from(&mut buf).expect("node-2 receives the packet");
         assert_eq!((&buf[..n], from), (&out[..], local));
         // A cluster address nobody holds: dropped, counted.
-        pods.write_all(&packet("10.244.1.5", "10.244.9.9", 2)).unwrap();
+        send(&mut pods, &packet("10.244.1.5", "10.244.9.9", 2));
 
         // In: forged datagrams first, then a genuine one; only that one may
         // come out of the device. Not from a peer; from node-3 with node-2's

@@ -8,11 +8,14 @@
 //! - [`wireguard`]: the WireGuard protocol (Noise handshake,
 //!   ChaCha20-Poly1305), interoperable with any WireGuard peer.
 //!
-//! [`engine`] runs the loops; [`peers`] is the lookup table they share.
+//! [`engine`] runs the loops; [`peers`] is the lookup table they share;
+//! [`offload`] cuts the device's large TCP packets into segments and joins
+//! received ones; [`batch`] sends and receives runs of datagrams.
 
 pub mod batch;
 pub mod engine;
 pub mod keys;
+pub mod offload;
 pub mod peers;
 pub mod udp;
 pub mod wireguard;
