@@ -3,15 +3,18 @@
 //! between nodes only encrypted (a capture on the underlay sees neither the
 //! pods' payload nor their addresses), keeps it flowing across an agent
 //! restart with the same key; `udp` (flannel's UDP backend) connects pods
-//! over its TUN device. Both route the whole cluster range into the device,
+//! over its TUN device, and a host port works beside it. Both route the whole cluster range into the device,
 //! so nothing for another node leaves in clear by another route.
 
 use std::net::Ipv4Addr;
 use std::process::Command;
+use std::time::Duration;
 
 use serde_json::Value;
 use weft_e2e::capture::{self, Capture};
-use weft_e2e::sandbox::testing::{Up, assert_all_allowed, ip_in_node, ok, probe_all, smuggled_arrives, subnet};
+use weft_e2e::sandbox::testing::{
+    Up, assert_all_allowed, assert_reaches, ip_in_node, ok, probe_all, smuggled_arrives, subnet,
+};
 
 fn pod_ip(name: &str) -> Ipv4Addr {
     ok(&["pods"])
@@ -119,9 +122,15 @@ fn udp_backend_carries_pods_traffic_through_its_tun_device() {
     let ports = ["-p", "80/tcp", "-p", "53/udp"];
     ok(&[&["add-pod", "a", "--node", "node-1"][..], &ports].concat());
     ok(&[&["add-pod", "b", "--node", "node-2"][..], &ports].concat());
-    ok(&[&["add-pod", "c", "--node", "node-2"][..], &ports].concat());
+    ok(&[&["add-pod", "c", "--node", "node-2", "--host-port", "8088:80/tcp"][..], &ports].concat());
     let device = ip_in_node("node-2", &["link", "show", "weft-tun"]);
     assert!(device.contains("mtu 1472"), "1500 minus the IPv4 and UDP headers: {device}");
+    // A host port of a node with a TUN backend, from a pod of another node
+    // and from that node itself.
+    let node2 = subnet("node-2")["status"]["nodeIP"].as_str().expect("node-2's address").to_owned();
+    for from in ["default/a", "node-1"] {
+        assert_reaches(from, "tcp", &format!("{node2}:8088"), "default/c", Duration::from_secs(30));
+    }
 
     let capture = Capture::start("weft-sbx-node-1", "eth0").expect("capture on node-1's underlay");
     assert_all_allowed(&probe_all("tcp", "80"));
@@ -137,7 +146,6 @@ fn udp_backend_carries_pods_traffic_through_its_tun_device() {
     // it would come from node-1's address and pass for node-1's traffic.
     let made_up = pod_ip("a").octets().map(|o| o.to_string());
     let src = format!("{}.{}.{}.250", made_up[0], made_up[1], made_up[2]);
-    let node2 = subnet("node-2")["status"]["nodeIP"].as_str().expect("node-2's address").to_owned();
     let b = pod_ip("b").to_string();
     let target = format!("{node2}:8285").parse().expect("an address");
     assert!(
