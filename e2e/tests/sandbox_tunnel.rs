@@ -46,7 +46,7 @@ fn wireguard_carries_pods_traffic_between_nodes_only_encrypted() {
     // The pods' names are the marker: every answer of the probe carries it.
     let ports = ["-p", "80/tcp", "-p", "53/udp"];
     ok(&[&["add-pod", "marker-a", "--node", "node-1"][..], &ports].concat());
-    ok(&[&["add-pod", "marker-b", "--node", "node-2"][..], &ports].concat());
+    ok(&[&["add-pod", "marker-b", "--node", "node-2", "--host-port", "8088:80/tcp"][..], &ports].concat());
 
     let keys: Vec<String> = ["node-1", "node-2"]
         .map(|n| subnet(n)["status"]["wireguardPublicKey"].as_str().unwrap_or_default().to_owned())
@@ -71,6 +71,12 @@ fn wireguard_carries_pods_traffic_between_nodes_only_encrypted() {
     for pod in ["marker-a", "marker-b"] {
         let ip = pod_ip(pod).octets();
         assert!(!capture::contains(&frames, &ip), "pod {pod}'s address crossed the underlay in clear");
+    }
+    // A host port beside the tunnel (reached at the node's address, so not
+    // through it), from a pod of another node and from that node.
+    let node2 = subnet("node-2")["status"]["nodeIP"].as_str().expect("node-2's address").to_owned();
+    for from in ["default/marker-a", "node-1"] {
+        assert_reaches(from, "tcp", &format!("{node2}:8088"), "default/marker-b", Duration::from_secs(30));
     }
 
     // An agent restart keeps the key, and traffic comes back by itself
