@@ -231,7 +231,7 @@ fn tun_to_udp(s: &Shared) {
             // Every segment of a read has the same addresses.
             let peer = addresses(packet).and_then(|(_, dst)| table.route(dst)).and_then(|id| table.get(id));
             let Some(peer) = peer else {
-                s.stats.no_peer.inc();
+                s.stats.no_peer.inc_by(offload::segments(&hdr, packet));
                 continue;
             };
             let cut = offload::segment(&hdr, packet, &mut segment, &mut |p| {

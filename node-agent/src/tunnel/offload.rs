@@ -157,6 +157,16 @@ fn tcp_layout(packet: &[u8]) -> Option<(usize, usize)> {
     (l4 >= 20 && data >= l4 + 20 && data <= packet.len()).then_some((l4, data))
 }
 
+/// How many packets `segment` makes of `packet` (at least one), without
+/// cutting it: for counting what is dropped whole.
+pub fn segments(hdr: &VnetHdr, packet: &[u8]) -> u64 {
+    let mss = usize::from(hdr.gso_size);
+    match tcp_layout(packet) {
+        Some((_, data)) if hdr.gso_type != GSO_NONE && mss > 0 => (packet.len() - data).div_ceil(mss).max(1) as u64,
+        _ => 1,
+    }
+}
+
 /// Cuts a packet read from the device (`packet`, after its header `hdr`)
 /// into the packets it stands for, each with its checksums complete, and
 /// hands each to `each`. A packet without GSO is only completed (in place).
@@ -463,8 +473,10 @@ mod tests {
         for v6 in [false, true] {
             let payload = bytes(10_000);
             let (hdr, mut p) = gso_packet(v6, &payload, 1400);
+            assert_eq!(super::segments(&hdr, &p), 8);
             let segments = cut(&hdr, &mut p);
             assert_eq!(segments.len(), 8, "v6 {v6}");
+            assert_eq!(super::segments(&VnetHdr::default(), &segments[0]), 1);
             let l4 = if v6 { 40 } else { 20 };
             let mut joined = Vec::new();
             for (i, s) in segments.iter().enumerate() {
