@@ -345,11 +345,12 @@ pub struct Coalescer {
 
 impl Coalescer {
     pub fn push(&mut self, packet: &[u8]) {
-        let tcp = tcp_layout(packet).filter(|&t| joinable(packet, t));
-        if let Some(t) = tcp
+        let layout = tcp_layout(packet);
+        let tcp = layout.filter(|&t| joinable(packet, t));
+        if let Some(t) = layout
             && let Some(slot) = self.slots.iter_mut().rev().find(|s| s.same_flow(packet, t))
         {
-            if slot.continues(packet, t) {
+            if tcp.is_some() && slot.continues(packet, t) {
                 let payload = &packet[t.1..];
                 slot.buf.extend_from_slice(payload);
                 slot.segments += 1;
@@ -359,7 +360,8 @@ impl Coalescer {
                 slot.open = payload.len() == slot.segment && push == 0;
                 return;
             }
-            // Its flow's packets stay in order: nothing joins the older one.
+            // Its flow's packets stay in order (this one may not even be
+            // joinable, as a pure ACK): nothing joins the older one.
             slot.open = false;
         }
         let mut buf = self.spare.pop().unwrap_or_default();
@@ -581,6 +583,19 @@ mod tests {
             out.iter().map(|o| o.0).collect::<Vec<_>>()
         );
         assert_eq!(out.into_iter().map(|o| o.1).collect::<Vec<_>>(), input.map(|p| p.clone()).to_vec());
+    }
+
+    #[test]
+    fn a_packet_of_the_flow_that_may_not_join_keeps_later_segments_behind_it() {
+        let a = tcp_packet(false, 0, ACK, &bytes(100));
+        let window_update = tcp_packet(false, 100, ACK, &[]);
+        let b = tcp_packet(false, 100, ACK, &bytes(100));
+        let mut c = Coalescer::default();
+        for p in [&a, &window_update, &b] {
+            c.push(p);
+        }
+        let out: Vec<Vec<u8>> = drained(&mut c).into_iter().map(|o| o.1).collect();
+        assert_eq!(out, vec![a, window_update, b], "in the order they came");
     }
 
     #[test]
