@@ -12,6 +12,7 @@ pub mod cluster_network_policy;
 pub mod common;
 pub mod host_port;
 pub mod network_policy;
+pub mod pod_endpoint;
 pub mod selector;
 pub mod standard_policy;
 pub mod subnet;
@@ -25,6 +26,7 @@ pub use host_port::{
 pub use network_policy::{
     IpBlock, NetworkPolicy, NetworkPolicySpec, NetworkPolicyStatus, PolicyAction, PolicyPeer, PolicyPort, PolicyRule,
 };
+pub use pod_endpoint::{PodEndpoint, PodEndpointSpec};
 pub use subnet::{Backend, Subnet, SubnetSpec, SubnetStatus, VxlanUnderlay};
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -41,7 +43,7 @@ pub const VERSION: &str = "v1alpha1";
 
 /// Every Weft CRD, in a stable order.
 pub fn crds() -> Vec<CustomResourceDefinition> {
-    vec![Subnet::crd(), HostPortAllocation::crd(), NetworkPolicy::crd()]
+    vec![Subnet::crd(), HostPortAllocation::crd(), NetworkPolicy::crd(), PodEndpoint::crd()]
 }
 
 /// File name used for a CRD in `crds/`: `<plural>.<group>.yaml`.

@@ -110,6 +110,12 @@ pub struct Config {
     /// v1beta1, the SIG Network policy API), whose CRD must be installed.
     #[arg(long, env = "WEFT_CLUSTER_NETWORK_POLICY", default_value_t = false, action = clap::ArgAction::Set)]
     pub cluster_network_policy: bool,
+    /// Where policy learns of other nodes' pods: `pods` watches every Pod
+    /// in the cluster; `endpoints` watches the PodEndpoints the operator
+    /// publishes (its `--publish-pod-endpoints` must be on) and only this
+    /// node's Pods, a fraction of the apiserver's work per node at scale.
+    #[arg(long, env = "WEFT_POD_SOURCE", value_enum, default_value = "pods")]
+    pub pod_source: crate::policy::caches::PodSource,
     /// What a policy's deny does with a packet: `reject` drops it and
     /// answers (a TCP reset, ICMP "administratively prohibited" otherwise),
     /// so the client fails at once; `drop` drops it silently, and the

@@ -276,6 +276,7 @@ fn start_policy(
         deny: config.policy_deny_action,
         drop_log: config.drop_log(),
         cluster_policies: config.cluster_network_policy,
+        pod_source: config.pod_source,
         drop_log_readers,
         publish,
     };

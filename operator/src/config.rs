@@ -112,6 +112,11 @@ pub struct Config {
     /// v1beta1), which the agents enforce with the same setting.
     #[arg(long, env = "WEFT_CLUSTER_NETWORK_POLICY", default_value_t = false, action = clap::ArgAction::Set)]
     pub cluster_network_policy: bool,
+    /// Publish a PodEndpoint (what policy reads of a pod) for every pod on
+    /// the pod network, for agents run with `--pod-source endpoints`: they
+    /// then watch those instead of every Pod. Its CRD must be installed.
+    #[arg(long, env = "WEFT_PUBLISH_POD_ENDPOINTS", default_value_t = false, action = clap::ArgAction::Set)]
+    pub publish_pod_endpoints: bool,
 
     /// Serve flows.weft.dev (every node's flow records through the
     /// Kubernetes API, as RBAC lets each caller read them) on this address;

@@ -20,7 +20,7 @@ async fn main() -> ExitCode {
 async fn uninstall() -> anyhow::Result<()> {
     use anyhow::Context;
     let client = kube::Client::try_default().await.context("connecting to the Kubernetes API")?;
-    let (subnets, allocations) = weft_operator::uninstall::remove_weft_objects(client).await?;
-    tracing::info!(subnets, allocations, "removed Weft's objects");
+    let removed = weft_operator::uninstall::remove_weft_objects(client).await?;
+    tracing::info!(removed.subnets, removed.allocations, removed.endpoints, "removed Weft's objects");
     Ok(())
 }

@@ -230,8 +230,17 @@ async fn run_controllers(
             }
         }
     };
+    let pod_endpoints = {
+        let (enabled, client, metrics, term) =
+            (ctx.config.publish_pod_endpoints, client.clone(), metrics.clone(), term.clone());
+        async move {
+            if enabled {
+                crate::pod_endpoints::run(client, metrics, resync, term).await;
+            }
+        }
+    };
     let policies = crate::policies::run(client.clone(), pods.store, pods.touched, metrics.clone(), term, resync);
-    tokio::join!(nodes, subnets, wake, ready, hostports, policies, standard_policies, cluster_policies);
+    tokio::join!(nodes, subnets, wake, ready, hostports, policies, standard_policies, cluster_policies, pod_endpoints);
     anyhow::bail!("controllers stopped")
 }
 

@@ -1,15 +1,25 @@
 //! `weft-operator --uninstall`: what the chart's post-delete hook runs once
 //! the operator and the agents are gone. Removes the objects Weft made
-//! (Subnets, HostPortAllocations); NetworkPolicies are the users' and stay.
+//! (Subnets, HostPortAllocations, PodEndpoints); NetworkPolicies are the
+//! users' and stay.
 
 use anyhow::Context;
 use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, ResourceExt};
 use weft_api::host_port::HostPortAllocation;
+use weft_api::pod_endpoint::PodEndpoint;
 use weft_api::subnet::{Subnet, holds_lease, let_go_patch};
 
-/// Deletes every Subnet and HostPortAllocation; returns how many of each.
-pub async fn remove_weft_objects(client: Client) -> anyhow::Result<(usize, usize)> {
+/// How many objects of each kind [`remove_weft_objects`] deleted.
+#[derive(Debug, Default)]
+pub struct Removed {
+    pub subnets: usize,
+    pub allocations: usize,
+    pub endpoints: usize,
+}
+
+/// Deletes every Subnet, HostPortAllocation and PodEndpoint.
+pub async fn remove_weft_objects(client: Client) -> anyhow::Result<Removed> {
     let subnets: Api<Subnet> = Api::all(client.clone());
     let listed = subnets.list(&ListParams::default()).await.context("listing Subnets")?;
     for s in &listed.items {
@@ -27,16 +37,30 @@ pub async fn remove_weft_objects(client: Client) -> anyhow::Result<(usize, usize
             .await
             .with_context(|| format!("deleting Subnet {}", s.name_any()))?;
     }
-    let all: Api<HostPortAllocation> = Api::all(client.clone());
-    let allocations = all.list(&ListParams::default()).await.context("listing HostPortAllocations")?;
-    for a in &allocations.items {
-        let ns = a.namespace().unwrap_or_default();
-        let api: Api<HostPortAllocation> = Api::namespaced(client.clone(), &ns);
-        delete_ignoring_gone(&api, &a.name_any())
+    let allocations = delete_namespaced::<HostPortAllocation>(&client, "HostPortAllocation").await?;
+    let endpoints = delete_namespaced::<PodEndpoint>(&client, "PodEndpoint").await?;
+    Ok(Removed { subnets: listed.items.len(), allocations, endpoints })
+}
+
+/// Deletes every object of a namespaced kind; returns how many.
+async fn delete_namespaced<K>(client: &Client, kind: &str) -> anyhow::Result<usize>
+where
+    K: kube::Resource<Scope = kube::core::NamespaceResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+    K::DynamicType: Default,
+{
+    let all: Api<K> = Api::all(client.clone());
+    let listed = all.list(&ListParams::default()).await.with_context(|| format!("listing {kind}s"))?;
+    for o in &listed.items {
+        let ns = o.namespace().unwrap_or_default();
+        let api: Api<K> = Api::namespaced(client.clone(), &ns);
+        delete_ignoring_gone(&api, &o.name_any())
             .await
-            .with_context(|| format!("deleting HostPortAllocation {ns}/{}", a.name_any()))?;
+            .with_context(|| format!("deleting {kind} {ns}/{}", o.name_any()))?;
     }
-    Ok((listed.items.len(), allocations.items.len()))
+    Ok(listed.items.len())
 }
 
 async fn delete_ignoring_gone<K>(api: &Api<K>, name: &str) -> Result<(), kube::Error>

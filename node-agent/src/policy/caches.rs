@@ -7,11 +7,10 @@
 use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::hash::Hash;
-use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod, PodStatus};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use k8s_openapi::api::networking::v1::NetworkPolicy as StandardPolicy;
 use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
@@ -19,10 +18,11 @@ use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
 use weft_api::cluster_network_policy::ClusterNetworkPolicy;
 use weft_api::network_policy::{self as wnp, NetworkPolicy as WeftPolicy};
+use weft_api::pod_endpoint::{PodEndpoint, PodEndpointSpec};
 use weft_api::watch::{self, Projection};
 
 use super::attached::{Attached, Taken};
-use super::model::{Cluster, NamedPort, NodeInfo, PodInfo, Proto};
+use super::model::{Cluster, NamedPort, NodeInfo, PodInfo};
 
 /// How long the caches may take to fill before that is reported as a
 /// failure (new pods wait for them at ADD meanwhile).
@@ -31,9 +31,87 @@ const CACHE_GRACE: Duration = Duration::from_secs(30);
 /// enforces standard NetworkPolicy without it (the CRD may be missing).
 const WEFT_CACHE_GRACE: Duration = Duration::from_secs(30);
 
+/// Where the policy loop learns of the cluster's pods (agent flag
+/// `--pod-source`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum PodSource {
+    /// A watch of every Pod in the cluster.
+    #[default]
+    Pods,
+    /// A watch of this node's Pods, and of the PodEndpoints the operator
+    /// publishes for the others (its `--publish-pod-endpoints`): a fraction
+    /// of the apiserver's work per agent at scale.
+    Endpoints,
+}
+
+/// The watches the cluster's pods come from.
+enum PodWatches {
+    /// Every Pod.
+    All(Projection<PodInfo>),
+    /// This node's Pods, and every PodEndpoint (those of this node's pods
+    /// are ignored: its own Pods are fresher).
+    Split { node: String, local: Projection<PodInfo>, endpoints: Projection<PodInfo> },
+}
+
+impl PodWatches {
+    fn start(client: &Client, changed: &Arc<tokio::sync::Notify>, source: PodSource, node: &str) -> Self {
+        let pods = Api::<Pod>::all(client.clone());
+        match source {
+            PodSource::Pods => {
+                PodWatches::All(watch::project(pods, watcher::Config::default(), "Pod", pod_info, Arc::clone(changed)))
+            }
+            PodSource::Endpoints => {
+                let local_pods = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
+                PodWatches::Split {
+                    node: node.to_owned(),
+                    local: watch::project(pods, local_pods, "Pod", pod_info, Arc::clone(changed)),
+                    endpoints: watch::project(
+                        Api::<PodEndpoint>::all(client.clone()),
+                        watcher::Config::default(),
+                        "PodEndpoint",
+                        endpoint_info,
+                        Arc::clone(changed),
+                    ),
+                }
+            }
+        }
+    }
+
+    async fn wait_until_ready(&self) -> bool {
+        match self {
+            PodWatches::All(pods) => pods.wait_until_ready().await.is_ok(),
+            PodWatches::Split { local, endpoints, .. } => {
+                local.wait_until_ready().await.is_ok() && endpoints.wait_until_ready().await.is_ok()
+            }
+        }
+    }
+
+    fn values(&self) -> Vec<Arc<PodInfo>> {
+        match self {
+            PodWatches::All(pods) => pods.values(),
+            PodWatches::Split { node, local, endpoints } => merge_pods(node, local.values(), endpoints.values()),
+        }
+    }
+}
+
+/// This node's pods from its own watch and the others' from their
+/// endpoints, ordered by namespace and name as one watch would give them; a
+/// pod in both (an endpoint not yet updated after the pod was recreated
+/// here) is the local watch's.
+fn merge_pods(node: &str, local: Vec<Arc<PodInfo>>, endpoints: Vec<Arc<PodInfo>>) -> Vec<Arc<PodInfo>> {
+    let mut pods: Vec<(bool, Arc<PodInfo>)> = local.into_iter().map(|p| (false, p)).collect();
+    pods.extend(endpoints.into_iter().filter(|p| p.node != node).map(|p| (true, p)));
+    // Both halves are sorted already; the sort merges them.
+    pods.sort_by(|(a_remote, a), (b_remote, b)| {
+        (&a.namespace, &a.name, a_remote).cmp(&(&b.namespace, &b.name, b_remote))
+    });
+    pods.dedup_by(|(_, later), (_, first)| later.namespace == first.namespace && later.name == first.name);
+    pods.into_iter().map(|(_, p)| p).collect()
+}
+
 /// The caches policy is computed from.
 pub struct Caches {
-    pods: Projection<PodInfo>,
+    pods: PodWatches,
     namespaces: Store<Namespace>,
     standard: Store<StandardPolicy>,
     weft: Store<WeftPolicy>,
@@ -42,16 +120,17 @@ pub struct Caches {
 }
 
 impl Caches {
-    /// Starts the watches (ClusterNetworkPolicies' with `cluster_policies`);
-    /// each change notifies `changed`.
-    pub fn start(client: &Client, changed: &Arc<tokio::sync::Notify>, cluster_policies: bool) -> Self {
-        let pods = watch::project(
-            Api::<Pod>::all(client.clone()),
-            watcher::Config::default(),
-            "Pod",
-            pod_info,
-            Arc::clone(changed),
-        );
+    /// Starts the watches (ClusterNetworkPolicies' with `cluster_policies`;
+    /// the pods' from `pod_source`, this node being `node`); each change
+    /// notifies `changed`.
+    pub fn start(
+        client: &Client,
+        changed: &Arc<tokio::sync::Notify>,
+        cluster_policies: bool,
+        pod_source: PodSource,
+        node: &str,
+    ) -> Self {
+        let pods = PodWatches::start(client, changed, pod_source, node);
         let namespaces = reflect(Api::<Namespace>::all(client.clone()), "Namespace", Arc::clone(changed), slim);
         let standard = reflect(Api::<StandardPolicy>::all(client.clone()), "NetworkPolicy", Arc::clone(changed), slim);
         let weft = reflect(Api::<WeftPolicy>::all(client.clone()), "weft.dev NetworkPolicy", Arc::clone(changed), slim);
@@ -83,7 +162,7 @@ impl Caches {
     pub async fn wait_filled(&self, client: &Client, attached: &Attached) -> bool {
         tracing::info!("policy: waiting for the pod, namespace and policy caches");
         let caches = async {
-            self.pods.wait_until_ready().await.is_ok()
+            self.pods.wait_until_ready().await
                 && self.namespaces.wait_until_ready().await.is_ok()
                 && self.standard.wait_until_ready().await.is_ok()
                 && match &self.cluster {
@@ -98,7 +177,8 @@ impl Caches {
             Ok(ready) => ready,
             Err(_) => {
                 attached.set_failure(Some(format!(
-                    "the Pod, Namespace, NetworkPolicy{} caches are not filled after {CACHE_GRACE:?} (may the agent list them? see its log)",
+                    "the Pod{}, Namespace, NetworkPolicy{} caches are not filled after {CACHE_GRACE:?} (may the agent list them? see its log)",
+                    if matches!(self.pods, PodWatches::Split { .. }) { ", PodEndpoint (is its CRD installed?)" } else { "" },
                     if self.cluster.is_some() { ", Node and ClusterNetworkPolicy (is its CRD installed?)" } else { "" }
                 )));
                 caches.await
@@ -192,36 +272,18 @@ where
 /// What policy needs of a Pod object; None for pods outside the pod network
 /// (host network, finished, or not addressed yet without a node).
 pub fn pod_info(pod: &Pod) -> Option<PodInfo> {
-    let spec = pod.spec.as_ref()?;
-    if spec.host_network == Some(true) {
-        return None;
-    }
-    let status = pod.status.as_ref();
-    if status.and_then(|s| s.phase.as_deref()).is_some_and(|p| p == "Succeeded" || p == "Failed") {
-        return None;
-    }
-    let ips = status.map(pod_addresses).unwrap_or_default();
-    let ports = spec
-        .containers
-        .iter()
-        .chain(spec.init_containers.iter().flatten())
-        .flat_map(|c| c.ports.iter().flatten())
-        .filter_map(|p| {
-            Some(NamedPort {
-                name: p.name.clone()?,
-                port: u16::try_from(p.container_port).ok()?,
-                proto: Proto::parse(p.protocol.as_deref())?,
-            })
-        })
-        .collect();
-    Some(PodInfo {
-        namespace: pod.metadata.namespace.clone()?,
-        name: pod.metadata.name.clone()?,
-        labels: pod.metadata.labels.clone().unwrap_or_default(),
-        ips,
-        node: spec.node_name.clone().unwrap_or_default(),
-        ports,
-    })
+    let spec = PodEndpointSpec::of_pod(pod)?;
+    Some(info(pod.metadata.namespace.clone()?, pod.metadata.name.clone()?, spec))
+}
+
+/// What policy needs of a PodEndpoint the operator published.
+pub fn endpoint_info(endpoint: &PodEndpoint) -> Option<PodInfo> {
+    Some(info(endpoint.metadata.namespace.clone()?, endpoint.metadata.name.clone()?, endpoint.spec.clone()))
+}
+
+fn info(namespace: String, name: String, spec: PodEndpointSpec) -> PodInfo {
+    let ports = spec.ports.into_iter().map(|p| NamedPort { name: p.name, port: p.port, proto: p.protocol.into() });
+    PodInfo { namespace, name, labels: spec.labels, ips: spec.pod_ips, node: spec.node_name, ports: ports.collect() }
 }
 
 /// What policy needs of a Node object: its labels and addresses.
@@ -234,16 +296,6 @@ pub fn node_info(node: &Node) -> Option<NodeInfo> {
         .filter_map(|a| a.address.parse().ok())
         .collect();
     Some(NodeInfo { name: node.metadata.name.clone()?, labels: node.metadata.labels.clone().unwrap_or_default(), ips })
-}
-
-/// A pod's addresses from `podIPs` (else `podIP`): the first valid one of
-/// each family, IPv4 first; anything unparsable is no address.
-fn pod_addresses(status: &PodStatus) -> Vec<IpAddr> {
-    let listed = status.pod_ips.iter().flatten().map(|p| p.ip.as_str()).chain(status.pod_ip.as_deref());
-    let parsed: Vec<IpAddr> = listed.filter_map(|ip| ip.parse().ok()).collect();
-    let v4 = parsed.iter().copied().find(IpAddr::is_ipv4);
-    let v6 = parsed.iter().copied().find(IpAddr::is_ipv6);
-    v4.into_iter().chain(v6).collect()
 }
 
 /// Gives this node's pods that ADD registered the addresses ADD gave them
@@ -267,9 +319,58 @@ pub fn with_attached(pods: &mut [Arc<PodInfo>], node: &str, taken: &Taken) -> Ve
 
 #[cfg(test)]
 mod tests {
+    use std::net::IpAddr;
+
     use serde_json::json;
 
     use super::*;
+    use crate::policy::model::Proto;
+
+    fn pod(namespace: &str, name: &str, node: &str, ip: &str) -> Arc<PodInfo> {
+        Arc::new(PodInfo {
+            namespace: namespace.into(),
+            name: name.into(),
+            labels: BTreeMap::new(),
+            ips: vec![ip.parse().unwrap()],
+            node: node.into(),
+            ports: Vec::new(),
+        })
+    }
+
+    #[test]
+    fn this_nodes_pods_come_from_its_watch_and_the_others_from_their_endpoints() {
+        let local = vec![pod("a", "mine", "me", "10.0.0.1"), pod("b", "moved", "me", "10.0.0.2")];
+        let endpoints = vec![
+            pod("a", "mine", "me", "10.0.9.9"),
+            pod("a", "theirs", "other", "10.0.1.1"),
+            pod("b", "moved", "other", "10.0.1.2"),
+            pod("c", "late", "me", "10.0.0.3"),
+        ];
+        let merged = merge_pods("me", local, endpoints);
+        let seen: Vec<(String, String)> = merged.iter().map(|p| (p.key(), p.ips[0].to_string())).collect();
+        let want = [("a/mine", "10.0.0.1"), ("a/theirs", "10.0.1.1"), ("b/moved", "10.0.0.2")];
+        assert_eq!(
+            seen,
+            want.map(|(k, ip)| (k.to_owned(), ip.to_owned())),
+            "ordered by namespace and name; this node's Pods win over endpoints, and an endpoint naming this node is \
+             no pod of it until its own watch shows it"
+        );
+    }
+
+    #[test]
+    fn an_endpoint_is_the_pod_it_was_published_for() {
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "web", "namespace": "prod", "labels": {"app": "web"}},
+            "spec": {"nodeName": "n1", "containers": [{"name": "c", "ports": [{"name": "dns", "containerPort": 53, "protocol": "UDP"}]}]},
+            "status": {"podIPs": [{"ip": "10.0.0.5"}, {"ip": "fd00::5"}]}
+        }))
+        .unwrap();
+        let mut endpoint = PodEndpoint::new("web", PodEndpointSpec::of_pod(&pod).unwrap());
+        endpoint.metadata.namespace = Some("prod".into());
+        // Through the API's JSON, as the agent's watch receives it.
+        let endpoint: PodEndpoint = serde_json::from_value(serde_json::to_value(&endpoint).unwrap()).unwrap();
+        assert_eq!(endpoint_info(&endpoint), pod_info(&pod));
+    }
 
     #[test]
     fn attached_pods_of_this_node_take_the_addresses_add_gave_them() {

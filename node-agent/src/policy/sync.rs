@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use kube::Client;
 
 use super::attached::Attached;
-use super::caches::{Caches, with_attached};
+use super::caches::{Caches, PodSource, with_attached};
 use super::drop_log;
 use super::incremental::Incremental;
 use super::limits::{self, NodeRefusal};
@@ -127,6 +127,8 @@ pub struct Settings {
     pub drop_log: Option<render::DropLog>,
     /// Enforce ClusterNetworkPolicies too (their CRD must be installed).
     pub cluster_policies: bool,
+    /// Where the cluster's pods are learnt from.
+    pub pod_source: PodSource,
     /// Who reads the drop log's records besides the log lines.
     pub drop_log_readers: drop_log::Readers,
     /// Where each pass publishes what it computed (the flow recorder's view).
@@ -143,7 +145,8 @@ pub struct Latest {
 /// Runs for the agent's lifetime; `attached`: the pods ADD registered
 /// (their rules are applied before ADD answers).
 pub async fn run(client: Client, settings: Settings, metrics: Arc<PolicyMetrics>, attached: Arc<Attached>) {
-    let caches = Caches::start(&client, &attached.changed, settings.cluster_policies);
+    let caches =
+        Caches::start(&client, &attached.changed, settings.cluster_policies, settings.pod_source, &settings.node);
     if !caches.wait_filled(&client, &attached).await {
         return;
     }
@@ -184,7 +187,7 @@ struct PolicyLoop {
 impl PolicyLoop {
     /// Also starts the counters' reader and, when asked, the drop log.
     fn start(events: Client, settings: Settings, metrics: Arc<PolicyMetrics>, attached: Arc<Attached>) -> Self {
-        let Settings { node, resync, deny, drop_log, cluster_policies: _, drop_log_readers, publish } = settings;
+        let Settings { node, resync, deny, drop_log, cluster_policies: _, pod_source: _, drop_log_readers, publish } = settings;
         let engine = Arc::new(Engine::new(Nft::default()));
         let labels: drop_log::Labels = Arc::new(std::sync::Mutex::new(Default::default()));
         tokio::spawn(read_counters(Arc::clone(&engine), Arc::clone(&labels), Arc::clone(&metrics)));

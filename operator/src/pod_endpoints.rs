@@ -1,0 +1,344 @@
+//! PodEndpoints (with `--publish-pod-endpoints`): one per pod that runs on
+//! a node with an address, holding what policy reads of it, so that agents
+//! watch these instead of every Pod. A Pod changes with each status update
+//! of its kubelet; its endpoint is written only when what policy reads
+//! changes, so most Pod events stop here instead of reaching every node.
+//!
+//! Level-triggered: every change of a pod's projection or of an endpoint,
+//! and a periodic resync, runs one pass that compares the two caches
+//! ([`Publisher::plan`], pure) and writes the difference.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::runtime::watcher;
+use kube::{Client, Resource};
+use serde_json::json;
+use weft_api::pod_endpoint::{FIELD_MANAGER, PodEndpoint, PodEndpointSpec};
+use weft_api::watch::{self, Projection};
+
+use crate::leader::{NotLeader, Term};
+use crate::metrics::Metrics;
+
+const CONTROLLER: &str = "podendpoints";
+/// Writes in flight at once.
+const CONCURRENCY: usize = 64;
+/// How long one write may take before it counts as failed.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Changes that arrive together (a pod's labels and its address) are
+/// published by one pass.
+const SETTLE: Duration = Duration::from_millis(5);
+
+/// A pod (or its endpoint) by namespace and name.
+type Key = (String, String);
+
+/// A pod as its endpoint should say it: the endpoint's owner and content.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Entry {
+    pub namespace: String,
+    pub name: String,
+    /// The pod's UID (the endpoint's owner).
+    pub uid: String,
+    pub spec: PodEndpointSpec,
+}
+
+impl Entry {
+    fn key(&self) -> Key {
+        (self.namespace.clone(), self.name.clone())
+    }
+}
+
+/// What is published of `pod`: None for pods without a node or address,
+/// in the host network, or finished.
+pub fn desired(pod: &Pod) -> Option<Entry> {
+    let spec = PodEndpointSpec::of_pod(pod).filter(PodEndpointSpec::is_published)?;
+    let meta = pod.meta();
+    Some(Entry { namespace: meta.namespace.clone()?, name: meta.name.clone()?, uid: meta.uid.clone()?, spec })
+}
+
+/// What an endpoint says, its owner being the pod it names.
+pub fn observed(endpoint: &PodEndpoint) -> Option<Entry> {
+    let meta = endpoint.meta();
+    let owner = meta.owner_references.iter().flatten().find(|o| o.kind == "Pod" && o.api_version == "v1");
+    Some(Entry {
+        namespace: meta.namespace.clone()?,
+        name: meta.name.clone()?,
+        uid: owner.map(|o| o.uid.clone()).unwrap_or_default(),
+        spec: endpoint.spec.clone(),
+    })
+}
+
+/// A write the pass makes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// Create or update the endpoint of this pod.
+    Apply(Arc<Entry>),
+    /// Delete an endpoint whose pod is gone or no longer published.
+    Delete(Key),
+}
+
+/// What this replica wrote that its endpoint watch has not shown yet, so
+/// that a pass in between does not write it again.
+#[derive(Default)]
+pub struct Publisher {
+    written: HashMap<Key, Option<Arc<Entry>>>,
+}
+
+impl Publisher {
+    /// The writes that make the endpoints (`observed`) what the pods say
+    /// (`desired`); both ordered by namespace and name, as the caches give
+    /// them. Writes this replica made that the watch does not show yet are
+    /// not planned again; once the watch shows them they are forgotten.
+    pub fn plan(&mut self, desired: &[Arc<Entry>], observed: &[Arc<Entry>]) -> Vec<Op> {
+        let mut ops = Vec::new();
+        let (mut d, mut o) = (desired.iter().peekable(), observed.iter().peekable());
+        loop {
+            let (want, have) = match (d.peek(), o.peek()) {
+                (None, None) => break,
+                (Some(w), Some(h)) => match (&w.namespace, &w.name).cmp(&(&h.namespace, &h.name)) {
+                    std::cmp::Ordering::Less => (d.next(), None),
+                    std::cmp::Ordering::Greater => (None, o.next()),
+                    std::cmp::Ordering::Equal => (d.next(), o.next()),
+                },
+                (Some(_), None) => (d.next(), None),
+                (None, Some(_)) => (None, o.next()),
+            };
+            let key = want.or(have).map_or_else(Key::default, |e| e.key());
+            let settled = match (want, have) {
+                (Some(w), Some(h)) => w == h,
+                (None, None) => true,
+                _ => false,
+            };
+            let shown = |written: &Option<Arc<Entry>>| written.as_deref() == have.map(Arc::as_ref);
+            if self.written.get(&key).is_some_and(shown) {
+                self.written.remove(&key);
+            }
+            if settled {
+                continue;
+            }
+            let target = want.cloned();
+            if self.written.get(&key) == Some(&target) {
+                continue;
+            }
+            self.written.insert(key.clone(), target);
+            ops.push(match want {
+                Some(w) => Op::Apply(Arc::clone(w)),
+                None => Op::Delete(key),
+            });
+        }
+        ops
+    }
+
+    /// A write failed: the next pass plans it again.
+    pub fn failed(&mut self, key: &Key) {
+        self.written.remove(key);
+    }
+
+    /// Forgets every write (the resync trusts only the caches).
+    pub fn forget(&mut self) {
+        self.written.clear();
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("writing PodEndpoint {namespace}/{name}: {source}")]
+    Write { namespace: String, name: String, source: kube::Error },
+    #[error("writing PodEndpoint {namespace}/{name}: no answer within {WRITE_TIMEOUT:?}")]
+    Timeout { namespace: String, name: String },
+    #[error(transparent)]
+    NotLeader(#[from] NotLeader),
+}
+
+/// Runs until the process ends.
+pub async fn run(client: Client, metrics: Arc<Metrics>, resync: Duration, term: Term) {
+    let changed = Arc::new(tokio::sync::Notify::new());
+    let pods: Projection<Entry> =
+        watch::project(Api::<Pod>::all(client.clone()), watcher::Config::default(), "Pod", desired, changed.clone());
+    let endpoints: Projection<Entry> = watch::project(
+        Api::<PodEndpoint>::all(client.clone()),
+        watcher::Config::default(),
+        "PodEndpoint",
+        observed,
+        changed.clone(),
+    );
+    if pods.wait_until_ready().await.is_err() || endpoints.wait_until_ready().await.is_err() {
+        tracing::error!("the PodEndpoint controller's caches were dropped before they were ready");
+        return;
+    }
+    tracing::info!("publishing PodEndpoints");
+    let mut publisher = Publisher::default();
+    let mut last_resync = Instant::now();
+    loop {
+        let started = Instant::now();
+        if last_resync.elapsed() >= resync {
+            publisher.forget();
+            last_resync = Instant::now();
+        }
+        let ops = publisher.plan(&pods.values(), &endpoints.values());
+        let failures = write(&client, &term, &mut publisher, ops).await;
+        metrics.observe(CONTROLLER, started.elapsed(), failures > 0);
+        let wait = if failures > 0 { Duration::from_secs(1) } else { resync };
+        tokio::select! {
+            _ = changed.notified() => tokio::time::sleep(SETTLE).await,
+            _ = tokio::time::sleep(wait) => {}
+        }
+    }
+}
+
+/// Makes `ops`, [`CONCURRENCY`] at a time; returns how many failed (logged,
+/// and planned again by the next pass).
+async fn write(client: &Client, term: &Term, publisher: &mut Publisher, ops: Vec<Op>) -> usize {
+    let writes = futures::stream::iter(ops).map(|op| async move {
+        let key = match &op {
+            Op::Apply(e) => e.key(),
+            Op::Delete(key) => key.clone(),
+        };
+        (write_one(client, term, op).await, key)
+    });
+    let results: Vec<_> = writes.buffer_unordered(CONCURRENCY).collect().await;
+    let mut failures = 0;
+    for (result, key) in results {
+        if let Err(error) = result {
+            failures += 1;
+            publisher.failed(&key);
+            match error {
+                Error::NotLeader(_) => tracing::debug!(%error, "PodEndpoint write skipped"),
+                _ => tracing::warn!(%error, "PodEndpoint write failed; retrying"),
+            }
+        }
+    }
+    failures
+}
+
+async fn write_one(client: &Client, term: &Term, op: Op) -> Result<(), Error> {
+    term.check()?;
+    let (namespace, name) = match &op {
+        Op::Apply(e) => (e.namespace.clone(), e.name.clone()),
+        Op::Delete((namespace, name)) => (namespace.clone(), name.clone()),
+    };
+    let api = Api::<PodEndpoint>::namespaced(client.clone(), &namespace);
+    let call = async {
+        match &op {
+            Op::Apply(e) => {
+                let body = apply_body(e);
+                api.patch(&e.name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(body)).await.map(drop)
+            }
+            Op::Delete(_) => match api.delete(&name, &DeleteParams::default()).await {
+                Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+                other => other.map(drop),
+            },
+        }
+    };
+    match tokio::time::timeout(WRITE_TIMEOUT, call).await {
+        Err(_) => Err(Error::Timeout { namespace, name }),
+        Ok(result) => result.map_err(|source| Error::Write { namespace, name, source }),
+    }
+}
+
+/// The server-side apply of `e`'s endpoint, owned by its pod (the garbage
+/// collector deletes it with the pod).
+pub fn apply_body(e: &Entry) -> serde_json::Value {
+    json!({
+        "apiVersion": "weft.dev/v1alpha1",
+        "kind": "PodEndpoint",
+        "metadata": {
+            "name": e.name,
+            "namespace": e.namespace,
+            "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": e.name, "uid": e.uid}],
+        },
+        "spec": e.spec,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    fn entry(name: &str, uid: &str, ip: &str, app: &str) -> Arc<Entry> {
+        Arc::new(Entry {
+            namespace: "ns".into(),
+            name: name.into(),
+            uid: uid.into(),
+            spec: PodEndpointSpec {
+                node_name: "n1".into(),
+                pod_ips: vec![ip.parse().unwrap()],
+                labels: BTreeMap::from([("app".to_owned(), app.to_owned())]),
+                ports: Vec::new(),
+            },
+        })
+    }
+
+    fn key(name: &str) -> Key {
+        ("ns".into(), name.into())
+    }
+
+    #[test]
+    fn a_pass_creates_updates_and_deletes_what_differs() {
+        let (a, b, c) = (entry("a", "u1", "10.0.0.1", "web"), entry("b", "u2", "10.0.0.2", "db"), entry("c", "u3", "10.0.0.3", "x"));
+        let relabelled = entry("b", "u2", "10.0.0.2", "web");
+        let recreated = entry("c", "u4", "10.0.0.3", "x");
+        let gone = entry("d", "u5", "10.0.0.4", "y");
+        let desired = [Arc::clone(&a), Arc::clone(&relabelled), Arc::clone(&recreated)];
+        let observed = [a, b, c, gone];
+        let ops = Publisher::default().plan(&desired, &observed);
+        assert_eq!(
+            ops,
+            [Op::Apply(relabelled), Op::Apply(recreated), Op::Delete(key("d"))],
+            "the same pod is no write; new labels and a new owner (the pod recreated) are; an endpoint without its pod goes"
+        );
+        let new = entry("n", "u6", "10.0.0.6", "z");
+        assert_eq!(Publisher::default().plan(std::slice::from_ref(&new), &[]), [Op::Apply(new)]);
+    }
+
+    #[test]
+    fn a_write_is_not_made_again_until_the_watch_shows_it_or_it_failed() {
+        let mut p = Publisher::default();
+        let old = entry("a", "u1", "10.0.0.1", "web");
+        let new = entry("a", "u1", "10.0.0.1", "db");
+        let observed = [Arc::clone(&old)];
+        assert_eq!(p.plan(std::slice::from_ref(&new), &observed), [Op::Apply(Arc::clone(&new))]);
+        assert!(p.plan(std::slice::from_ref(&new), &observed).is_empty(), "in flight: not written twice");
+        p.failed(&key("a"));
+        assert_eq!(p.plan(std::slice::from_ref(&new), &observed).len(), 1, "a failed write is made again");
+        // The watch shows it: forgotten, so that a later change back is written.
+        assert!(p.plan(std::slice::from_ref(&new), std::slice::from_ref(&new)).is_empty());
+        assert!(p.written.is_empty());
+        assert_eq!(p.plan(std::slice::from_ref(&old), std::slice::from_ref(&new)), [Op::Apply(Arc::clone(&old))]);
+        // A delete in flight, then the pod back before the watch showed it.
+        let mut p = Publisher::default();
+        assert_eq!(p.plan(&[], std::slice::from_ref(&old)), [Op::Delete(key("a"))]);
+        assert!(p.plan(&[], std::slice::from_ref(&old)).is_empty());
+        assert_eq!(p.plan(std::slice::from_ref(&new), std::slice::from_ref(&old)), [Op::Apply(new)]);
+        p.forget();
+        assert!(p.written.is_empty());
+    }
+
+    #[test]
+    fn only_running_addressed_pods_are_published_and_owned_by_their_pod() {
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "web", "namespace": "prod", "uid": "u-1", "labels": {"app": "web"}},
+            "spec": {"nodeName": "n1", "containers": []},
+            "status": {"podIPs": [{"ip": "10.0.0.5"}]}
+        }))
+        .unwrap();
+        let e = desired(&pod).unwrap();
+        assert_eq!((e.namespace.as_str(), e.name.as_str(), e.uid.as_str()), ("prod", "web", "u-1"));
+        let body = apply_body(&e);
+        let mut endpoint: PodEndpoint = serde_json::from_value(body).unwrap();
+        endpoint.metadata.owner_references.as_mut().unwrap()[0].controller = None;
+        assert_eq!(observed(&endpoint).as_ref(), Some(&e), "what is applied is read back as the same entry");
+        let mut pending = pod.clone();
+        pending.status = None;
+        assert_eq!(desired(&pending), None, "no address: not published");
+        let mut unowned = endpoint;
+        unowned.metadata.owner_references = None;
+        assert_ne!(observed(&unowned).as_ref(), Some(&e), "an endpoint without its owner is written again");
+    }
+}
