@@ -464,6 +464,13 @@ fn agent_writes_only_its_own_nodes_objects(cp: &ControlPlane, ns: &str, agent_sa
         let (ok, text) = subnet(&a, change);
         assert!(!ok && text.contains("may only remove the lease finalizer"), "{change} was allowed: {text}");
     }
+    // Nor may it publish what other nodes take a pod to be.
+    let path = format!("/apis/weft.dev/v1alpha1/namespaces/{ns}/podendpoints/forged");
+    let body = format!(
+        r#"{{"apiVersion":"weft.dev/v1alpha1","kind":"PodEndpoint","metadata":{{"name":"forged","namespace":"{ns}"}},"spec":{{"nodeName":"{a}","podIPs":["10.99.1.9"],"labels":{{"app":"db"}}}}}}"#
+    );
+    let (ok, text) = as_agent(&path, "application/apply-patch+yaml", &body);
+    assert!(!ok && text.contains("forbidden"), "the agent wrote a PodEndpoint: {text}");
     // No kubelet runs here to finish the pod's deletion: force it.
     let _ = kubectl(cp, &["delete", "pod", &pod, "-n", ns, "--grace-period=0", "--force"], None);
     for node in [&a, &b] {
@@ -740,12 +747,15 @@ fn install_upgrade_uninstall_on_a_real_apiserver() {
         "--timeout",
         "2m",
         "--set",
-        "uninstall.removeWeftObjects=false",
+        // With the agents' read-only permission on PodEndpoints, which
+        // agent_writes_only_its_own_nodes_objects checks is no more.
+        "uninstall.removeWeftObjects=false,podEndpoints.enabled=true",
     ]);
     let objects = release.assert_all_objects_exist();
     assert_eq!(objects.len(), 24, "{objects:?}");
     // The CRDs came from the chart's crds/ directory and are served.
-    for crd in ["subnets.weft.dev", "hostportallocations.weft.dev", "networkpolicies.weft.dev"] {
+    for crd in ["subnets.weft.dev", "hostportallocations.weft.dev", "networkpolicies.weft.dev", "podendpoints.weft.dev"]
+    {
         kubectl_ok(cp, &["get", "crd", crd]);
     }
     wait::until("the Subnet CRD to be served", Duration::from_secs(30), || {
@@ -1076,6 +1086,40 @@ fn the_cluster_network_policy_crds_are_the_modules_and_rendered_as_they_are_and_
         "clusterNetworkPolicy.installCRDs=true,clusterNetworkPolicy.crdChannel=beta",
     ]);
     assert!(err.contains("crdChannel") && err.contains("'standard', 'experimental'"), "{err}");
+}
+
+#[test]
+fn pod_endpoints_are_one_value_for_the_operator_the_agents_and_their_permissions() {
+    let Some(helm) = Helm::new() else { return };
+    let chart = chart_dir();
+    let render = |set: &[&str]| {
+        let mut args = vec!["template", "t", chart.to_str().expect("path")];
+        args.extend(set.iter().flat_map(|s| ["--set", *s]));
+        documents(&helm.ok(&args))
+    };
+    // (agent's pod source, operator publishes, agent may read, operator may write)
+    let switches = |docs: &[Value]| {
+        let agent = &find(docs, "DaemonSet", "-agent")["spec"]["template"]["spec"]["containers"][0];
+        let operator = &find(docs, "Deployment", "-operator")["spec"]["template"]["spec"]["containers"][0];
+        let verbs = |who: &str| -> Vec<String> {
+            let role = find(docs, "ClusterRole", who);
+            let rules = role["rules"].as_sequence().expect("rules").iter();
+            let rule = rules.filter(|r| r["resources"][0] == "podendpoints").flat_map(|r| r["verbs"].as_sequence());
+            rule.flatten().filter_map(|v| v.as_str().map(str::to_owned)).collect()
+        };
+        (
+            env(agent, "WEFT_POD_SOURCE")["value"].as_str().unwrap_or_default().to_owned(),
+            env(operator, "WEFT_PUBLISH_POD_ENDPOINTS")["value"].as_str().unwrap_or_default().to_owned(),
+            verbs("-agent"),
+            verbs("-operator"),
+        )
+    };
+    let none: Vec<String> = Vec::new();
+    assert_eq!(switches(&render(&[])), ("pods".into(), "false".into(), none.clone(), none), "off by default");
+    let (source, publish, agent, operator) = switches(&render(&["podEndpoints.enabled=true"]));
+    assert_eq!((source.as_str(), publish.as_str()), ("endpoints", "true"));
+    assert_eq!(agent, ["list", "watch"], "the agents only read them");
+    assert!(["create", "patch", "delete"].iter().all(|v| operator.iter().any(|o| o == v)), "{operator:?}");
 }
 
 #[test]

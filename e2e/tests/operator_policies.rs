@@ -1,7 +1,8 @@
 //! The operator's policy controllers against the real apiserver: weft.dev
 //! NetworkPolicy `Accepted` with the validation problems the CRD schema
 //! cannot see, `selectedPods` following pods and their labels; a Warning
-//! Event on a standard NetworkPolicy the agents refuse as too large.
+//! Event on a standard NetworkPolicy the agents refuse as too large; the
+//! PodEndpoints published for the agents.
 
 use std::time::Duration;
 
@@ -10,9 +11,15 @@ use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::networking::v1::NetworkPolicy as StandardPolicy;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
-use weft_api::NetworkPolicy;
+use weft_api::{NetworkPolicy, PodEndpoint};
 use weft_e2e::control_plane::operator::OperatorProcess;
 use weft_e2e::control_plane::{ControlPlane, install_crds, new_namespace, unique_name, wait_for};
+
+/// Pods need it, and no controller manager runs here to make it.
+async fn add_default_service_account(client: &kube::Client, ns: &str) {
+    let sa: ServiceAccount = serde_json::from_value(json!({"metadata": {"name": "default"}})).expect("sa");
+    let _ = Api::<ServiceAccount>::namespaced(client.clone(), ns).create(&PostParams::default(), &sa).await;
+}
 
 fn accepted(p: &NetworkPolicy) -> Option<(String, String, String)> {
     let c = p.status.as_ref()?.conditions.iter().find(|c| c.type_ == "Accepted")?;
@@ -25,8 +32,7 @@ async fn operator_reports_acceptance_and_selected_pods() {
     let client = cp.client().await.expect("client");
     install_crds(&client).await.expect("CRDs");
     let ns = new_namespace(&client, "op-np").await.expect("namespace");
-    let sa: ServiceAccount = serde_json::from_value(json!({"metadata": {"name": "default"}})).expect("sa");
-    let _ = Api::<ServiceAccount>::namespaced(client.clone(), &ns).create(&PostParams::default(), &sa).await;
+    add_default_service_account(&client, &ns).await;
     // Its own lease namespace and node selector: it shares the control plane with other tests.
     let _op = OperatorProcess::start(
         cp,
@@ -168,4 +174,96 @@ async fn operator_warns_about_a_standard_policy_the_agents_refuse() {
         Ok::<_, anyhow::Error>(body.lines().any(|l| l == "weft_operator_standard_network_policies_refused 0"))
     };
     wait_for(Duration::from_secs(30), "the refused-policy gauge at 0", zero).await.expect("gauge 0");
+}
+
+/// A pod as the operator sees it: on node `n1` with an address once `ip` is given.
+fn endpoint_pod(name: &str, app: &str) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": {"app": app}},
+        "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "x", "ports": [{"name": "http", "containerPort": 8080}]}]},
+    }))
+    .expect("pod")
+}
+
+#[tokio::test]
+async fn operator_publishes_a_pod_endpoint_per_addressed_pod_and_writes_only_what_policy_reads() {
+    let Some(cp) = ControlPlane::shared() else { return };
+    let client = cp.client().await.expect("client");
+    install_crds(&client).await.expect("CRDs");
+    let ns = new_namespace(&client, "op-wpe").await.expect("namespace");
+    add_default_service_account(&client, &ns).await;
+    let op = OperatorProcess::start(
+        cp,
+        &[
+            "--cluster-cidr=10.215.0.0/16".into(),
+            format!("--node-selector=weft.dev/e2e={ns}"),
+            format!("--leader-election-namespace={ns}"),
+            "--publish-pod-endpoints=true".into(),
+        ],
+    )
+    .expect("operator starts");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let endpoints: Api<PodEndpoint> = Api::namespaced(client.clone(), &ns);
+    let set_status = |name: &'static str, status: serde_json::Value| {
+        let pods = pods.clone();
+        async move {
+            let patch = json!({"status": status});
+            pods.patch_status(name, &PatchParams::default(), &Patch::Merge(patch)).await.expect("pod status");
+        }
+    };
+    // One pod that never gets an address, then one that does.
+    pods.create(&PostParams::default(), &endpoint_pod("pending", "web")).await.expect("pod");
+    let web = pods.create(&PostParams::default(), &endpoint_pod("web", "web")).await.expect("pod");
+    set_status("web", json!({"phase": "Running", "podIP": "10.215.1.5", "podIPs": [{"ip": "10.215.1.5"}]})).await;
+    let endpoint_is = |name: &'static str, app: &'static str| {
+        let endpoints = endpoints.clone();
+        async move {
+            Ok(endpoints
+                .get_opt(name)
+                .await?
+                .is_some_and(|e| e.spec.labels.get("app").map(String::as_str) == Some(app)))
+        }
+    };
+    wait_for(Duration::from_secs(30), "web's endpoint", || endpoint_is("web", "web")).await.expect("published");
+    let e = endpoints.get("web").await.expect("endpoint");
+    assert_eq!(e.spec.node_name, "n1");
+    assert_eq!(e.spec.pod_ips, ["10.215.1.5".parse::<std::net::IpAddr>().expect("ip")]);
+    assert_eq!((e.spec.ports[0].name.as_str(), e.spec.ports[0].port), ("http", 8080));
+    let owner = &e.metadata.owner_references.as_ref().expect("owner")[0];
+    assert_eq!((owner.kind.as_str(), Some(&owner.uid)), ("Pod", web.metadata.uid.as_ref()));
+    assert!(endpoints.get_opt("pending").await.expect("get").is_none(), "a pod without an address is no endpoint");
+
+    // Status updates that change nothing policy reads make no write.
+    let applies = || op.metric("weft_operator_pod_endpoint_writes_total{op=\"apply\"} ");
+    let before = applies().await.expect("the writes counter");
+    for ready in ["False", "True", "False", "True"] {
+        let conditions = json!({"conditions": [{"type": "Ready", "status": ready}]});
+        set_status("web", conditions).await;
+    }
+    pods.patch("web", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {"app": "db"}}})))
+        .await
+        .expect("relabel");
+    wait_for(Duration::from_secs(30), "the new label published", || endpoint_is("web", "db")).await.expect("relabel");
+    assert_eq!(applies().await, Some(before + 1.0), "one write: the label change, none for the status updates");
+
+    // An endpoint changed by hand is put back; one without its pod goes.
+    endpoints
+        .patch("web", &PatchParams::default(), &Patch::Merge(json!({"spec": {"labels": {"app": "forged"}}})))
+        .await
+        .expect("forge");
+    wait_for(Duration::from_secs(30), "the forged endpoint put back", || endpoint_is("web", "db"))
+        .await
+        .expect("put back");
+    set_status("web", json!({"phase": "Succeeded"})).await;
+    let gone = |name: &'static str| {
+        let endpoints = endpoints.clone();
+        async move { Ok(endpoints.get_opt(name).await?.is_none()) }
+    };
+    wait_for(Duration::from_secs(30), "a finished pod's endpoint deleted", || gone("web")).await.expect("deleted");
+    set_status("pending", json!({"phase": "Running", "podIPs": [{"ip": "10.215.1.6"}]})).await;
+    wait_for(Duration::from_secs(30), "pending's endpoint", || endpoint_is("pending", "web")).await.expect("published");
+    pods.delete("pending", &DeleteParams { grace_period_seconds: Some(0), ..Default::default() })
+        .await
+        .expect("delete");
+    wait_for(Duration::from_secs(30), "a deleted pod's endpoint deleted", || gone("pending")).await.expect("deleted");
 }

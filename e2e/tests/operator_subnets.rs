@@ -181,14 +181,6 @@ fn assert_disjoint(subnets: &BTreeMap<String, Subnet>, pool: &str) {
     }
 }
 
-async fn metric(op: &OperatorProcess, line_prefix: &str) -> Option<f64> {
-    let (code, body) = op.http_get("/metrics").await.ok()?;
-    if code != 200 {
-        return None;
-    }
-    body.lines().find_map(|l| l.strip_prefix(line_prefix)).and_then(|v| v.trim().parse().ok())
-}
-
 #[tokio::test]
 async fn joining_node_gets_a_subnet_and_metrics_are_served() {
     let Some(fx) = Fixture::new("op-join", "10.101.0.0/16", 24).await else { return };
@@ -208,12 +200,12 @@ async fn joining_node_gets_a_subnet_and_metrics_are_served() {
     assert_eq!(op.http_get("/healthz").await.expect("healthz").0, 200);
     assert_eq!(op.http_get("/readyz").await.expect("readyz").0, 200);
     wait_for(Duration::from_secs(10), "lease gauges", || async {
-        Ok(metric(&op, "weft_operator_subnet_leases{state=\"allocated\"} ").await == Some(1.0)
-            && metric(&op, "weft_operator_subnet_leases{state=\"free\"} ").await == Some(255.0))
+        Ok(op.metric("weft_operator_subnet_leases{state=\"allocated\"} ").await == Some(1.0)
+            && op.metric("weft_operator_subnet_leases{state=\"free\"} ").await == Some(255.0))
     })
     .await
     .expect("metrics report 1 allocated, 255 free");
-    assert!(metric(&op, "weft_operator_reconcile_total{controller=\"node\"} ").await.unwrap_or(0.0) >= 1.0);
+    assert!(op.metric("weft_operator_reconcile_total{controller=\"node\"} ").await.unwrap_or(0.0) >= 1.0);
     assert!(
         op.http_get("/metrics").await.expect("metrics").1.contains("weft_operator_reconcile_duration_seconds_bucket")
     );
@@ -224,7 +216,7 @@ async fn joining_node_gets_a_subnet_and_metrics_are_served() {
     let cidr_before = s.spec.cidr.clone();
     let uid_before = s.uid();
     wait_for(Duration::from_secs(20), "restarted operator to lead", || async {
-        Ok(metric(&op, "weft_operator_leader ").await == Some(1.0))
+        Ok(op.metric("weft_operator_leader ").await == Some(1.0))
     })
     .await
     .expect("new leader");
@@ -381,7 +373,7 @@ async fn exhausted_pool_reports_an_event_and_recovers() {
     })
     .await
     .expect("exhaustion is reported on the node");
-    assert!(metric(&op, "weft_operator_subnet_pool_exhausted_total ").await.unwrap_or(0.0) >= 1.0);
+    assert!(op.metric("weft_operator_subnet_pool_exhausted_total ").await.unwrap_or(0.0) >= 1.0);
     let node_condition =
         |status: &'static str, reason: &'static str| {
             let nodes: Api<Node> = Api::all(fx.client.clone());

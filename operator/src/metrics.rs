@@ -45,7 +45,14 @@ pub struct Metrics {
     pub network_policies: Family<StateLabel, Gauge>,
     pub standard_policies_refused: Gauge,
     pub flows_api_serving: Gauge,
+    /// PodEndpoint writes by `op` (apply, delete), failed ones included.
+    pub pod_endpoint_writes: Family<OpLabel, Counter>,
     ready: AtomicBool,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OpLabel {
+    pub op: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -105,8 +112,15 @@ impl Metrics {
             "1 while this replica serves the flows.weft.dev API (--flows-api-addr), else 0",
             flows_api_serving.clone(),
         );
+        let pod_endpoint_writes = Family::<OpLabel, Counter>::default();
+        registry.register(
+            "pod_endpoint_writes",
+            "PodEndpoint writes by op (apply, delete), with --publish-pod-endpoints",
+            pod_endpoint_writes.clone(),
+        );
         Metrics {
             registry,
+            pod_endpoint_writes,
             flows_api_serving,
             host_ports,
             host_port_collected,

@@ -22,7 +22,7 @@ use weft_api::pod_endpoint::{FIELD_MANAGER, PodEndpoint, PodEndpointSpec};
 use weft_api::watch::{self, Projection};
 
 use crate::leader::{NotLeader, Term};
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, OpLabel};
 
 const CONTROLLER: &str = "podendpoints";
 /// Writes in flight at once.
@@ -180,7 +180,7 @@ pub async fn run(client: Client, metrics: Arc<Metrics>, resync: Duration, term: 
             last_resync = Instant::now();
         }
         let ops = publisher.plan(&pods.values(), &endpoints.values());
-        let failures = write(&client, &term, &mut publisher, ops).await;
+        let failures = write(&client, &term, &metrics, &mut publisher, ops).await;
         metrics.observe(CONTROLLER, started.elapsed(), failures > 0);
         let wait = if failures > 0 { Duration::from_secs(1) } else { resync };
         tokio::select! {
@@ -192,12 +192,13 @@ pub async fn run(client: Client, metrics: Arc<Metrics>, resync: Duration, term: 
 
 /// Makes `ops`, [`CONCURRENCY`] at a time; returns how many failed (logged,
 /// and planned again by the next pass).
-async fn write(client: &Client, term: &Term, publisher: &mut Publisher, ops: Vec<Op>) -> usize {
+async fn write(client: &Client, term: &Term, metrics: &Metrics, publisher: &mut Publisher, ops: Vec<Op>) -> usize {
     let writes = futures::stream::iter(ops).map(|op| async move {
-        let key = match &op {
-            Op::Apply(e) => e.key(),
-            Op::Delete(key) => key.clone(),
+        let (key, label) = match &op {
+            Op::Apply(e) => (e.key(), "apply"),
+            Op::Delete(key) => (key.clone(), "delete"),
         };
+        metrics.pod_endpoint_writes.get_or_create(&OpLabel { op: label }).inc();
         (write_one(client, term, op).await, key)
     });
     let results: Vec<_> = writes.buffer_unordered(CONCURRENCY).collect().await;
@@ -281,7 +282,11 @@ mod tests {
 
     #[test]
     fn a_pass_creates_updates_and_deletes_what_differs() {
-        let (a, b, c) = (entry("a", "u1", "10.0.0.1", "web"), entry("b", "u2", "10.0.0.2", "db"), entry("c", "u3", "10.0.0.3", "x"));
+        let (a, b, c) = (
+            entry("a", "u1", "10.0.0.1", "web"),
+            entry("b", "u2", "10.0.0.2", "db"),
+            entry("c", "u3", "10.0.0.3", "x"),
+        );
         let relabelled = entry("b", "u2", "10.0.0.2", "web");
         let recreated = entry("c", "u4", "10.0.0.3", "x");
         let gone = entry("d", "u5", "10.0.0.4", "y");

@@ -116,6 +116,17 @@ impl OperatorProcess {
         let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
         Ok((code, body))
     }
+
+    /// The value of the first `/metrics` line starting with `line_prefix`
+    /// (a metric's name and labels and the space before the value); None
+    /// while it is not served.
+    pub async fn metric(&self, line_prefix: &str) -> Option<f64> {
+        let (code, body) = self.http_get("/metrics").await.ok()?;
+        if code != 200 {
+            return None;
+        }
+        body.lines().find_map(|l| l.strip_prefix(line_prefix)).and_then(|v| v.trim().parse().ok())
+    }
 }
 
 impl Drop for OperatorProcess {

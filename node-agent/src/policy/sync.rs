@@ -187,7 +187,8 @@ struct PolicyLoop {
 impl PolicyLoop {
     /// Also starts the counters' reader and, when asked, the drop log.
     fn start(events: Client, settings: Settings, metrics: Arc<PolicyMetrics>, attached: Arc<Attached>) -> Self {
-        let Settings { node, resync, deny, drop_log, cluster_policies: _, pod_source: _, drop_log_readers, publish } = settings;
+        let Settings { node, resync, deny, drop_log, cluster_policies: _, pod_source: _, drop_log_readers, publish } =
+            settings;
         let engine = Arc::new(Engine::new(Nft::default()));
         let labels: drop_log::Labels = Arc::new(std::sync::Mutex::new(Default::default()));
         tokio::spawn(read_counters(Arc::clone(&engine), Arc::clone(&labels), Arc::clone(&metrics)));
