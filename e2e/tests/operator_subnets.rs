@@ -247,11 +247,11 @@ async fn operator_killed_midway_leaves_no_overlaps_duplicates_or_orphans() {
     let leader = fx.wait_for_leader().await;
     let (leader, standby) = if leader == "replica-a" { (&mut a, &mut b) } else { (&mut b, &mut a) };
     wait_for(Duration::from_secs(10), "leader metrics", || async {
-        Ok(metric(leader, "weft_operator_leader ").await == Some(1.0))
+        Ok(leader.metric("weft_operator_leader ").await == Some(1.0))
     })
     .await
     .expect("the Lease holder leads");
-    assert_eq!(metric(standby, "weft_operator_leader ").await, Some(0.0), "only one replica leads");
+    assert_eq!(standby.metric("weft_operator_leader ").await, Some(0.0), "only one replica leads");
 
     // SIGKILL the leader at the fifth of this test's Subnets.
     let nodes: Vec<String> = (0..50).map(|i| fx.node_name(i)).collect();
