@@ -160,16 +160,29 @@ spec:
 
 #[test]
 fn standard_and_weft_policies_follow_the_truth_table() {
-    // With the drop log on (it is off by default).
+    // With the drop log on (it is off by default), and other nodes' pods
+    // learnt from the PodEndpoints the operator publishes (the other tests
+    // here and the real-node clusters' watch every Pod, the default).
     let secondary = format!("--operator-arg=--secondary-cluster-cidr={IPV6_CLUSTER_CIDR}");
     let agents = format!("--agent-arg=--ipv6-cluster-cidr={IPV6_CLUSTER_CIDR}");
+    let endpoints = ["--operator-arg=--publish-pod-endpoints=true", "--agent-arg=--pod-source=endpoints"];
     let Some(_up) = Up::start(
-        &["--nodes", "3", "--agent-arg=--policy-drop-log-group=100", &secondary, &agents],
+        &["--nodes", "3", "--agent-arg=--policy-drop-log-group=100", &secondary, &agents, endpoints[0], endpoints[1]],
         &[("curl", std::path::Path::new("/usr/bin/curl").is_file())],
     ) else {
         return;
     };
     add_the_pods(&["-p", "80/tcp", "-p", "http=8080/tcp", "-p", "dns=53/udp"]);
+    wait::until("a PodEndpoint of each pod", CONVERGE, || {
+        let listed = kubectl(&[
+            "get",
+            "podendpoints",
+            "-A",
+            "-o",
+            "jsonpath={range .items[*]}{.metadata.namespace}/{.metadata.name} {end}",
+        ]);
+        PODS.iter().all(|p| listed.split_whitespace().any(|e| e == *p)).then_some(())
+    });
 
     // No policy: everything is open.
     expect_matrix("default allow", "tcp", 80, |_, _| true);
