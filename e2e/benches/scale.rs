@@ -1,18 +1,21 @@
 //! Scale: a real kube-apiserver and etcd with kwok simulating the nodes and
 //! their kubelets (nodes Ready, pods Running with addresses), the real
-//! weft-operator leasing every node's Subnet, and one real weft-agent
-//! enforcing policy for one of the simulated nodes. The cluster grows
-//! through scale points (by default 100, 250, 500 and 1,000 nodes, 50 pods
-//! per node in deployments of 5 to 50 replicas spread over 100 namespaces,
-//! one NetworkPolicy per node); at each point a batch of new Nodes is
-//! created at once and timed until leased, and the agent is started afresh
-//! and timed to ready and to its first full policy sync, then through
-//! policy and pod label changes. The apiserver's own metrics say what each
-//! pod change cost it in watch events and bytes. After the last point, N
-//! watchers of every pod (the agent's pod watch, as N agents hold it;
-//! `WEFT_SCALE_FANOUT`, default 10,50,100) measure what the apiserver pays
-//! per pod change for each agent, the figure that grows with the node count.
-//! At the end the cluster
+//! weft-operator leasing every node's Subnet and publishing PodEndpoints,
+//! and one real weft-agent enforcing policy for one of the simulated nodes.
+//! The cluster grows through scale points (by default 100, 250, 500 and
+//! 1,000 nodes, 50 pods per node in deployments of 5 to 50 replicas spread
+//! over 100 namespaces, one NetworkPolicy per node); at each point a batch
+//! of new Nodes is created at once and timed until leased, the pods until
+//! Running and until published, with what one Pod watch and one PodEndpoint
+//! watch received meanwhile; then the agent is started afresh once per pod
+//! source (`WEFT_SCALE_POD_SOURCES`, default `pods,endpoints`) and timed to
+//! ready and to its first full policy sync, then through policy and pod
+//! label changes. The apiserver's own metrics say what each pod change cost
+//! it in watch events and bytes. After the last point, N watchers of every
+//! Pod, then of every PodEndpoint (the agent's watch of other nodes' pods
+//! in either mode, as N agents hold it; `WEFT_SCALE_FANOUT`, default
+//! 10,50,100) measure what the apiserver pays per pod change for each
+//! agent, the figure that grows with the node count. At the end the cluster
 //! grows past the operator's pool (the smallest power of two of /24s that
 //! holds the largest point): every node beyond it must be reported (a
 //! condition on the Node and an Event), never left waiting silently, and
@@ -39,7 +42,7 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use nix::sched::{CloneFlags, setns};
 use serde_json::json;
-use weft_api::Subnet;
+use weft_api::{PodEndpoint, Subnet};
 use weft_e2e::bench_agent::{
     KillOnDrop, METRICS_ADDR, POLL, cpu_seconds, metric, metrics, next_sync, percentile, ready, rss_mib, syncs,
 };
@@ -129,6 +132,8 @@ fn deployment(d: usize) -> (String, usize) {
 struct Point {
     nodes: usize,
     pods: usize,
+    /// Pods of the earlier points.
+    pods_before: usize,
     policies: usize,
     new_nodes: usize,
     /// Creating the new Node objects (`CONCURRENCY` in flight).
@@ -138,19 +143,36 @@ struct Point {
     /// ([`operator_requests`]).
     operator_requests: std::collections::BTreeMap<String, f64>,
     pods_running: Duration,
+    /// From the first pod created to a PodEndpoint of every pod.
+    endpoints_published: Duration,
+    /// What one watcher of Pods and one of PodEndpoints received while the
+    /// point's pods were created and ran: (events, bytes) per pod.
+    pod_watch_per_pod: (f64, f64),
+    endpoint_watch_per_pod: (f64, f64),
     operator_rss: f64,
-    agent_ready: Duration,
-    agent_synced: Duration,
-    agent_rss: f64,
+    /// The agent, once per pod source.
+    agents: Vec<AgentRun>,
+    apiserver_rss: f64,
+    etcd_rss: f64,
+}
+
+/// What one agent run measured.
+#[derive(Default)]
+struct AgentRun {
+    /// Its `--pod-source`.
+    source: String,
+    ready: Duration,
+    synced: Duration,
+    rss: f64,
     local_pods: f64,
     rules: f64,
     policy_changes: Vec<Duration>,
     label_changes: Vec<Duration>,
+    /// Watch events and bytes (Pods and PodEndpoints, to every watcher) and
+    /// apiserver CPU per label change.
     events_per_change: f64,
     bytes_per_change: f64,
     apiserver_cpu_per_change: f64,
-    apiserver_rss: f64,
-    etcd_rss: f64,
 }
 
 async fn bench(points: &[usize], scale: Scale, ns_path: &str, kwok_bin: &Path) {
@@ -191,16 +213,26 @@ async fn bench(points: &[usize], scale: Scale, ns_path: &str, kwok_bin: &Path) {
         // Deleted nodes' blocks go at once (60 s by default, for a node
         // that comes back): the exhaustion phase times the hand-over.
         "--release-grace-seconds=0".to_owned(),
+        // For the agents run with --pod-source endpoints.
+        "--publish-pod-endpoints=true".to_owned(),
     ];
     let operator = OperatorProcess::start(&cp, &args).expect("operator");
     let keep = KeepLogs(dir.path().to_owned(), operator.log.clone());
     let leased = spawn_lease_recorder(client.clone());
     let running = spawn_running_recorder(client.clone());
+    let published = spawn_counter(Api::<PodEndpoint>::all(client.clone()), |e: &PodEndpoint| {
+        Some(format!("{}/{}", e.metadata.namespace.as_deref()?, e.metadata.name.as_deref()?))
+    });
+    let sources: Vec<String> = std::env::var("WEFT_SCALE_POD_SOURCES")
+        .unwrap_or_else(|_| "pods,endpoints".into())
+        .split(',')
+        .map(|s| s.trim().to_owned())
+        .collect();
 
     let mut results = Vec::new();
     let (mut nodes, mut pods, mut deployments, mut policies) = (0, 0, 0, 0);
     for &target in points {
-        let mut p = Point { nodes: target, new_nodes: target - nodes, ..Default::default() };
+        let mut p = Point { nodes: target, new_nodes: target - nodes, pods_before: pods, ..Default::default() };
         // Nodes, all at once (CONCURRENCY creations in flight, as a burst of
         // joining kubelets would be), timed until every one is leased.
         let requests_before = operator_requests(&client).await;
@@ -216,6 +248,8 @@ async fn bench(points: &[usize], scale: Scale, ns_path: &str, kwok_bin: &Path) {
         nodes = target;
 
         // Pods in deployments' shapes, spread over every node; kwok runs them.
+        let pod_watch = WatchCount::start(&client, "/api/v1/pods").await;
+        let endpoint_watch = WatchCount::start(&client, "/apis/weft.dev/v1alpha1/podendpoints").await;
         let start = Instant::now();
         let want = target * scale.pods_per_node;
         let mut batch = Vec::new();
@@ -236,6 +270,12 @@ async fn bench(points: &[usize], scale: Scale, ns_path: &str, kwok_bin: &Path) {
         pods = want;
         wait_for(&running, pods, Duration::from_secs(1800), "pods Running with an address", &mut kwok, &kwok_log).await;
         p.pods_running = start.elapsed();
+        wait_for(&published, pods, Duration::from_secs(600), "PodEndpoints", &mut kwok, &kwok_log).await;
+        p.endpoints_published = start.elapsed();
+        let new_pods = (pods - p.pods_before) as f64;
+        let per_pod = |(events, bytes): (usize, usize)| (events as f64 / new_pods, bytes as f64 / new_pods);
+        p.pod_watch_per_pod = per_pod(pod_watch.stop());
+        p.endpoint_watch_per_pod = per_pod(endpoint_watch.stop());
         p.pods = pods;
 
         let want = target * scale.policies_per_node;
@@ -253,15 +293,17 @@ async fn bench(points: &[usize], scale: Scale, ns_path: &str, kwok_bin: &Path) {
         p.policies = policies;
         p.operator_rss = rss_mib(operator.pid());
 
-        measure_agent(&client, &cp, dir.path(), &mut p).await;
+        for source in &sources {
+            p.agents.push(measure_agent(&client, &cp, dir.path(), p.nodes, source).await);
+        }
         p.apiserver_rss = cp.pid(Component::Apiserver).map_or(0.0, rss_mib);
         p.etcd_rss = cp.pid(Component::Etcd).map_or(0.0, rss_mib);
         eprintln!(
-            "scale point {} nodes: leased in {:.2} s, pods running in {:.1} s, agent synced in {:.2} s",
+            "scale point {} nodes: leased in {:.2} s, pods running in {:.1} s, agent synced in {:?} s",
             p.nodes,
             p.lease.as_secs_f64(),
             p.pods_running.as_secs_f64(),
-            p.agent_synced.as_secs_f64()
+            p.agents.iter().map(|a| a.synced.as_secs_f64()).collect::<Vec<_>>()
         );
         results.push(p);
     }
@@ -272,8 +314,10 @@ async fn bench(points: &[usize], scale: Scale, ns_path: &str, kwok_bin: &Path) {
         .map(|c| c.trim().parse().expect("WEFT_SCALE_FANOUT: watcher counts, comma-separated"))
         .collect();
     let mut fanout = Vec::new();
-    for &watchers in &fanout_counts {
-        fanout.push(measure_fanout(&client, &cp, watchers).await);
+    for watched in [Watched::Pods, Watched::Endpoints] {
+        for &watchers in &fanout_counts {
+            fanout.push(measure_fanout(&client, &cp, watchers, watched).await);
+        }
     }
     let exhaustion = measure_exhaustion(&client, nodes, pool, &leased, &mut kwok, &kwok_log).await;
     drop(kwok);
@@ -285,8 +329,34 @@ async fn bench(points: &[usize], scale: Scale, ns_path: &str, kwok_bin: &Path) {
     cp.shutdown();
 }
 
+/// What an agent watches to learn of every pod.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Watched {
+    /// Every Pod (`--pod-source pods`).
+    Pods,
+    /// Every PodEndpoint (`--pod-source endpoints`).
+    Endpoints,
+}
+
+impl Watched {
+    fn path(self) -> &'static str {
+        match self {
+            Watched::Pods => "/api/v1/pods",
+            Watched::Endpoints => "/apis/weft.dev/v1alpha1/podendpoints",
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Watched::Pods => "Pods",
+            Watched::Endpoints => "PodEndpoints",
+        }
+    }
+}
+
 /// What the apiserver paid with `watchers` watchers of every pod.
 struct Fanout {
+    watched: Watched,
     watchers: usize,
     /// Apiserver CPU per pod change.
     cpu_per_change: f64,
@@ -297,17 +367,18 @@ struct Fanout {
     apiserver_rss: f64,
 }
 
-/// Holds `watchers` watches of every pod (the request the agent's pod
-/// watch makes once listed, from the current resourceVersion; what arrives
-/// is read and counted, not kept), then relabels a pod [`FANOUT_CHANGES`]
-/// times, each timed until every watcher has it.
-async fn measure_fanout(client: &Client, cp: &ControlPlane, watchers: usize) -> Fanout {
+/// Holds `watchers` watches of every pod or every PodEndpoint (the request
+/// the agent's watch makes once listed, from the current resourceVersion;
+/// what arrives is read and counted, not kept), then relabels a pod
+/// [`FANOUT_CHANGES`] times, each timed until every watcher has it (through
+/// the operator, for endpoints). The CPU and bytes are the apiserver's for
+/// both kinds: a relabelled pod's endpoint is one more write.
+async fn measure_fanout(client: &Client, cp: &ControlPlane, watchers: usize, watched: Watched) -> Fanout {
     use futures::AsyncBufReadExt;
     use std::sync::atomic::{AtomicUsize, Ordering};
     let apiserver = cp.pid(Component::Apiserver).expect("apiserver pid");
     let pods: Api<Pod> = Api::namespaced(client.clone(), "s1");
-    let rv = pods.list_metadata(&kube::api::ListParams::default().limit(1)).await.expect("list pods");
-    let rv = rv.metadata.resource_version.unwrap_or_default();
+    let rv = current_resource_version(client).await;
     // The highest change each watcher has seen (0: none yet).
     let seen: std::sync::Arc<Vec<AtomicUsize>> =
         std::sync::Arc::new((0..watchers).map(|_| AtomicUsize::new(0)).collect());
@@ -315,10 +386,10 @@ async fn measure_fanout(client: &Client, cp: &ControlPlane, watchers: usize) -> 
     let mut tasks = tokio::task::JoinSet::new();
     for w in 0..watchers {
         let (client, seen, arrived) = (client.clone(), seen.clone(), arrived.clone());
-        let uri = format!("/api/v1/pods?watch=true&allowWatchBookmarks=true&resourceVersion={rv}");
+        let uri = format!("{}?watch=true&allowWatchBookmarks=true&resourceVersion={rv}", watched.path());
         tasks.spawn(async move {
             let request = http::Request::get(uri).body(Vec::new()).expect("request");
-            let body = client.request_stream(request).await.expect("watch pods");
+            let body = client.request_stream(request).await.expect("watch");
             let mut lines = body.lines();
             while let Some(Ok(line)) = lines.next().await {
                 // The change's number, in the label the bench sets.
@@ -368,6 +439,7 @@ async fn measure_fanout(client: &Client, cp: &ControlPlane, watchers: usize) -> 
     let apiserver_rss = rss_mib(apiserver);
     tasks.abort_all();
     Fanout {
+        watched,
         watchers,
         cpu_per_change: (cpu_after - cpu_before) / FANOUT_CHANGES as f64,
         bytes_per_change: (watch_after.1 - watch_before.1) / FANOUT_CHANGES as f64,
@@ -381,15 +453,16 @@ fn print_fanout(fanout: &[Fanout], nodes: usize, pods: usize) {
         return;
     }
     println!(
-        "\nfan-out: N watchers of every pod (the agent's pod watch) at {nodes} nodes / {pods} pods; one pod relabelled {FANOUT_CHANGES} times"
+        "\nfan-out: N watchers of every Pod (--pod-source pods) or every PodEndpoint (--pod-source endpoints) at {nodes} nodes / {pods} pods; one pod relabelled {FANOUT_CHANGES} times"
     );
     println!(
-        "| watchers | apiserver CPU per pod change | per watcher | bytes sent per pod change | delivered to all p50 / p95 | apiserver RSS |"
+        "| watched | watchers | apiserver CPU per pod change | per watcher | bytes sent per pod change | delivered to all p50 / p95 | apiserver RSS |"
     );
-    println!("|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|");
     for f in fanout {
         println!(
-            "| {} | {:.1} ms | {:.3} ms | {:.0} B | {:.0} / {:.0} ms | {:.0} MiB |",
+            "| {} | {} | {:.1} ms | {:.3} ms | {:.0} B | {:.0} / {:.0} ms | {:.0} MiB |",
+            f.watched.name(),
             f.watchers,
             f.cpu_per_change * 1e3,
             f.cpu_per_change * 1e3 / f.watchers as f64,
@@ -400,14 +473,18 @@ fn print_fanout(fanout: &[Fanout], nodes: usize, pods: usize) {
         );
     }
     // A straight line through the points: the per-watcher cost at 1,000 nodes.
-    if let (Some(a), Some(b)) = (fanout.first(), fanout.last())
-        && b.watchers > a.watchers
-    {
+    for watched in [Watched::Pods, Watched::Endpoints] {
+        let of: Vec<&Fanout> = fanout.iter().filter(|f| f.watched == watched).collect();
+        let (Some(a), Some(b)) = (of.first(), of.last()) else { continue };
+        if b.watchers <= a.watchers {
+            continue;
+        }
         let slope = (b.cpu_per_change - a.cpu_per_change) / (b.watchers - a.watchers) as f64;
         let bytes = (b.bytes_per_change - a.bytes_per_change) / (b.watchers - a.watchers) as f64;
         let at = |n: f64| a.cpu_per_change + slope * (n - a.watchers as f64);
         println!(
-            "(extrapolated linearly from {} to {} watchers: {:.3} ms of apiserver CPU and {:.0} B per watcher per pod change; 1,000 agents: {:.0} ms of CPU and {:.1} MB per pod change)",
+            "({}: extrapolated linearly from {} to {} watchers: {:.3} ms of apiserver CPU and {:.0} B per watcher per pod change; 1,000 agents: {:.0} ms of CPU and {:.1} MB per pod change)",
+            watched.name(),
             a.watchers,
             b.watchers,
             slope * 1e3,
@@ -686,22 +763,23 @@ async fn wait_for(counter: &Counter, want: usize, timeout: Duration, what: &str,
     }
 }
 
-/// Starts the agent afresh for [`AGENT_NODE`]: start → ready and → first
-/// full policy sync, its memory, then policy and pod label changes timed
-/// from the API write to the applied pass, with the apiserver's watch
-/// events, bytes and CPU per pod change.
-async fn measure_agent(client: &Client, cp: &ControlPlane, dir: &Path, p: &mut Point) {
-    let log = dir.join(format!("agent-{}.log", p.nodes));
+/// Starts the agent afresh for [`AGENT_NODE`] with `--pod-source
+/// source`: start → ready and → first full policy sync, its memory, then
+/// policy and pod label changes timed from the API write to the applied
+/// pass, with the apiserver's watch events, bytes and CPU per pod change.
+async fn measure_agent(client: &Client, cp: &ControlPlane, dir: &Path, nodes: usize, source: &str) -> AgentRun {
+    let log = dir.join(format!("agent-{nodes}-{source}.log"));
     let started = Instant::now();
     let agent = KillOnDrop(
         Command::new(bins::weft("weft-agent"))
             .args(["--node-name", AGENT_NODE, "--pod-cidr", &kwok_pod_cidr(0), "--metrics-addr", METRICS_ADDR])
+            .args(["--pod-source", source])
             .arg("--kubeconfig")
             .arg(cp.in_namespace_kubeconfig())
             .arg("--socket")
             .arg(dir.join("agent.sock"))
             .arg("--state-dir")
-            .arg(dir.join(format!("state-{}", p.nodes)))
+            .arg(dir.join(format!("state-{nodes}-{source}")))
             .stdout(Stdio::null())
             .stderr(File::create(&log).expect("agent log"))
             .spawn()
@@ -711,12 +789,16 @@ async fn measure_agent(client: &Client, cp: &ControlPlane, dir: &Path, p: &mut P
         wait::until_every("the agent to be ready", Duration::from_secs(600), POLL, || ready().then(Instant::now))
     });
     let (synced, _) = tokio::task::spawn_blocking(move || next_sync((0.0, 0.0), started)).await.expect("sync");
-    p.agent_ready = ready.await.expect("readiness") - started;
-    p.agent_synced = synced;
-    p.agent_rss = rss_mib(agent.0.id());
     let m = metrics();
-    p.local_pods = metric(&m, "weft_agent_policy_local_pods ");
-    p.rules = metric(&m, "weft_agent_policy_rules ");
+    let mut run = AgentRun {
+        source: source.to_owned(),
+        ready: ready.await.expect("readiness") - started,
+        synced,
+        rss: rss_mib(agent.0.id()),
+        local_pods: metric(&m, "weft_agent_policy_local_pods "),
+        rules: metric(&m, "weft_agent_policy_rules "),
+        ..AgentRun::default()
+    };
 
     // np0 selects deployment 0, whose first replica is on the agent's node.
     let api: Api<NetworkPolicy> = Api::namespaced(client.clone(), "s0");
@@ -725,7 +807,7 @@ async fn measure_agent(client: &Client, cp: &ControlPlane, dir: &Path, p: &mut P
         let t = Instant::now();
         let patch = json!({"spec": policy(0, 81 + i as u16).spec});
         api.patch("np0", &PatchParams::default(), &Patch::Merge(&patch)).await.expect("patch policy");
-        p.policy_changes.push(tokio::task::spawn_blocking(move || next_sync(before, t).0).await.expect("sync"));
+        run.policy_changes.push(tokio::task::spawn_blocking(move || next_sync(before, t).0).await.expect("sync"));
     }
     let pods: Api<Pod> = Api::namespaced(client.clone(), "s0");
     let apiserver = cp.pid(Component::Apiserver).expect("the apiserver runs");
@@ -736,13 +818,66 @@ async fn measure_agent(client: &Client, cp: &ControlPlane, dir: &Path, p: &mut P
         let app = if i % 2 == 0 { "moved" } else { "dep-0" };
         let relabel = json!({"metadata": {"labels": {"app": app}}});
         pods.patch("dep-0-0", &PatchParams::default(), &Patch::Merge(&relabel)).await.expect("label pod");
-        p.label_changes.push(tokio::task::spawn_blocking(move || next_sync(before, t).0).await.expect("sync"));
+        run.label_changes.push(tokio::task::spawn_blocking(move || next_sync(before, t).0).await.expect("sync"));
     }
     let (watch_after, cpu_after) = (watch_events(client).await, cpu_seconds(apiserver));
-    p.events_per_change = (watch_after.0 - watch_before.0) / CHANGES as f64;
-    p.bytes_per_change = (watch_after.1 - watch_before.1) / CHANGES as f64;
-    p.apiserver_cpu_per_change = (cpu_after - cpu_before) / CHANGES as f64;
+    run.events_per_change = (watch_after.0 - watch_before.0) / CHANGES as f64;
+    run.bytes_per_change = (watch_after.1 - watch_before.1) / CHANGES as f64;
+    run.apiserver_cpu_per_change = (cpu_after - cpu_before) / CHANGES as f64;
     drop(agent);
+    // The next run starts from the same labels.
+    let relabel = json!({"metadata": {"labels": {"app": "dep-0"}}});
+    pods.patch("dep-0-0", &PatchParams::default(), &Patch::Merge(&relabel)).await.expect("label pod");
+    run
+}
+
+/// The newest resourceVersion of the cluster (a watch from it sees only
+/// what comes next).
+async fn current_resource_version(client: &Client) -> String {
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let list = namespaces.list_metadata(&kube::api::ListParams::default().limit(1)).await.expect("list");
+    list.metadata.resource_version.unwrap_or_default()
+}
+
+/// One raw watch of `path` from now on, counting the events and bytes it
+/// receives (what one agent's watch would be sent), until [`stop`](Self::stop).
+struct WatchCount {
+    /// Events and bytes received.
+    counts: std::sync::Arc<Counts>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+type Counts = (std::sync::atomic::AtomicUsize, std::sync::atomic::AtomicUsize);
+
+impl WatchCount {
+    async fn start(client: &Client, path: &str) -> WatchCount {
+        use futures::AsyncBufReadExt;
+        use std::sync::atomic::Ordering;
+        let rv = current_resource_version(client).await;
+        let uri = format!("{path}?watch=true&allowWatchBookmarks=true&resourceVersion={rv}");
+        let request = http::Request::get(uri).body(Vec::new()).expect("request");
+        let body = client.request_stream(request).await.expect("watch");
+        let counts: std::sync::Arc<Counts> = std::sync::Arc::default();
+        let seen = std::sync::Arc::clone(&counts);
+        let task = tokio::spawn(async move {
+            let mut lines = body.lines();
+            while let Some(Ok(line)) = lines.next().await {
+                let (events, bytes) = &*seen;
+                if !line.contains("\"type\":\"BOOKMARK\"") {
+                    events.fetch_add(1, Ordering::Relaxed);
+                }
+                bytes.fetch_add(line.len() + 1, Ordering::Relaxed);
+            }
+        });
+        WatchCount { counts, task }
+    }
+
+    /// (events, bytes) so far; the watch ends.
+    fn stop(self) -> (usize, usize) {
+        use std::sync::atomic::Ordering;
+        self.task.abort();
+        (self.counts.0.load(Ordering::Relaxed), self.counts.1.load(Ordering::Relaxed))
+    }
 }
 
 /// The apiserver's own metrics, as text.
@@ -773,11 +908,15 @@ async fn operator_requests(client: &Client) -> std::collections::BTreeMap<String
     by_verb
 }
 
-/// (watch events, their bytes) the apiserver has sent for pods so far, to
-/// all watchers together.
+/// (watch events, their bytes) the apiserver has sent for Pods and
+/// PodEndpoints so far, to all watchers together.
 async fn watch_events(client: &Client) -> (f64, f64) {
     let text = apiserver_metrics(client).await;
-    let pods = |l: &&str| l.contains("resource=\"pods\"") || l.contains("kind=\"Pod\"");
+    let pods = |l: &&str| {
+        ["resource=\"pods\"", "kind=\"Pod\"", "resource=\"podendpoints\"", "kind=\"PodEndpoint\""]
+            .iter()
+            .any(|k| l.contains(k))
+    };
     let sum = |name: &str| -> f64 {
         text.lines()
             .filter(|l| l.starts_with(name) && l[name.len()..].starts_with('{'))
@@ -790,36 +929,62 @@ async fn watch_events(client: &Client) -> (f64, f64) {
 
 fn print_table(results: &[Point], scale: Scale) {
     println!(
-        "\nscale: kwok nodes and pods ({} pods and {} NetworkPolicies per node) on a real kube-apiserver and etcd (kwok at niceness 10); the real operator; one real agent",
+        "\nscale: kwok nodes and pods ({} pods and {} NetworkPolicies per node) on a real kube-apiserver and etcd (kwok at niceness 10); the real operator (publishing PodEndpoints); one real agent per pod source",
         scale.pods_per_node, scale.policies_per_node
     );
     println!(
-        "| nodes | pods | policies | new nodes → leased | operator RSS | agent start → ready / full sync | agent RSS | local pods / rules | policy change p50 / p95 | label change p50 / p95 | per pod change: watch events / bytes / apiserver CPU | apiserver / etcd RSS |"
+        "| nodes | pods | policies | new nodes → leased | operator RSS | agent's pod source | agent start → ready / full sync | agent RSS | local pods / rules | policy change p50 / p95 | label change p50 / p95 | per label change: watch events / bytes / apiserver CPU | apiserver / etcd RSS |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for p in results {
+        for a in &p.agents {
+            println!(
+                "| {} | {} | {} | {} in {:.2} s | {:.0} MiB | {} | {:.2} s / {:.2} s | {:.0} MiB | {} / {} | {:.0} / {:.0} ms | {:.0} / {:.0} ms | {:.1} / {:.0} B / {:.1} ms | {:.0} / {:.0} MiB |",
+                p.nodes,
+                p.pods,
+                p.policies,
+                p.new_nodes,
+                p.lease.as_secs_f64(),
+                p.operator_rss,
+                a.source,
+                a.ready.as_secs_f64(),
+                a.synced.as_secs_f64(),
+                a.rss,
+                a.local_pods,
+                a.rules,
+                percentile(&a.policy_changes, 50) * 1e3,
+                percentile(&a.policy_changes, 95) * 1e3,
+                percentile(&a.label_changes, 50) * 1e3,
+                percentile(&a.label_changes, 95) * 1e3,
+                a.events_per_change,
+                a.bytes_per_change,
+                a.apiserver_cpu_per_change * 1e3,
+                p.apiserver_rss,
+                p.etcd_rss,
+            );
+        }
+    }
+    println!(
+        "\nwhat one watch received while each point's pods were created and ran (per new pod): every Pod (--pod-source pods) against every PodEndpoint (--pod-source endpoints)"
+    );
+    println!(
+        "| nodes | new pods | Pod watch: events / bytes | PodEndpoint watch: events / bytes | bytes ratio | pods Running / endpoints published |"
+    );
+    println!("|---|---|---|---|---|---|");
+    for p in results {
+        let (pe, pb) = p.pod_watch_per_pod;
+        let (ee, eb) = p.endpoint_watch_per_pod;
         println!(
-            "| {} | {} | {} | {} in {:.2} s | {:.0} MiB | {:.2} s / {:.2} s | {:.0} MiB | {} / {} | {:.0} / {:.0} ms | {:.0} / {:.0} ms | {:.1} / {:.0} B / {:.1} ms | {:.0} / {:.0} MiB |",
+            "| {} | {} | {:.2} / {:.0} B | {:.2} / {:.0} B | {:.3} | {:.1} s / {:.1} s |",
             p.nodes,
-            p.pods,
-            p.policies,
-            p.new_nodes,
-            p.lease.as_secs_f64(),
-            p.operator_rss,
-            p.agent_ready.as_secs_f64(),
-            p.agent_synced.as_secs_f64(),
-            p.agent_rss,
-            p.local_pods,
-            p.rules,
-            percentile(&p.policy_changes, 50) * 1e3,
-            percentile(&p.policy_changes, 95) * 1e3,
-            percentile(&p.label_changes, 50) * 1e3,
-            percentile(&p.label_changes, 95) * 1e3,
-            p.events_per_change,
-            p.bytes_per_change,
-            p.apiserver_cpu_per_change * 1e3,
-            p.apiserver_rss,
-            p.etcd_rss,
+            p.pods - p.pods_before,
+            pe,
+            pb,
+            ee,
+            eb,
+            eb / pb.max(1.0),
+            p.pods_running.as_secs_f64(),
+            p.endpoints_published.as_secs_f64()
         );
     }
     let per_point = |f: &dyn Fn(&Point) -> Duration| -> String {
