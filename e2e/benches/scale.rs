@@ -769,6 +769,11 @@ async fn wait_for(counter: &Counter, want: usize, timeout: Duration, what: &str,
 /// pass, with the apiserver's watch events, bytes and CPU per pod change.
 async fn measure_agent(client: &Client, cp: &ControlPlane, dir: &Path, nodes: usize, source: &str) -> AgentRun {
     let log = dir.join(format!("agent-{nodes}-{source}.log"));
+    // Each run starts from an empty ruleset, as on a new node: an earlier
+    // run's rules would make its first pass a no-op. This thread is in the
+    // bench's namespace, and so is what it starts.
+    let flushed = Command::new("nft").args(["flush", "ruleset"]).status().expect("nft");
+    assert!(flushed.success(), "nft flush ruleset in the bench's namespace: {flushed}");
     let started = Instant::now();
     let agent = KillOnDrop(
         Command::new(bins::weft("weft-agent"))
