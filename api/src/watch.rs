@@ -68,8 +68,20 @@ where
 /// For [`reflect`] when the whole object is kept.
 pub fn keep_all<K>(_: &mut K) {}
 
+/// An object's (namespace, name); empty for a cluster-scoped object's namespace.
+pub type Key = (String, String);
+
 /// What [`project`] keeps of each object, by (namespace, name), in that order.
-type Projected<V> = std::collections::BTreeMap<(String, String), Arc<V>>;
+type Projected<V> = std::collections::BTreeMap<Key, Arc<V>>;
+
+/// What changed in a [`project`]ion.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Changed {
+    /// What is kept of this object.
+    One(Key),
+    /// Anything: a relist completed, or the watch failed (and is retried).
+    All,
+}
 
 /// A read-only view of what [`project`] keeps.
 #[derive(Clone)]
@@ -87,6 +99,11 @@ impl<V> Projection<V> {
     /// Everything kept, ordered by namespace and name.
     pub fn values(&self) -> Vec<Arc<V>> {
         self.current.read().unwrap_or_else(|p| p.into_inner()).values().cloned().collect()
+    }
+
+    /// What is kept of the object `key`.
+    pub fn get(&self, key: &Key) -> Option<Arc<V>> {
+        self.current.read().unwrap_or_else(|p| p.into_inner()).get(key).cloned()
     }
 
     /// Waits for the first complete listing.
@@ -114,6 +131,21 @@ where
     K: kube::Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     V: PartialEq + Send + Sync + 'static,
 {
+    project_with(api, config, what, take, move |_| changed.notify_one())
+}
+
+/// [`project`], calling `on_change` with what changed instead of notifying.
+pub fn project_with<K, V>(
+    api: Api<K>,
+    config: watcher::Config,
+    what: &'static str,
+    take: fn(&K) -> Option<V>,
+    mut on_change: impl FnMut(Changed) + Send + 'static,
+) -> Projection<V>
+where
+    K: kube::Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    V: PartialEq + Send + Sync + 'static,
+{
     let current: Arc<std::sync::RwLock<Projected<V>>> = Arc::default();
     let (ready_tx, ready) = tokio::sync::watch::channel(false);
     let writer = Arc::clone(&current);
@@ -126,7 +158,7 @@ where
                 Ok(event) => event,
                 Err(e) => {
                     tracing::warn!(error = %e, "{what} watch error; retrying");
-                    changed.notify_one();
+                    on_change(Changed::All);
                     continue;
                 }
             };
@@ -135,8 +167,8 @@ where
             if listed {
                 ready_tx.send_replace(true);
             }
-            if took {
-                changed.notify_one();
+            if let Some(changed) = took {
+                on_change(changed);
             }
         }
     });
@@ -153,20 +185,21 @@ impl<V> Default for Relisting<V> {
 }
 
 impl<V: PartialEq> Relisting<V> {
-    /// Takes `event` into `current`; true when `current` changed.
+    /// Takes `event` into `current`; what changed in it, if anything.
     fn take_in<K: kube::Resource>(
         &mut self,
         current: &std::sync::RwLock<Projected<V>>,
         event: watcher::Event<K>,
         take: fn(&K) -> Option<V>,
-    ) -> bool {
+    ) -> Option<Changed> {
         let key = |o: &K| (o.meta().namespace.clone().unwrap_or_default(), o.meta().name.clone().unwrap_or_default());
         let write = || current.write().unwrap_or_else(|p| p.into_inner());
         match event {
             watcher::Event::Apply(o) => {
                 let mut kept = write();
-                return match take(&o) {
-                    Some(v) => match kept.entry(key(&o)) {
+                let key = key(&o);
+                let changed = match take(&o) {
+                    Some(v) => match kept.entry(key.clone()) {
                         // Most updates (a pod's status, say) change nothing kept.
                         Entry::Occupied(e) if **e.get() == v => false,
                         Entry::Occupied(mut e) => {
@@ -178,23 +211,29 @@ impl<V: PartialEq> Relisting<V> {
                             true
                         }
                     },
-                    None => kept.remove(&key(&o)).is_some(),
+                    None => kept.remove(&key).is_some(),
                 };
+                changed.then_some(Changed::One(key))
             }
-            watcher::Event::Delete(o) => drop(write().remove(&key(&o))),
+            watcher::Event::Delete(o) => {
+                let key = key(&o);
+                write().remove(&key).is_some().then_some(Changed::One(key))
+            }
             watcher::Event::Init => {
                 self.0 = Some(Projected::new());
-                return false;
+                None
             }
             watcher::Event::InitApply(o) => {
                 if let (Some(list), Some(v)) = (self.0.as_mut(), take(&o)) {
                     list.insert(key(&o), Arc::new(v));
                 }
-                return false;
+                None
             }
-            watcher::Event::InitDone => *write() = self.0.take().unwrap_or_default(),
+            watcher::Event::InitDone => {
+                *write() = self.0.take().unwrap_or_default();
+                Some(Changed::All)
+            }
         }
-        true
     }
 }
 
@@ -226,20 +265,22 @@ mod tests {
         let current = std::sync::RwLock::new(Projected::new());
         let mut relisting = Relisting::default();
         let mut feed = |e: Event<ConfigMap>| relisting.take_in(&current, e, value);
-        assert!(!feed(Event::Init));
-        assert!(!feed(Event::InitApply(cm("a", Some("1")))));
-        assert!(!feed(Event::InitApply(cm("skipped", None))));
+        let one = |name: &str| Some(Changed::One(("ns".into(), name.into())));
+        assert_eq!(feed(Event::Init), None);
+        assert_eq!(feed(Event::InitApply(cm("a", Some("1")))), None);
+        assert_eq!(feed(Event::InitApply(cm("skipped", None))), None);
         assert!(kept(&current).is_empty(), "nothing before the listing completes");
-        assert!(feed(Event::InitDone));
+        assert_eq!(feed(Event::InitDone), Some(Changed::All));
         assert_eq!(kept(&current), [("a".into(), "1".into())]);
-        assert!(feed(Event::Apply(cm("b", Some("2")))));
-        assert!(feed(Event::Apply(cm("a", Some("3")))));
-        assert!(!feed(Event::Apply(cm("a", Some("3")))), "nothing kept changed");
-        assert!(!feed(Event::Apply(cm("gone", None))), "nothing was kept of it");
+        assert_eq!(feed(Event::Apply(cm("b", Some("2")))), one("b"));
+        assert_eq!(feed(Event::Apply(cm("a", Some("3")))), one("a"));
+        assert_eq!(feed(Event::Apply(cm("a", Some("3")))), None, "nothing kept changed");
+        assert_eq!(feed(Event::Apply(cm("gone", None))), None, "nothing was kept of it");
         assert_eq!(kept(&current), [("a".into(), "3".into()), ("b".into(), "2".into())]);
         // An object that no longer projects to anything is dropped.
-        assert!(feed(Event::Apply(cm("b", None))));
-        assert!(feed(Event::Delete(cm("a", Some("3")))));
+        assert_eq!(feed(Event::Apply(cm("b", None))), one("b"));
+        assert_eq!(feed(Event::Delete(cm("a", Some("3")))), one("a"));
+        assert_eq!(feed(Event::Delete(cm("a", Some("3")))), None, "already gone");
         assert!(kept(&current).is_empty());
         // A relist: the old content stays until it completes, then only
         // what was listed is left.

@@ -858,20 +858,34 @@ impl WatchCount {
     async fn start(client: &Client, path: &str) -> WatchCount {
         use futures::AsyncBufReadExt;
         use std::sync::atomic::Ordering;
-        let rv = current_resource_version(client).await;
-        let uri = format!("{path}?watch=true&allowWatchBookmarks=true&resourceVersion={rv}");
-        let request = http::Request::get(uri).body(Vec::new()).expect("request");
-        let body = client.request_stream(request).await.expect("watch");
+        let mut rv = current_resource_version(client).await;
         let counts: std::sync::Arc<Counts> = std::sync::Arc::default();
         let seen = std::sync::Arc::clone(&counts);
+        let (client, path) = (client.clone(), path.to_owned());
         let task = tokio::spawn(async move {
-            let mut lines = body.lines();
-            while let Some(Ok(line)) = lines.next().await {
-                let (events, bytes) = &*seen;
-                if !line.contains("\"type\":\"BOOKMARK\"") {
-                    events.fetch_add(1, Ordering::Relaxed);
+            // The apiserver may end a watch (a slow reader under load): it
+            // is resumed from the last version seen, missing nothing.
+            loop {
+                let uri = format!("{path}?watch=true&allowWatchBookmarks=true&resourceVersion={rv}");
+                let request = http::Request::get(uri).body(Vec::new()).expect("request");
+                let Ok(body) = client.request_stream(request).await else {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                };
+                let mut lines = body.lines();
+                while let Some(Ok(line)) = lines.next().await {
+                    let (events, bytes) = &*seen;
+                    if let Some(at) = line.find("\"resourceVersion\":\"") {
+                        rv = line[at + 19..].chars().take_while(char::is_ascii_digit).collect();
+                    }
+                    if line.contains("\"type\":\"ERROR\"") {
+                        panic!("{path}: the watch failed: {line}");
+                    }
+                    if !line.contains("\"type\":\"BOOKMARK\"") {
+                        events.fetch_add(1, Ordering::Relaxed);
+                    }
+                    bytes.fetch_add(line.len() + 1, Ordering::Relaxed);
                 }
-                bytes.fetch_add(line.len() + 1, Ordering::Relaxed);
             }
         });
         WatchCount { counts, task }

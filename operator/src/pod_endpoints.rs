@@ -4,12 +4,13 @@
 //! of its kubelet; its endpoint is written only when what policy reads
 //! changes, so most Pod events stop here instead of reaching every node.
 //!
-//! Level-triggered: every change of a pod's projection or of an endpoint,
-//! and a periodic resync, runs one pass that compares the two caches
-//! ([`Publisher::plan`], pure) and writes the difference.
+//! Level-triggered: a pass compares the two caches and writes the
+//! difference ([`Publisher`], pure). A change of a pod's projection or of an
+//! endpoint makes a pass over the pods that changed; the first listing, a
+//! relist and the periodic resync make one over all of them.
 
-use std::collections::HashMap;
-use std::sync::Arc;
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -19,7 +20,7 @@ use kube::runtime::watcher;
 use kube::{Client, Resource};
 use serde_json::json;
 use weft_api::pod_endpoint::{FIELD_MANAGER, PodEndpoint, PodEndpointSpec};
-use weft_api::watch::{self, Projection};
+use weft_api::watch::{self, Changed, Key, Projection};
 
 use crate::leader::{NotLeader, Term};
 use crate::metrics::{Metrics, OpLabel};
@@ -32,9 +33,6 @@ const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Changes that arrive together (a pod's labels and its address) are
 /// published by one pass.
 const SETTLE: Duration = Duration::from_millis(5);
-
-/// A pod (or its endpoint) by namespace and name.
-type Key = (String, String);
 
 /// A pod as its endpoint should say it: the endpoint's owner and content.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -107,30 +105,43 @@ impl Publisher {
                 (Some(_), None) => (d.next(), None),
                 (None, Some(_)) => (None, o.next()),
             };
-            let key = want.or(have).map_or_else(Key::default, |e| e.key());
-            let settled = match (want, have) {
-                (Some(w), Some(h)) => w == h,
-                (None, None) => true,
-                _ => false,
-            };
-            let shown = |written: &Option<Arc<Entry>>| written.as_deref() == have.map(Arc::as_ref);
-            if self.written.get(&key).is_some_and(shown) {
-                self.written.remove(&key);
-            }
-            if settled {
-                continue;
-            }
-            let target = want.cloned();
-            if self.written.get(&key) == Some(&target) {
-                continue;
-            }
-            self.written.insert(key.clone(), target);
-            ops.push(match want {
-                Some(w) => Op::Apply(Arc::clone(w)),
-                None => Op::Delete(key),
-            });
+            ops.extend(self.plan_one(want, have));
         }
         ops
+    }
+
+    /// [`plan`](Self::plan) for the pods `keys` only: what the pods say
+    /// (`desired`) and the endpoints (`observed`) are looked up by key.
+    pub fn plan_keys(
+        &mut self,
+        keys: impl IntoIterator<Item = Key>,
+        desired: impl Fn(&Key) -> Option<Arc<Entry>>,
+        observed: impl Fn(&Key) -> Option<Arc<Entry>>,
+    ) -> Vec<Op> {
+        keys.into_iter().filter_map(|k| self.plan_one(desired(&k).as_ref(), observed(&k).as_ref())).collect()
+    }
+
+    /// The write for one pod, if any: `want` what its endpoint should be
+    /// (None: no endpoint), `have` what it is.
+    fn plan_one(&mut self, want: Option<&Arc<Entry>>, have: Option<&Arc<Entry>>) -> Option<Op> {
+        let key = want.or(have)?.key();
+        let shown = |written: &Option<Arc<Entry>>| written.as_deref() == have.map(Arc::as_ref);
+        if self.written.get(&key).is_some_and(shown) {
+            self.written.remove(&key);
+        }
+        let settled = match (want, have) {
+            (Some(w), Some(h)) => w == h,
+            _ => false,
+        };
+        let target = want.cloned();
+        if settled || self.written.get(&key) == Some(&target) {
+            return None;
+        }
+        self.written.insert(key.clone(), target);
+        Some(match want {
+            Some(w) => Op::Apply(Arc::clone(w)),
+            None => Op::Delete(key),
+        })
     }
 
     /// A write failed: the next pass plans it again.
@@ -154,17 +165,48 @@ pub enum Error {
     NotLeader(#[from] NotLeader),
 }
 
+/// The pods whose endpoint a pass looks at.
+#[derive(Default)]
+struct Dirty {
+    all: bool,
+    keys: BTreeSet<Key>,
+}
+
+impl Dirty {
+    fn mark(&mut self, changed: Changed) {
+        match changed {
+            Changed::One(key) => {
+                if !self.all {
+                    self.keys.insert(key);
+                }
+            }
+            Changed::All => {
+                self.all = true;
+                self.keys.clear();
+            }
+        }
+    }
+}
+
 /// Runs until the process ends.
 pub async fn run(client: Client, metrics: Arc<Metrics>, resync: Duration, term: Term) {
     let changed = Arc::new(tokio::sync::Notify::new());
+    let dirty = Arc::new(Mutex::new(Dirty { all: true, keys: BTreeSet::new() }));
+    let on_change = || {
+        let (dirty, changed) = (Arc::clone(&dirty), Arc::clone(&changed));
+        move |c: Changed| {
+            dirty.lock().unwrap_or_else(|p| p.into_inner()).mark(c);
+            changed.notify_one();
+        }
+    };
     let pods: Projection<Entry> =
-        watch::project(Api::<Pod>::all(client.clone()), watcher::Config::default(), "Pod", desired, changed.clone());
-    let endpoints: Projection<Entry> = watch::project(
+        watch::project_with(Api::<Pod>::all(client.clone()), watcher::Config::default(), "Pod", desired, on_change());
+    let endpoints: Projection<Entry> = watch::project_with(
         Api::<PodEndpoint>::all(client.clone()),
         watcher::Config::default(),
         "PodEndpoint",
         observed,
-        changed.clone(),
+        on_change(),
     );
     if pods.wait_until_ready().await.is_err() || endpoints.wait_until_ready().await.is_err() {
         tracing::error!("the PodEndpoint controller's caches were dropped before they were ready");
@@ -177,12 +219,23 @@ pub async fn run(client: Client, metrics: Arc<Metrics>, resync: Duration, term: 
         let started = Instant::now();
         if last_resync.elapsed() >= resync {
             publisher.forget();
+            dirty.lock().unwrap_or_else(|p| p.into_inner()).mark(Changed::All);
             last_resync = Instant::now();
         }
-        let ops = publisher.plan(&pods.values(), &endpoints.values());
-        let failures = write(&client, &term, &metrics, &mut publisher, ops).await;
-        metrics.observe(CONTROLLER, started.elapsed(), failures > 0);
-        let wait = if failures > 0 { Duration::from_secs(1) } else { resync };
+        let Dirty { all, keys } = std::mem::take(&mut *dirty.lock().unwrap_or_else(|p| p.into_inner()));
+        let ops = if all {
+            publisher.plan(&pods.values(), &endpoints.values())
+        } else {
+            publisher.plan_keys(keys, |k| pods.get(k), |k| endpoints.get(k))
+        };
+        let failed = write(&client, &term, &metrics, &mut publisher, ops).await;
+        metrics.observe(CONTROLLER, started.elapsed(), !failed.is_empty());
+        let wait =
+            if failed.is_empty() { resync.saturating_sub(last_resync.elapsed()) } else { Duration::from_secs(1) };
+        {
+            let mut dirty = dirty.lock().unwrap_or_else(|p| p.into_inner());
+            failed.into_iter().for_each(|k| dirty.mark(Changed::One(k)));
+        }
         tokio::select! {
             _ = changed.notified() => tokio::time::sleep(SETTLE).await,
             _ = tokio::time::sleep(wait) => {}
@@ -190,9 +243,9 @@ pub async fn run(client: Client, metrics: Arc<Metrics>, resync: Duration, term: 
     }
 }
 
-/// Makes `ops`, [`CONCURRENCY`] at a time; returns how many failed (logged,
-/// and planned again by the next pass).
-async fn write(client: &Client, term: &Term, metrics: &Metrics, publisher: &mut Publisher, ops: Vec<Op>) -> usize {
+/// Makes `ops`, [`CONCURRENCY`] at a time; returns the pods whose write
+/// failed (logged; the next pass plans them again).
+async fn write(client: &Client, term: &Term, metrics: &Metrics, publisher: &mut Publisher, ops: Vec<Op>) -> Vec<Key> {
     let writes = futures::stream::iter(ops).map(|op| async move {
         let (key, label) = match &op {
             Op::Apply(e) => (e.key(), "apply"),
@@ -202,18 +255,18 @@ async fn write(client: &Client, term: &Term, metrics: &Metrics, publisher: &mut 
         (write_one(client, term, op).await, key)
     });
     let results: Vec<_> = writes.buffer_unordered(CONCURRENCY).collect().await;
-    let mut failures = 0;
+    let mut failed = Vec::new();
     for (result, key) in results {
         if let Err(error) = result {
-            failures += 1;
             publisher.failed(&key);
             match error {
                 Error::NotLeader(_) => tracing::debug!(%error, "PodEndpoint write skipped"),
                 _ => tracing::warn!(%error, "PodEndpoint write failed; retrying"),
             }
+            failed.push(key);
         }
     }
-    failures
+    failed
 }
 
 async fn write_one(client: &Client, term: &Term, op: Op) -> Result<(), Error> {
@@ -323,6 +376,34 @@ mod tests {
         assert_eq!(p.plan(std::slice::from_ref(&new), std::slice::from_ref(&old)), [Op::Apply(new)]);
         p.forget();
         assert!(p.written.is_empty());
+    }
+
+    #[test]
+    fn a_pass_over_the_changed_pods_plans_what_a_full_pass_would_for_them() {
+        let (a, b) = (entry("a", "u1", "10.0.0.1", "web"), entry("b", "u2", "10.0.0.2", "db"));
+        let relabelled = entry("b", "u2", "10.0.0.2", "web");
+        let desired = BTreeMap::from([(key("a"), Arc::clone(&a)), (key("b"), Arc::clone(&relabelled))]);
+        let observed = BTreeMap::from([(key("b"), b), (key("gone"), entry("gone", "u9", "10.0.0.9", "x"))]);
+        let keys = [key("a"), key("b"), key("gone"), key("never")];
+        let ops = Publisher::default().plan_keys(keys, |k| desired.get(k).cloned(), |k| observed.get(k).cloned());
+        assert_eq!(ops, [Op::Apply(a), Op::Apply(relabelled), Op::Delete(key("gone"))]);
+        let d: Vec<_> = desired.values().cloned().collect();
+        let o: Vec<_> = observed.values().cloned().collect();
+        assert_eq!(Publisher::default().plan(&d, &o), ops, "the same as a full pass");
+        let only_b =
+            Publisher::default().plan_keys([key("b")], |k| desired.get(k).cloned(), |k| observed.get(k).cloned());
+        assert_eq!(only_b.len(), 1, "pods not named are not looked at");
+    }
+
+    #[test]
+    fn changes_mark_their_pods_until_a_relist_marks_all() {
+        let mut dirty = Dirty::default();
+        dirty.mark(Changed::One(key("a")));
+        dirty.mark(Changed::One(key("a")));
+        assert_eq!(dirty.keys.len(), 1);
+        dirty.mark(Changed::All);
+        dirty.mark(Changed::One(key("b")));
+        assert!(dirty.all && dirty.keys.is_empty(), "a full pass covers every pod");
     }
 
     #[test]

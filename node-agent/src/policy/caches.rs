@@ -99,14 +99,19 @@ impl PodWatches {
 /// pod in both (an endpoint not yet updated after the pod was recreated
 /// here) is the local watch's.
 fn merge_pods(node: &str, local: Vec<Arc<PodInfo>>, endpoints: Vec<Arc<PodInfo>>) -> Vec<Arc<PodInfo>> {
-    let mut pods: Vec<(bool, Arc<PodInfo>)> = local.into_iter().map(|p| (false, p)).collect();
-    pods.extend(endpoints.into_iter().filter(|p| p.node != node).map(|p| (true, p)));
-    // Both halves are sorted already; the sort merges them.
-    pods.sort_by(|(a_remote, a), (b_remote, b)| {
-        (&a.namespace, &a.name, a_remote).cmp(&(&b.namespace, &b.name, b_remote))
-    });
-    pods.dedup_by(|(_, later), (_, first)| later.namespace == first.namespace && later.name == first.name);
-    pods.into_iter().map(|(_, p)| p).collect()
+    // Both are sorted: one pass merges them (a snapshot at 50,000 pods).
+    let mut pods = Vec::with_capacity(local.len() + endpoints.len());
+    let mut remote = endpoints.into_iter().filter(|p| p.node != node).peekable();
+    for pod in local {
+        let at = (&pod.namespace, &pod.name);
+        while let Some(before) = remote.next_if(|r| (&r.namespace, &r.name) < at) {
+            pods.push(before);
+        }
+        remote.next_if(|r| (&r.namespace, &r.name) == at);
+        pods.push(pod);
+    }
+    pods.extend(remote);
+    pods
 }
 
 /// The caches policy is computed from.
