@@ -124,7 +124,7 @@ pub fn project<K, V>(
     api: Api<K>,
     config: watcher::Config,
     what: &'static str,
-    take: fn(&K) -> Option<V>,
+    take: impl Fn(&K) -> Option<V> + Send + 'static,
     changed: Arc<Notify>,
 ) -> Projection<V>
 where
@@ -139,7 +139,7 @@ pub fn project_with<K, V>(
     api: Api<K>,
     config: watcher::Config,
     what: &'static str,
-    take: fn(&K) -> Option<V>,
+    take: impl Fn(&K) -> Option<V> + Send + 'static,
     mut on_change: impl FnMut(Changed) + Send + 'static,
 ) -> Projection<V>
 where
@@ -163,7 +163,7 @@ where
                 }
             };
             let listed = matches!(event, watcher::Event::InitDone);
-            let took = relisting.take_in(&writer, event, take);
+            let took = relisting.take_in(&writer, event, &take);
             if listed {
                 ready_tx.send_replace(true);
             }
@@ -190,7 +190,7 @@ impl<V: PartialEq> Relisting<V> {
         &mut self,
         current: &std::sync::RwLock<Projected<V>>,
         event: watcher::Event<K>,
-        take: fn(&K) -> Option<V>,
+        take: &impl Fn(&K) -> Option<V>,
     ) -> Option<Changed> {
         let key = |o: &K| (o.meta().namespace.clone().unwrap_or_default(), o.meta().name.clone().unwrap_or_default());
         let write = || current.write().unwrap_or_else(|p| p.into_inner());
@@ -264,7 +264,7 @@ mod tests {
     fn a_projection_follows_changes_and_swaps_a_relist_in_whole() {
         let current = std::sync::RwLock::new(Projected::new());
         let mut relisting = Relisting::default();
-        let mut feed = |e: Event<ConfigMap>| relisting.take_in(&current, e, value);
+        let mut feed = |e: Event<ConfigMap>| relisting.take_in(&current, e, &value);
         let one = |name: &str| Some(Changed::One(("ns".into(), name.into())));
         assert_eq!(feed(Event::Init), None);
         assert_eq!(feed(Event::InitApply(cm("a", Some("1")))), None);

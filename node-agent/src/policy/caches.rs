@@ -48,9 +48,9 @@ pub enum PodSource {
 enum PodWatches {
     /// Every Pod.
     All(Projection<PodInfo>),
-    /// This node's Pods, and every PodEndpoint (those of this node's pods
-    /// are ignored: its own Pods are fresher).
-    Split { node: String, local: Projection<PodInfo>, endpoints: Projection<PodInfo> },
+    /// This node's Pods, and the PodEndpoints of other nodes' pods (this
+    /// node's own Pods are fresher than their endpoints).
+    Split { local: Projection<PodInfo>, endpoints: Projection<PodInfo> },
 }
 
 impl PodWatches {
@@ -63,13 +63,16 @@ impl PodWatches {
             PodSource::Endpoints => {
                 let local_pods = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
                 PodWatches::Split {
-                    node: node.to_owned(),
                     local: watch::project(pods, local_pods, "Pod", pod_info, Arc::clone(changed)),
+                    // This node's pods are not kept (nor is their update a change).
                     endpoints: watch::project(
                         Api::<PodEndpoint>::all(client.clone()),
                         watcher::Config::default(),
                         "PodEndpoint",
-                        endpoint_info,
+                        {
+                            let node = node.to_owned();
+                            move |e: &PodEndpoint| endpoint_info(e).filter(|p| p.node != node)
+                        },
                         Arc::clone(changed),
                     ),
                 }
@@ -89,7 +92,7 @@ impl PodWatches {
     fn values(&self) -> Vec<Arc<PodInfo>> {
         match self {
             PodWatches::All(pods) => pods.values(),
-            PodWatches::Split { node, local, endpoints } => merge_pods(node, local.values(), endpoints.values()),
+            PodWatches::Split { local, endpoints } => merge_pods(local.values(), endpoints.values()),
         }
     }
 }
@@ -98,10 +101,10 @@ impl PodWatches {
 /// endpoints, ordered by namespace and name as one watch would give them; a
 /// pod in both (an endpoint not yet updated after the pod was recreated
 /// here) is the local watch's.
-fn merge_pods(node: &str, local: Vec<Arc<PodInfo>>, endpoints: Vec<Arc<PodInfo>>) -> Vec<Arc<PodInfo>> {
+fn merge_pods(local: Vec<Arc<PodInfo>>, endpoints: Vec<Arc<PodInfo>>) -> Vec<Arc<PodInfo>> {
     // Both are sorted: one pass merges them (a snapshot at 50,000 pods).
     let mut pods = Vec::with_capacity(local.len() + endpoints.len());
-    let mut remote = endpoints.into_iter().filter(|p| p.node != node).peekable();
+    let mut remote = endpoints.into_iter().peekable();
     for pod in local {
         let at = (&pod.namespace, &pod.name);
         while let Some(before) = remote.next_if(|r| (&r.namespace, &r.name) < at) {
@@ -345,20 +348,19 @@ mod tests {
     #[test]
     fn this_nodes_pods_come_from_its_watch_and_the_others_from_their_endpoints() {
         let local = vec![pod("a", "mine", "me", "10.0.0.1"), pod("b", "moved", "me", "10.0.0.2")];
+        // Other nodes' endpoints, as the projection keeps them.
         let endpoints = vec![
-            pod("a", "mine", "me", "10.0.9.9"),
             pod("a", "theirs", "other", "10.0.1.1"),
             pod("b", "moved", "other", "10.0.1.2"),
-            pod("c", "late", "me", "10.0.0.3"),
+            pod("c", "last", "other", "10.0.1.3"),
         ];
-        let merged = merge_pods("me", local, endpoints);
+        let merged = merge_pods(local, endpoints);
         let seen: Vec<(String, String)> = merged.iter().map(|p| (p.key(), p.ips[0].to_string())).collect();
-        let want = [("a/mine", "10.0.0.1"), ("a/theirs", "10.0.1.1"), ("b/moved", "10.0.0.2")];
+        let want = [("a/mine", "10.0.0.1"), ("a/theirs", "10.0.1.1"), ("b/moved", "10.0.0.2"), ("c/last", "10.0.1.3")];
         assert_eq!(
             seen,
             want.map(|(k, ip)| (k.to_owned(), ip.to_owned())),
-            "ordered by namespace and name; this node's Pods win over endpoints, and an endpoint naming this node is \
-             no pod of it until its own watch shows it"
+            "ordered by namespace and name; this node's Pod wins over a stale endpoint of another node"
         );
     }
 
