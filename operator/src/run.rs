@@ -221,27 +221,25 @@ async fn run_controllers(
     let pods = crate::pods::cache(client.clone());
     let hostports =
         crate::hostports::run(client.clone(), pods.store.clone(), pods.changed, metrics.clone(), resync, term.clone());
-    let cluster_policies = {
-        let (enabled, client, metrics, term) =
-            (ctx.config.cluster_network_policy, client.clone(), metrics.clone(), term.clone());
-        async move {
-            if enabled {
-                crate::cluster_policies::run(client, metrics, term, resync).await;
-            }
-        }
-    };
-    let pod_endpoints = {
-        let (enabled, client, metrics, term) =
-            (ctx.config.publish_pod_endpoints, client.clone(), metrics.clone(), term.clone());
-        async move {
-            if enabled {
-                crate::pod_endpoints::run(client, metrics, resync, term).await;
-            }
-        }
-    };
+    // Futures do nothing until awaited: a switched-off controller never starts.
+    let cluster_policies = when(
+        ctx.config.cluster_network_policy,
+        crate::cluster_policies::run(client.clone(), metrics.clone(), term.clone(), resync),
+    );
+    let pod_endpoints = when(
+        ctx.config.publish_pod_endpoints,
+        crate::pod_endpoints::run(client.clone(), metrics.clone(), resync, term.clone()),
+    );
     let policies = crate::policies::run(client.clone(), pods.store, pods.touched, metrics.clone(), term, resync);
     tokio::join!(nodes, subnets, wake, ready, hostports, policies, standard_policies, cluster_policies, pod_endpoints);
     anyhow::bail!("controllers stopped")
+}
+
+/// Runs `controller` when `enabled`, else nothing.
+async fn when(enabled: bool, controller: impl std::future::Future<Output = ()>) {
+    if enabled {
+        controller.await;
+    }
 }
 
 fn default_identity() -> String {
