@@ -52,6 +52,7 @@ async fn crds_install_and_are_served() {
     let expected = [
         "hostportallocations.weft.dev",
         "networkpolicies.weft.dev",
+        "podendpoints.weft.dev",
         "subnets.weft.dev",
         "clusternetworkpolicies.policy.networking.k8s.io",
     ];
