@@ -21,6 +21,18 @@ async fn add_default_service_account(client: &kube::Client, ns: &str) {
     let _ = Api::<ServiceAccount>::namespaced(client.clone(), ns).create(&PostParams::default(), &sa).await;
 }
 
+/// An operator of its own: its cluster CIDR, its namespace's nodes and
+/// lease (it shares the control plane with the other tests), and `extra`.
+fn start_operator(cp: &ControlPlane, ns: &str, cidr: &str, extra: &[&str]) -> OperatorProcess {
+    let mut args = vec![
+        format!("--cluster-cidr={cidr}"),
+        format!("--node-selector=weft.dev/e2e={ns}"),
+        format!("--leader-election-namespace={ns}"),
+    ];
+    args.extend(extra.iter().map(|a| a.to_string()));
+    OperatorProcess::start(cp, &args).expect("operator starts")
+}
+
 fn accepted(p: &NetworkPolicy) -> Option<(String, String, String)> {
     let c = p.status.as_ref()?.conditions.iter().find(|c| c.type_ == "Accepted")?;
     Some((c.status.clone(), c.reason.clone(), c.message.clone()))
@@ -33,16 +45,7 @@ async fn operator_reports_acceptance_and_selected_pods() {
     install_crds(&client).await.expect("CRDs");
     let ns = new_namespace(&client, "op-np").await.expect("namespace");
     add_default_service_account(&client, &ns).await;
-    // Its own lease namespace and node selector: it shares the control plane with other tests.
-    let _op = OperatorProcess::start(
-        cp,
-        &[
-            "--cluster-cidr=10.213.0.0/16".into(),
-            format!("--node-selector=weft.dev/e2e={ns}"),
-            format!("--leader-election-namespace={ns}"),
-        ],
-    )
-    .expect("operator starts");
+    let _op = start_operator(cp, &ns, "10.213.0.0/16", &[]);
 
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     for (name, app) in [("a", "web"), ("b", "web"), ("c", "db")] {
@@ -119,15 +122,7 @@ async fn operator_warns_about_a_standard_policy_the_agents_refuse() {
     let client = cp.client().await.expect("client");
     install_crds(&client).await.expect("CRDs");
     let ns = new_namespace(&client, "op-std").await.expect("namespace");
-    let op = OperatorProcess::start(
-        cp,
-        &[
-            "--cluster-cidr=10.214.0.0/16".into(),
-            format!("--node-selector=weft.dev/e2e={ns}"),
-            format!("--leader-election-namespace={ns}"),
-        ],
-    )
-    .expect("operator starts");
+    let op = start_operator(cp, &ns, "10.214.0.0/16", &[]);
     // 700 excepts of an ipBlock: about 700 x 32 prefixes once cut out, over
     // the bound of 20,000; the apiserver takes it as valid.
     let excepts: Vec<String> = (0..700).map(|i| format!("10.{}.{}.0/24", i / 256, i % 256)).collect();
@@ -192,16 +187,7 @@ async fn operator_publishes_a_pod_endpoint_per_addressed_pod_and_writes_only_wha
     install_crds(&client).await.expect("CRDs");
     let ns = new_namespace(&client, "op-wpe").await.expect("namespace");
     add_default_service_account(&client, &ns).await;
-    let op = OperatorProcess::start(
-        cp,
-        &[
-            "--cluster-cidr=10.215.0.0/16".into(),
-            format!("--node-selector=weft.dev/e2e={ns}"),
-            format!("--leader-election-namespace={ns}"),
-            "--publish-pod-endpoints=true".into(),
-        ],
-    )
-    .expect("operator starts");
+    let op = start_operator(cp, &ns, "10.215.0.0/16", &["--publish-pod-endpoints=true"]);
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let endpoints: Api<PodEndpoint> = Api::namespaced(client.clone(), &ns);
     let set_status = |name: &'static str, status: serde_json::Value| {
