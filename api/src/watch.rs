@@ -101,6 +101,12 @@ impl<V> Projection<V> {
         self.current.read().unwrap_or_else(|p| p.into_inner()).values().cloned().collect()
     }
 
+    /// Everything kept with its key, ordered by namespace and name.
+    pub fn entries(&self) -> Vec<(Key, Arc<V>)> {
+        let current = self.current.read().unwrap_or_else(|p| p.into_inner());
+        current.iter().map(|(k, v)| (k.clone(), Arc::clone(v))).collect()
+    }
+
     /// What is kept of the object `key`.
     pub fn get(&self, key: &Key) -> Option<Arc<V>> {
         self.current.read().unwrap_or_else(|p| p.into_inner()).get(key).cloned()

@@ -11,7 +11,11 @@
 //! source (`WEFT_SCALE_POD_SOURCES`, default `pods,endpoints`) and timed to
 //! ready and to its first full policy sync, then through policy and pod
 //! label changes. The apiserver's own metrics say what each pod change cost
-//! it in watch events and bytes. After the last point, N watchers of every
+//! it in watch events and bytes. Then the agent is started once more as on
+//! a real node (its lease, a VXLAN overlay; every other node's Subnet
+//! carries the address its Node lists and a MAC, as its agent would
+//! publish) and timed until every peer is programmed; Node heartbeats must
+//! wake no pass, and a peer's new MAC is timed into the kernel. After the last point, N watchers of every
 //! Pod, then of every PodEndpoint (the agent's watch of other nodes' pods
 //! in either mode, as N agents hold it; `WEFT_SCALE_FANOUT`, default
 //! 10,50,100) measure what the apiserver pays per pod change for each
@@ -97,6 +101,11 @@ fn main() {
     };
     let ns = Netns::new("scale");
     ns.ip(&["link", "set", "lo", "up"]);
+    // The overlay agent's node address (its VXLAN packets would leave by
+    // it); a bridge, since this kernel has no dummy links.
+    ns.ip(&["link", "add", "underlay0", "type", "bridge"]);
+    ns.ip(&["addr", "add", &format!("{}/16", kwok_node_ip(0)), "dev", "underlay0"]);
+    ns.ip(&["link", "set", "underlay0", "up"]);
     let path = ns.path();
     // The whole bench runs on a thread inside the namespace: the control
     // plane, kwok, the operator, the agent and the bench's own client.
@@ -120,6 +129,17 @@ struct Scale {
 /// are simulated, their addresses only have to be distinct).
 fn kwok_pod_cidr(i: usize) -> String {
     format!("10.{}.{}.0/24", 64 + i / 256, i % 256)
+}
+
+/// Node `i`'s address, as its kubelet lists it and its agent claims it.
+fn kwok_node_ip(i: usize) -> String {
+    format!("100.64.{}.{}", i / 250, i % 250 + 1)
+}
+
+/// The MAC of node `i`'s VXLAN device, as its agent would publish it; a new
+/// `generation` stands for a recreated device.
+fn kwok_vtep_mac(i: usize, generation: usize) -> String {
+    format!("02:77:{:02x}:{:02x}:{:02x}:{:02x}", generation % 256, (i >> 16) & 0xff, (i >> 8) & 0xff, i & 0xff)
 }
 
 /// Deployment `d`: its namespace and replicas (5 to 50).
@@ -152,6 +172,8 @@ struct Point {
     operator_rss: f64,
     /// The agent, once per pod source.
     agents: Vec<AgentRun>,
+    /// The agent with its lease and overlay, programming every peer.
+    overlay: PeerRun,
     apiserver_rss: f64,
     etcd_rss: f64,
 }
@@ -174,6 +196,26 @@ struct AgentRun {
     bytes_per_change: f64,
     apiserver_cpu_per_change: f64,
 }
+
+/// What one real agent's overlay (vxlan, its own Subnet lease) measured.
+#[derive(Default)]
+struct PeerRun {
+    peers: usize,
+    /// Agent start → every peer programmed (routes, neighbour and FDB entries).
+    programmed: Duration,
+    /// Passes run until then, and their summed time.
+    passes: f64,
+    pass_seconds: f64,
+    /// Passes run for [`HEARTBEATS`] Node status heartbeats followed by one
+    /// peer change (one, for the change, when heartbeats wake none).
+    passes_for_heartbeats: f64,
+    /// A peer's VXLAN MAC published anew → its neighbour entry rewritten.
+    peer_changes: Vec<Duration>,
+    rss: f64,
+}
+
+/// Node status heartbeats sent to the overlay agent's Node watch.
+const HEARTBEATS: usize = 100;
 
 async fn bench(points: &[usize], scale: Scale, ns_path: &str, kwok_bin: &Path) {
     let ns_name = ns_path.rsplit('/').next().unwrap_or_default().to_owned();
@@ -206,8 +248,9 @@ async fn bench(points: &[usize], scale: Scale, ns_path: &str, kwok_bin: &Path) {
             .expect("kwok"),
     );
     let pool = points.last().map_or(1, |n| n + 1).next_power_of_two();
+    let cluster_cidr = format!("10.200.0.0/{}", 24 - pool.trailing_zeros());
     let args = vec![
-        format!("--cluster-cidr=10.200.0.0/{}", 24 - pool.trailing_zeros()),
+        format!("--cluster-cidr={cluster_cidr}"),
         "--node-prefix-length=24".to_owned(),
         "--leader-election-namespace=default".to_owned(),
         // Deleted nodes' blocks go at once (60 s by default, for a node
@@ -241,6 +284,7 @@ async fn bench(points: &[usize], scale: Scale, ns_path: &str, kwok_bin: &Path) {
         p.nodes_created = start.elapsed();
         wait_for(&leased, target, Duration::from_secs(600), "Subnets allocated", &mut kwok, &kwok_log).await;
         p.lease = start.elapsed();
+        publish_agent_facts(&client, nodes.max(1)..target, 0).await;
         p.operator_requests = operator_requests(&client).await;
         for (verb, n) in &mut p.operator_requests {
             *n -= requests_before.get(verb).copied().unwrap_or_default();
@@ -296,6 +340,7 @@ async fn bench(points: &[usize], scale: Scale, ns_path: &str, kwok_bin: &Path) {
         for source in &sources {
             p.agents.push(measure_agent(&client, &cp, dir.path(), p.nodes, source).await);
         }
+        p.overlay = measure_peers(&client, &cp, dir.path(), p.nodes, &cluster_cidr).await;
         p.apiserver_rss = cp.pid(Component::Apiserver).map_or(0.0, rss_mib);
         p.etcd_rss = cp.pid(Component::Etcd).map_or(0.0, rss_mib);
         eprintln!(
@@ -324,6 +369,7 @@ async fn bench(points: &[usize], scale: Scale, ns_path: &str, kwok_bin: &Path) {
     drop(keep);
     drop(operator);
     print_table(&results, scale);
+    print_peers(&results);
     print_fanout(&fanout, nodes, results.last().map_or(0, |p| p.pods));
     exhaustion.print();
     cp.shutdown();
@@ -661,6 +707,10 @@ async fn create_node(client: &Client, i: usize) {
         "metadata": {"name": format!("kwok-{i}"), "annotations": {KWOK_ANNOTATION.0: KWOK_ANNOTATION.1},
             "labels": {"type": "kwok", "kubernetes.io/hostname": format!("kwok-{i}")}},
         "spec": {"podCIDR": kwok_pod_cidr(i), "podCIDRs": [kwok_pod_cidr(i)]},
+        // As its kubelet would list them (kwok adds only what is missing):
+        // what the peers check the address its agent claims against.
+        "status": {"addresses": [{"type": "InternalIP", "address": kwok_node_ip(i)},
+                                 {"type": "Hostname", "address": format!("kwok-{i}")}]},
     }))
     .expect("node");
     Api::<Node>::all(client.clone()).create(&PostParams::default(), &node).await.expect("create node");
@@ -834,6 +884,115 @@ async fn measure_agent(client: &Client, cp: &ControlPlane, dir: &Path, nodes: us
     let relabel = json!({"metadata": {"labels": {"app": "dep-0"}}});
     pods.patch("dep-0-0", &PatchParams::default(), &Patch::Merge(&relabel)).await.expect("label pod");
     run
+}
+
+/// What the agents of nodes `range` would publish in their Subnets: the
+/// node address their Node lists and their VXLAN device's MAC.
+async fn publish_agent_facts(client: &Client, range: std::ops::Range<usize>, generation: usize) {
+    stream::iter(range)
+        .for_each_concurrent(CONCURRENCY, |i| {
+            let api: Api<Subnet> = Api::all(client.clone());
+            async move {
+                let facts = json!({"status": {"nodeIP": kwok_node_ip(i), "vtepMAC": kwok_vtep_mac(i, generation)}});
+                let name = format!("kwok-{i}");
+                api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&facts)).await.expect("Subnet status");
+            }
+        })
+        .await;
+}
+
+/// Starts the agent afresh for [`AGENT_NODE`] as on a real node: its pod
+/// range from its Subnet lease, a VXLAN overlay over an address of the
+/// bench's namespace, policy off (measured above). Times start → every peer
+/// programmed; then counts the passes Node heartbeats cause, and times a
+/// peer's new VXLAN MAC to its neighbour entry.
+async fn measure_peers(client: &Client, cp: &ControlPlane, dir: &Path, nodes: usize, cluster_cidr: &str) -> PeerRun {
+    let log = dir.join(format!("agent-{nodes}-overlay.log"));
+    let peers = nodes - 1;
+    let started = Instant::now();
+    let agent = KillOnDrop(
+        Command::new(bins::weft("weft-agent"))
+            .args(["--node-name", AGENT_NODE, "--node-ip", &kwok_node_ip(0), "--cluster-cidr", cluster_cidr])
+            .args(["--network-policy=false", "--metrics-addr", METRICS_ADDR])
+            .arg("--kubeconfig")
+            .arg(cp.in_namespace_kubeconfig())
+            .arg("--socket")
+            .arg(dir.join("agent.sock"))
+            .arg("--state-dir")
+            .arg(dir.join(format!("state-{nodes}-overlay")))
+            .stdout(Stdio::null())
+            .stderr(File::create(&log).expect("agent log"))
+            .spawn()
+            .expect("weft-agent"),
+    );
+    let programmed = tokio::task::spawn_blocking(move || {
+        wait::until_every("the agent to program every peer", Duration::from_secs(300), POLL, || {
+            let m = metrics();
+            (metric(&m, "weft_agent_overlay_peers_programmed ") as usize == peers).then(|| (started.elapsed(), m))
+        })
+    });
+    let (elapsed, m) = programmed.await.expect("peers");
+    let mut run = PeerRun {
+        peers,
+        programmed: elapsed,
+        passes: metric(&m, "weft_agent_overlay_pass_duration_seconds_count "),
+        pass_seconds: metric(&m, "weft_agent_overlay_pass_duration_seconds_sum "),
+        rss: rss_mib(agent.0.id()),
+        ..PeerRun::default()
+    };
+
+    // kwok-1's VXLAN device made anew, CHANGES times; before the first,
+    // every other node's status heartbeat (within HEARTBEATS).
+    let subnet = Api::<Subnet>::all(client.clone()).get("kwok-1").await.expect("kwok-1's Subnet");
+    let vtep = subnet.spec.cidr.split('/').next().unwrap_or_default().to_owned();
+    let before = metric(&metrics(), "weft_agent_overlay_pass_duration_seconds_count ");
+    heartbeats(client, 1..(1 + HEARTBEATS).min(nodes)).await;
+    for generation in 1..=CHANGES {
+        let passes = metric(&metrics(), "weft_agent_overlay_pass_duration_seconds_count ");
+        let t = Instant::now();
+        publish_agent_facts(client, 1..2, generation).await;
+        let (vtep, mac) = (vtep.clone(), kwok_vtep_mac(1, generation));
+        let applied = tokio::task::spawn_blocking(move || {
+            wait::until_every("the peer's new MAC in the kernel", Duration::from_secs(60), POLL, || {
+                let done = metric(&metrics(), "weft_agent_overlay_pass_duration_seconds_count ") > passes;
+                (done && neighbour(&vtep).contains(&mac)).then(|| t.elapsed())
+            })
+        });
+        run.peer_changes.push(applied.await.expect("peer change"));
+        if generation == 1 {
+            run.passes_for_heartbeats = metric(&metrics(), "weft_agent_overlay_pass_duration_seconds_count ") - before;
+        }
+    }
+    drop(agent);
+    // The policy runs at the next point start from a namespace without
+    // this run's devices.
+    for link in ["weft.1", "weft0"] {
+        let _ = Command::new("ip").args(["link", "del", link]).status();
+    }
+    run
+}
+
+/// Status heartbeats of the Nodes `range`, as their kubelets send them.
+async fn heartbeats(client: &Client, range: std::ops::Range<usize>) {
+    let now = k8s_openapi::jiff::Timestamp::now().to_string();
+    stream::iter(range)
+        .for_each_concurrent(CONCURRENCY, |i| {
+            let api: Api<Node> = Api::all(client.clone());
+            let beat =
+                json!({"status": {"conditions": [{"type": "Ready", "status": "True", "lastHeartbeatTime": now}]}});
+            async move {
+                api.patch_status(&format!("kwok-{i}"), &PatchParams::default(), &Patch::Strategic(&beat))
+                    .await
+                    .expect("Node heartbeat");
+            }
+        })
+        .await;
+}
+
+/// This namespace's neighbour entry for `address` on the VXLAN device.
+fn neighbour(address: &str) -> String {
+    let out = Command::new("ip").args(["neigh", "show", "to", address, "dev", "weft.1"]).output().expect("ip neigh");
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// The newest resourceVersion of the cluster (a watch from it sees only
@@ -1019,4 +1178,29 @@ fn print_table(results: &[Point], scale: Scale) {
         println!("(operator requests per new node at {} nodes: {})", p.nodes, per_node.join(", "));
     }
     println!("(pods created and Running with kwok's addresses, per point: {})", per_point(&|p| p.pods_running));
+}
+
+fn print_peers(results: &[Point]) {
+    println!(
+        "\noverlay: the real agent of one node with its Subnet lease (vxlan), every other node's Subnet published as its agent would, each claim checked against its Node"
+    );
+    println!(
+        "| nodes | peers | agent start → every peer programmed | passes until then / their time | passes for {HEARTBEATS} Node heartbeats + 1 peer change | a peer's new VXLAN MAC → programmed p50 / p95 | agent RSS |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    for p in results {
+        let o = &p.overlay;
+        println!(
+            "| {} | {} | {:.2} s | {:.0} / {:.0} ms | {:.0} | {:.0} / {:.0} ms | {:.0} MiB |",
+            p.nodes,
+            o.peers,
+            o.programmed.as_secs_f64(),
+            o.passes,
+            o.pass_seconds * 1e3,
+            o.passes_for_heartbeats,
+            percentile(&o.peer_changes, 50) * 1e3,
+            percentile(&o.peer_changes, 95) * 1e3,
+            o.rss,
+        );
+    }
 }

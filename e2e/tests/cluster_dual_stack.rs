@@ -6,7 +6,9 @@
 //! and a spec `hostPort` answers on the node's IPv6 address. NetworkPolicy
 //! decides both families alike, and an `ipBlock` matches only its own
 //! family, and a hostile pod gets past it in neither
-//! (`weft_e2e::cluster::hostile`). The VXLAN
+//! (`weft_e2e::cluster::hostile`). Agents here learn other nodes' pods
+//! from PodEndpoints (`podEndpoints.enabled`), the label change included.
+//! The VXLAN
 //! tunnels run over the IPv6 underlay (`network.vxlanUnderlay=ipv6`), so
 //! IPv4 pod traffic crosses inside IPv6 packets, with the 70-byte overhead
 //! taken off the pods' MTU. (`sandbox_dual_stack` runs VXLAN over IPv4.)
@@ -22,7 +24,10 @@ const HOST_PORT: u16 = 18090;
 #[test]
 fn dual_stack_pods_services_and_host_ports_on_real_nodes() {
     let set = format!("network.ipv6ClusterCIDR={IPV6_CLUSTER_CIDR}");
-    let args = ["--backend", "vxlan", "--set", &set, "--set", "network.vxlanUnderlay=ipv6"];
+    let underlay = "network.vxlanUnderlay=ipv6";
+    // Agents learn other nodes' pods from the operator's PodEndpoints here
+    // (the other cluster tests watch every Pod, the default).
+    let args = ["--backend", "vxlan", "--set", &set, "--set", underlay, "--set", "podEndpoints.enabled=true"];
     let Some(cluster) = Cluster::shared(&args) else { return };
     let v6_of = |name: &str| {
         let node = cluster.state.nodes.iter().find(|n| n.name == name).unwrap_or_else(|| panic!("no {name}"));
@@ -104,7 +109,23 @@ fn dual_stack_pods_services_and_host_ports_on_real_nodes() {
     });
     assert_eq!(answer, "c");
 
-    // Policy: c admits role=client pods only, over both families.
+    // a is published for node-2's agent with both addresses.
+    let published = eventually("a's PodEndpoint", Duration::from_secs(60), || {
+        let out = kubectl_ok(&[
+            "get",
+            "podendpoints",
+            "-n",
+            ns,
+            "--ignore-not-found",
+            "-o",
+            "jsonpath={.items[?(@.metadata.name=='a')].spec.podIPs[*]}",
+        ]);
+        (!out.trim().is_empty()).then(|| out.trim().to_owned())
+    });
+    assert_eq!(published.split_whitespace().collect::<Vec<_>>(), [a[0].as_str(), a[1].as_str()]);
+
+    // Policy: c admits role=client pods only, over both families. a is on
+    // node-1: node-2's agent sees its label change through its PodEndpoint.
     let reaches = |target: &str| http_hostname(ns, "a", &format!("{target}:{HTTP_PORT}")).is_some();
     let (c4, c6) = (c[0].clone(), format!("[{}]", c[1]));
     let both = |want: (bool, bool), what: &str| {

@@ -202,9 +202,15 @@ fn hold_lease(
     metrics: &metrics::Metrics,
 ) -> LeaseGone {
     let resync = config.resync();
-    let nodes = Api::<k8s_openapi::api::core::v1::Node>::all(api.clone().into_client());
     let reconciler = overlay.reconciler;
-    tokio::spawn(peer_sync::run(api.clone(), nodes, Arc::clone(&reconciler), config.node_name.clone(), resync));
+    tokio::spawn(peer_sync::run(peer_sync::PeerSync {
+        subnets: api.clone(),
+        nodes: Api::all(api.clone().into_client()),
+        reconciler: Arc::clone(&reconciler),
+        node: config.node_name.clone(),
+        resync,
+        metrics: metrics.overlay.clone(),
+    }));
     let holder = lease::Holder {
         api: api.clone(),
         node: config.node_name.clone(),

@@ -46,6 +46,41 @@ pub struct DirectionLabels {
 
 type HistogramFamily = Family<VerbLabels, Histogram, fn() -> Histogram>;
 
+/// The overlay's peer passes (cheap to clone: each field is a shared handle).
+#[derive(Clone)]
+pub struct OverlayMetrics {
+    pub passes: Counter,
+    pub pass_duration: Histogram,
+    pub peers_programmed: Gauge,
+}
+
+impl OverlayMetrics {
+    fn register(registry: &mut Registry) -> Self {
+        let metrics = OverlayMetrics {
+            passes: Counter::default(),
+            pass_duration: latency_histogram(),
+            peers_programmed: Gauge::default(),
+        };
+        registry.register(
+            "overlay_passes",
+            "Overlay passes run: each diffs every peer's routes, neighbour and FDB entries (or tunnel peers) against the kernel; run on a change to a peer's Subnet or Node addresses and each resync",
+            metrics.passes.clone(),
+        );
+        registry.register_with_unit(
+            "overlay_pass_duration",
+            "Time of an overlay pass, from reading the kernel to the last change applied",
+            Unit::Seconds,
+            metrics.pass_duration.clone(),
+        );
+        registry.register(
+            "overlay_peers_programmed",
+            "Peers the last overlay pass left programmed (the others are named in the Subnet's PeersProgrammed condition)",
+            metrics.peers_programmed.clone(),
+        );
+        metrics
+    }
+}
+
 pub struct Metrics {
     pub registry: Registry,
     pub requests: Family<RequestLabels, Counter>,
@@ -72,6 +107,7 @@ pub struct Metrics {
     /// 1 when the last readiness check (/readyz) failed, else 0 (also before the first).
     pub not_ready: Gauge,
     pub flows: std::sync::Arc<crate::flows::metrics::FlowMetrics>,
+    pub overlay: OverlayMetrics,
 }
 
 fn latency_histogram() -> Histogram {
@@ -177,6 +213,7 @@ impl Default for Metrics {
         );
         let policy = std::sync::Arc::new(crate::policy::metrics::PolicyMetrics::register(&mut registry));
         let flows = crate::flows::metrics::FlowMetrics::register(&mut registry);
+        let overlay = OverlayMetrics::register(&mut registry);
         let not_ready = Gauge::default();
         registry.register(
             "not_ready",
@@ -204,6 +241,7 @@ impl Default for Metrics {
             policy,
             not_ready,
             flows,
+            overlay,
         }
     }
 }

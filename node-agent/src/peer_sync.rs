@@ -1,13 +1,20 @@
 //! Keeps the overlay in step with the cluster's Subnets. A watch feeds an
-//! in-memory store; every change, and a periodic resync, runs one reconcile
-//! pass over all peers (level-triggered: the pass diffs against the kernel,
-//! so a missed event or a hand-deleted entry is repaired by the next one).
+//! in-memory projection; every change to what a pass reads, and a periodic
+//! resync, runs one reconcile pass over all peers (level-triggered: the
+//! pass diffs against the kernel, so a missed event or a hand-deleted entry
+//! is repaired by the next one).
 //!
 //! A peer's Subnet status is written by that node's agent, whose token may
 //! be stolen: the node addresses it claims are checked against its Node
 //! object (written by its kubelet, which no agent token can change), so a
 //! node cannot make its peers tunnel or route its pods' traffic to another
 //! machine's address.
+//!
+//! Every agent watches every Node and Subnet, so what wakes a pass is kept
+//! narrow: a Node's status heartbeat or a condition written on a Subnet
+//! changes nothing a pass reads and wakes none (at 1,000 nodes those are
+//! several writes a second, each of which would otherwise make every agent
+//! diff all its peers against the kernel).
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
@@ -17,9 +24,11 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::Api;
 use kube::runtime::watcher;
-use weft_api::subnet::Subnet;
+use weft_api::subnet::{Subnet, SubnetSpec, SubnetStatus};
+use weft_api::watch::Projection;
 
 use crate::lease::{Condition, publish_condition};
+use crate::metrics::OverlayMetrics;
 use crate::overlay::{Peer, Reconciler};
 
 /// Field manager for the peer condition (separate from the one that writes
@@ -29,65 +38,104 @@ pub const CONDITION_PEERS: &str = "PeersProgrammed";
 /// How long the first pass waits for the Node store.
 const NODES_READY: Duration = Duration::from_secs(30);
 
-/// Runs until the watch ends for good (it retries with backoff on errors).
-pub async fn run(api: Api<Subnet>, nodes: Api<Node>, reconciler: Arc<Reconciler>, node: String, resync: Duration) {
+/// What a pass reads of another node's Subnet: its spec and its status
+/// without the conditions.
+#[derive(Clone, Debug, PartialEq)]
+struct PeerClaim {
+    spec: SubnetSpec,
+    status: SubnetStatus,
+}
+
+/// The claim of `subnet`, unless it is `local`'s own (this node's lease is
+/// the lease holder's business, not a peer).
+fn claim_of(subnet: &Subnet, local: &str) -> Option<PeerClaim> {
+    (subnet.spec.node_name != local).then(|| PeerClaim {
+        spec: subnet.spec.clone(),
+        status: SubnetStatus { conditions: Vec::new(), ..subnet.status.clone().unwrap_or_default() },
+    })
+}
+
+/// The addresses a Node lists (unparsable ones left out).
+fn listed_of(node: &Node) -> Option<Vec<IpAddr>> {
+    let addresses = node.status.as_ref().and_then(|s| s.addresses.as_ref());
+    Some(addresses.map(|a| a.iter().filter_map(|a| a.address.parse().ok()).collect()).unwrap_or_default())
+}
+
+/// Who runs the passes, and where they are counted.
+pub struct PeerSync {
+    pub subnets: Api<Subnet>,
+    pub nodes: Api<Node>,
+    pub reconciler: Arc<Reconciler>,
+    pub node: String,
+    pub resync: Duration,
+    pub metrics: OverlayMetrics,
+}
+
+/// Runs until the process ends (the watches retry with backoff on errors).
+pub async fn run(sync: PeerSync) {
+    let PeerSync { subnets: api, nodes, reconciler, node, resync, metrics } = sync;
     let changed = Arc::new(tokio::sync::Notify::new());
-    let reader = weft_api::watch::reflect(
+    let local = node.clone();
+    let claims: Projection<PeerClaim> = weft_api::watch::project(
         api.clone(),
         watcher::Config::default(),
         "Subnet",
-        weft_api::watch::keep_all,
-        Some(Arc::clone(&changed)),
+        move |s: &Subnet| claim_of(s, &local),
+        Arc::clone(&changed),
     );
-    let node_reader =
-        weft_api::watch::reflect(nodes, watcher::Config::default(), "Node", addresses_only, Some(Arc::clone(&changed)));
-    if reader.wait_until_ready().await.is_err() {
-        tracing::error!("the Subnet store was dropped before it was ready");
+    let listed: Projection<Vec<IpAddr>> =
+        weft_api::watch::project(nodes, watcher::Config::default(), "Node", listed_of, Arc::clone(&changed));
+    if claims.wait_until_ready().await.is_err() {
+        tracing::error!("the Subnet watch ended before its first listing");
         return;
     }
     // Peers are not held back for ever by Nodes that cannot be read (a
     // role without them): their claims stay unchecked until the store fills.
-    if !matches!(tokio::time::timeout(NODES_READY, node_reader.wait_until_ready()).await, Ok(Ok(()))) {
+    if !matches!(tokio::time::timeout(NODES_READY, listed.wait_until_ready()).await, Ok(Ok(()))) {
         tracing::error!(
             "cannot read Nodes: the node addresses peers claim are not checked until Nodes can be read (the agent's role needs list and watch on nodes)"
         );
     }
+    // The first pass reads both listings: the wake-ups they left are done.
+    let _ = futures::FutureExt::now_or_never(changed.notified());
     let mut last_condition: Option<(bool, String)> = None;
     loop {
-        let subnets = reader.state();
-        let listed = listed_addresses(&node_reader.state());
+        let subnets = claims.values();
+        let listed = listed_by_node(&listed);
         let mut invalid = BTreeMap::new();
         let mut peers = Vec::new();
-        for s in subnets.iter().filter(|s| s.spec.node_name != node) {
-            let status = s.status.as_ref();
+        for PeerClaim { spec, status } in subnets.iter().map(Arc::as_ref) {
             match Peer::parse(
-                &s.spec.node_name,
-                &s.spec.cidr,
-                &s.spec.cidrs,
-                s.spec.backend,
-                (status.and_then(|st| st.node_ip.as_deref()), status.and_then(|st| st.node_ipv6.as_deref())),
-                status.and_then(|st| st.vtep_mac.as_deref()),
+                &spec.node_name,
+                &spec.cidr,
+                &spec.cidrs,
+                spec.backend,
+                (status.node_ip.as_deref(), status.node_ipv6.as_deref()),
+                status.vtep_mac.as_deref(),
             ) {
                 Ok(p) => match (
-                    unlisted_claim(&p, listed.get(&p.node_name).map(Vec::as_slice)),
-                    wireguard_key(status.and_then(|st| st.wireguard_public_key.as_deref())),
+                    unlisted_claim(&p, listed.get(&p.node_name).map(|ips| ips.as_slice())),
+                    wireguard_key(status.wireguard_public_key.as_deref()),
                 ) {
                     (Some(why), _) | (None, Err(why)) => {
-                        invalid.insert(s.spec.node_name.clone(), why);
+                        invalid.insert(spec.node_name.clone(), why);
                     }
                     (None, Ok(wireguard_key)) => peers.push(Peer {
-                        vxlan_underlay: status.and_then(|st| st.vxlan_underlay).unwrap_or_default(),
+                        vxlan_underlay: status.vxlan_underlay.unwrap_or_default(),
                         wireguard_key,
                         ..p
                     }),
                 },
                 Err(e) => {
-                    invalid.insert(s.spec.node_name.clone(), e.to_string());
+                    invalid.insert(spec.node_name.clone(), e.to_string());
                 }
             }
         }
+        metrics.passes.inc();
         match reconciler.reconcile(&peers).await {
             Ok(report) => {
+                metrics.pass_duration.observe(report.elapsed.as_secs_f64());
+                metrics.peers_programmed.set(report.programmed.len() as i64);
                 if !report.local.device_changes.is_empty() {
                     tracing::warn!(changes = ?report.local.device_changes, "repaired this node's overlay device");
                 }
@@ -138,27 +186,9 @@ fn wireguard_key(text: Option<&str>) -> Result<Option<[u8; 32]>, String> {
     }
 }
 
-/// Keeps of a Node only its name and the addresses it lists (every agent
-/// holds every Node).
-fn addresses_only(node: &mut Node) {
-    let addresses = node.status.take().and_then(|s| s.addresses);
-    node.metadata.managed_fields = None;
-    node.metadata.annotations = None;
-    node.metadata.labels = None;
-    node.spec = None;
-    node.status = Some(k8s_openapi::api::core::v1::NodeStatus { addresses, ..Default::default() });
-}
-
-/// The addresses each Node lists, by node name (unparsable ones left out).
-fn listed_addresses(nodes: &[Arc<Node>]) -> HashMap<String, Vec<IpAddr>> {
-    nodes
-        .iter()
-        .filter_map(|n| {
-            let addresses = n.status.as_ref()?.addresses.as_ref()?;
-            let ips = addresses.iter().filter_map(|a| a.address.parse().ok()).collect();
-            Some((n.metadata.name.clone()?, ips))
-        })
-        .collect()
+/// The addresses each Node lists, by node name.
+fn listed_by_node(listed: &Projection<Vec<IpAddr>>) -> HashMap<String, Arc<Vec<IpAddr>>> {
+    listed.entries().into_iter().map(|((_, name), ips)| (name, ips)).collect()
 }
 
 /// Why a peer's claimed node addresses are not to be trusted: one that its
@@ -219,18 +249,42 @@ mod tests {
     }
 
     #[test]
-    fn only_names_and_addresses_of_nodes_are_kept() {
-        let mut node: Node = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": "node-2", "labels": {"a": "b"}, "annotations": {"c": "d"}},
-            "spec": {"podCIDR": "10.244.2.0/24"},
+    fn only_what_a_pass_reads_of_a_node_is_kept() {
+        let node: Node = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "node-2", "labels": {"a": "b"}},
             "status": {"addresses": [{"type": "InternalIP", "address": "10.0.0.2"}, {"type": "Hostname", "address": "node-2"}],
-                       "capacity": {"cpu": "2"}},
+                       "conditions": [{"type": "Ready", "status": "True", "lastHeartbeatTime": "2026-12-06T10:00:00Z"}]},
         }))
         .expect("a Node");
-        addresses_only(&mut node);
-        assert_eq!(node.metadata.labels, None);
-        assert_eq!(node.spec, None);
-        let listed = listed_addresses(&[Arc::new(node)]);
-        assert_eq!(listed["node-2"], vec!["10.0.0.2".parse::<IpAddr>().unwrap()]);
+        assert_eq!(listed_of(&node), Some(vec!["10.0.0.2".parse::<IpAddr>().unwrap()]));
+        // A heartbeat is no change to what is kept, so it wakes no pass.
+        let mut beat = node.clone();
+        let conditions = beat.status.as_mut().and_then(|s| s.conditions.as_mut()).expect("conditions");
+        conditions[0].last_heartbeat_time = None;
+        beat.metadata.labels = None;
+        assert_eq!(listed_of(&beat), listed_of(&node));
+        assert_eq!(listed_of(&Node::default()), Some(vec![]), "a Node without addresses leaves claims unchecked");
+    }
+
+    fn subnet(node: &str, status: serde_json::Value) -> Subnet {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "weft.dev/v1alpha1", "kind": "Subnet", "metadata": {"name": node},
+            "spec": {"nodeName": node, "cidr": "10.244.2.0/24"}, "status": status,
+        }))
+        .expect("a Subnet")
+    }
+
+    #[test]
+    fn a_condition_on_a_peers_subnet_is_no_change_but_its_address_is() {
+        let facts = serde_json::json!({"nodeIP": "10.0.0.2", "vtepMAC": "02:00:00:00:00:02"});
+        let claim = claim_of(&subnet("node-2", facts.clone()), "node-1").expect("a peer");
+        assert_eq!(claim.status.node_ip.as_deref(), Some("10.0.0.2"));
+        let mut with_condition = facts.clone();
+        with_condition["conditions"] = serde_json::json!([{"type": "PeersProgrammed", "status": "False",
+            "reason": "PeerProblems", "message": "x", "lastTransitionTime": "2026-12-06T10:00:00Z"}]);
+        assert_eq!(claim_of(&subnet("node-2", with_condition), "node-1"), Some(claim.clone()));
+        let moved = serde_json::json!({"nodeIP": "10.0.0.9", "vtepMAC": "02:00:00:00:00:02"});
+        assert_ne!(claim_of(&subnet("node-2", moved), "node-1"), Some(claim));
+        assert_eq!(claim_of(&subnet("node-1", facts), "node-1"), None, "this node's own lease is no peer");
     }
 }
