@@ -408,6 +408,11 @@ struct Fanout {
     cpu_per_change: f64,
     /// Bytes the apiserver sent to pod watchers per pod change, all together.
     bytes_per_change: f64,
+    /// What each of this bench's watchers received per timed change, on
+    /// average: the changed pod's events (as an agent's watch gets them),
+    /// and everything (kwok's own pod updates meanwhile included).
+    watcher_bytes_own: f64,
+    watcher_bytes_all: f64,
     /// From the API write to every watcher having the event.
     delivered: Vec<Duration>,
     apiserver_rss: f64,
@@ -428,18 +433,23 @@ async fn measure_fanout(client: &Client, cp: &ControlPlane, watchers: usize, wat
     // The highest change each watcher has seen (0: none yet).
     let seen: std::sync::Arc<Vec<AtomicUsize>> =
         std::sync::Arc::new((0..watchers).map(|_| AtomicUsize::new(0)).collect());
+    // Bytes all watchers received: (the changed pod's events, everything).
+    let received = std::sync::Arc::new((AtomicUsize::new(0), AtomicUsize::new(0)));
     let arrived = std::sync::Arc::new(tokio::sync::Notify::new());
     let mut tasks = tokio::task::JoinSet::new();
     for w in 0..watchers {
-        let (client, seen, arrived) = (client.clone(), seen.clone(), arrived.clone());
+        let (client, seen, arrived, received) = (client.clone(), seen.clone(), arrived.clone(), received.clone());
         let uri = format!("{}?watch=true&allowWatchBookmarks=true&resourceVersion={rv}", watched.path());
         tasks.spawn(async move {
             let request = http::Request::get(uri).body(Vec::new()).expect("request");
             let body = client.request_stream(request).await.expect("watch");
             let mut lines = body.lines();
             while let Some(Ok(line)) = lines.next().await {
+                // Each event is a line of JSON and its newline.
+                received.1.fetch_add(line.len() + 1, Ordering::Relaxed);
                 // The change's number, in the label the bench sets.
                 let Some(at) = line.find("\"weft-fanout\":\"") else { continue };
+                received.0.fetch_add(line.len() + 1, Ordering::Relaxed);
                 let digits: String = line[at + 15..].chars().take_while(char::is_ascii_digit).collect();
                 if let Ok(n) = digits.parse() {
                     seen[w].fetch_max(n, Ordering::Relaxed);
@@ -474,6 +484,7 @@ async fn measure_fanout(client: &Client, cp: &ControlPlane, watchers: usize, wat
     relabel(1).await;
     wait_all(1).await;
     let (cpu_before, watch_before) = (cpu_seconds(apiserver), watch_events(client).await);
+    let received_before = (received.0.load(Ordering::Relaxed), received.1.load(Ordering::Relaxed));
     let mut delivered = Vec::new();
     for n in 2..FANOUT_CHANGES + 2 {
         let t = Instant::now();
@@ -482,6 +493,9 @@ async fn measure_fanout(client: &Client, cp: &ControlPlane, watchers: usize, wat
         delivered.push(t.elapsed());
     }
     let (cpu_after, watch_after) = (cpu_seconds(apiserver), watch_events(client).await);
+    let per_watcher_change = |before: usize, counter: &AtomicUsize| {
+        (counter.load(Ordering::Relaxed) - before) as f64 / (watchers * FANOUT_CHANGES) as f64
+    };
     let apiserver_rss = rss_mib(apiserver);
     tasks.abort_all();
     Fanout {
@@ -489,6 +503,8 @@ async fn measure_fanout(client: &Client, cp: &ControlPlane, watchers: usize, wat
         watchers,
         cpu_per_change: (cpu_after - cpu_before) / FANOUT_CHANGES as f64,
         bytes_per_change: (watch_after.1 - watch_before.1) / FANOUT_CHANGES as f64,
+        watcher_bytes_own: per_watcher_change(received_before.0, &received.0),
+        watcher_bytes_all: per_watcher_change(received_before.1, &received.1),
         delivered,
         apiserver_rss,
     }
@@ -502,17 +518,19 @@ fn print_fanout(fanout: &[Fanout], nodes: usize, pods: usize) {
         "\nfan-out: N watchers of every Pod (--pod-source pods) or every PodEndpoint (--pod-source endpoints) at {nodes} nodes / {pods} pods; one pod relabelled {FANOUT_CHANGES} times"
     );
     println!(
-        "| watched | watchers | apiserver CPU per pod change | per watcher | bytes sent per pod change | delivered to all p50 / p95 | apiserver RSS |"
+        "| watched | watchers | apiserver CPU per pod change | per watcher | bytes sent per pod change | each watcher received per change: the pod's events / everything | delivered to all p50 / p95 | apiserver RSS |"
     );
-    println!("|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|");
     for f in fanout {
         println!(
-            "| {} | {} | {:.1} ms | {:.3} ms | {:.0} B | {:.0} / {:.0} ms | {:.0} MiB |",
+            "| {} | {} | {:.1} ms | {:.3} ms | {:.0} B | {:.0} B / {:.0} B | {:.0} / {:.0} ms | {:.0} MiB |",
             f.watched.name(),
             f.watchers,
             f.cpu_per_change * 1e3,
             f.cpu_per_change * 1e3 / f.watchers as f64,
             f.bytes_per_change,
+            f.watcher_bytes_own,
+            f.watcher_bytes_all,
             percentile(&f.delivered, 50) * 1e3,
             percentile(&f.delivered, 95) * 1e3,
             f.apiserver_rss
