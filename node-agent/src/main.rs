@@ -75,6 +75,18 @@ async fn run(config: Config) -> anyhow::Result<()> {
         Some(api) => Some(setup_overlay(&config, &lease, host.clone(), api, &metrics).await?),
         None => None,
     };
+    // The peers need the overlay device only: they are programmed while
+    // the rest of the node is set up.
+    if let (Some(api), Some(overlay)) = (&subnets, &overlay) {
+        tokio::spawn(peer_sync::run(peer_sync::PeerSync {
+            subnets: api.clone(),
+            nodes: Api::all(api.clone().into_client()),
+            reconciler: Arc::clone(&overlay.reconciler),
+            node: config.node_name.clone(),
+            resync: config.resync(),
+            metrics: metrics.overlay.clone(),
+        }));
+    }
     let pod_mtu = config.mtu.or(overlay.as_ref().map(|o| o.pod_mtu)).unwrap_or(1500);
 
     let ipam_dir = config.state_dir.join("ipam");
@@ -191,8 +203,7 @@ fn start_attachment_loops(
 /// What ends the agent when its lease does.
 type LeaseGone = std::pin::Pin<Box<dyn Future<Output = lease::LeaseEnd> + Send>>;
 
-/// Keeps the overlay's peers in step with the other Subnets and holds this
-/// node's lease; the future resolves when the lease ends.
+/// Holds this node's lease; the future resolves when the lease ends.
 fn hold_lease(
     config: &Config,
     api: &Api<Subnet>,
@@ -203,14 +214,6 @@ fn hold_lease(
 ) -> LeaseGone {
     let resync = config.resync();
     let reconciler = overlay.reconciler;
-    tokio::spawn(peer_sync::run(peer_sync::PeerSync {
-        subnets: api.clone(),
-        nodes: Api::all(api.clone().into_client()),
-        reconciler: Arc::clone(&reconciler),
-        node: config.node_name.clone(),
-        resync,
-        metrics: metrics.overlay.clone(),
-    }));
     let holder = lease::Holder {
         api: api.clone(),
         node: config.node_name.clone(),
