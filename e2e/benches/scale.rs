@@ -836,28 +836,14 @@ async fn wait_for(counter: &Counter, want: usize, timeout: Duration, what: &str,
 /// policy and pod label changes timed from the API write to the applied
 /// pass, with the apiserver's watch events, bytes and CPU per pod change.
 async fn measure_agent(client: &Client, cp: &ControlPlane, dir: &Path, nodes: usize, source: &str) -> AgentRun {
-    let log = dir.join(format!("agent-{nodes}-{source}.log"));
     // Each run starts from an empty ruleset, as on a new node: an earlier
     // run's rules would make its first pass a no-op. This thread is in the
     // bench's namespace, and so is what it starts.
     let flushed = Command::new("nft").args(["flush", "ruleset"]).status().expect("nft");
     assert!(flushed.success(), "nft flush ruleset in the bench's namespace: {flushed}");
     let started = Instant::now();
-    let agent = KillOnDrop(
-        Command::new(bins::weft("weft-agent"))
-            .args(["--node-name", AGENT_NODE, "--pod-cidr", &kwok_pod_cidr(0), "--metrics-addr", METRICS_ADDR])
-            .args(["--pod-source", source])
-            .arg("--kubeconfig")
-            .arg(cp.in_namespace_kubeconfig())
-            .arg("--socket")
-            .arg(dir.join("agent.sock"))
-            .arg("--state-dir")
-            .arg(dir.join(format!("state-{nodes}-{source}")))
-            .stdout(Stdio::null())
-            .stderr(File::create(&log).expect("agent log"))
-            .spawn()
-            .expect("weft-agent"),
-    );
+    let agent =
+        start_agent(cp, dir, &format!("{nodes}-{source}"), &["--pod-cidr", &kwok_pod_cidr(0), "--pod-source", source]);
     let ready = tokio::task::spawn_blocking(move || {
         wait::until_every("the agent to be ready", Duration::from_secs(600), POLL, || ready().then(Instant::now))
     });
@@ -925,24 +911,10 @@ async fn publish_agent_facts(client: &Client, range: std::ops::Range<usize>, gen
 /// programmed; then counts the passes Node heartbeats cause, and times a
 /// peer's new VXLAN MAC to its neighbour entry.
 async fn measure_peers(client: &Client, cp: &ControlPlane, dir: &Path, nodes: usize, cluster_cidr: &str) -> PeerRun {
-    let log = dir.join(format!("agent-{nodes}-overlay.log"));
     let peers = nodes - 1;
     let started = Instant::now();
-    let agent = KillOnDrop(
-        Command::new(bins::weft("weft-agent"))
-            .args(["--node-name", AGENT_NODE, "--node-ip", &kwok_node_ip(0), "--cluster-cidr", cluster_cidr])
-            .args(["--network-policy=false", "--metrics-addr", METRICS_ADDR])
-            .arg("--kubeconfig")
-            .arg(cp.in_namespace_kubeconfig())
-            .arg("--socket")
-            .arg(dir.join("agent.sock"))
-            .arg("--state-dir")
-            .arg(dir.join(format!("state-{nodes}-overlay")))
-            .stdout(Stdio::null())
-            .stderr(File::create(&log).expect("agent log"))
-            .spawn()
-            .expect("weft-agent"),
-    );
+    let args = ["--node-ip", &kwok_node_ip(0), "--cluster-cidr", cluster_cidr, "--network-policy=false"];
+    let agent = start_agent(cp, dir, &format!("{nodes}-overlay"), &args);
     let programmed = tokio::task::spawn_blocking(move || {
         wait::until_every("the agent to program every peer", Duration::from_secs(300), POLL, || {
             let m = metrics();
@@ -1011,6 +983,27 @@ async fn heartbeats(client: &Client, range: std::ops::Range<usize>) {
 fn neighbour(address: &str) -> String {
     let out = Command::new("ip").args(["neigh", "show", "to", address, "dev", "weft.1"]).output().expect("ip neigh");
     String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The agent of [`AGENT_NODE`] with `args`, its state and log named after
+/// `run` in `dir`, metrics on [`METRICS_ADDR`].
+fn start_agent(cp: &ControlPlane, dir: &Path, run: &str, args: &[&str]) -> KillOnDrop {
+    let log = File::create(dir.join(format!("agent-{run}.log"))).expect("agent log");
+    KillOnDrop(
+        Command::new(bins::weft("weft-agent"))
+            .args(["--node-name", AGENT_NODE, "--metrics-addr", METRICS_ADDR])
+            .args(args)
+            .arg("--kubeconfig")
+            .arg(cp.in_namespace_kubeconfig())
+            .arg("--socket")
+            .arg(dir.join("agent.sock"))
+            .arg("--state-dir")
+            .arg(dir.join(format!("state-{run}")))
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("weft-agent"),
+    )
 }
 
 /// The newest resourceVersion of the cluster (a watch from it sees only
