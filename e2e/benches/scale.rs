@@ -14,8 +14,9 @@
 //! it in watch events and bytes. Then the agent is started once more as on
 //! a real node (its lease, a VXLAN overlay; every other node's Subnet
 //! carries the address its Node lists and a MAC, as its agent would
-//! publish) and timed until every peer is programmed; Node heartbeats must
-//! wake no pass, and a peer's new MAC is timed into the kernel. After the last point, N watchers of every
+//! publish) and timed until every peer is programmed; the passes Node
+//! heartbeats cause are counted (none), and a peer's new MAC is timed into
+//! the kernel. After the last point, N watchers of every
 //! Pod, then of every PodEndpoint (the agent's watch of other nodes' pods
 //! in either mode, as N agents hold it; `WEFT_SCALE_FANOUT`, default
 //! 10,50,100) measure what the apiserver pays per pod change for each
@@ -544,17 +545,19 @@ fn print_fanout(fanout: &[Fanout], nodes: usize, pods: usize) {
             continue;
         }
         let slope = (b.cpu_per_change - a.cpu_per_change) / (b.watchers - a.watchers) as f64;
-        let bytes = (b.bytes_per_change - a.bytes_per_change) / (b.watchers - a.watchers) as f64;
         let at = |n: f64| a.cpu_per_change + slope * (n - a.watchers as f64);
+        // Bytes: what each watcher received of the changed pod, counted
+        // directly (the apiserver-wide count includes kwok's churn).
+        let bytes = of.iter().map(|f| f.watcher_bytes_own).sum::<f64>() / of.len() as f64;
         println!(
-            "({}: extrapolated linearly from {} to {} watchers: {:.3} ms of apiserver CPU and {:.0} B per watcher per pod change; 1,000 agents: {:.0} ms of CPU and {:.1} MB per pod change)",
+            "({}: CPU extrapolated linearly from {} to {} watchers: {:.3} ms per watcher per pod change; each watcher receives {:.0} B per pod change; 1,000 agents: {:.0} ms of CPU and {:.1} MB per pod change)",
             watched.name(),
             a.watchers,
             b.watchers,
             slope * 1e3,
             bytes,
             at(1000.0) * 1e3,
-            (a.bytes_per_change + bytes * (1000.0 - a.watchers as f64)) / 1e6
+            bytes * 1000.0 / 1e6
         );
     }
 }
@@ -954,8 +957,7 @@ async fn measure_peers(client: &Client, cp: &ControlPlane, dir: &Path, nodes: us
         }
     }
     drop(agent);
-    // The policy runs at the next point start from a namespace without
-    // this run's devices.
+    // The next point's policy runs start without this run's devices.
     for link in ["weft.1", "weft0"] {
         let _ = Command::new("ip").args(["link", "del", link]).status();
     }
@@ -1196,7 +1198,7 @@ fn print_peers(results: &[Point]) {
         "\noverlay: the real agent of one node with its Subnet lease (vxlan), every other node's Subnet published as its agent would, each claim checked against its Node"
     );
     println!(
-        "| nodes | peers | agent start → every peer programmed | passes until then / their time | passes for {HEARTBEATS} Node heartbeats + 1 peer change | a peer's new VXLAN MAC → programmed p50 / p95 | agent RSS |"
+        "| nodes | peers | agent start → every peer programmed | passes until then / their time | passes for up to {HEARTBEATS} Node heartbeats + 1 peer change | a peer's new VXLAN MAC → programmed p50 / p95 | agent RSS |"
     );
     println!("|---|---|---|---|---|---|---|");
     for p in results {
