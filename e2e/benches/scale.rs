@@ -215,6 +215,13 @@ struct PeerRun {
     rss: f64,
 }
 
+/// The agent's overlay passes completed (counted when each has applied).
+const PASSES_DONE: &str = "weft_agent_overlay_pass_duration_seconds_count ";
+
+fn passes_done() -> f64 {
+    metric(&metrics(), PASSES_DONE)
+}
+
 /// Node status heartbeats sent to the overlay agent's Node watch.
 const HEARTBEATS: usize = 100;
 
@@ -928,7 +935,7 @@ async fn measure_peers(client: &Client, cp: &ControlPlane, dir: &Path, nodes: us
     let mut run = PeerRun {
         peers,
         programmed: elapsed,
-        passes: metric(&m, "weft_agent_overlay_pass_duration_seconds_count "),
+        passes: metric(&m, PASSES_DONE),
         pass_seconds: metric(&m, "weft_agent_overlay_pass_duration_seconds_sum "),
         rss: rss_mib(agent.0.id()),
         ..PeerRun::default()
@@ -938,22 +945,22 @@ async fn measure_peers(client: &Client, cp: &ControlPlane, dir: &Path, nodes: us
     // every other node's status heartbeat (within HEARTBEATS).
     let subnet = Api::<Subnet>::all(client.clone()).get("kwok-1").await.expect("kwok-1's Subnet");
     let vtep = subnet.spec.cidr.split('/').next().unwrap_or_default().to_owned();
-    let before = metric(&metrics(), "weft_agent_overlay_pass_duration_seconds_count ");
+    let before = passes_done();
     heartbeats(client, 1..(1 + HEARTBEATS).min(nodes)).await;
     for generation in 1..=CHANGES {
-        let passes = metric(&metrics(), "weft_agent_overlay_pass_duration_seconds_count ");
+        let passes = passes_done();
         let t = Instant::now();
         publish_agent_facts(client, 1..2, generation).await;
         let (vtep, mac) = (vtep.clone(), kwok_vtep_mac(1, generation));
         let applied = tokio::task::spawn_blocking(move || {
             wait::until_every("the peer's new MAC in the kernel", Duration::from_secs(60), POLL, || {
-                let done = metric(&metrics(), "weft_agent_overlay_pass_duration_seconds_count ") > passes;
+                let done = passes_done() > passes;
                 (done && neighbour(&vtep).contains(&mac)).then(|| t.elapsed())
             })
         });
         run.peer_changes.push(applied.await.expect("peer change"));
         if generation == 1 {
-            run.passes_for_heartbeats = metric(&metrics(), "weft_agent_overlay_pass_duration_seconds_count ") - before;
+            run.passes_for_heartbeats = passes_done() - before;
         }
     }
     drop(agent);
