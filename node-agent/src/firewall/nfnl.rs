@@ -1,6 +1,6 @@
-//! Verdict map elements, deletions, and regular chains with rules of the
-//! kinds `nfnl_rule` encodes, written over netlink (nf_tables), one atomic
-//! batch.
+//! Verdict map elements, address set elements, deletions, and regular
+//! chains with rules of the kinds `nfnl_rule` encodes, written over netlink
+//! (nf_tables), one atomic batch.
 //!
 //! Why not `nft` for these: nft 1.0 fetches the elements of every interval
 //! set in the network namespace before any element change (Weft's peer sets
@@ -8,8 +8,10 @@
 //! adding one map element costs tens of milliseconds on a busy node
 //! (measured: 58 ms with 38,000 elements around it; a delete 16–20 ms on a
 //! large table), against 1 ms for adding a chain. The kernel needs no such
-//! read. Everything that adds chains, rules and sets stays with nft, whose
-//! JSON is the documented interface; these messages name objects only.
+//! read. A prefix in an interval set is written as nft writes it (a start
+//! element and an end element), so that nft lists it as a prefix. Making
+//! sets, base chains and rules netlink does not encode stays with nft,
+//! whose JSON is the documented interface.
 //!
 //! Blocking, with a deadline; acts in the calling thread's network namespace.
 
@@ -19,7 +21,7 @@ use netlink_sys::{Socket, constants::NETLINK_NETFILTER};
 
 use ipnet::IpNet;
 
-use super::ruleset::{Key, TableFamily};
+use super::ruleset::{Family, Key, TableFamily};
 
 // linux/netfilter/nf_tables.h and nfnetlink.h (not all of them are in libc).
 const NFTA_SET_ELEM_LIST_TABLE: u16 = 1;
@@ -28,6 +30,15 @@ const NFTA_SET_ELEM_LIST_ELEMENTS: u16 = 3;
 pub(super) const NFTA_LIST_ELEM: u16 = 1;
 const NFTA_SET_ELEM_KEY: u16 = 1;
 const NFTA_SET_ELEM_DATA: u16 = 2;
+const NFTA_SET_ELEM_FLAGS: u16 = 3;
+const NFTA_SET_ELEM_USERDATA: u16 = 6;
+const NFT_SET_ELEM_INTERVAL_END: u32 = 1;
+/// libnftnl's element userdata: a flags TLV saying the range runs to the
+/// top of the address space (what nft writes, so that it lists the same).
+const UDATA_INTERVAL_OPEN: [u8; 6] = {
+    let v = 1u32.to_ne_bytes();
+    [1, 4, v[0], v[1], v[2], v[3]]
+};
 pub(super) const NFTA_DATA_VALUE: u16 = 1;
 const NFTA_DATA_VERDICT: u16 = 2;
 const NFTA_VERDICT_CODE: u16 = 1;
@@ -38,6 +49,20 @@ const NFTA_RULE_TABLE: u16 = 1;
 const NFTA_RULE_CHAIN: u16 = 2;
 const NFTA_SET_TABLE: u16 = 1;
 const NFTA_SET_NAME: u16 = 2;
+const NFTA_SET_FLAGS: u16 = 3;
+const NFTA_SET_KEY_TYPE: u16 = 4;
+const NFTA_SET_KEY_LEN: u16 = 5;
+const NFTA_SET_ID: u16 = 10;
+const NFTA_SET_USERDATA: u16 = 13;
+const NFT_SET_INTERVAL: u32 = 4;
+/// nft's datatypes `ipv4_addr` and `ipv6_addr` (src/datatype.h).
+const TYPE_IPADDR: u32 = 7;
+const TYPE_IP6ADDR: u32 = 8;
+/// libnftnl's set userdata: the key is big-endian (as nft writes it).
+const UDATA_KEY_BIG_ENDIAN: [u8; 6] = {
+    let v = 2u32.to_ne_bytes();
+    [0, 4, v[0], v[1], v[2], v[3]]
+};
 const NFTA_TABLE_NAME: u16 = 1;
 const NFTA_OBJ_TABLE: u16 = 1;
 const NFTA_OBJ_NAME: u16 = 2;
@@ -51,6 +76,7 @@ const NFT_MSG_NEWRULE: u16 = libc::NFT_MSG_NEWRULE as u16;
 const NFT_MSG_DELCHAIN: u16 = libc::NFT_MSG_DELCHAIN as u16;
 const NFT_MSG_DELRULE: u16 = libc::NFT_MSG_DELRULE as u16;
 const NFT_MSG_DELSET: u16 = libc::NFT_MSG_DELSET as u16;
+const NFT_MSG_NEWSET: u16 = libc::NFT_MSG_NEWSET as u16;
 const NFT_MSG_NEWOBJ: u16 = 18; // linux/netfilter/nf_tables.h
 const NFT_MSG_DELOBJ: u16 = 20;
 const NFNL_SUBSYS_NFTABLES: u16 = libc::NFNL_SUBSYS_NFTABLES as u16;
@@ -87,10 +113,16 @@ pub enum Change<'a> {
     AddTable,
     /// A chain no hook calls.
     AddChain(&'a str),
+    /// An empty interval set of addresses of one family.
+    AddNetSet(&'a str, Family),
     /// A rule appended to a chain: its attributes from `nfnl_rule::encode`.
     AddRule(&'a str, Vec<u8>),
     AddElements(&'a str, &'a [(Key, Option<String>)]),
     DeleteElements(&'a str, &'a [Key]),
+    /// Prefixes added to an interval set (their jumps, if any, ignored).
+    AddRanges(&'a str, &'a [(Key, Option<String>)]),
+    /// Prefixes deleted from an interval set.
+    DeleteRanges(&'a str, &'a [Key]),
     /// All rules of the chain.
     FlushChain(&'a str),
     DeleteChain(&'a str),
@@ -107,9 +139,12 @@ impl Change<'_> {
         match self {
             Change::AddTable => ("add table", ""),
             Change::AddChain(n) => ("add chain", n),
+            Change::AddNetSet(n, _) => ("add set", n),
             Change::AddRule(n, _) => ("add a rule to chain", n),
             Change::AddElements(n, _) => ("add elements to", n),
             Change::DeleteElements(n, _) => ("delete elements of", n),
+            Change::AddRanges(n, _) => ("add prefixes to", n),
+            Change::DeleteRanges(n, _) => ("delete prefixes of", n),
             Change::FlushChain(n) => ("flush chain", n),
             Change::DeleteChain(n) => ("delete chain", n),
             Change::DeleteSet(n) => ("delete set", n),
@@ -201,6 +236,34 @@ fn key_attr(b: &mut Vec<u8>, key: &Key) {
     nested(b, NFTA_SET_ELEM_KEY, |b| attr(b, NFTA_DATA_VALUE, &key_bytes(key)));
 }
 
+/// A prefix as an interval set holds it (as nft writes it): an element at
+/// its first address, and an end element at the address after its last;
+/// a prefix reaching the top of the address space has no end element (its
+/// start says it is open). Other keys are one exact element.
+fn range_elements(b: &mut Vec<u8>, key: &Key) {
+    let Key::Net(net) = key else {
+        return nested(b, NFTA_LIST_ELEM, |b| key_attr(b, key));
+    };
+    let net = net.trunc();
+    let start = key_bytes(&Key::Net(net));
+    let after = match net {
+        IpNet::V4(n) => u32::from(n.broadcast()).checked_add(1).map(|a| a.to_be_bytes().to_vec()),
+        IpNet::V6(n) => u128::from(n.broadcast()).checked_add(1).map(|a| a.to_be_bytes().to_vec()),
+    };
+    nested(b, NFTA_LIST_ELEM, |b| {
+        nested(b, NFTA_SET_ELEM_KEY, |b| attr(b, NFTA_DATA_VALUE, &start));
+        if after.is_none() {
+            attr(b, NFTA_SET_ELEM_USERDATA, &UDATA_INTERVAL_OPEN);
+        }
+    });
+    if let Some(end) = after {
+        nested(b, NFTA_LIST_ELEM, |b| {
+            nested(b, NFTA_SET_ELEM_KEY, |b| attr(b, NFTA_DATA_VALUE, &end));
+            attr(b, NFTA_SET_ELEM_FLAGS, &NFT_SET_ELEM_INTERVAL_END.to_be_bytes());
+        });
+    }
+}
+
 /// The batch for `changes` in `table`: begin, one message per change, end.
 /// Returns the bytes and the sequence numbers of the changes.
 pub fn batch(family: TableFamily, table: &str, changes: &[Change<'_>], first_seq: u32) -> (Vec<u8>, Vec<u32>) {
@@ -214,9 +277,10 @@ pub fn batch(family: TableFamily, table: &str, changes: &[Change<'_>], first_seq
         let (ty, create) = match change {
             Change::AddTable => (NFT_MSG_NEWTABLE, NLM_F_CREATE),
             Change::AddChain(_) => (NFT_MSG_NEWCHAIN, NLM_F_CREATE),
+            Change::AddNetSet(..) => (NFT_MSG_NEWSET, NLM_F_CREATE),
             Change::AddRule(..) => (NFT_MSG_NEWRULE, NLM_F_CREATE | NLM_F_APPEND),
-            Change::AddElements(..) => (NFT_MSG_NEWSETELEM, NLM_F_CREATE),
-            Change::DeleteElements(..) => (NFT_MSG_DELSETELEM, 0),
+            Change::AddElements(..) | Change::AddRanges(..) => (NFT_MSG_NEWSETELEM, NLM_F_CREATE),
+            Change::DeleteElements(..) | Change::DeleteRanges(..) => (NFT_MSG_DELSETELEM, 0),
             Change::FlushChain(_) => (NFT_MSG_DELRULE, 0),
             Change::DeleteChain(_) => (NFT_MSG_DELCHAIN, 0),
             Change::DeleteSet(_) => (NFT_MSG_DELSET, 0),
@@ -229,6 +293,20 @@ pub fn batch(family: TableFamily, table: &str, changes: &[Change<'_>], first_seq
             Change::AddChain(chain) => {
                 attr_str(b, NFTA_CHAIN_TABLE, table);
                 attr_str(b, NFTA_CHAIN_NAME, chain);
+            }
+            Change::AddNetSet(set, family) => {
+                let (ty, len) = match family {
+                    Family::V4 => (TYPE_IPADDR, 4u32),
+                    Family::V6 => (TYPE_IP6ADDR, 16),
+                };
+                attr_str(b, NFTA_SET_TABLE, table);
+                attr_str(b, NFTA_SET_NAME, set);
+                attr(b, NFTA_SET_FLAGS, &NFT_SET_INTERVAL.to_be_bytes());
+                attr(b, NFTA_SET_KEY_TYPE, &ty.to_be_bytes());
+                attr(b, NFTA_SET_KEY_LEN, &len.to_be_bytes());
+                // Required; unique in the batch (elements name the set).
+                attr(b, NFTA_SET_ID, &seq.to_be_bytes());
+                attr(b, NFTA_SET_USERDATA, &UDATA_KEY_BIG_ENDIAN);
             }
             Change::AddRule(chain, attrs) => {
                 attr_str(b, NFTA_RULE_TABLE, table);
@@ -253,6 +331,16 @@ pub fn batch(family: TableFamily, table: &str, changes: &[Change<'_>], first_seq
             Change::DeleteElements(set, keys) => elements(b, table, set, |b| {
                 for key in keys.iter() {
                     nested(b, NFTA_LIST_ELEM, |b| key_attr(b, key));
+                }
+            }),
+            Change::AddRanges(set, elems) => elements(b, table, set, |b| {
+                for (key, _) in elems.iter() {
+                    range_elements(b, key);
+                }
+            }),
+            Change::DeleteRanges(set, keys) => elements(b, table, set, |b| {
+                for key in keys.iter() {
+                    range_elements(b, key);
                 }
             }),
             // A rule delete naming the chain and no rule empties the chain.
@@ -320,6 +408,13 @@ fn chunked<'a>(changes: &[Change<'a>]) -> Vec<Change<'a>> {
             }
             Change::DeleteElements(set, keys) => {
                 out.extend(keys.chunks(ELEMENTS_PER_MESSAGE).map(|part| Change::DeleteElements(set, part)))
+            }
+            // A prefix is two elements of at most 40 bytes each.
+            Change::AddRanges(set, elems) => {
+                out.extend(elems.chunks(ELEMENTS_PER_MESSAGE).map(|part| Change::AddRanges(set, part)))
+            }
+            Change::DeleteRanges(set, keys) => {
+                out.extend(keys.chunks(ELEMENTS_PER_MESSAGE).map(|part| Change::DeleteRanges(set, part)))
             }
             other => out.push(other.clone()),
         }

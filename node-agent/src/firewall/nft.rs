@@ -1,5 +1,5 @@
 //! The nftables backend: Weft's table written and read with `nft -j`, and
-//! verdict map elements and deletions written over netlink (`nfnl`). The JSON is built
+//! elements, address sets and deletions written over netlink (`nfnl`). The JSON is built
 //! from typed objects (the `nftables` crate; where it has no type, as for
 //! verdict maps, from `serde_json`), so no name or comment is ever spliced
 //! into rule text.
@@ -9,10 +9,10 @@
 //! costs about 1 ms. What nft 1.0 makes slow is anything touching elements
 //! (it first reads every interval set's elements in the namespace: 58 ms
 //! with 38,000 around) and deletes (16–20 ms on a large table, the cache
-//! again). So map elements and deletes go over netlink (`nfnl`), as do
-//! chains whose rules are simple enough to encode (`nfnl_rule`: host
-//! ports), and new address sets are made with their elements in one
-//! command. A commit is up to a few transactions in the diff's order, each
+//! again). So elements and deletes go over netlink (`nfnl`), as do new
+//! address sets (made with their elements in one transaction) and chains
+//! whose rules are simple enough to encode (`nfnl_rule`: host ports,
+//! policy). A commit is up to a few transactions in the diff's order, each
 //! atomic.
 //! Blocking (runs a program with a deadline): call from a blocking context.
 //! Acts in the calling thread's network namespace.
@@ -188,27 +188,24 @@ fn element(k: &Key, jump: Option<&String>) -> Value {
     }
 }
 
-/// An op for nft, with the elements of the set it creates (if it does).
-type NftCmd<'a> = (&'a Op, Option<&'a [(Key, Option<String>)]>);
-
 /// One transaction of a commit.
 #[derive(Debug)]
 enum Step<'a> {
     /// nft commands.
-    Nft(Vec<NftCmd<'a>>),
-    /// Map elements, deletions, and chains whose rules netlink can carry.
+    Nft(Vec<&'a Op>),
+    /// Elements, address sets, deletions, and chains whose rules netlink
+    /// can carry.
     Netlink(Vec<nfnl::Change<'a>>),
 }
 
-/// `ops` as transactions: map element changes and deletions go over
-/// netlink (nft would first read much of the table, every interval set's
-/// elements included); so do new counters and regular chains whose rules
-/// `nfnl_rule` encodes (host ports and policy: no nft process per
-/// allocation or policy change). A new address set
-/// is made with its elements in the same command; other additions are
-/// nft's. A chain emptied to be refilled is refilled in the same
-/// transaction, so that it is never seen empty. Consecutive ops of one
-/// kind share a transaction.
+/// `ops` as transactions. Netlink carries element changes and deletions
+/// (nft would first read much of the table, every interval set's elements
+/// included), new address sets, counters and regular chains whose rules
+/// `nfnl_rule` encodes: no nft process per allocation, policy change or
+/// pod relabelled. A new address set is made with its elements in the same
+/// transaction; other additions are nft's. A chain emptied to be refilled
+/// is refilled in the same transaction, so that it is never seen empty.
+/// Consecutive ops of one kind share a transaction.
 fn steps(ops: &[Op], family: TableFamily) -> Vec<Step<'_>> {
     let created: std::collections::HashSet<&str> = ops
         .iter()
@@ -243,7 +240,7 @@ fn steps(ops: &[Op], family: TableFamily) -> Vec<Step<'_>> {
     let netlink_chain = |name: &str| by_netlink.get(name).copied().unwrap_or(false);
     let elements_of = |set: &str| {
         ops.iter().find_map(|op| match op {
-            Op::AddElements(name, elems) if name == set => Some(elems.as_slice()),
+            Op::AddElements(name, elems) if name == set && !elems.is_empty() => Some(elems.as_slice()),
             _ => None,
         })
     };
@@ -251,46 +248,58 @@ fn steps(ops: &[Op], family: TableFamily) -> Vec<Step<'_>> {
     // Whether an nft step (which makes the table first) comes before.
     let mut nft_before = false;
     for (i, op) in ops.iter().enumerate() {
-        let change = match op {
-            Op::AddChain(name, None) if netlink_chain(name) => Some(nfnl::Change::AddChain(name)),
-            Op::FlushChain(name) if netlink_chain(name) => Some(nfnl::Change::FlushChain(name)),
+        let changes = match op {
+            Op::AddSet(name, SetKind::Nets(f)) => {
+                let made = nfnl::Change::AddNetSet(name, *f);
+                let filled = elements_of(name).map(|elems| nfnl::Change::AddRanges(name, elems));
+                std::iter::once(made).chain(filled).collect()
+            }
+            Op::AddChain(name, None) if netlink_chain(name) => vec![nfnl::Change::AddChain(name)],
+            Op::FlushChain(name) if netlink_chain(name) => vec![nfnl::Change::FlushChain(name)],
             Op::AddRule(chain, _) if netlink_chain(chain) => {
-                encoded[i].take().map(|attrs| nfnl::Change::AddRule(chain, attrs))
+                encoded[i].take().map(|attrs| nfnl::Change::AddRule(chain, attrs)).into_iter().collect()
             }
             Op::AddElements(name, _) if created.contains(name.as_str()) => continue, // made with its set
             Op::AddElements(name, elems) if elems.iter().all(|(k, jump)| jump.is_some() || exact(k)) => {
-                Some(nfnl::Change::AddElements(name, elems))
+                vec![nfnl::Change::AddElements(name, elems)]
+            }
+            Op::AddElements(name, elems) if elems.iter().all(|(k, jump)| jump.is_none() && is_net(k)) => {
+                vec![nfnl::Change::AddRanges(name, elems)]
             }
             Op::DeleteElements(name, is_map, keys) if *is_map || keys.iter().all(exact) => {
-                Some(nfnl::Change::DeleteElements(name, keys))
+                vec![nfnl::Change::DeleteElements(name, keys)]
             }
-            Op::FlushChain(name) if deleted.contains(name.as_str()) => Some(nfnl::Change::FlushChain(name)),
-            Op::DeleteChain(name) => Some(nfnl::Change::DeleteChain(name)),
-            Op::DeleteSet(name, _) => Some(nfnl::Change::DeleteSet(name)),
-            Op::AddCounter(name) => Some(nfnl::Change::AddCounter(name)),
-            Op::DeleteCounter(name) => Some(nfnl::Change::DeleteCounter(name)),
-            _ => None,
+            Op::DeleteElements(name, false, keys) if keys.iter().all(is_net) => {
+                vec![nfnl::Change::DeleteRanges(name, keys)]
+            }
+            Op::FlushChain(name) if deleted.contains(name.as_str()) => vec![nfnl::Change::FlushChain(name)],
+            Op::DeleteChain(name) => vec![nfnl::Change::DeleteChain(name)],
+            Op::DeleteSet(name, _) => vec![nfnl::Change::DeleteSet(name)],
+            Op::AddCounter(name) => vec![nfnl::Change::AddCounter(name)],
+            Op::DeleteCounter(name) => vec![nfnl::Change::DeleteCounter(name)],
+            _ => Vec::new(),
         };
-        match (change, out.last_mut()) {
-            (Some(c), Some(Step::Netlink(changes))) => changes.push(c),
+        match (changes.is_empty(), out.last_mut()) {
+            (false, Some(Step::Netlink(last))) => last.extend(changes),
             // The table may not exist yet (a part's first sync can begin
             // with a counter): made first, as every nft batch does.
-            (Some(c), _) if !nft_before => out.push(Step::Netlink(vec![nfnl::Change::AddTable, c])),
-            (Some(c), _) => out.push(Step::Netlink(vec![c])),
-            (None, last) => {
-                let inline = match op {
-                    Op::AddSet(name, SetKind::Nets(_)) => elements_of(name),
-                    _ => None,
-                };
-                match last {
-                    Some(Step::Nft(cmds)) => cmds.push((op, inline)),
-                    _ => out.push(Step::Nft(vec![(op, inline)])),
-                }
+            (false, _) if !nft_before => {
+                out.push(Step::Netlink(std::iter::once(nfnl::Change::AddTable).chain(changes).collect()))
+            }
+            (false, _) => out.push(Step::Netlink(changes)),
+            (true, Some(Step::Nft(cmds))) => cmds.push(op),
+            (true, _) => {
+                out.push(Step::Nft(vec![op]));
                 nft_before = true;
             }
         }
     }
     out
+}
+
+/// A key of an interval set of addresses (written as a start and an end).
+fn is_net(k: &Key) -> bool {
+    matches!(k, Key::Net(_))
 }
 
 /// A key of an exact-match set: one netlink element, no interval to split.
@@ -300,11 +309,11 @@ fn exact(k: &Key) -> bool {
 
 /// The nft transaction for `cmds`, after making sure the table exists
 /// (`add` of an existing table is no change).
-fn batch(f: TableFamily, table: &str, cmds: &[NftCmd<'_>]) -> Value {
+fn batch(f: TableFamily, table: &str, cmds: &[&Op]) -> Value {
     let typed = |cmd: NfCmd<'_>| serde_json::to_value(cmd).unwrap_or(Value::Null);
     let family = f.name();
     let mut out = vec![json!({"add": {"table": {"family": family, "name": table}}})];
-    for (op, inline) in cmds {
+    for op in cmds {
         out.push(match op {
             Op::AddChain(name, hook) => typed(NfCmd::Add(NfListObject::Chain(chain(f, table, name, *hook)))),
             Op::FlushChain(name) => typed(NfCmd::Flush(FlushObject::Chain(chain(f, table, name, None)))),
@@ -318,11 +327,7 @@ fn batch(f: TableFamily, table: &str, cmds: &[NftCmd<'_>]) -> Value {
                 ..Default::default()
             }))),
             Op::AddSet(name, SetKind::Nets(family)) => {
-                let mut set = typed(NfCmd::Add(NfListObject::Set(Box::new(net_set(f, table, name, *family)))));
-                if let Some(elems) = inline.filter(|e| !e.is_empty()) {
-                    set["add"]["set"]["elem"] = elems.iter().map(|(k, _)| key_expr(k)).collect();
-                }
-                set
+                typed(NfCmd::Add(NfListObject::Set(Box::new(net_set(f, table, name, *family)))))
             }
             Op::AddSet(name, SetKind::PortJumps) => {
                 json!({"add": verdict_map(f, table, name, json!(["inet_proto", "inet_service"]))})
@@ -566,7 +571,7 @@ mod tests {
             Op::AddSet("policy-s6".into(), SetKind::Nets(Family::V6)),
             Op::AddSet("policy-ingress6".into(), SetKind::AddrJumps(Family::V6)),
         ];
-        let cmds: Vec<_> = ops.iter().map(|op| (op, None)).collect();
+        let cmds: Vec<_> = ops.iter().collect();
         let b = batch(TableFamily::Inet, "weft", &cmds);
         assert_eq!(b["nftables"][1]["add"]["set"]["type"], "ipv6_addr");
         assert_eq!(b["nftables"][2]["add"]["map"]["type"], "ipv6_addr");
@@ -597,7 +602,7 @@ mod tests {
         assert_eq!(nd.elements.len(), 1);
         assert_eq!(obs.sets["guard-r6"].elements.len(), 1);
         let ops = [Op::AddSet("guard-nd".into(), SetKind::Ports(PortFields { mac: false, addr: None }))];
-        let cmds: Vec<_> = ops.iter().map(|op| (op, None)).collect();
+        let cmds: Vec<_> = ops.iter().collect();
         let b = batch(TableFamily::Bridge, "weft", &cmds);
         assert_eq!(b["nftables"][0], json!({"add": {"table": {"family": "bridge", "name": "weft"}}}));
         assert_eq!(b["nftables"][1]["add"]["set"]["type"], "ifname");
@@ -618,7 +623,7 @@ mod tests {
             ),
             Op::DeleteElements("policy-s".into(), false, vec![Key::Net("10.0.0.0/8".parse().unwrap())]),
         ];
-        let cmds: Vec<_> = ops.iter().map(|op| (op, None)).collect();
+        let cmds: Vec<_> = ops.iter().collect();
         let b = batch(TableFamily::Inet, "weft", &cmds);
         let cmds = b["nftables"].as_array().unwrap();
         assert_eq!(cmds[0], json!({"add": {"table": {"family": "inet", "name": "weft"}}}));
@@ -632,7 +637,7 @@ mod tests {
     }
 
     #[test]
-    fn map_elements_go_over_netlink_and_a_new_set_is_made_with_its_elements_in_order() {
+    fn elements_and_address_sets_go_over_netlink_and_a_new_set_is_made_with_its_elements() {
         let jump = |c: &str| Some(c.to_owned());
         let net = |s: &str| Key::Net(s.parse().unwrap());
         let ops = vec![
@@ -641,6 +646,8 @@ mod tests {
             Op::DeleteElements("policy-ingress".into(), true, vec![net("10.0.0.9/32")]),
             // A statement netlink does not carry: the chain is nft's.
             Op::AddRule("policy-in-1".into(), Rule::new("r", vec![build::to_local_address(), build::accept()])),
+            Op::DeleteElements("policy-set-0".into(), false, vec![net("10.3.0.0/16")]),
+            Op::AddElements("policy-set-0".into(), vec![(net("10.4.0.1/32"), None)]),
             Op::AddElements("policy-set-1".into(), vec![(net("10.1.0.0/16"), None), (net("10.2.0.1/32"), None)]),
             Op::AddElements("policy-ingress".into(), vec![(net("10.0.0.1/32"), jump("policy-in-1"))]),
             Op::DeleteChain("policy-in-0".into()),
@@ -653,17 +660,17 @@ mod tests {
                 Step::Netlink(c) => format!("netlink:{}", c.len()),
             })
             .collect();
-        // The new set's elements ride with it; the map's and the deletes
-        // go in the diff's order.
-        assert_eq!(kinds, ["nft:2", "netlink:1", "nft:1", "netlink:2"]);
-        let Step::Nft(first) = &steps[0] else { unreachable!() };
-        let b = batch(TableFamily::Inet, "weft", first);
-        assert_eq!(
-            b["nftables"][1]["add"]["set"]["elem"],
-            json!([{"prefix": {"addr": "10.1.0.0", "len": 16}}, "10.2.0.1"]),
-            "{b}"
-        );
-        assert!(!b.to_string().contains("\"element\""), "no element command: {b}");
+        // The new set's elements ride with it; the other element changes
+        // and the deletes go in the diff's order.
+        assert_eq!(kinds, ["netlink:3", "nft:1", "netlink:1", "nft:1", "netlink:4"]);
+        let Step::Netlink(first) = &steps[0] else { unreachable!() };
+        assert_eq!(first[1], nfnl::Change::AddNetSet("policy-set-1", Family::V4));
+        let nfnl::Change::AddRanges("policy-set-1", elems) = &first[2] else { panic!("{:?}", first[2]) };
+        assert_eq!(elems.len(), 2);
+        let Step::Netlink(last) = &steps[4] else { unreachable!() };
+        assert!(matches!(last[0], nfnl::Change::DeleteRanges("policy-set-0", _)), "{:?}", last[0]);
+        assert!(matches!(last[1], nfnl::Change::AddRanges("policy-set-0", _)), "{:?}", last[1]);
+        assert!(matches!(last[2], nfnl::Change::AddElements("policy-ingress", _)), "{:?}", last[2]);
     }
 
     #[test]
@@ -699,5 +706,105 @@ mod tests {
         let hook = Hook { kind: ChainKind::Nat, point: HookPoint::Prerouting, priority: -100 };
         let base = [Op::AddChain("b".into(), Some(hook)), Op::AddRule("b".into(), dnat())];
         assert_eq!(kinds(&base), ["nft:2"]);
+    }
+}
+
+#[cfg(test)]
+mod kernel_tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::test_support::{TestNetns, require_root};
+
+    fn nets(list: &[&str]) -> BTreeMap<Key, Option<String>> {
+        list.iter().map(|n| (Key::Net(n.parse().unwrap()), None)).collect()
+    }
+
+    /// Address sets made, filled and emptied over netlink read back through
+    /// nft as written, and the kernel matches addresses by them: prefixes
+    /// side by side, one reaching the top of the address space, both
+    /// families, and a set nft made with its own elements.
+    #[test]
+    fn address_sets_written_over_netlink_list_and_match_as_nfts_own() {
+        if !require_root() {
+            return;
+        }
+        TestNetns::new().run(|| {
+            let nft = Nft::default();
+            let v4 = ["10.0.0.1/32", "10.0.0.2/32", "10.0.0.8/29", "10.1.0.0/16", "255.255.255.0/24"];
+            let v6 = ["fd00::1/128", "fd00:1::/64", "ff00::/8"];
+            let ops = [
+                Op::AddSet("s4".into(), SetKind::Nets(Family::V4)),
+                Op::AddSet("s6".into(), SetKind::Nets(Family::V6)),
+                Op::AddSet("empty".into(), SetKind::Nets(Family::V4)),
+                Op::AddElements("s4".into(), nets(&v4).into_iter().collect()),
+                Op::AddElements("s6".into(), nets(&v6).into_iter().collect()),
+            ];
+            assert!(steps(&ops, TableFamily::Inet).iter().all(|s| matches!(s, Step::Netlink(_))));
+            nft.commit(&ops).expect("made over netlink");
+            let listed = || nft.observe().expect("listed");
+            let seen = listed();
+            assert_eq!(seen.sets["s4"].elements, nets(&v4), "{:?}", seen.sets["s4"]);
+            assert_eq!(seen.sets["s6"].elements, nets(&v6));
+            assert_eq!(seen.sets["s4"].kind, Some(SetKind::Nets(Family::V4)));
+            assert_eq!(seen.sets["s6"].kind, Some(SetKind::Nets(Family::V6)));
+            assert!(seen.sets["empty"].elements.is_empty());
+            assert_eq!(seen.sets["s4"].unreadable + seen.sets["s6"].unreadable, 0);
+
+            // The kernel's lookup: inside, at the edges, between prefixes.
+            let holds = |set: &str, addr: &str| {
+                exec::run("nft", &["get", "element", "inet", TABLE, set, &format!("{{ {addr} }}")], None, TIMEOUT)
+                    .expect("nft get element")
+                    .status
+                    .success()
+            };
+            for (addr, inside) in [
+                ("10.0.0.1", true),
+                ("10.0.0.3", false),
+                ("10.0.0.7", false),
+                ("10.0.0.15", true),
+                ("10.0.0.16", false),
+                ("10.1.255.255", true),
+                ("10.2.0.0", false),
+                ("255.255.255.255", true),
+                ("0.0.0.0", false),
+            ] {
+                assert_eq!(holds("s4", addr), inside, "{addr} in s4");
+            }
+            assert!(holds("s6", "ff02::1") && holds("s6", "fd00:1::5") && !holds("s6", "fd00::2"));
+
+            // Out and in, one transaction, beside nft's own elements.
+            let script = "add set inet weft by_nft { type ipv4_addr; flags interval; \
+                          elements = { 10.9.0.1, 10.9.1.0/24 } }";
+            exec::run_ok("nft", &["-f", "-"], Some(script.as_bytes()), TIMEOUT, &[]).expect("nft's set");
+            let ops = [
+                Op::DeleteElements(
+                    "s4".into(),
+                    false,
+                    ["10.0.0.2/32", "255.255.255.0/24"].map(|n| Key::Net(n.parse().unwrap())).to_vec(),
+                ),
+                Op::DeleteElements("by_nft".into(), false, vec![Key::Net("10.9.0.1/32".parse().unwrap())]),
+                Op::AddElements("s4".into(), nets(&["10.0.0.3/32", "0.0.0.0/8"]).into_iter().collect()),
+                Op::AddElements("by_nft".into(), nets(&["10.9.0.2/32", "0.0.0.0/8"]).into_iter().collect()),
+                Op::DeleteElements("s6".into(), false, vec![Key::Net("ff00::/8".parse().unwrap())]),
+            ];
+            assert!(steps(&ops, TableFamily::Inet).iter().all(|s| matches!(s, Step::Netlink(_))));
+            nft.commit(&ops).expect("changed over netlink");
+            let seen = listed();
+            let want = ["0.0.0.0/8", "10.0.0.1/32", "10.0.0.3/32", "10.0.0.8/29", "10.1.0.0/16"];
+            assert_eq!(seen.sets["s4"].elements, nets(&want));
+            assert_eq!(seen.sets["by_nft"].elements, nets(&["0.0.0.0/8", "10.9.0.2/32", "10.9.1.0/24"]));
+            assert_eq!(seen.sets["s6"].elements, nets(&["fd00::1/128", "fd00:1::/64"]));
+            assert!(!holds("s4", "255.255.255.255") && holds("s4", "10.0.0.3") && holds("s4", "0.1.2.3"));
+            assert!(!holds("by_nft", "10.9.0.1") && holds("by_nft", "10.9.0.2"));
+
+            // An overlapping prefix is refused, and its transaction with it.
+            let ops = [
+                Op::AddElements("s4".into(), nets(&["10.5.0.0/16"]).into_iter().collect()),
+                Op::AddElements("s4".into(), nets(&["10.1.2.0/24"]).into_iter().collect()),
+            ];
+            nft.commit(&ops).expect_err("an overlap");
+            assert_eq!(listed().sets["s4"].elements, nets(&want), "all or nothing");
+        });
     }
 }
