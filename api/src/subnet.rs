@@ -93,6 +93,11 @@ impl std::fmt::Display for VxlanUnderlay {
     category = "weft",
     printcolumn(name = "Node", type_ = "string", json_path = ".spec.nodeName"),
     printcolumn(name = "CIDR", type_ = "string", json_path = ".spec.cidr"),
+    printcolumn(
+        name = "Allocated",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Allocated\")].reason"
+    ),
     printcolumn(name = "Backend", type_ = "string", json_path = ".spec.backend"),
     printcolumn(name = "NodeIP", type_ = "string", json_path = ".status.nodeIP"),
     printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
@@ -107,8 +112,9 @@ impl std::fmt::Display for VxlanUnderlay {
 )]
 #[serde(rename_all = "camelCase")]
 #[x_kube(
-    validation = Rule::new("!has(self.cidrs) || size(self.cidrs) == 0 || self.cidrs[0] == self.cidr").message("cidrs[0] must equal cidr"),
-    validation = Rule::new("!has(oldSelf.cidrs) || size(oldSelf.cidrs) == 0 || has(self.cidrs)").message("cidrs cannot be removed")
+    validation = Rule::new("!has(self.cidrs) || size(self.cidrs) == 0 || (has(self.cidr) && self.cidrs[0] == self.cidr)").message("cidrs[0] must equal cidr"),
+    validation = Rule::new("!has(oldSelf.cidrs) || size(oldSelf.cidrs) == 0 || has(self.cidrs)").message("cidrs cannot be removed"),
+    validation = Rule::new("!has(oldSelf.cidr) || has(self.cidr)").message("cidr cannot be removed")
 )]
 pub struct SubnetSpec {
     /// Name of the Node that holds this lease. Immutable.
@@ -116,7 +122,10 @@ pub struct SubnetSpec {
     #[schemars(length(min = 1, max = 253))]
     pub node_name: String,
     /// Pod address range of the node in CIDR notation, e.g. `10.244.3.0/24`
-    /// (IPv6 ranges are accepted by the schema). Immutable.
+    /// (IPv6 ranges are accepted by the schema). Unset while the node waits
+    /// for a free range (its `Allocated` condition says why); set once, then
+    /// immutable.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     #[x_kube(
         validation = Rule::new("isCIDR(self)").message("cidr must be a valid CIDR such as 10.244.1.0/24"),
         validation = Rule::new("!isCIDR(self) || cidr(self) == cidr(self).masked()").message("cidr must be a network address: its host bits must be zero (e.g. 10.244.1.0/24, not 10.244.1.5/24)"),
@@ -188,9 +197,17 @@ pub struct SubnetStatus {
 }
 
 impl SubnetSpec {
-    /// Every range of the lease: `cidr`, then the other family's in dual-stack clusters.
+    /// Every range of the lease: `cidr`, then the other family's in
+    /// dual-stack clusters; none while the node waits for a range.
     pub fn blocks(&self) -> impl Iterator<Item = &str> {
-        std::iter::once(self.cidr.as_str()).chain(self.cidrs.iter().map(String::as_str).filter(|c| *c != self.cidr))
+        std::iter::once(self.cidr.as_str())
+            .filter(|c| !c.is_empty())
+            .chain(self.cidrs.iter().map(String::as_str).filter(|c| *c != self.cidr))
+    }
+
+    /// Whether the node still waits for a range (the pool had none free).
+    pub fn is_pending(&self) -> bool {
+        self.cidr.is_empty()
     }
 }
 
@@ -199,8 +216,12 @@ impl SubnetSpec {
 /// peers take the new public key from `status.wireguardPublicKey`.
 pub const WIREGUARD_KEY_ROTATION: &str = "weft.dev/wireguard-key-rotation";
 
-/// Condition type the operator sets once the lease exists.
+/// Condition type the operator sets: True once the lease exists, False
+/// (with [`REASON_POOL_EXHAUSTED`]) while the node waits for a free range.
 pub const CONDITION_ALLOCATED: &str = "Allocated";
+/// Reason of `Allocated=False` (and of the operator's Node condition and
+/// Event): the cluster CIDR has no free range for the node.
+pub const REASON_POOL_EXHAUSTED: &str = "SubnetPoolExhausted";
 /// Condition type the agent sets once its datapath uses the lease.
 pub const CONDITION_READY: &str = "Ready";
 /// Reason of `Ready=False` once the agent has seen its lease withdrawn (it

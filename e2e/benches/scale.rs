@@ -578,6 +578,8 @@ struct Exhaustion {
     waiting: usize,
     /// Of those, how many have a SubnetPoolExhausted Event.
     with_event: usize,
+    /// Subnets without a range whose condition Allocated is False, reason SubnetPoolExhausted.
+    waiting_subnets: usize,
     /// From creating the nodes to every one leased or reported.
     reported: Duration,
     /// From deleting [`RELEASED`] leased nodes to as many waiting ones leased.
@@ -587,12 +589,13 @@ struct Exhaustion {
 impl Exhaustion {
     fn print(&self) {
         println!(
-            "\nexhaustion: a pool of {} /24s, {} nodes: {} leased, {} reported waiting (condition SubnetPoolExhausted on the Node, {} with an Event) {:.2} s after they were created; {RELEASED} leased nodes deleted → {RELEASED} waiting nodes leased in {:.2} s (release grace 0 s here)",
+            "\nexhaustion: a pool of {} /24s, {} nodes: {} leased, {} reported waiting (condition SubnetPoolExhausted on the Node, {} with an Event, {} with a Subnet saying so) {:.2} s after they were created; {RELEASED} leased nodes deleted → {RELEASED} waiting nodes leased in {:.2} s (release grace 0 s here)",
             self.pool,
             self.nodes,
             self.leased,
             self.waiting,
             self.with_event,
+            self.waiting_subnets,
             self.reported.as_secs_f64(),
             self.recovered.as_secs_f64()
         );
@@ -619,6 +622,13 @@ async fn measure_exhaustion(
                 && c.reason.as_deref() == Some("SubnetPoolExhausted")
         });
         waits.then(|| n.metadata.name.clone().unwrap_or_default())
+    });
+    let waiting_subnets = spawn_counter(Api::<Subnet>::all(client.clone()), |s: &Subnet| {
+        let conditions = &s.status.as_ref()?.conditions;
+        let waits = conditions
+            .iter()
+            .any(|c| c.type_ == "Allocated" && c.status == "False" && c.reason == "SubnetPoolExhausted");
+        (waits && s.spec.is_pending()).then(|| s.spec.node_name.clone())
     });
     let target = pool + BEYOND_POOL;
     let start = Instant::now();
@@ -663,6 +673,16 @@ async fn measure_exhaustion(
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     assert_eq!(with_event.len(), waiting_now, "an Event for every waiting node within 30 s");
+    // The Subnet's condition is written beside the Event.
+    let mut on_subnets = waiting_subnets.clone();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while *on_subnets.borrow_and_update() < waiting_now {
+        if tokio::time::timeout_at(deadline, on_subnets.changed()).await.is_err() {
+            break;
+        }
+    }
+    let waiting_subnets = *on_subnets.borrow();
+    assert_eq!(waiting_subnets, waiting_now, "a Subnet saying so for every waiting node within 30 s");
 
     // Nodes leave; the waiting ones get their Subnets.
     let start = Instant::now();
@@ -677,6 +697,7 @@ async fn measure_exhaustion(
         leased: leased_now,
         waiting: waiting_now,
         with_event: with_event.len(),
+        waiting_subnets,
         reported,
         recovered: start.elapsed(),
     }

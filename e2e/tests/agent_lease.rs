@@ -94,14 +94,27 @@ fn agent_waits_for_its_lease_then_uses_it_and_publishes_its_facts() {
     let c = Container::new("lease1", &pod);
     assert_eq!(weft.add(&c).code(), 11);
 
-    // The lease arrives: the agent serves, pods get addresses from it.
+    // A Subnet without a range (the pool had none free): still no lease,
+    // and the agent's log says why.
     let subnet: Subnet = serde_json::from_value(json!({
         "apiVersion": "weft.dev/v1alpha1", "kind": "Subnet",
         "metadata": {"name": name, "finalizers": [LEASE_FINALIZER]},
-        "spec": {"nodeName": name, "cidr": "10.252.7.0/24", "backend": "vxlan"},
+        "spec": {"nodeName": name, "backend": "vxlan"},
     }))
     .expect("subnet");
     rt.block_on(subnets.create(&PostParams::default(), &subnet)).expect("create Subnet");
+    let waits = json!({"status": {"conditions": [{"type": "Allocated", "status": "False", "reason": "SubnetPoolExhausted",
+        "message": "no free /24 left", "lastTransitionTime": "2026-01-01T00:00:00Z"}]}});
+    rt.block_on(subnets.patch_status(&name, &PatchParams::default(), &Patch::Merge(&waits))).expect("condition");
+    wait::until("the agent to log the Subnet without a range", Duration::from_secs(30), || {
+        let log = agent_log();
+        (log.contains("has no range yet") && log.contains("no free /24 left")).then_some(())
+    });
+    assert_eq!(weft.status().code(), 50, "no lease yet");
+
+    // The lease arrives: the agent serves, pods get addresses from it.
+    let range = json!({"spec": {"cidr": "10.252.7.0/24"}});
+    rt.block_on(subnets.patch(&name, &PatchParams::default(), &Patch::Merge(&range))).expect("lease a range");
     wait::until("STATUS ok once leased", Duration::from_secs(30), || weft.status().success.then_some(()));
     let result = weft.add(&c).assert_ok().json();
     assert!(cni::pod_ip(&result).starts_with("10.252.7."), "{result}");
@@ -159,9 +172,12 @@ fn agent_waits_for_its_lease_then_uses_it_and_publishes_its_facts() {
     assert!(refused.stdout.contains("takes no new pods"), "{}", refused.stdout);
     let metrics = node.exec("curl", &["-s", "http://127.0.0.1:9646/metrics"]);
     assert!(String::from_utf8_lossy(&metrics.stdout).contains("weft_agent_lease_withdrawn 1"), "metric not set");
-    let held = rt.block_on(subnets.get(&name)).expect("the withdrawn Subnet is kept while its pod runs");
-    let ready = held.status.and_then(|st| st.conditions.into_iter().find(|c| c.type_ == "Ready"));
-    assert_eq!(ready.map(|c| (c.status, c.reason)), Some(("False".into(), "LeaseWithdrawn".into())));
+    // The agent's Ready=False follows its own state (STATUS, ADD) by an API write.
+    wait::until("Ready=False, LeaseWithdrawn on the withdrawn Subnet", Duration::from_secs(30), || {
+        let held = rt.block_on(subnets.get(&name)).expect("the withdrawn Subnet is kept while its pod runs");
+        let ready = held.status.and_then(|st| st.conditions.into_iter().find(|c| c.type_ == "Ready"));
+        (ready.map(|c| (c.status, c.reason)) == Some(("False".into(), "LeaseWithdrawn".into()))).then_some(())
+    });
 
     // The pod gone: the agent lets the block go and exits for a new lease.
     weft.del(&c, None).assert_ok();

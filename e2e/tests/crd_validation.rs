@@ -138,6 +138,39 @@ async fn subnet_immutable_fields_stay_immutable() {
     subnets.delete(&name, &DeleteParams::default()).await.expect("delete");
 }
 
+/// A node waiting for space has a Subnet without a range: its range may be
+/// set once, and never removed (as a set one is never changed).
+#[tokio::test]
+async fn a_subnet_without_a_range_gets_one_once_and_keeps_it() {
+    let Some(client) = setup().await else { return };
+    let subnets: Api<Subnet> = Api::all(client);
+    let name = unique_name("waiting");
+    let waiting = json!({"apiVersion": "weft.dev/v1alpha1", "kind": "Subnet", "metadata": {"name": name},
+                         "spec": {"nodeName": name, "backend": "vxlan"}});
+    let created = subnets
+        .create(&PostParams::default(), &serde_json::from_value(waiting).expect("subnet"))
+        .await
+        .expect("create");
+    assert!(created.spec.is_pending());
+    let pp = PatchParams::default();
+    let err = subnets
+        .patch(&name, &pp, &Patch::Merge(json!({"spec": {"cidrs": ["10.250.10.0/24"]}})))
+        .await
+        .expect_err("cidrs without cidr");
+    assert!(err.to_string().contains("cidrs[0] must equal cidr"), "error: {err}");
+    let filled = subnets
+        .patch(&name, &pp, &Patch::Merge(json!({"spec": {"cidr": "10.250.10.0/24"}})))
+        .await
+        .expect("a range is given once");
+    assert_eq!(filled.spec.cidr, "10.250.10.0/24");
+    let err = subnets
+        .patch(&name, &pp, &Patch::Merge(json!({"spec": {"cidr": null}})))
+        .await
+        .expect_err("removing cidr must be rejected");
+    assert!(err.to_string().contains("cidr cannot be removed"), "error: {err}");
+    subnets.delete(&name, &DeleteParams::default()).await.expect("delete");
+}
+
 /// `cidrs` (dual-stack): one range per family, `cidr` first; a family may
 /// be added to a single-stack lease, a listed range never changes.
 #[tokio::test]

@@ -390,7 +390,22 @@ async fn exhausted_pool_reports_an_event_and_recovers() {
     })
     .await
     .expect("exhaustion is a condition on the node");
-    assert!(!fx.subnets().await.expect("list").contains_key(starved), "no lease without space");
+    // And on the node's Subnet, which has no range while it waits.
+    wait_for(Duration::from_secs(10), "Subnet condition Allocated=False", || async {
+        let subnets = fx.subnets().await?;
+        let Some(s) = subnets.get(starved) else { anyhow::bail!("no Subnet for {starved}") };
+        let conditions = s.status.as_ref().map(|st| st.conditions.as_slice()).unwrap_or_default();
+        Ok(s.spec.is_pending()
+            && s.spec.blocks().next().is_none()
+            && conditions.iter().any(|c| {
+                c.type_ == "Allocated"
+                    && c.status == "False"
+                    && c.reason == "SubnetPoolExhausted"
+                    && c.message.contains("no free /26 left in cluster CIDR 10.105.0.0/24")
+            }))
+    })
+    .await
+    .expect("exhaustion is a condition on the node's Subnet, which holds no range");
 
     // Freeing a block lets the waiting node in, without waiting for a resync.
     let freed = fx.subnets().await.expect("list")[&nodes[1]].spec.cidr.clone();

@@ -92,12 +92,23 @@ pub async fn wait_for(api: &Api<Subnet>, node: &str) -> Result<Lease, LeaseError
             watcher::Event::Apply(s) | watcher::Event::InitApply(s) => s,
             _ => continue,
         };
+        if subnet.spec.is_pending() {
+            let why = allocated_message(&subnet).unwrap_or_default();
+            tracing::warn!(node, %why, "this node's Subnet has no range yet: waiting until the operator leases one");
+            continue;
+        }
         match lease_of(&subnet) {
             Ok(lease) => return Ok(lease),
             Err(why) => tracing::warn!(node, %why, "ignoring an unusable Subnet lease"),
         }
     }
     Err(LeaseError::Ended(node.to_owned()))
+}
+
+/// The message of the operator's `Allocated` condition, if it set one.
+fn allocated_message(subnet: &Subnet) -> Option<String> {
+    let conditions = &subnet.status.as_ref()?.conditions;
+    conditions.iter().find(|c| c.type_ == weft_api::subnet::CONDITION_ALLOCATED).map(|c| c.message.clone())
 }
 
 /// What the agent publishes about its node.

@@ -104,7 +104,8 @@ pub async fn run(sync: PeerSync) {
         let listed = listed_by_node(&listed);
         let mut invalid = BTreeMap::new();
         let mut peers = Vec::new();
-        for PeerClaim { spec, status } in subnets.iter().map(Arc::as_ref) {
+        // A node waiting for a range (the pool has none free) is no peer yet.
+        for PeerClaim { spec, status } in subnets.iter().map(Arc::as_ref).filter(|c| !c.spec.is_pending()) {
             match Peer::parse(
                 &spec.node_name,
                 &spec.cidr,

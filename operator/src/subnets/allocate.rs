@@ -67,7 +67,7 @@ impl Allocator {
     }
 
     /// Remembers the newest resourceVersion this replica wrote, and the write.
-    fn note_write(&self, subnet: &Subnet) {
+    pub(super) fn note_write(&self, subnet: &Subnet) {
         let Some(rv) = subnet.resource_version() else { return };
         {
             let mut cache = self.cache();
@@ -186,6 +186,7 @@ async fn serve_once(ctx: &Context, batch: Vec<Request>) -> Vec<Request> {
     let nodes: Vec<&str> = batch.iter().map(|r| r.node.as_str()).collect();
     let (decisions, mut in_pool) = plan::plan(&existing, &nodes, &ctx.pool, ctx.secondary.as_ref(), fully_consistent);
     let mut to_create = Vec::new();
+    let mut to_fill = Vec::new();
     let mut to_extend = Vec::new();
     let mut retry = Vec::new();
     for (req, decision) in batch.into_iter().zip(decisions) {
@@ -197,6 +198,7 @@ async fn serve_once(ctx: &Context, batch: Vec<Request>) -> Vec<Request> {
                 let subnet = plan::new_subnet(&req.node, &cidrs, &ctx.config);
                 to_create.push((req, subnet));
             }
+            Decision::Fill(i, cidrs) => to_fill.push((req, &existing[i], cidrs)),
             Decision::Extend(i, cidr) => to_extend.push((req, &existing[i], cidr)),
             Decision::LookAgain => retry.push(req),
             Decision::Exhausted { pool, in_use } => {
@@ -207,10 +209,18 @@ async fn serve_once(ctx: &Context, batch: Vec<Request>) -> Vec<Request> {
         }
     }
     if let Err(e) = ctx.term.check() {
-        for req in to_create.into_iter().map(|(r, _)| r).chain(to_extend.into_iter().map(|(r, ..)| r)) {
+        let waiting = to_create.into_iter().map(|(r, _)| r).chain(to_fill.into_iter().map(|(r, ..)| r));
+        for req in waiting.chain(to_extend.into_iter().map(|(r, ..)| r)) {
             let _ = req.reply.send(Outcome::Failed(e.to_string()));
         }
         return Vec::new();
+    }
+    let filled = futures::future::join_all(to_fill.iter().map(|(_, s, cidrs)| fill(ctx, s, cidrs))).await;
+    for ((req, ..), outcome) in to_fill.into_iter().zip(filled) {
+        if !matches!(outcome, Outcome::Created(_)) {
+            in_pool = in_pool.saturating_sub(1);
+        }
+        let _ = req.reply.send(outcome);
     }
     let extended = futures::future::join_all(to_extend.iter().map(|(_, s, cidr)| extend(ctx, s, *cidr))).await;
     for ((req, ..), outcome) in to_extend.into_iter().zip(extended) {
@@ -241,6 +251,26 @@ async fn serve_once(ctx: &Context, batch: Vec<Request>) -> Vec<Request> {
     }
     ctx.metrics.set_leases(in_pool, ctx.pool.capacity());
     retry
+}
+
+/// Gives a Subnet that waited for a range its blocks (see
+/// [`plan::fill_patch`]); to the caller, a lease made.
+async fn fill(ctx: &Context, subnet: &Subnet, cidrs: &[IpNet]) -> Outcome {
+    let name = subnet.name_any();
+    let pp = PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() };
+    match ctx.subnets_api.patch(&name, &pp, &Patch::Merge(&plan::fill_patch(subnet, cidrs))).await {
+        Ok(s) => {
+            ctx.allocator.note_write(&s);
+            ctx.sightings.wrote(&s, &ctx.subnets);
+            Outcome::Created(Box::new(s))
+        }
+        // Changed or gone meanwhile: planned again from a consistent list.
+        Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => {
+            ctx.allocator.reset();
+            Outcome::Conflict
+        }
+        Err(e) => Outcome::Failed(format!("leasing a range to waiting subnet {name}: {e}")),
+    }
 }
 
 /// Adds `cidr` to a lease from before the cluster was made dual-stack,

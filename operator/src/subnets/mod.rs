@@ -137,8 +137,12 @@ async fn reconcile_node_inner(node: &Node, ctx: &Context) -> Result<Action, Erro
         Freshest::Read => ctx.subnets_api.get_opt(&name).await.map_err(kube_err("reading", &name))?,
     };
     match current {
-        // A lease from before the cluster was made dual-stack gets a block of the other family.
-        Some(subnet) if subnet.metadata.deletion_timestamp.is_none() && lacks_secondary(ctx, &subnet) => {
+        // Waiting for a range, or from before the cluster was made
+        // dual-stack (it gets a block of the other family).
+        Some(subnet)
+            if subnet.metadata.deletion_timestamp.is_none()
+                && (subnet.spec.is_pending() || lacks_secondary(ctx, &subnet)) =>
+        {
             allocate::allocate(node, ctx).await
         }
         Some(subnet) => keep_lease(ctx, node, &subnet).await,

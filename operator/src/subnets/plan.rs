@@ -23,6 +23,9 @@ pub enum Decision {
     Has(usize),
     /// Lease these blocks: the primary pool's, then the secondary's.
     Lease(Vec<IpNet>),
+    /// `existing[i]` waits for a range (made when the pool had none free):
+    /// give it these blocks, as [`Decision::Lease`].
+    Fill(usize, Vec<IpNet>),
     /// `existing[i]` has no block of the secondary pool's family yet: add this one.
     Extend(usize, IpNet),
     /// No block is free in what was listed, but the list may have missed
@@ -58,7 +61,10 @@ pub fn plan(
     let decisions = nodes
         .iter()
         .map(|node| {
-            if let Some(i) = existing.iter().position(|s| s.name_any() == *node) {
+            let existing_at = existing.iter().position(|s| s.name_any() == *node);
+            let waiting = existing_at
+                .filter(|i| existing[*i].spec.is_pending() && existing[*i].metadata.deletion_timestamp.is_none());
+            if let Some(i) = existing_at.filter(|_| waiting.is_none()) {
                 let missing = secondary.filter(|p| {
                     existing[i].metadata.deletion_timestamp.is_none() && !blocks(&existing[i]).any(|b| p.contains(&b))
                 });
@@ -83,7 +89,10 @@ pub fn plan(
                 }
             }
             in_pool += 1;
-            Decision::Lease(cidrs)
+            match waiting {
+                Some(i) => Decision::Fill(i, cidrs),
+                None => Decision::Lease(cidrs),
+            }
         })
         .collect();
     (decisions, in_pool)
@@ -114,6 +123,32 @@ pub fn new_subnet(node: &str, cidrs: &[IpNet], config: &Config) -> Subnet {
     // registers again at once with its pods still running.
     subnet.metadata.finalizers = Some(vec![LEASE_FINALIZER.to_string()]);
     subnet
+}
+
+/// The Subnet of a node the pool has no range for: no range yet, no
+/// finalizer (it reserves nothing); its `Allocated` condition says why.
+pub fn waiting_subnet(node: &str, config: &Config) -> Subnet {
+    let mut subnet = new_subnet(node, &[], config);
+    subnet.metadata.finalizers = None;
+    subnet
+}
+
+/// The merge patch that gives a waiting Subnet its blocks and the lease
+/// finalizer, guarded by the resourceVersion the plan saw (a changed
+/// Subnet answers 409 and the node is planned again).
+pub fn fill_patch(subnet: &Subnet, cidrs: &[IpNet]) -> serde_json::Value {
+    let mut finalizers: Vec<String> = subnet.finalizers().to_vec();
+    if !finalizers.iter().any(|f| f == LEASE_FINALIZER) {
+        finalizers.push(LEASE_FINALIZER.to_string());
+    }
+    let mut spec = serde_json::json!({"cidr": cidrs.first().map(IpNet::to_string).unwrap_or_default()});
+    if cidrs.len() > 1 {
+        spec["cidrs"] = cidrs.iter().map(IpNet::to_string).collect();
+    }
+    serde_json::json!({
+        "metadata": {"resourceVersion": subnet.resource_version(), "finalizers": finalizers},
+        "spec": spec,
+    })
 }
 
 /// One side of an overlap between two Subnets.
@@ -299,6 +334,37 @@ mod tests {
         let (consistent, in_pool) = plan(&existing, &["b", "c"], &pool, None, true);
         assert_eq!(consistent[1], Decision::Exhausted { pool, in_use: 2 });
         assert_eq!(in_pool, 2);
+    }
+
+    #[test]
+    fn a_node_waiting_for_a_range_gets_one_in_its_own_subnet_once_one_is_free() {
+        let pool = Pool::new("10.9.0.0/23".parse().expect("cidr"), 24).expect("pool");
+        let cfg = Config::try_parse_from(["x"]).expect("config");
+        let waiting = waiting_subnet("w", &cfg);
+        assert!(waiting.spec.is_pending() && waiting.spec.blocks().next().is_none());
+        assert!(waiting.finalizers().is_empty(), "it reserves nothing");
+        let json = serde_json::to_value(&waiting).expect("json");
+        assert!(json["spec"].get("cidr").is_none(), "no range is written: {json}");
+        // Full: it keeps waiting, and is counted as reserving nothing.
+        let full = [leased("a", "10.9.0.0/24", false), leased("b", "10.9.1.0/24", false), waiting.clone()];
+        let (decisions, _) = plan(&full, &["w"], &pool, None, true);
+        assert_eq!(decisions, [Decision::Exhausted { pool, in_use: 2 }]);
+        // A range freed: the waiting Subnet is filled, not made anew.
+        let freed = [leased("a", "10.9.0.0/24", false), waiting.clone()];
+        let (decisions, in_pool) = plan(&freed, &["w"], &pool, None, true);
+        let cidr: IpNet = "10.9.1.0/24".parse().expect("cidr");
+        assert_eq!(decisions, [Decision::Fill(1, vec![cidr])]);
+        assert_eq!(in_pool, 2);
+        let mut with_rv = waiting.clone();
+        with_rv.metadata.resource_version = Some("7".into());
+        let patch = fill_patch(&with_rv, &[cidr, "fd00:9::/64".parse().expect("cidr")]);
+        assert_eq!(
+            patch,
+            serde_json::json!({
+                "metadata": {"resourceVersion": "7", "finalizers": [LEASE_FINALIZER]},
+                "spec": {"cidr": "10.9.1.0/24", "cidrs": ["10.9.1.0/24", "fd00:9::/64"]},
+            })
+        );
     }
 
     #[test]

@@ -50,6 +50,11 @@ pub(super) async fn reconcile(subnet: &Subnet, ctx: &Context) -> Result<Action, 
         return let_go_when_unused(ctx, subnet, node_present).await;
     }
     if !node_present {
+        // A Subnet still waiting for a range reserves nothing: no grace.
+        if subnet.spec.is_pending() {
+            delete_subnet(ctx, subnet).await?;
+            return Ok(Action::await_change());
+        }
         if !managed(ctx, subnet) {
             return Ok(Action::await_change());
         }
@@ -444,6 +449,84 @@ mod tests {
             let reconcile = tokio::spawn(crate::subnets::reconcile_node(node, ctx));
             expect(&mut api, Method::GET, "/apis/weft.dev/v1alpha1/subnets/n2", not_found("subnet n2")).await;
             reconcile.abort();
+        }
+
+        /// A node the pool has no range for gets a Subnet without one that
+        /// says so (besides the Node condition and the Event); once a range
+        /// is free, that Subnet is given it, guarded by its resourceVersion.
+        #[tokio::test]
+        async fn a_node_the_pool_has_no_range_for_gets_a_waiting_subnet_that_is_filled_later() {
+            let list = |items: Vec<Subnet>| {
+                json!({"kind": "SubnetList", "apiVersion": "weft.dev/v1alpha1", "metadata": {"resourceVersion": "5"},
+                       "items": items})
+            };
+            let node: Arc<Node> = Arc::new(serde_json::from_value(json!({"metadata": {"name": "n2"}})).expect("node"));
+            let (ctx, mut api) = context_with("60", &[], &["n2"]);
+            let reconcile = tokio::spawn(crate::subnets::reconcile_node(node.clone(), ctx.clone()));
+            // The whole pool is another node's.
+            let full = list(vec![leased("n1", "10.9.0.0/16", false)]);
+            expect(&mut api, Method::GET, "/apis/weft.dev/v1alpha1/subnets", json_response(StatusCode::OK, full)).await;
+            let cond =
+                expect(&mut api, Method::PATCH, "/api/v1/nodes/n2/status", json_response(StatusCode::OK, json!({})))
+                    .await;
+            assert_eq!(cond["status"]["conditions"][0]["reason"], "SubnetPoolExhausted", "{cond}");
+            let cfg = Config::try_parse_from(["x"]).expect("config");
+            let mut waiting = crate::subnets::plan::waiting_subnet("n2", &cfg);
+            waiting.metadata.resource_version = Some("6".into());
+            let answer = json_response(StatusCode::CREATED, serde_json::to_value(&waiting).expect("json"));
+            let made = expect(&mut api, Method::POST, "/apis/weft.dev/v1alpha1/subnets", answer).await;
+            assert_eq!(made["spec"]["nodeName"], "n2", "{made}");
+            assert!(made["spec"].get("cidr").is_none() && made["metadata"].get("finalizers").is_none(), "{made}");
+            let answer = json_response(StatusCode::OK, serde_json::to_value(&waiting).expect("json"));
+            let status = expect(&mut api, Method::PATCH, "/apis/weft.dev/v1alpha1/subnets/n2/status", answer).await;
+            let condition = &status["status"]["conditions"][0];
+            assert_eq!((&condition["type"], &condition["status"]), (&json!("Allocated"), &json!("False")), "{status}");
+            assert_eq!(condition["reason"], "SubnetPoolExhausted");
+            assert!(condition["message"].as_str().is_some_and(|m| m.contains("no free /24")), "{status}");
+            let event = expect(
+                &mut api,
+                Method::POST,
+                "/apis/events.k8s.io/v1/namespaces/default/events",
+                json_response(StatusCode::CREATED, json!({})),
+            )
+            .await;
+            assert_eq!(event["reason"], "SubnetPoolExhausted", "{event}");
+            reconcile.await.expect("task").expect("reconcile");
+            assert!(no_more_requests(&mut api).await);
+
+            // n1 is gone: the waiting Subnet is filled, not made anew.
+            let (ctx, mut api) = context_with("60", std::slice::from_ref(&waiting), &["n2"]);
+            let reconcile = tokio::spawn(crate::subnets::reconcile_node(node, ctx));
+            let freed = list(vec![waiting.clone()]);
+            expect(&mut api, Method::GET, "/apis/weft.dev/v1alpha1/subnets", json_response(StatusCode::OK, freed))
+                .await;
+            let mut filled = leased("n2", "10.9.0.0/24", false);
+            filled.metadata.resource_version = Some("8".into());
+            let answer = json_response(StatusCode::OK, serde_json::to_value(&filled).expect("json"));
+            let patch = expect(&mut api, Method::PATCH, "/apis/weft.dev/v1alpha1/subnets/n2", answer).await;
+            assert_eq!(patch["spec"]["cidr"], "10.9.0.0/24", "{patch}");
+            assert_eq!(patch["metadata"]["resourceVersion"], "6", "guarded: {patch}");
+            assert_eq!(patch["metadata"]["finalizers"], json!([weft_api::subnet::LEASE_FINALIZER]), "{patch}");
+            let answer = json_response(StatusCode::OK, serde_json::to_value(&filled).expect("json"));
+            let status = expect(&mut api, Method::PATCH, "/apis/weft.dev/v1alpha1/subnets/n2/status", answer).await;
+            assert_eq!(status["status"]["conditions"][0]["status"], "True", "{status}");
+            reconcile.await.expect("task").expect("reconcile");
+            assert!(no_more_requests(&mut api).await);
+        }
+
+        #[tokio::test]
+        async fn a_waiting_subnet_whose_node_is_gone_is_deleted_at_once() {
+            let cfg = Config::try_parse_from(["x"]).expect("config");
+            let mut waiting = crate::subnets::plan::waiting_subnet("n1", &cfg);
+            waiting.metadata.uid = Some("uid-w".into());
+            // A grace of an hour: it applies to leases, not to a waiting node.
+            let (ctx, mut api) = context("3600");
+            let reconcile = tokio::spawn(reconcile_subnet(Arc::new(waiting.clone()), ctx));
+            expect(&mut api, Method::GET, "/api/v1/nodes/n1", not_found("node n1")).await;
+            let answer = json_response(StatusCode::OK, serde_json::to_value(&waiting).expect("json"));
+            let body = expect(&mut api, Method::DELETE, "/apis/weft.dev/v1alpha1/subnets/n1", answer).await;
+            assert_eq!(body["preconditions"]["uid"], "uid-w", "{body}");
+            assert_eq!(reconcile.await.expect("task").expect("reconcile"), Action::await_change());
         }
     }
 }

@@ -1,6 +1,7 @@
 //! What leasing writes besides the Subnet's spec: the `Allocated`
-//! condition and the lease finalizer on Subnets, the operator's condition
-//! on Nodes that wait for space, and the Event that says so.
+//! condition and the lease finalizer on Subnets, and for a node that waits
+//! for space, a Subnet without a range saying so, the operator's condition
+//! on the Node and an Event.
 
 use std::collections::HashSet;
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -8,12 +9,14 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
+use kube::api::PostParams;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::events::{Event, EventType};
+use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 use weft_api::Subnet;
-use weft_api::subnet::{CONDITION_ALLOCATED, LEASE_FINALIZER, holds_lease};
+use weft_api::subnet::{CONDITION_ALLOCATED, LEASE_FINALIZER, REASON_POOL_EXHAUSTED, holds_lease};
 
 use super::{Context, Error, FIELD_MANAGER, kube_err, managed};
 use crate::ipam::Pool;
@@ -42,11 +45,12 @@ pub(super) async fn report_exhausted(ctx: &Context, node: &Node, pool: &Pool, in
     tracing::warn!(node = %name, "{note}");
     ctx.reported.nodes().insert(name.clone());
     if !node_condition_is(node, "False") {
-        set_node_condition(ctx, &name, "False", "SubnetPoolExhausted", &note).await;
+        set_node_condition(ctx, &name, "False", REASON_POOL_EXHAUSTED, &note).await;
     }
+    report_on_subnet(ctx, &name, &note).await;
     let event = Event {
         type_: EventType::Warning,
-        reason: "SubnetPoolExhausted".into(),
+        reason: REASON_POOL_EXHAUSTED.into(),
         note: Some(note),
         action: "AllocateSubnet".into(),
         secondary: None,
@@ -54,6 +58,47 @@ pub(super) async fn report_exhausted(ctx: &Context, node: &Node, pool: &Pool, in
     if let Err(e) = ctx.recorder.publish(&event, &node.object_ref(&())).await {
         tracing::warn!(error = %e, node = %name, "publishing exhaustion event failed");
     }
+}
+
+/// The node's Subnet says that it waits: made without a range when there
+/// is none, with `Allocated=False`. A leased Subnet (a dual-stack lease
+/// waiting for its other family's block) is left as it is: its node runs
+/// pods. Best effort, as the Node condition: the Event and metric report
+/// exhaustion whatever happens here, and the next attempt tries again.
+async fn report_on_subnet(ctx: &Context, node: &str, note: &str) {
+    let subnet = match ctx.subnets.get(&ObjectRef::new(node)) {
+        Some(s) if !s.spec.is_pending() || allocated_is(&s, "False") => return,
+        Some(s) => Subnet::clone(&s),
+        None => {
+            let pp = PostParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() };
+            if ctx.term.check().is_err() {
+                return;
+            }
+            match ctx.subnets_api.create(&pp, &super::plan::waiting_subnet(node, &ctx.config)).await {
+                Ok(s) => {
+                    ctx.allocator.note_write(&s);
+                    ctx.sightings.wrote(&s, &ctx.subnets);
+                    s
+                }
+                // One this replica's view lacks: the next attempt sees it.
+                Err(kube::Error::Api(s)) if s.code == 409 => return,
+                Err(e) => {
+                    tracing::warn!(error = %e, %node, "making the Subnet of a node waiting for space failed");
+                    return;
+                }
+            }
+        }
+    };
+    if let Err(e) = set_allocated(ctx, &subnet, "False", REASON_POOL_EXHAUSTED, note).await {
+        tracing::warn!(error = %e, %node, "setting Allocated=False on the node's Subnet failed");
+    }
+}
+
+fn allocated_is(subnet: &Subnet, status: &str) -> bool {
+    subnet
+        .status
+        .as_ref()
+        .is_some_and(|s| s.conditions.iter().any(|c| c.type_ == CONDITION_ALLOCATED && c.status == status))
 }
 
 /// Node condition the operator owns: whether the node has a pod CIDR lease.
@@ -145,19 +190,21 @@ pub(super) async fn patch_metadata(ctx: &Context, subnet: &Subnet, patch: &serde
 
 /// Sets `Allocated=True` (server-side apply: the agent owns `Ready`).
 pub(super) async fn ensure_allocated_condition(ctx: &Context, subnet: &Subnet) -> Result<(), Error> {
-    let has = subnet
-        .status
-        .as_ref()
-        .is_some_and(|s| s.conditions.iter().any(|c| c.type_ == CONDITION_ALLOCATED && c.status == "True"));
-    if has {
+    if allocated_is(subnet, "True") {
         return Ok(());
     }
+    let message = format!("{} leased to node {}", subnet.spec.cidr, subnet.spec.node_name);
+    set_allocated(ctx, subnet, "True", "LeaseGranted", &message).await
+}
+
+/// Writes the Subnet's `Allocated` condition.
+async fn set_allocated(ctx: &Context, subnet: &Subnet, status: &str, reason: &str, message: &str) -> Result<(), Error> {
     let name = subnet.name_any();
     let condition = Condition {
         type_: CONDITION_ALLOCATED.into(),
-        status: "True".into(),
-        reason: "LeaseGranted".into(),
-        message: format!("{} leased to node {}", subnet.spec.cidr, subnet.spec.node_name),
+        status: status.into(),
+        reason: reason.into(),
+        message: message.into(),
         last_transition_time: Time(Timestamp::now()),
         observed_generation: subnet.metadata.generation,
     };
