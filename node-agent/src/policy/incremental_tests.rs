@@ -18,7 +18,7 @@ fn pass(inc: &mut Incremental, c: &Cluster) -> usize {
 
 /// Also whether the pass says its result changed.
 fn pass_changed(inc: &mut Incremental, c: &Cluster) -> (usize, bool) {
-    let out = inc.compile(c);
+    let out = inc.compile(&Arc::new(c.clone()));
     assert_eq!(unshared(&out), compile(c, NODE), "the incremental pass differs from a full compile");
     (out.recompiled, out.changed)
 }
@@ -47,7 +47,7 @@ fn a_pass_with_nothing_changed_recompiles_nothing() {
         "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "web"}}}]}]}),
     )];
     let mut inc = Incremental::new(NODE);
-    let first = inc.compile(&c);
+    let first = inc.compile(&Arc::new(c.clone()));
     assert!(first.full && first.changed);
     assert_eq!(first.recompiled, LOCAL);
     assert_eq!(pass_changed(&mut inc, &c), (0, false));
@@ -55,11 +55,11 @@ fn a_pass_with_nothing_changed_recompiles_nothing() {
     let mut relisted = c.clone();
     relisted.pods = c.pods.iter().map(|p| Arc::new((**p).clone())).collect();
     relisted.standard = c.standard.iter().map(|p| Arc::new((**p).clone())).collect();
-    let again = inc.compile(&relisted);
+    let again = inc.compile(&Arc::new(relisted.clone()));
     assert!(!again.full && !again.changed);
     assert_eq!(again.recompiled, 0);
     inc.reset();
-    assert!(inc.compile(&c).full, "after a reset everything is compiled");
+    assert!(inc.compile(&Arc::new(c.clone())).full, "after a reset everything is compiled");
 }
 
 #[test]
@@ -111,7 +111,7 @@ fn a_policy_change_recompiles_the_pods_it_selects_before_and_after() {
     pass(&mut inc, &c);
     c.standard = vec![std_policy("prod", "np", spec("db"))];
     assert_eq!(pass(&mut inc, &c), 2, "prod/web leaves it, prod/db comes in");
-    assert!(inc.compile(&c).pods.iter().all(|p| p.key != "prod/web"));
+    assert!(inc.compile(&Arc::new(c.clone())).pods.iter().all(|p| p.key != "prod/web"));
     c.weft.clear();
     assert_eq!(pass(&mut inc, &c), 1, "dev/tool");
 }
@@ -151,13 +151,13 @@ fn cluster_policies_recompile_the_pods_their_subjects_select_also_when_a_namespa
     // prod labelled team=b: its pods are selected now, and are peers.
     c.namespaces.get_mut("prod").unwrap().insert("team".into(), "b".into());
     pass(&mut inc, &c);
-    assert!(inc.compile(&c).pods.iter().any(|p| p.key == "prod/web"));
+    assert!(inc.compile(&Arc::new(c.clone())).pods.iter().any(|p| p.key == "prod/web"));
     // A dev pod changes its address: the peers of every subject change.
     set_pod(&mut c, "dev/web", |p| p.ips = vec!["10.0.2.9".parse().unwrap()]);
     pass(&mut inc, &c);
     c.cluster_policies.clear();
     pass(&mut inc, &c);
-    assert!(inc.compile(&c).pods.is_empty());
+    assert!(inc.compile(&Arc::new(c.clone())).pods.is_empty());
 }
 
 #[test]
@@ -281,14 +281,14 @@ proptest! {
     ) {
         let mut c = start.cluster();
         let mut inc = Incremental::new(props::NODE);
-        let mut before = inc.compile(&c);
+        let mut before = inc.compile(&Arc::new(c.clone()));
         prop_assert!(before.full);
         let log = Some(DropLog { group: 7, per_second: 10 });
         let mut renderer = Renderer::new(log);
         renderer.render(&before.pods);
         for (step, ch) in changes.iter().enumerate() {
             apply(&mut c, &other, ch, step);
-            let out = inc.compile(&c);
+            let out = inc.compile(&Arc::new(c.clone()));
             let full = compile(&c, props::NODE);
             prop_assert_eq!(unshared(&out), full.clone(), "after {:?}", ch);
             prop_assert!(
@@ -300,7 +300,7 @@ proptest! {
             }
             before = out;
         }
-        let again = inc.compile(&c);
+        let again = inc.compile(&Arc::new(c.clone()));
         prop_assert_eq!((again.recompiled, again.changed), (0, false));
     }
 }
