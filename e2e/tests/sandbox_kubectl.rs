@@ -28,13 +28,15 @@ fn kubectl_shows_weft_resources_and_explains_failures() {
     // One host port per node: the second asks for more than there is.
     let Some(_up) = Up::start(&["--nodes", "2", "--agent-arg=--host-port-range=20000-20000"], &[]) else { return };
 
-    // Subnets: one row per node with its CIDR, backend, node IP and readiness.
+    // Subnets: one row per node with its CIDR, why it has one (or not),
+    // backend, node IP and readiness.
     let (header, rows) = table(&["kubectl", "get", "subnets"]);
-    assert_eq!(header, ["NAME", "NODE", "CIDR", "BACKEND", "NODEIP", "READY", "AGE"]);
+    assert_eq!(header, ["NAME", "NODE", "CIDR", "ALLOCATED", "BACKEND", "NODEIP", "READY", "AGE"]);
     assert_eq!(rows.len(), 2, "{rows:?}");
     for row in &rows {
         let node = column(&header, row, "NODE");
         assert!(column(&header, row, "CIDR").starts_with("10.244."), "{row:?}");
+        assert_eq!(column(&header, row, "ALLOCATED"), "LeaseGranted", "{row:?}");
         assert_eq!(column(&header, row, "BACKEND"), "vxlan");
         assert_eq!(column(&header, row, "NODEIP"), if node == "node-1" { "10.250.0.11" } else { "10.250.0.12" });
         assert_eq!(column(&header, row, "READY"), "True");

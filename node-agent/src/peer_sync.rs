@@ -47,9 +47,10 @@ struct PeerClaim {
 }
 
 /// The claim of `subnet`, unless it is `local`'s own (this node's lease is
-/// the lease holder's business, not a peer).
+/// the lease holder's business, not a peer) or has no range yet (its node
+/// waits for the pool to have one free: no peer until then).
 fn claim_of(subnet: &Subnet, local: &str) -> Option<PeerClaim> {
-    (subnet.spec.node_name != local).then(|| PeerClaim {
+    (subnet.spec.node_name != local && !subnet.spec.is_pending()).then(|| PeerClaim {
         spec: subnet.spec.clone(),
         status: SubnetStatus { conditions: Vec::new(), ..subnet.status.clone().unwrap_or_default() },
     })
@@ -104,8 +105,7 @@ pub async fn run(sync: PeerSync) {
         let listed = listed_by_node(&listed);
         let mut invalid = BTreeMap::new();
         let mut peers = Vec::new();
-        // A node waiting for a range (the pool has none free) is no peer yet.
-        for PeerClaim { spec, status } in subnets.iter().map(Arc::as_ref).filter(|c| !c.spec.is_pending()) {
+        for PeerClaim { spec, status } in subnets.iter().map(Arc::as_ref) {
             match Peer::parse(
                 &spec.node_name,
                 &spec.cidr,
@@ -286,6 +286,10 @@ mod tests {
         assert_eq!(claim_of(&subnet("node-2", with_condition), "node-1"), Some(claim.clone()));
         let moved = serde_json::json!({"nodeIP": "10.0.0.9", "vtepMAC": "02:00:00:00:00:02"});
         assert_ne!(claim_of(&subnet("node-2", moved), "node-1"), Some(claim));
-        assert_eq!(claim_of(&subnet("node-1", facts), "node-1"), None, "this node's own lease is no peer");
+        assert_eq!(claim_of(&subnet("node-1", facts.clone()), "node-1"), None, "this node's own lease is no peer");
+        let mut waiting = subnet("node-3", facts);
+        waiting.spec.cidr.clear();
+        waiting.spec.cidrs.clear();
+        assert_eq!(claim_of(&waiting, "node-1"), None, "a node waiting for a range is no peer yet");
     }
 }
