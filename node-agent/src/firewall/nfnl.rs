@@ -10,8 +10,8 @@
 //! large table), against 1 ms for adding a chain. The kernel needs no such
 //! read. A prefix in an interval set is written as nft writes it (a start
 //! element and an end element), so that nft lists it as a prefix. Making
-//! sets, base chains and rules netlink does not encode stays with nft,
-//! whose JSON is the documented interface.
+//! maps, interface sets, base chains and rules netlink does not encode
+//! stays with nft, whose JSON is the documented interface.
 //!
 //! Blocking, with a deadline; acts in the calling thread's network namespace.
 
