@@ -111,7 +111,15 @@ impl Incremental {
         self.peers = compiler.into_cache();
         let cluster = match pods_in_order {
             Cow::Borrowed(_) => Arc::clone(cluster),
-            Cow::Owned(pods) => Arc::new(Cluster { pods, ..Cluster::clone(cluster) }),
+            // Only a hand-made cluster gets here (the watch keeps key order).
+            Cow::Owned(pods) => Arc::new(Cluster {
+                pods,
+                namespaces: cluster.namespaces.clone(),
+                standard: cluster.standard.clone(),
+                weft: cluster.weft.clone(),
+                cluster_policies: cluster.cluster_policies.clone(),
+                nodes: cluster.nodes.clone(),
+            }),
         };
         self.last = Some(Last { cluster, pods });
         Compiled { pods: out, recompiled, full: stale.is_none(), changed }
