@@ -95,13 +95,31 @@ fn main() -> anyhow::Result<()> {
         return Ok(());
     }
     let state = State::load().context("the cluster is not up (e2e/cluster.sh up)")?;
+    let warnings = WarningEvents::record(&state.kubeconfig, &report_dir.join(WarningEvents::FILE))?;
+    // The ClusterNetworkPolicy suite runs beside e2e.test's: its policies
+    // select only its own namespaces' pods (by their conformance-house
+    // labels), so neither sees the other's policies, and it spends most of
+    // its time waiting out the 3 s probes of denied connections.
     let mut results = Vec::new();
-    if let Some(e2e) = &e2e {
-        results.extend(run_e2e_suites(&cli, e2e, &state, &suites, &all_tests, only.as_ref(), &report_dir)?);
-    }
-    if with_cnp {
-        results.push(run_cnp(&cli, &cnp_test, &state, &report_dir)?);
-    }
+    std::thread::scope(|s| -> anyhow::Result<()> {
+        let cnp_run = match with_cnp {
+            true => {
+                prepare_cnp(&cnp_test, &state)?;
+                // Alone, its output goes to the terminal as well as cnp.log.
+                let echo = e2e.is_none();
+                let (cli, cnp_test, state, report_dir) = (&cli, &cnp_test, &state, &report_dir);
+                Some(s.spawn(move || run_cnp(cli, cnp_test, state, report_dir, echo)))
+            }
+            false => None,
+        };
+        if let Some(e2e) = &e2e {
+            results.extend(run_e2e_suites(&cli, e2e, &state, &suites, &all_tests, only.as_ref(), &report_dir)?);
+        }
+        if let Some(run) = cnp_run {
+            results.push(run.join().map_err(|_| anyhow::anyhow!("the {} suite's thread panicked", cnp::NAME))??);
+        }
+        Ok(())
+    })?;
     let table = conformance::render(&results);
     println!("{table}");
     let summary = report_dir.join("summary.txt");
@@ -109,7 +127,57 @@ fn main() -> anyhow::Result<()> {
     if results.iter().all(SuiteResult::ok) {
         Ok(())
     } else {
+        // What the cluster said meanwhile: the suites delete their
+        // namespaces, and their events with them, before they end.
+        warnings.print_tail(60);
         anyhow::bail!("upstream tests failed (reports in {})", report_dir.display())
+    }
+}
+
+/// The cluster's Warning events, recorded while the suites run (a
+/// `kubectl get events --watch-only` into a file), so that a failure can be
+/// told from a sandbox that failed, an image missing or a node gone.
+struct WarningEvents {
+    child: std::process::Child,
+    path: PathBuf,
+}
+
+impl WarningEvents {
+    const FILE: &str = "warning-events.txt";
+
+    fn record(kubeconfig: &Path, path: &Path) -> anyhow::Result<Self> {
+        let file = std::fs::File::create(path).with_context(|| format!("cannot write {}", path.display()))?;
+        let child = Command::new(control_plane::tools_dir().join("kubectl"))
+            .env("KUBECONFIG", kubeconfig)
+            .args(["get", "events", "--all-namespaces", "--watch-only", "--field-selector=type=Warning"])
+            .arg("--output=custom-columns=LAST:.lastTimestamp,NAMESPACE:.involvedObject.namespace,OBJECT:.involvedObject.name,REASON:.reason,COUNT:.count,MESSAGE:.message")
+            .stdout(file)
+            .stderr(Stdio::null())
+            .spawn()
+            .context("cannot run kubectl get events")?;
+        Ok(Self { child, path: path.to_owned() })
+    }
+
+    /// The last `lines` events (after the header), on stderr.
+    fn print_tail(&self, lines: usize) {
+        let text = std::fs::read_to_string(&self.path).unwrap_or_default();
+        let events: Vec<&str> = text.lines().filter(|l| !l.starts_with("LAST ")).collect();
+        eprintln!(
+            "== the cluster's Warning events during the run: {} (the last {} below; all in {})",
+            events.len(),
+            lines.min(events.len()),
+            self.path.display()
+        );
+        for line in &events[events.len().saturating_sub(lines)..] {
+            eprintln!("  {line}");
+        }
+    }
+}
+
+impl Drop for WarningEvents {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 
@@ -211,10 +279,9 @@ fn run_e2e_suites(
     Ok(results)
 }
 
-/// The ClusterNetworkPolicy conformance suite: its test images, then its
-/// `go test -v` run, echoed to the terminal and kept in cnp.log beside the
-/// conformance report it writes (cnp-report.yaml).
-fn run_cnp(cli: &Cli, binary: &Path, state: &State, report_dir: &Path) -> anyhow::Result<SuiteResult> {
+/// What the ClusterNetworkPolicy conformance suite needs before it runs: a
+/// cluster that enforces it, and its test images on the nodes.
+fn prepare_cnp(binary: &Path, state: &State) -> anyhow::Result<()> {
     anyhow::ensure!(
         weft_e2e::cluster::helm_set(&state.helm_values, "clusterNetworkPolicy.enforce") == Some("true"),
         "the cluster's Weft does not enforce ClusterNetworkPolicy: bring the cluster up as e2e/conformance.sh does \
@@ -230,6 +297,13 @@ fn run_cnp(cli: &Cli, binary: &Path, state: &State, report_dir: &Path) -> anyhow
         let source = node::alias_image(n, cnp::AGNHOST_REPO, &wanted)?;
         eprintln!("== {}: {} also named {}", n.name, source, wanted.join(", "));
     }
+    Ok(())
+}
+
+/// The ClusterNetworkPolicy conformance suite's `go test -v` run, kept in
+/// cnp.log beside the conformance report it writes (cnp-report.yaml), and
+/// echoed to the terminal with `echo`.
+fn run_cnp(cli: &Cli, binary: &Path, state: &State, report_dir: &Path, echo: bool) -> anyhow::Result<SuiteResult> {
     let sctp = cnp::kernel_has_sctp();
     let report = report_dir.join("cnp-report.yaml");
     let _ = std::fs::remove_file(&report);
@@ -237,11 +311,13 @@ fn run_cnp(cli: &Cli, binary: &Path, state: &State, report_dir: &Path) -> anyhow
         Some(only) => format!("^{}$/{only}", cnp::TEST),
         None => format!("^{}$", cnp::TEST),
     };
+    let log_path = report_dir.join("cnp.log");
     eprintln!(
-        "== {}: {}{}",
+        "== {}: {}{}{}",
         cnp::NAME,
         cnp::ABOUT,
-        if sctp { "" } else { " (no SCTP probes: the kernel has no SCTP)" }
+        if sctp { "" } else { " (no SCTP probes: the kernel has no SCTP)" },
+        if echo { String::new() } else { format!("; beside the other suites, its output in {}", log_path.display()) }
     );
     let started = Instant::now();
     let mut cmd = Command::new(binary);
@@ -257,18 +333,24 @@ fn run_cnp(cli: &Cli, binary: &Path, state: &State, report_dir: &Path) -> anyhow
     }
     let mut child = cmd.spawn().with_context(|| format!("cannot run {}", binary.display()))?;
     let stdout = child.stdout.take().context("the suite's stdout")?;
-    let log_path = report_dir.join("cnp.log");
     let mut log = std::fs::File::create(&log_path).with_context(|| format!("cannot write {}", log_path.display()))?;
     let mut out = String::new();
     for line in BufReader::new(stdout).lines() {
         let line = line.context("reading the suite's output")?;
-        eprintln!("{line}");
+        if echo {
+            eprintln!("{line}");
+        }
         writeln!(log, "{line}").with_context(|| format!("cannot write {}", log_path.display()))?;
         out.push_str(&line);
         out.push('\n');
     }
     let status = child.wait().context("waiting for the suite")?;
     eprintln!("== {}: exited with {status}; report {}", cnp::NAME, report.display());
+    if !status.success() && !echo {
+        let lines: Vec<&str> = out.lines().collect();
+        eprintln!("== {}: the last lines of {}", cnp::NAME, log_path.display());
+        lines[lines.len().saturating_sub(80)..].iter().for_each(|l| eprintln!("{l}"));
+    }
     Ok(cnp::result(&cnp::parse_go_test_output(&out), status.success(), started.elapsed()))
 }
 
