@@ -55,6 +55,11 @@ async fn run(config: Config) -> anyhow::Result<()> {
         (None, Some(c)) => Some(Api::<Subnet>::all(c.clone())),
         _ => None,
     };
+    // The peers' listings start first: they need neither the lease nor the
+    // overlay device, and at 1,000 nodes take longer than both.
+    let peer_watches = subnets
+        .as_ref()
+        .map(|api| peer_sync::PeerWatches::start(api, Api::all(api.clone().into_client()), &config.node_name));
     let lease = match (&subnets, config.pod_cidr) {
         (_, Some(cidr)) => {
             lease::Lease { cidr, cidr6: config.pod_ipv6_cidr, backend: weft_api::subnet::Backend::default() }
@@ -77,10 +82,10 @@ async fn run(config: Config) -> anyhow::Result<()> {
     };
     // The peers need the overlay device only: they are programmed while
     // the rest of the node is set up.
-    if let (Some(api), Some(overlay)) = (&subnets, &overlay) {
+    if let (Some(api), Some(overlay), Some(watches)) = (&subnets, &overlay, peer_watches) {
         tokio::spawn(peer_sync::run(peer_sync::PeerSync {
             subnets: api.clone(),
-            nodes: Api::all(api.clone().into_client()),
+            watches,
             reconciler: Arc::clone(&overlay.reconciler),
             node: config.node_name.clone(),
             resync: config.resync(),

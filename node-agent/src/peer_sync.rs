@@ -62,10 +62,37 @@ fn listed_of(node: &Node) -> Option<Vec<IpAddr>> {
     Some(addresses.map(|a| a.iter().filter_map(|a| a.address.parse().ok()).collect()).unwrap_or_default())
 }
 
+/// The watches a pass reads: the peers' claims and the Nodes' addresses.
+pub struct PeerWatches {
+    claims: Projection<PeerClaim>,
+    listed: Projection<Vec<IpAddr>>,
+    changed: Arc<tokio::sync::Notify>,
+}
+
+impl PeerWatches {
+    /// Starts both watches for node `local`. They need no lease and no
+    /// device, so the agent starts them first: at 1,000 nodes their
+    /// listings take longer than the lease and the overlay device.
+    pub fn start(subnets: &Api<Subnet>, nodes: Api<Node>, local: &str) -> Self {
+        let changed = Arc::new(tokio::sync::Notify::new());
+        let local = local.to_owned();
+        let claims = weft_api::watch::project(
+            subnets.clone(),
+            watcher::Config::default(),
+            "Subnet",
+            move |s: &Subnet| claim_of(s, &local),
+            Arc::clone(&changed),
+        );
+        let listed =
+            weft_api::watch::project(nodes, watcher::Config::default(), "Node", listed_of, Arc::clone(&changed));
+        PeerWatches { claims, listed, changed }
+    }
+}
+
 /// Who runs the passes, and where they are counted.
 pub struct PeerSync {
     pub subnets: Api<Subnet>,
-    pub nodes: Api<Node>,
+    pub watches: PeerWatches,
     pub reconciler: Arc<Reconciler>,
     pub node: String,
     pub resync: Duration,
@@ -74,18 +101,8 @@ pub struct PeerSync {
 
 /// Runs until the process ends (the watches retry with backoff on errors).
 pub async fn run(sync: PeerSync) {
-    let PeerSync { subnets: api, nodes, reconciler, node, resync, metrics } = sync;
-    let changed = Arc::new(tokio::sync::Notify::new());
-    let local = node.clone();
-    let claims: Projection<PeerClaim> = weft_api::watch::project(
-        api.clone(),
-        watcher::Config::default(),
-        "Subnet",
-        move |s: &Subnet| claim_of(s, &local),
-        Arc::clone(&changed),
-    );
-    let listed: Projection<Vec<IpAddr>> =
-        weft_api::watch::project(nodes, watcher::Config::default(), "Node", listed_of, Arc::clone(&changed));
+    let PeerSync { subnets: api, watches, reconciler, node, resync, metrics } = sync;
+    let PeerWatches { claims, listed, changed } = watches;
     if claims.wait_until_ready().await.is_err() {
         tracing::error!("the Subnet watch ended before its first listing");
         return;
