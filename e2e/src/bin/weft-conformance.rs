@@ -102,15 +102,14 @@ fn main() -> anyhow::Result<()> {
     // its time waiting out the 3 s probes of denied connections.
     let mut results = Vec::new();
     std::thread::scope(|s| -> anyhow::Result<()> {
-        let cnp_run = match with_cnp {
-            true => {
-                prepare_cnp(&cnp_test, &state)?;
-                // Alone, its output goes to the terminal as well as cnp.log.
-                let echo = e2e.is_none();
-                let (cli, cnp_test, state, report_dir) = (&cli, &cnp_test, &state, &report_dir);
-                Some(s.spawn(move || run_cnp(cli, cnp_test, state, report_dir, echo)))
-            }
-            false => None,
+        let cnp_run = if with_cnp {
+            prepare_cnp(&cnp_test, &state)?;
+            // Alone, its output goes to the terminal as well as cnp.log.
+            let echo = e2e.is_none();
+            let (cli, cnp_test, state, report_dir) = (&cli, &cnp_test, &state, &report_dir);
+            Some(s.spawn(move || run_cnp(cli, cnp_test, state, report_dir, echo)))
+        } else {
+            None
         };
         if let Some(e2e) = &e2e {
             results.extend(run_e2e_suites(&cli, e2e, &state, &suites, &all_tests, only.as_ref(), &report_dir)?);
