@@ -31,6 +31,12 @@ use crate::firewall::{Engine, FirewallError};
 /// one pass. Short: a change waits for it, and events that come during a
 /// pass are taken by the next one anyway.
 const DEBOUNCE: Duration = Duration::from_millis(5);
+/// How long the loop must have been idle after an incremental pass before
+/// the heap is trimmed. A trim walks every malloc arena under its lock, and
+/// a pass that starts meanwhile waits on those locks (about 10 ms of a
+/// loaded pass at 50,000 pods): changes that come one after another are
+/// passed first. A full pass (each resync) trims at its end anyway.
+const TRIM_WHEN_QUIET: Duration = Duration::from_secs(1);
 /// Retry delay after a failed pass.
 const RETRY: Duration = Duration::from_secs(1);
 /// How often the policy counters are read into the metrics.
@@ -153,7 +159,11 @@ pub async fn run(client: Client, settings: Settings, metrics: Arc<PolicyMetrics>
     let mut policy = PolicyLoop::start(client, settings, metrics, Arc::clone(&attached));
     loop {
         let next = policy.pass(&caches).await;
-        next_change_or(&attached.changed, &attached, next).await;
+        let trim = policy.trim_due.take();
+        next_change_or(&attached.changed, &attached, next, trim, || {
+            tokio::task::spawn_blocking(crate::heap::release_free_memory);
+        })
+        .await;
     }
 }
 
@@ -182,6 +192,9 @@ struct PolicyLoop {
     /// Whether rules were ever applied (then the iptables-era ones are gone).
     cleaned_up: bool,
     publish: Option<tokio::sync::watch::Sender<Option<Arc<Latest>>>>,
+    /// When the heap is trimmed if no change comes first (after an
+    /// incremental pass that applied rules).
+    trim_due: Option<tokio::time::Instant>,
 }
 
 impl PolicyLoop {
@@ -215,6 +228,7 @@ impl PolicyLoop {
             kernel_due: tokio::time::Instant::now(),
             cleaned_up: false,
             publish,
+            trim_due: None,
         }
     }
 
@@ -275,11 +289,10 @@ impl PolicyLoop {
                 self.attached.applied(&taken, covered);
                 self.applied(&rules, &want, full, wrote, timings).await;
                 if !full {
-                    // After the pass is done, off its latency: at 50,000
-                    // pods walking the heap's arenas took about 10 ms of a
-                    // loaded pass. Blocking threads each keep an arena, so
-                    // without this the resident size would creep up.
-                    tokio::task::spawn_blocking(crate::heap::release_free_memory);
+                    // Once the loop is quiet, off any pass's latency.
+                    // Blocking threads each keep an arena, so without this
+                    // the resident size would creep up.
+                    self.trim_due = Some(tokio::time::Instant::now() + TRIM_WHEN_QUIET);
                 }
                 None
             }
@@ -408,10 +421,26 @@ async fn read_counters(engine: Arc<Engine<Nft>>, labels: drop_log::Labels, metri
 
 /// Waits for a change (then lets a burst settle, unless an ADD waits) or
 /// until `deadline`.
-async fn next_change_or(changed: &tokio::sync::Notify, attached: &Attached, deadline: tokio::time::Instant) {
+/// Waits for a change or the deadline; calls `trim` at `trim_at` if
+/// neither came by then.
+async fn next_change_or(
+    changed: &tokio::sync::Notify,
+    attached: &Attached,
+    deadline: tokio::time::Instant,
+    trim_at: Option<tokio::time::Instant>,
+    trim: impl FnOnce(),
+) {
+    let quiet = async {
+        if let Some(at) = trim_at {
+            tokio::time::sleep_until(at).await;
+            trim();
+        }
+        std::future::pending::<()>().await
+    };
     tokio::select! {
         () = changed.notified() => if !attached.pending() { tokio::time::sleep(DEBOUNCE).await },
         () = tokio::time::sleep_until(deadline) => {}
+        () = quiet => {}
     }
 }
 
@@ -424,6 +453,27 @@ mod tests {
     use super::*;
     use crate::policy::caches::pod_info;
     use crate::policy::model::PodInfo;
+
+    #[tokio::test]
+    async fn the_heap_is_trimmed_once_the_loop_is_quiet_and_not_before_a_change() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let changed = Arc::new(tokio::sync::Notify::new());
+        let attached = Attached::new(Arc::clone(&changed));
+        let trimmed = AtomicBool::new(false);
+        // Quiet: the trim comes at its time, and the wait goes on to the deadline.
+        let now = tokio::time::Instant::now();
+        let (trim_at, deadline) = (now + Duration::from_millis(20), now + Duration::from_millis(200));
+        next_change_or(&changed, &attached, deadline, Some(trim_at), || trimmed.store(true, Ordering::SeqCst)).await;
+        assert!(trimmed.load(Ordering::SeqCst), "no trim in a quiet loop");
+        assert!(tokio::time::Instant::now() >= deadline, "the wait ends at the deadline, not at the trim");
+        // A change before the trim's time: the pass comes first, no trim.
+        trimmed.store(false, Ordering::SeqCst);
+        changed.notify_one();
+        let now = tokio::time::Instant::now();
+        let (trim_at, deadline) = (now + Duration::from_secs(30), now + Duration::from_secs(60));
+        next_change_or(&changed, &attached, deadline, Some(trim_at), || trimmed.store(true, Ordering::SeqCst)).await;
+        assert!(!trimmed.load(Ordering::SeqCst), "trimmed before the change's pass");
+    }
 
     #[test]
     fn only_a_change_of_this_node_s_rules_or_a_resync_reaches_the_kernel() {
