@@ -420,9 +420,7 @@ async fn read_counters(engine: Arc<Engine<Nft>>, labels: drop_log::Labels, metri
 }
 
 /// Waits for a change (then lets a burst settle, unless an ADD waits) or
-/// until `deadline`.
-/// Waits for a change or the deadline; calls `trim` at `trim_at` if
-/// neither came by then.
+/// until `deadline`; calls `trim` at `trim_at` if neither came by then.
 async fn next_change_or(
     changed: &tokio::sync::Notify,
     attached: &Attached,
