@@ -83,7 +83,19 @@ pub enum Op {
 /// that a pass in between does not write it again.
 #[derive(Default)]
 pub struct Publisher {
-    written: HashMap<Key, Option<Arc<Entry>>>,
+    written: HashMap<Key, Written>,
+}
+
+/// A write whose result the watch has not shown yet.
+#[derive(Debug)]
+struct Written {
+    /// What was written (None: deleted).
+    target: Option<Arc<Entry>>,
+    /// What the endpoint was when it was written. While the watch still
+    /// shows this, the write is in flight; anything else (someone changed
+    /// the endpoint after the write showed, in one batch of watch events)
+    /// makes the pass look at it afresh.
+    before: Option<Arc<Entry>>,
 }
 
 impl Publisher {
@@ -125,8 +137,8 @@ impl Publisher {
     /// (None: no endpoint), `have` what it is.
     fn plan_one(&mut self, want: Option<&Arc<Entry>>, have: Option<&Arc<Entry>>) -> Option<Op> {
         let key = want.or(have)?.key();
-        let shown = |written: &Option<Arc<Entry>>| written.as_deref() == have.map(Arc::as_ref);
-        if self.written.get(&key).is_some_and(shown) {
+        let still_before = |w: &Written| w.before.as_deref() == have.map(Arc::as_ref);
+        if self.written.get(&key).is_some_and(|w| !still_before(w)) {
             self.written.remove(&key);
         }
         let settled = match (want, have) {
@@ -134,10 +146,10 @@ impl Publisher {
             _ => false,
         };
         let target = want.cloned();
-        if settled || self.written.get(&key) == Some(&target) {
+        if settled || self.written.get(&key).is_some_and(|w| w.target == target) {
             return None;
         }
-        self.written.insert(key.clone(), target);
+        self.written.insert(key.clone(), Written { target, before: have.cloned() });
         Some(match want {
             Some(w) => Op::Apply(Arc::clone(w)),
             None => Op::Delete(key),
@@ -376,6 +388,26 @@ mod tests {
         assert_eq!(p.plan(std::slice::from_ref(&new), std::slice::from_ref(&old)), [Op::Apply(new)]);
         p.forget();
         assert!(p.written.is_empty());
+    }
+
+    #[test]
+    fn an_endpoint_changed_by_hand_after_a_write_is_put_back_even_if_the_watch_skipped_the_write() {
+        let mut p = Publisher::default();
+        let old = entry("a", "u1", "10.0.0.1", "web");
+        let new = entry("a", "u1", "10.0.0.1", "db");
+        let forged = entry("a", "u1", "10.0.0.1", "forged");
+        assert_eq!(p.plan(std::slice::from_ref(&new), std::slice::from_ref(&old)), [Op::Apply(Arc::clone(&new))]);
+        // The pass runs only after both the write and a forgery arrived:
+        // its cache shows the forgery, never the write.
+        assert_eq!(
+            p.plan(std::slice::from_ref(&new), std::slice::from_ref(&forged)),
+            [Op::Apply(Arc::clone(&new))],
+            "the endpoint is no longer what it was before the write: written again"
+        );
+        // Deleted by hand after a delete-then-recreate race: applied again.
+        let mut p = Publisher::default();
+        assert_eq!(p.plan(&[], std::slice::from_ref(&old)), [Op::Delete(key("a"))]);
+        assert_eq!(p.plan(&[], std::slice::from_ref(&forged)), [Op::Delete(key("a"))]);
     }
 
     #[test]
