@@ -76,22 +76,10 @@ async fn run(config: Config) -> anyhow::Result<()> {
     // With a lease this node is part of a cluster: set up the overlay first,
     // since it decides the pod MTU and what we announce in our Subnet.
     let metrics = Arc::new(metrics::Metrics::default());
-    let overlay = match &subnets {
-        Some(api) => Some(setup_overlay(&config, &lease, host.clone(), api, &metrics).await?),
-        None => None,
+    let overlay = match (&subnets, peer_watches) {
+        (Some(api), Some(watches)) => Some(setup_overlay(&config, &lease, host.clone(), api, watches, &metrics).await?),
+        _ => None,
     };
-    // The peers need the overlay device only: they are programmed while
-    // the rest of the node is set up.
-    if let (Some(api), Some(overlay), Some(watches)) = (&subnets, &overlay, peer_watches) {
-        tokio::spawn(peer_sync::run(peer_sync::PeerSync {
-            subnets: api.clone(),
-            watches,
-            reconciler: Arc::clone(&overlay.reconciler),
-            node: config.node_name.clone(),
-            resync: config.resync(),
-            metrics: metrics.overlay.clone(),
-        }));
-    }
     let pod_mtu = config.mtu.or(overlay.as_ref().map(|o| o.pod_mtu)).unwrap_or(1500);
 
     let ipam_dir = config.state_dir.join("ipam");
@@ -378,13 +366,14 @@ struct OverlayStart {
 }
 
 /// Creates or adopts the VXLAN device (or checks the underlay for host-gw),
-/// enables forwarding and masquerading, and announces this node in its
-/// Subnet.
+/// starts programming the peers, enables forwarding and masquerading, and
+/// announces this node in its Subnet.
 async fn setup_overlay(
     config: &Config,
     lease: &lease::Lease,
     host: rtnetlink::Handle,
     api: &Api<Subnet>,
+    peer_watches: peer_sync::PeerWatches,
     metrics: &metrics::Metrics,
 ) -> anyhow::Result<OverlayStart> {
     let node_ip =
@@ -439,6 +428,17 @@ async fn setup_overlay(
             .with_tunnel_stats(tunnel::engine::Stats::of(&metrics.tunnel_packets, &metrics.tunnel_device_operations)),
     );
     let local = reconciler.ensure_local().await.context("cannot set up this node's overlay")?;
+    // The peers need the device only: they are programmed while the rest
+    // of the node is set up (at 1,000 nodes, the announcement below alone
+    // waits on a loaded apiserver).
+    tokio::spawn(peer_sync::run(peer_sync::PeerSync {
+        subnets: api.clone(),
+        watches: peer_watches,
+        reconciler: Arc::clone(&reconciler),
+        node: config.node_name.clone(),
+        resync: config.resync(),
+        metrics: metrics.overlay.clone(),
+    }));
 
     // Pods on other nodes are reached through this node's forwarding path,
     // and their traffic leaving the cluster is masqueraded (kept so by

@@ -114,6 +114,7 @@ pub async fn run(sync: PeerSync) {
             "cannot read Nodes: the node addresses peers claim are not checked until Nodes can be read (the agent's role needs list and watch on nodes)"
         );
     }
+    tracing::info!("peers' Subnets and Nodes listed");
     // The first pass reads both listings: the wake-ups they left are done.
     let _ = futures::FutureExt::now_or_never(changed.notified());
     let mut last_condition: Option<(bool, String)> = None;
