@@ -12,7 +12,6 @@
 //!
 //! [`compile`]: super::model::compile
 
-use std::borrow::Cow;
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -44,6 +43,9 @@ pub struct Incremental {
     last: Option<Last>,
     /// What the rules' peers resolved to in the passes before.
     peers: PeerCache,
+    /// The cluster of the pass before the last, for the caller to drop
+    /// ([`take_retired`](Self::take_retired)).
+    retired: Option<Arc<Cluster>>,
 }
 
 struct Last {
@@ -53,11 +55,20 @@ struct Last {
     /// Every local pod with an address, by key: what it compiled to (None:
     /// no policy selects it).
     pods: HashMap<String, Option<Arc<PodPolicy>>>,
+    /// Those pods, in the order they were compiled.
+    local: Vec<Arc<PodInfo>>,
 }
 
 impl Incremental {
     pub fn new(node: &str) -> Self {
-        Incremental { node: node.to_owned(), last: None, peers: PeerCache::default() }
+        Incremental { node: node.to_owned(), last: None, peers: PeerCache::default(), retired: None }
+    }
+
+    /// The cluster the last pass replaced. Dropping it touches every pod
+    /// (milliseconds at 50,000), so the caller does it once the pass's rules
+    /// are applied, not on the way there.
+    pub fn take_retired(&mut self) -> Option<Arc<Cluster>> {
+        self.retired.take()
     }
 
     /// Forgets the last pass: the next one compiles everything.
@@ -67,29 +78,47 @@ impl Incremental {
 
     /// This node's policy for `cluster`.
     pub fn compile(&mut self, cluster: &Arc<Cluster>) -> Compiled {
-        // One walk over every pod (each one a cache miss at scale): the
-        // order, and this node's pods with an address.
-        let (sorted, local) = scan(&cluster.pods, &self.node);
-        let pods_in_order: Cow<'_, [Arc<PodInfo>]> = if sorted {
-            Cow::Borrowed(&cluster.pods)
-        } else {
-            let mut pods = cluster.pods.clone();
-            pods.sort_by(|a, b| key(a).cmp(&key(b)));
-            Cow::Owned(pods)
-        };
         let last = self.last.take();
-        let changes = last.as_ref().and_then(|last| Changes::between(&last.cluster, cluster, &pods_in_order));
+        // After a pass only the pods that changed since are read (at 50,000
+        // pods a walk that reads every one costs milliseconds of cache
+        // misses): the others are the same objects, in the same order.
+        let walked = last.as_ref().and_then(|last| {
+            let changed = changed_pods(&last.cluster.pods, &cluster.pods)?;
+            Some((local_after(&last.local, &changed, &self.node), changed))
+        });
+        let (cluster, local, changed) = match walked {
+            Some((local, changed)) => (Arc::clone(cluster), local, Some(changed)),
+            // The first pass, or pods out of key order: every pod is read.
+            None => {
+                let (sorted, local) = scan(&cluster.pods, &self.node);
+                // Only a hand-made cluster is out of order (the watch keeps key order).
+                let cluster = match sorted {
+                    true => Arc::clone(cluster),
+                    false => Arc::new(in_key_order(cluster)),
+                };
+                let changed = last.as_ref().and_then(|last| changed_pods(&last.cluster.pods, &cluster.pods));
+                (cluster, local, changed)
+            }
+        };
+        let changes =
+            last.as_ref().zip(changed.as_deref()).and_then(|(l, c)| Changes::between(&l.cluster, &cluster, c));
         let mut peers = std::mem::take(&mut self.peers);
         match &changes {
             Some(changes) => peers.forget_changed(&changes.versions),
             None => peers.clear(),
         }
-        let compiler = Compiler::with_cache(cluster, peers);
+        let compiler = Compiler::with_cache_in_key_order(&cluster, peers);
         let stale = last
             .as_ref()
             .zip(changes)
-            .map(|(last, changes)| stale_pods(&compiler, &last.cluster, cluster, changes, &local));
-        let mut before = last.map(|last| last.pods).unwrap_or_default();
+            .map(|(last, changes)| stale_pods(&compiler, &last.cluster, &cluster, changes, &local));
+        let mut before = match last {
+            Some(Last { cluster, pods, .. }) => {
+                self.retired = Some(cluster);
+                pods
+            }
+            None => HashMap::new(),
+        };
         let (mut pods, mut out) = (HashMap::with_capacity(local.len()), Vec::new());
         let (mut recompiled, mut changed) = (0, stale.is_none());
         for (i, pod) in local.iter().enumerate() {
@@ -109,19 +138,7 @@ impl Incremental {
         // A pod under policy that is no local pod any more.
         changed |= before.values().any(Option::is_some);
         self.peers = compiler.into_cache();
-        let cluster = match pods_in_order {
-            Cow::Borrowed(_) => Arc::clone(cluster),
-            // Only a hand-made cluster gets here (the watch keeps key order).
-            Cow::Owned(pods) => Arc::new(Cluster {
-                pods,
-                namespaces: cluster.namespaces.clone(),
-                standard: cluster.standard.clone(),
-                weft: cluster.weft.clone(),
-                cluster_policies: cluster.cluster_policies.clone(),
-                nodes: cluster.nodes.clone(),
-            }),
-        };
-        self.last = Some(Last { cluster, pods });
+        self.last = Some(Last { cluster, pods, local });
         Compiled { pods: out, recompiled, full: stale.is_none(), changed }
     }
 }
@@ -141,9 +158,9 @@ struct Changes<'c> {
 static NO_LABELS: BTreeMap<String, String> = BTreeMap::new();
 
 impl<'c> Changes<'c> {
-    /// From `old` to `new` (`new_pods`: the pods of `new` in key order);
-    /// None when so much changed that everything is recompiled.
-    fn between(old: &'c Cluster, new: &'c Cluster, new_pods: &'c [Arc<PodInfo>]) -> Option<Self> {
+    /// From `old` to `new`, whose pods differ by `changed`; None when so
+    /// much changed that everything is recompiled.
+    fn between(old: &'c Cluster, new: &'c Cluster, changed: &'c [PodChange]) -> Option<Self> {
         // A node relabelled or readdressed changes every rule with a node peer:
         // rare enough to recompile every pod.
         // (Nodes are compared only when a policy names them: most passes have none.)
@@ -153,12 +170,12 @@ impl<'c> Changes<'c> {
         let old_ns = |ns: &str| old.namespaces.get(ns).unwrap_or(&NO_LABELS);
         let new_ns = |ns: &str| new.namespaces.get(ns).unwrap_or(&NO_LABELS);
         let (mut versions, mut changed_now) = (Vec::new(), Vec::new());
-        for (was, is) in changed_pods(&old.pods, new_pods) {
+        for (was, is) in changed {
             versions.push((
-                was.map(|p| (p.as_ref(), old_ns(&p.namespace))),
-                is.map(|p| (p.as_ref(), new_ns(&p.namespace))),
+                was.as_ref().map(|p| (p.as_ref(), old_ns(&p.namespace))),
+                is.as_ref().map(|p| (p.as_ref(), new_ns(&p.namespace))),
             ));
-            changed_now.extend(is.map(Arc::as_ref));
+            changed_now.extend(is.as_deref());
         }
         // A namespace relabelled: its pods may be peers of other rules now, or no more.
         let mut relabelled: Vec<&str> = Vec::new();
@@ -181,7 +198,7 @@ fn stale_pods(
     old: &Cluster,
     new: &Cluster,
     changes: Changes<'_>,
-    local: &[&PodInfo],
+    local: &[Arc<PodInfo>],
 ) -> Vec<bool> {
     let Changes { versions, changed_now, relabelled } = changes;
     let new_ns = |ns: &str| new.namespaces.get(ns).unwrap_or(&NO_LABELS);
@@ -218,6 +235,13 @@ fn stale_pods(
         .collect()
 }
 
+/// `cluster` with its pods in key order.
+fn in_key_order(cluster: &Cluster) -> Cluster {
+    let mut sorted = cluster.clone();
+    sorted.pods.sort_by(|a, b| key(a).cmp(&key(b)));
+    sorted
+}
+
 /// An object as it was and as it is (None: absent).
 type Change<'c, V> = (Option<&'c Arc<V>>, Option<&'c Arc<V>>);
 
@@ -228,22 +252,35 @@ fn key(p: &Arc<PodInfo>) -> (&str, &str) {
 /// Whether `pods` are in (namespace, name) order (the order the watch
 /// keeps them in, so normally they are), and those of `node` with an
 /// address.
-fn scan<'p>(pods: &'p [Arc<PodInfo>], node: &str) -> (bool, Vec<&'p PodInfo>) {
+fn scan(pods: &[Arc<PodInfo>], node: &str) -> (bool, Vec<Arc<PodInfo>>) {
     let mut sorted = true;
     let mut local = Vec::new();
     for (i, pod) in pods.iter().enumerate() {
         sorted &= i == 0 || key(&pods[i - 1]) <= key(pod);
-        if pod.node == node && !pod.ips.is_empty() {
-            local.push(pod.as_ref());
+        if is_local(pod, node) {
+            local.push(Arc::clone(pod));
         }
     }
     (sorted, local)
 }
 
-/// The pods that differ between `old` and `new`, both in key order (as
-/// they were, as they are; None: absent): one walk of both, comparing
-/// keys only where the objects are not the same.
-fn changed_pods<'c>(old: &'c [Arc<PodInfo>], new: &'c [Arc<PodInfo>]) -> Vec<Change<'c, PodInfo>> {
+fn is_local(pod: &PodInfo, node: &str) -> bool {
+    pod.node == node && !pod.ips.is_empty()
+}
+
+/// A pod as it was and as it is (None: absent).
+type PodChange = (Option<Arc<PodInfo>>, Option<Arc<PodInfo>>);
+
+/// The pods that differ between `old` (in key order) and `new`: one walk
+/// of both, comparing keys only where the objects are not the same, so
+/// that only pods that changed are read. None when `new` is out of key
+/// order. Only a pod that is new to the walk can break the order: every
+/// other one has an equal in `old`, met in `old`'s order. So a new pod is
+/// checked against its neighbours, and nothing else is.
+fn changed_pods(old: &[Arc<PodInfo>], new: &[Arc<PodInfo>]) -> Option<Vec<PodChange>> {
+    let in_order_at = |j: usize| {
+        (j == 0 || key(&new[j - 1]) <= key(&new[j])) && new.get(j + 1).is_none_or(|next| key(&new[j]) <= key(next))
+    };
     let (mut i, mut j) = (0, 0);
     let mut out = Vec::new();
     while i < old.len() || j < new.len() {
@@ -255,22 +292,42 @@ fn changed_pods<'c>(old: &'c [Arc<PodInfo>], new: &'c [Arc<PodInfo>]) -> Vec<Cha
         };
         match order {
             Ordering::Less => {
-                out.push((Some(&old[i]), None));
+                out.push((Some(Arc::clone(&old[i])), None));
                 i += 1;
             }
             Ordering::Greater => {
-                out.push((None, Some(&new[j])));
+                if !in_order_at(j) {
+                    return None;
+                }
+                out.push((None, Some(Arc::clone(&new[j]))));
                 j += 1;
             }
             Ordering::Equal => {
                 if !Arc::ptr_eq(&old[i], &new[j]) && old[i] != new[j] {
-                    out.push((Some(&old[i]), Some(&new[j])));
+                    out.push((Some(Arc::clone(&old[i])), Some(Arc::clone(&new[j]))));
                 }
                 (i, j) = (i + 1, j + 1);
             }
         }
     }
-    out
+    Some(out)
+}
+
+/// This node's pods with an address after `changed`, from `before` (in
+/// key order).
+fn local_after(before: &[Arc<PodInfo>], changed: &[PodChange], node: &str) -> Vec<Arc<PodInfo>> {
+    // By key: an unchanged pod may be held as an earlier, equal object.
+    let gone: std::collections::HashSet<(&str, &str)> =
+        changed.iter().filter_map(|(was, _)| was.as_ref().map(key)).collect();
+    let mut local: Vec<Arc<PodInfo>> = before.iter().filter(|p| !gone.contains(&key(p))).cloned().collect();
+    let came = changed.iter().filter_map(|(_, is)| is.as_ref()).filter(|p| is_local(p, node));
+    local.extend(came.cloned());
+    // In key order, as a pass that reads every pod lists them (the pass
+    // before may have had a hand-made cluster in another order).
+    if !local.is_sorted_by(|a, b| key(a) <= key(b)) {
+        local.sort_by(|a, b| key(a).cmp(&key(b)));
+    }
+    local
 }
 
 /// The policies that differ between `old` and `new` (as they were, as
