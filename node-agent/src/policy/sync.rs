@@ -526,6 +526,7 @@ mod tests {
     /// weft-agent pass_phases -- --ignored --nocapture`. `WEFT_PASS_PODS`
     /// and `WEFT_PASS_NODES` set another shape: 50000 and 1000 are
     /// `e2e/bench.sh scale`'s largest point (50 local pods).
+    /// `WEFT_PASS_COLD=1` evicts the CPU caches before each timed change.
     #[test]
     #[ignore = "benchmark; run explicitly"]
     fn pass_phases_at_bench_scale() {
