@@ -74,7 +74,10 @@ fn main() -> anyhow::Result<()> {
 
     let all_tests = match &e2e {
         Some(e2e) => {
-            let listing = output(Command::new(&e2e.e2e_test).arg("--list-tests")).context("e2e.test --list-tests")?;
+            let tmp = e2e_test_tmpdir()?;
+            let mut list = Command::new(&e2e.e2e_test);
+            list.env("TMPDIR", tmp.path()).arg("--list-tests");
+            let listing = output(&mut list).context("e2e.test --list-tests")?;
             let all = conformance::parse_test_list(&listing);
             anyhow::ensure!(!all.is_empty(), "e2e.test --list-tests listed no tests");
             all
@@ -180,6 +183,16 @@ impl Drop for WarningEvents {
     }
 }
 
+/// A private temporary directory for e2e.test (its `TMPDIR`), removed when
+/// dropped: e2e.test leaves a `test-kuberc*` directory in the temporary
+/// directory whenever it starts, and for each kubectl it runs.
+fn e2e_test_tmpdir() -> anyhow::Result<tempfile::TempDir> {
+    tempfile::Builder::new()
+        .prefix("weft-e2e-test-")
+        .tempdir()
+        .context("cannot make a temporary directory for e2e.test")
+}
+
 /// Kubernetes' e2e.test and the ginkgo CLI that runs it.
 struct E2eTools {
     e2e_test: PathBuf,
@@ -243,8 +256,10 @@ fn run_e2e_suites(
         if !plan.run.is_empty() {
             // The ginkgo CLI runs the precompiled e2e.test in --procs
             // processes and merges their reports into one.
+            let tmp = e2e_test_tmpdir()?;
             let mut cmd = Command::new(&e2e.ginkgo);
             cmd.current_dir(report_dir)
+                .env("TMPDIR", tmp.path())
                 .env("PATH", path_with(&tools))
                 .arg(format!("--procs={}", cli.procs))
                 .arg(format!("--focus={focus}"))
