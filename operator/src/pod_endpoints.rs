@@ -404,7 +404,8 @@ mod tests {
             [Op::Apply(Arc::clone(&new))],
             "the endpoint is no longer what it was before the write: written again"
         );
-        // Deleted by hand after a delete-then-recreate race: applied again.
+        // Our delete not shown yet, and the endpoint changed meanwhile by
+        // someone else: deleted again.
         let mut p = Publisher::default();
         assert_eq!(p.plan(&[], std::slice::from_ref(&old)), [Op::Delete(key("a"))]);
         assert_eq!(p.plan(&[], std::slice::from_ref(&forged)), [Op::Delete(key("a"))]);
