@@ -107,7 +107,7 @@ impl Incremental {
             Some(changes) => peers.forget_changed(&changes.versions),
             None => peers.clear(),
         }
-        let compiler = Compiler::with_cache_in_key_order(&cluster, peers);
+        let compiler = Compiler::with_cache(&cluster, peers);
         let stale = last
             .as_ref()
             .zip(changes)

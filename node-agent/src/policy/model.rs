@@ -353,23 +353,6 @@ fn peer_matches(peer: &Peer<'_>, policy_ns: &str, pod: &PodInfo, ns_labels: &BTr
     }
 }
 
-/// `pods` (in key order) by namespace: each namespace's pods are a run,
-/// found by a binary search for its end. Only the pods the searches compare
-/// are read: at 50,000 pods a walk that reads every pod costs milliseconds
-/// of cache misses, in each pass that resolves a peer.
-fn pods_by_ns_in_key_order(pods: &[Arc<PodInfo>]) -> HashMap<&str, Vec<&PodInfo>> {
-    let mut by_ns = HashMap::new();
-    let mut start = 0;
-    while let Some(first) = pods.get(start) {
-        let ns = first.namespace.as_str();
-        let end = start + pods[start..].partition_point(|p| p.namespace.as_str() <= ns);
-        // `Arc::as_ref` is an address computation: the pods are not read.
-        by_ns.insert(ns, pods[start..end].iter().map(Arc::as_ref).collect());
-        start = end;
-    }
-    by_ns
-}
-
 /// Read-only view with the lookups compilation needs.
 struct View<'a> {
     cluster: &'a Cluster,
@@ -383,26 +366,20 @@ struct View<'a> {
     /// match, not among every pod of the cluster (built on first use: a
     /// pass that compiles no pod needs none).
     by_ns: std::cell::OnceCell<HashMap<&'a str, Vec<&'a PodInfo>>>,
-    /// Whether the cluster's pods are in key order (namespace, then name).
-    pods_in_key_order: bool,
 }
 
 impl<'a> View<'a> {
-    fn new(cluster: &'a Cluster, cache: PeerCache, pods_in_key_order: bool) -> Self {
-        let by_ns = std::cell::OnceCell::new();
-        View { cluster, no_labels: BTreeMap::new(), cache: RefCell::new(cache), by_ns, pods_in_key_order }
+    fn new(cluster: &'a Cluster, cache: PeerCache) -> Self {
+        View { cluster, no_labels: BTreeMap::new(), cache: RefCell::new(cache), by_ns: std::cell::OnceCell::new() }
     }
 
     fn by_ns(&self) -> &HashMap<&'a str, Vec<&'a PodInfo>> {
-        self.by_ns.get_or_init(|| match self.pods_in_key_order {
-            true => pods_by_ns_in_key_order(&self.cluster.pods),
-            false => {
-                let mut by_ns: HashMap<&str, Vec<&PodInfo>> = HashMap::new();
-                for pod in &self.cluster.pods {
-                    by_ns.entry(pod.namespace.as_str()).or_default().push(pod.as_ref());
-                }
-                by_ns
+        self.by_ns.get_or_init(|| {
+            let mut by_ns: HashMap<&str, Vec<&PodInfo>> = HashMap::new();
+            for pod in &self.cluster.pods {
+                by_ns.entry(pod.namespace.as_str()).or_default().push(pod.as_ref());
             }
+            by_ns
         })
     }
 
@@ -663,18 +640,6 @@ impl<'a> Compiler<'a> {
     /// A compiler that starts from what `cache` resolved in earlier passes
     /// (forgotten where the cluster changed: see [`PeerCache`]).
     pub fn with_cache(cluster: &'a Cluster, cache: PeerCache) -> Self {
-        Self::build(cluster, cache, false)
-    }
-
-    /// [`with_cache`](Self::with_cache) for a cluster whose pods are in key
-    /// order (namespace, then name), as the watch keeps them: a peer's
-    /// candidates are found without reading every pod.
-    pub fn with_cache_in_key_order(cluster: &'a Cluster, cache: PeerCache) -> Self {
-        debug_assert!(cluster.pods.is_sorted_by_key(|p| (p.namespace.as_str(), p.name.as_str())));
-        Self::build(cluster, cache, true)
-    }
-
-    fn build(cluster: &'a Cluster, cache: PeerCache, pods_in_key_order: bool) -> Self {
         // A policy selects pods of its own namespace only: a pod looks at those.
         let mut standard: HashMap<&str, Vec<PolicyView<'_>>> = HashMap::new();
         for v in cluster.standard.iter().filter_map(|p| standard_view(p)) {
@@ -690,8 +655,7 @@ impl<'a> Compiler<'a> {
         for views in weft.values_mut() {
             views.sort_by(|a, b| b.priority.cmp(&a.priority).then_with(|| a.name.cmp(b.name)));
         }
-        let view = View::new(cluster, cache, pods_in_key_order);
-        Compiler { view, standard, weft, tiers: Tiers::new(&cluster.cluster_policies) }
+        Compiler { view: View::new(cluster, cache), standard, weft, tiers: Tiers::new(&cluster.cluster_policies) }
     }
 
     /// What it resolved, for the next pass.

@@ -27,10 +27,11 @@ use crate::firewall::nft::Nft;
 use crate::firewall::ruleset::SetKind;
 use crate::firewall::{Engine, FirewallError};
 
-/// Lets the events of one burst (a watch delivers them one by one) land in
-/// one pass. Short: a change waits for it, and events that come during a
-/// pass are taken by the next one anyway.
-const DEBOUNCE: Duration = Duration::from_millis(5);
+/// Lets the events of one burst (a watch delivers them one by one, from the
+/// same read) land in one pass. As short as the timer allows: every change
+/// waits for it, and events that come during a pass are taken by the next
+/// one anyway.
+const DEBOUNCE: Duration = Duration::from_millis(1);
 /// How long the loop must have been idle after an incremental pass before
 /// the heap is trimmed. A trim walks every malloc arena under its lock, and
 /// a pass that starts meanwhile waits on those locks (about 10 ms of a
@@ -90,6 +91,39 @@ struct Want {
     took: (Duration, Duration),
     /// What the pass no longer needs, dropped once it is done.
     retired: Retired,
+}
+
+/// What the bounds refuse in a pass's cluster.
+struct Bounds {
+    /// `namespace/name` of the policies over the per-policy bound.
+    refused: Vec<String>,
+    over_node: Vec<NodeRefusal>,
+}
+
+impl Bounds {
+    /// Applies the per-policy and per-node bounds to `cluster`.
+    fn enforce(cluster: &mut Cluster, node: &str) -> Self {
+        let refused = limits::refused_policies(cluster);
+        Bounds { refused, over_node: limits::enforce_node_bound(cluster, node) }
+    }
+}
+
+/// What a pass's blocking part did.
+struct Computed {
+    /// The cluster within the bounds, as compiled.
+    cluster: Arc<Cluster>,
+    bounds: Bounds,
+    want: Want,
+    /// Set when `want` has rules (changed, or a full pass).
+    applied: Option<Applied>,
+}
+
+/// Rules written to the kernel, and when.
+struct Applied {
+    result: Result<bool, FirewallError>,
+    /// From the start of the pass to the rules computed.
+    computed: Duration,
+    kernel: Duration,
 }
 
 /// Snapshots a pass replaced. Each holds every pod, and its drop touches
@@ -267,12 +301,13 @@ impl PolicyLoop {
         let included = with_attached(&mut cluster.pods, &self.node, &taken);
         let covered = |pod: &str| included.iter().any(|k| k == pod);
         let snapshot_took = started.elapsed();
-        self.bound(&mut cluster);
         let full = tokio::time::Instant::now() >= self.kernel_due;
-        let cluster = Arc::new(cluster);
-        let Some(mut want) = self.compute(Arc::clone(&cluster), full).await else {
-            return tokio::time::Instant::now() + RETRY;
+        let done = match self.compute_and_apply(cluster, full, started).await {
+            Ok(done) => done,
+            Err(e) => return self.failed(e),
         };
+        let Computed { cluster, bounds, mut want, applied } = done;
+        self.report_bounds(&cluster, bounds);
         // Dropped when this pass returns.
         let mut retired = std::mem::take(&mut want.retired);
         if let Some(tx) = &self.publish {
@@ -283,7 +318,7 @@ impl PolicyLoop {
         // reads it; otherwise only rules that changed go to it. Pod churn
         // elsewhere in the cluster that cannot change this node's rules
         // ends here.
-        let Some(rules) = want.rules.clone() else {
+        let (Some(rules), Some(Applied { result, computed, kernel })) = (want.rules.clone(), applied) else {
             // The rules of the pass before: applied, or (it failed) retried
             // when `kernel_due` comes, with a full compile.
             self.metrics.syncs.get_or_create(&ResultLabels { result: "unaffected" }).inc();
@@ -292,63 +327,84 @@ impl PolicyLoop {
             }
             return self.kernel_due;
         };
-        let computed = started.elapsed();
-        let (metrics, engine) = (Arc::clone(&self.metrics), Arc::clone(&self.engine));
-        let applying = Arc::clone(&rules);
-        let result = tokio::task::spawn_blocking(move || {
-            let applying_at = Instant::now();
-            let applied = apply(&engine, &applying, full, Some(&metrics));
-            let kernel = applying_at.elapsed();
-            // What a full pass (at the start and each resync, after a
-            // relist) allocated briefly is free now: hand it back before the
-            // pass is reported done, so the resident size then is what the
-            // caches hold.
-            if full {
-                crate::heap::release_free_memory();
-            }
-            (applied, kernel)
-        })
-        .await;
-        let failure = match result {
-            Ok((Ok(wrote), kernel)) => {
-                let timings = Timings { total: started.elapsed(), snapshot: snapshot_took, computed, kernel };
-                // ADDs waiting for these rules answer first.
-                self.attached.set_failure(None);
-                self.attached.applied(&taken, covered);
-                self.applied(&rules, &want, full, wrote, timings).await;
-                if !full {
-                    // Once the loop is quiet, off any pass's latency.
-                    // Blocking threads each keep an arena, so without this
-                    // the resident size would creep up.
-                    self.trim_due = Some(tokio::time::Instant::now() + TRIM_WHEN_QUIET);
-                }
-                None
-            }
-            Ok((Err(e), _)) => Some(e.to_string()),
-            Err(e) => Some(format!("the policy task failed: {e}")),
+        let wrote = match result {
+            Ok(wrote) => wrote,
+            Err(e) => return self.failed(e.to_string()),
         };
-        self.last_applied = failure.is_none();
-        let pause = match failure {
-            None => self.resync,
-            Some(e) => {
-                self.metrics.syncs.get_or_create(&ResultLabels { result: "error" }).inc();
-                tracing::error!(error = %e, "policy sync failed; retrying");
-                self.attached.set_failure(Some(e));
-                RETRY
-            }
-        };
-        self.kernel_due = tokio::time::Instant::now() + pause;
+        let timings = Timings { total: started.elapsed(), snapshot: snapshot_took, computed, kernel };
+        // ADDs waiting for these rules answer first.
+        self.attached.set_failure(None);
+        self.attached.applied(&taken, covered);
+        self.applied(&rules, &want, full, wrote, timings).await;
+        if !full {
+            // Once the loop is quiet, off any pass's latency. Blocking
+            // threads each keep an arena, so without this the resident size
+            // would creep up.
+            self.trim_due = Some(tokio::time::Instant::now() + TRIM_WHEN_QUIET);
+        }
+        self.last_applied = true;
+        self.kernel_due = tokio::time::Instant::now() + self.resync;
         self.kernel_due
     }
 
-    /// Applies the per-policy and per-node bounds to `cluster`, and reports
-    /// what they newly refuse.
-    fn bound(&mut self, cluster: &mut Cluster) {
+    /// A pass that failed: counted, logged and told to the ADDs waiting;
+    /// the next one, a full pass, comes after [`RETRY`].
+    fn failed(&mut self, error: String) -> tokio::time::Instant {
+        self.metrics.syncs.get_or_create(&ResultLabels { result: "error" }).inc();
+        tracing::error!(error = %error, "policy sync failed; retrying");
+        self.attached.set_failure(Some(error));
+        self.last_applied = false;
+        self.kernel_due = tokio::time::Instant::now() + RETRY;
+        self.kernel_due
+    }
+
+    /// The bounds applied to `cluster`, this node's rules computed and, when
+    /// they changed (or `full`), applied: on one blocking thread, so that a
+    /// change waits for one hand-off between threads, not two (each costs
+    /// milliseconds on a loaded node). `started`: when the pass started.
+    /// When the task fails, the next pass compiles anew.
+    async fn compute_and_apply(
+        &mut self,
+        mut cluster: Cluster,
+        full: bool,
+        started: Instant,
+    ) -> Result<Computed, String> {
+        let (compute, node) = (Arc::clone(&self.compute), self.node.clone());
+        let (metrics, engine) = (Arc::clone(&self.metrics), Arc::clone(&self.engine));
+        let task = tokio::task::spawn_blocking(move || {
+            let bounds = Bounds::enforce(&mut cluster, &node);
+            let cluster = Arc::new(cluster);
+            // Not held across the kernel call below.
+            let want = compute.lock().unwrap_or_else(|p| p.into_inner()).want(&cluster, full);
+            let computed = started.elapsed();
+            let applied = want.rules.as_ref().map(|rules| {
+                let applying_at = Instant::now();
+                let result = apply(&engine, rules, full, Some(&metrics));
+                let kernel = applying_at.elapsed();
+                // What a full pass (at the start and each resync, after a
+                // relist) allocated briefly is free now: hand it back before
+                // the pass is reported done, so the resident size then is
+                // what the caches hold.
+                if full {
+                    crate::heap::release_free_memory();
+                }
+                Applied { result, computed, kernel }
+            });
+            Computed { cluster, bounds, want, applied }
+        });
+        task.await.map_err(|e| {
+            self.compute = Arc::new(std::sync::Mutex::new((self.new_compute)()));
+            format!("the policy task failed: {e}")
+        })
+    }
+
+    /// Reports what the bounds refuse: the metrics always, the log and the
+    /// Events when that changed.
+    fn report_bounds(&mut self, cluster: &Cluster, bounds: Bounds) {
         let m = self.metrics.as_ref();
         m.policies.get_or_create(&KindLabels { kind: "standard" }).set(cluster.standard.len() as i64);
         m.policies.get_or_create(&KindLabels { kind: "weft" }).set(cluster.weft.len() as i64);
-        let refused = limits::refused_policies(cluster);
-        let over_node = limits::enforce_node_bound(cluster, &self.node);
+        let Bounds { refused, over_node } = bounds;
         m.refused.set((refused.len() + over_node.len()) as i64);
         if refused != self.last_refused {
             if !refused.is_empty() {
@@ -361,25 +417,6 @@ impl PolicyLoop {
         }
         report::node_refusals(&self.events, &self.node, &over_node, &self.last_over_node);
         self.last_over_node = over_node;
-    }
-
-    /// This node's rules for `cluster`, computed off the runtime; None when
-    /// the task failed (counted and logged).
-    async fn compute(&mut self, cluster: Arc<Cluster>, full: bool) -> Option<Want> {
-        let compute = Arc::clone(&self.compute);
-        let task = tokio::task::spawn_blocking(move || {
-            let mut c = compute.lock().unwrap_or_else(|p| p.into_inner());
-            c.want(&cluster, full)
-        });
-        match task.await {
-            Ok(want) => Some(want),
-            Err(e) => {
-                tracing::error!(error = %e, "computing the policy rules failed; retrying");
-                self.metrics.syncs.get_or_create(&ResultLabels { result: "error" }).inc();
-                self.compute = Arc::new(std::sync::Mutex::new((self.new_compute)()));
-                None
-            }
-        }
     }
 
     /// What a pass that reached the kernel leaves: the metrics, a log line
@@ -657,6 +694,20 @@ mod tests {
             renders.sort_by(f64::total_cmp);
             changes.push((what, recompiled, t_pass, renders.get(renders.len() / 2).copied()));
         }
+        // The bounds, on a copy as a pass's snapshot is (the copy not timed).
+        let mut bounds = Vec::new();
+        median(&mut |_| {
+            let mut copy = cluster.clone();
+            if cold {
+                evict_caches(&mut evictor);
+            }
+            let t = Instant::now();
+            std::hint::black_box(Bounds::enforce(&mut copy, "node-0"));
+            bounds.push(t.elapsed().as_secs_f64() * 1e3);
+        });
+        bounds.sort_by(f64::total_cmp);
+        let t_bounds = bounds[bounds.len() / 2];
+        let t_copy = median(&mut |_| drop(std::hint::black_box(cluster.clone())));
         let after = desired.clone();
         let t_diff = median(&mut |_| {
             let mut have = crate::firewall::ruleset::Observed::default();
@@ -679,5 +730,7 @@ mod tests {
             }
         }
         println!("| diff from the last applied (incl. building it) | {t_diff:.2} |");
+        println!("| the per-policy and per-node bounds | {t_bounds:.2} |");
+        println!("| a copy of the cluster, as a pass's snapshot, and its drop | {t_copy:.2} |");
     }
 }
