@@ -102,15 +102,21 @@ impl PodWatches {
 /// pod in both (an endpoint not yet updated after the pod was recreated
 /// here) is the local watch's.
 fn merge_pods(local: Vec<Arc<PodInfo>>, endpoints: Vec<Arc<PodInfo>>) -> Vec<Arc<PodInfo>> {
-    // Both are sorted: one pass merges them (a snapshot at 50,000 pods).
+    // Both are sorted, and the node's pods are few: each is placed by a
+    // binary search, and the other nodes' pods between are moved unread. A
+    // walk comparing every key read 50,000 pods' strings, milliseconds of
+    // cache misses in each pass.
+    fn key(p: &PodInfo) -> (&str, &str) {
+        (&p.namespace, &p.name)
+    }
     let mut pods = Vec::with_capacity(local.len() + endpoints.len());
-    let mut remote = endpoints.into_iter().peekable();
+    let mut remote = endpoints.into_iter();
     for pod in local {
-        let at = (&pod.namespace, &pod.name);
-        while let Some(before) = remote.next_if(|r| (&r.namespace, &r.name) < at) {
-            pods.push(before);
+        let before = remote.as_slice().partition_point(|r| key(r) < key(&pod));
+        pods.extend(remote.by_ref().take(before));
+        if remote.as_slice().first().is_some_and(|r| key(r) == key(&pod)) {
+            remote.next();
         }
-        remote.next_if(|r| (&r.namespace, &r.name) == at);
         pods.push(pod);
     }
     pods.extend(remote);
@@ -362,6 +368,14 @@ mod tests {
             want.map(|(k, ip)| (k.to_owned(), ip.to_owned())),
             "ordered by namespace and name; this node's Pod wins over a stale endpoint of another node"
         );
+        // This node's pods first, last, side by side, or with no endpoints.
+        let keys = |pods: Vec<Arc<PodInfo>>| pods.iter().map(|p| p.key()).collect::<Vec<_>>();
+        let local =
+            || vec![pod("a", "0", "me", "10.0.0.1"), pod("a", "1", "me", "10.0.0.2"), pod("z", "9", "me", "10.0.0.3")];
+        let endpoints = vec![pod("a", "1", "other", "10.0.1.1"), pod("m", "5", "other", "10.0.1.2")];
+        assert_eq!(keys(merge_pods(local(), endpoints)), ["a/0", "a/1", "m/5", "z/9"]);
+        assert_eq!(keys(merge_pods(local(), Vec::new())), ["a/0", "a/1", "z/9"]);
+        assert_eq!(keys(merge_pods(Vec::new(), vec![pod("m", "5", "other", "10.0.1.2")])), ["m/5"]);
     }
 
     #[test]
