@@ -61,7 +61,7 @@ use weft_e2e::{bins, wait};
 const NAMESPACES: usize = 100;
 const CONCURRENCY: usize = 32;
 /// Policy and label changes timed at each point.
-const CHANGES: usize = 10;
+const CHANGES: usize = 40;
 /// The simulated node whose policy the real agent enforces.
 const AGENT_NODE: &str = "kwok-0";
 /// What kwok does to the nodes and pods it manages (beside its binary).
