@@ -250,7 +250,8 @@ struct PolicyLoop {
     kernel_due: tokio::time::Instant,
     /// Whether rules were ever applied (then the iptables-era ones are gone).
     cleaned_up: bool,
-    publish: Option<tokio::sync::watch::Sender<Option<Arc<Latest>>>>,
+    /// Shared with each pass's blocking part, which publishes.
+    publish: Option<Arc<tokio::sync::watch::Sender<Option<Arc<Latest>>>>>,
     /// When the heap is trimmed if no change comes first (after an
     /// incremental pass that applied rules).
     trim_due: Option<tokio::time::Instant>,
@@ -286,7 +287,7 @@ impl PolicyLoop {
             last_over_node: Vec::new(),
             kernel_due: tokio::time::Instant::now(),
             cleaned_up: false,
-            publish,
+            publish: publish.map(Arc::new),
             trim_due: None,
         }
     }
@@ -309,11 +310,7 @@ impl PolicyLoop {
         let Computed { cluster, bounds, mut want, applied } = done;
         self.report_bounds(&cluster, bounds);
         // Dropped when this pass returns.
-        let mut retired = std::mem::take(&mut want.retired);
-        if let Some(tx) = &self.publish {
-            let replaced = tx.send_replace(Some(Arc::new(Latest { cluster, local: want.local.clone() })));
-            retired.keep(replaced.and_then(Arc::into_inner).map(|latest| latest.cluster));
-        }
+        let _retired = std::mem::take(&mut want.retired);
         // Only the kernel shows tampering, so the resync (or a retry) always
         // reads it; otherwise only rules that changed go to it. Pod churn
         // elsewhere in the cluster that cannot change this node's rules
@@ -371,12 +368,20 @@ impl PolicyLoop {
     ) -> Result<Computed, String> {
         let (compute, node) = (Arc::clone(&self.compute), self.node.clone());
         let (metrics, engine) = (Arc::clone(&self.metrics), Arc::clone(&self.engine));
+        let publish = self.publish.clone();
         let task = tokio::task::spawn_blocking(move || {
             let bounds = Bounds::enforce(&mut cluster, &node);
             let cluster = Arc::new(cluster);
             // Not held across the kernel call below.
-            let want = compute.lock().unwrap_or_else(|p| p.into_inner()).want(&cluster, full);
+            let mut want = compute.lock().unwrap_or_else(|p| p.into_inner()).want(&cluster, full);
             let computed = started.elapsed();
+            // Before the rules: the flow recorder names what they drop from
+            // this view (and rebuilds its index at most every 100 ms).
+            if let Some(tx) = &publish {
+                let latest = Latest { cluster: Arc::clone(&cluster), local: want.local.clone() };
+                let replaced = tx.send_replace(Some(Arc::new(latest)));
+                want.retired.keep(replaced.and_then(Arc::into_inner).map(|latest| latest.cluster));
+            }
             let applied = want.rules.as_ref().map(|rules| {
                 let applying_at = Instant::now();
                 let result = apply(&engine, rules, full, Some(&metrics));
