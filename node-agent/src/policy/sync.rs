@@ -307,10 +307,9 @@ impl PolicyLoop {
             Ok(done) => done,
             Err(e) => return self.failed(e),
         };
-        let Computed { cluster, bounds, mut want, applied } = done;
+        // `want` holds the snapshots this pass retired: dropped when it returns.
+        let Computed { cluster, bounds, want, applied } = done;
         self.report_bounds(&cluster, bounds);
-        // Dropped when this pass returns.
-        let _retired = std::mem::take(&mut want.retired);
         // Only the kernel shows tampering, so the resync (or a retry) always
         // reads it; otherwise only rules that changed go to it. Pod churn
         // elsewhere in the cluster that cannot change this node's rules
