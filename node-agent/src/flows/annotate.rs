@@ -194,6 +194,20 @@ pub(crate) mod tests {
         Latest { cluster: Arc::new(c), local }
     }
 
+    /// What the drop log says of dev/tool's (10.0.1.3) connection to prod/db (10.0.1.2) on 5432, dropped by `policy`.
+    pub(crate) fn dropped(policy: &str) -> Dropped {
+        Dropped {
+            policy: Some(policy.into()),
+            direction: Some("ingress"),
+            src: Some("10.0.1.3".parse().unwrap()),
+            dst: Some("10.0.1.2".parse().unwrap()),
+            proto: Some("tcp".into()),
+            proto_number: Some(6),
+            sport: Some(40000),
+            dport: Some(5432),
+        }
+    }
+
     pub(crate) fn event(kind: Kind, src: &str, dst: &str, dport: u16) -> conntrack_events::Event {
         conntrack_events::Event {
             kind,
@@ -242,16 +256,7 @@ pub(crate) mod tests {
         let mut c = cluster();
         c.standard.push(std_policy("prod", "deny-all", json!({"podSelector": {}})));
         let index = Index::new(NODE, &snapshot(c));
-        let d = Dropped {
-            policy: Some("prod/deny-all".into()),
-            direction: Some("ingress"),
-            src: Some("10.0.1.3".parse().unwrap()),
-            dst: Some("10.0.1.2".parse().unwrap()),
-            proto: Some("tcp".into()),
-            proto_number: Some(6),
-            sport: Some(40000),
-            dport: Some(5432),
-        };
+        let d = dropped("prod/deny-all");
         let f = denied(&index, &d, true, 0).expect("recorded");
         assert_eq!((f.policy.as_str(), f.direction.as_str(), f.rule), ("prod/deny-all", "ingress", -1));
         // The end of the chain: its counter is the shared default deny's; the record names the isolating policy.

@@ -277,30 +277,20 @@ mod tests {
     fn a_drop_right_after_a_policy_change_names_the_new_policy() {
         use serde_json::json;
 
-        use crate::flows::annotate::tests::snapshot;
+        use crate::flows::annotate::tests::{dropped, snapshot};
         use crate::policy::model::tests::{cluster, std_policy};
 
         let ring = Arc::new(Ring::new(8));
         let (tx, latest) = watch::channel(None);
         let recorder = Recorder::new("n1", Arc::clone(&ring), Arc::new(FlowMetrics::default()), true, latest);
-        let drop = |policy: &str| Dropped {
-            policy: Some(policy.into()),
-            direction: Some("ingress"),
-            src: Some("10.0.1.3".parse().unwrap()),
-            dst: Some("10.0.1.2".parse().unwrap()),
-            proto: Some("tcp".into()),
-            proto_number: Some(6),
-            sport: Some(40000),
-            dport: Some(5432),
-        };
         let before = cluster();
         let mut after = before.clone();
         after.standard.push(std_policy("prod", "deny-all", json!({"podSelector": {}})));
         tx.send(Some(Arc::new(snapshot(before)))).unwrap();
-        recorder.dropped(&drop("invalid"));
+        recorder.dropped(&dropped("invalid"));
         recorder.free_rebuilds();
         tx.send(Some(Arc::new(snapshot(after)))).unwrap();
-        recorder.dropped(&drop(crate::policy::render::DEFAULT_DENY));
+        recorder.dropped(&dropped(crate::policy::render::DEFAULT_DENY));
         let filter = weft_proto::flows::v1::Filter::default();
         let named: Vec<_> = ring.list(&filter, 0).iter().map(|f| f.policy.clone()).collect();
         assert_eq!(named, ["invalid", "prod/deny-all"]);
