@@ -375,7 +375,7 @@ impl PolicyLoop {
             let mut want = compute.lock().unwrap_or_else(|p| p.into_inner()).want(&cluster, full);
             let computed = started.elapsed();
             // Before the rules: the flow recorder names what they drop from
-            // this view (and rebuilds its index at most every 100 ms).
+            // this view (rebuilding its index for a drop once a newer view exists).
             if let Some(tx) = &publish {
                 let latest = Latest { cluster: Arc::clone(&cluster), local: want.local.clone() };
                 let replaced = tx.send_replace(Some(Arc::new(latest)));
