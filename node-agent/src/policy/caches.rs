@@ -23,6 +23,7 @@ use weft_api::watch::{self, Projection};
 
 use super::attached::{Attached, Taken};
 use super::model::{Cluster, NamedPort, NodeInfo, PodInfo};
+use super::pods::Pods;
 
 /// How long the caches may take to fill before that is reported as a
 /// failure (new pods wait for them at ADD meanwhile).
@@ -89,37 +90,26 @@ impl PodWatches {
         }
     }
 
-    fn values(&self) -> Vec<Arc<PodInfo>> {
+    /// The pods as they are now (O(this node's pods): the maps are shared).
+    fn pods(&self) -> Pods {
         match self {
-            PodWatches::All(pods) => pods.values(),
-            PodWatches::Split { local, endpoints } => merge_pods(local.values(), endpoints.values()),
+            PodWatches::All(pods) => Pods::from_map(pods.map()),
+            PodWatches::Split { local, endpoints } => {
+                merge_pods(&Pods::from_map(local.map()), Pods::from_map(endpoints.map()))
+            }
         }
     }
 }
 
 /// This node's pods from its own watch and the others' from their
-/// endpoints, ordered by namespace and name as one watch would give them; a
-/// pod in both (an endpoint not yet updated after the pod was recreated
-/// here) is the local watch's.
-fn merge_pods(local: Vec<Arc<PodInfo>>, endpoints: Vec<Arc<PodInfo>>) -> Vec<Arc<PodInfo>> {
-    // Both are sorted, and the node's pods are few: each is placed by a
-    // binary search, and the other nodes' pods between are moved unread. A
-    // walk comparing every key read 50,000 pods' strings, milliseconds of
-    // cache misses in each pass.
-    fn key(p: &PodInfo) -> (&str, &str) {
-        (&p.namespace, &p.name)
-    }
-    let mut pods = Vec::with_capacity(local.len() + endpoints.len());
-    let mut remote = endpoints.into_iter();
+/// endpoints; a pod in both (an endpoint not yet updated after the pod was
+/// recreated here) is the local watch's. The node's pods are few: each is
+/// put into a copy of the endpoints' map, which shares the rest.
+fn merge_pods(local: &Pods, endpoints: Pods) -> Pods {
+    let mut pods = endpoints;
     for pod in local {
-        let before = remote.as_slice().partition_point(|r| key(r) < key(&pod));
-        pods.extend(remote.by_ref().take(before));
-        if remote.as_slice().first().is_some_and(|r| key(r) == key(&pod)) {
-            remote.next();
-        }
-        pods.push(pod);
+        pods.insert(Arc::clone(pod));
     }
-    pods.extend(remote);
     pods
 }
 
@@ -226,7 +216,7 @@ impl Caches {
     /// out (logged once per pass).
     pub fn snapshot(&self) -> Cluster {
         let mut c = Cluster {
-            pods: self.pods.values(),
+            pods: self.pods.pods(),
             namespaces: BTreeMap::new(),
             standard: self.standard.state(),
             weft: Vec::new(),
@@ -315,18 +305,15 @@ pub fn node_info(node: &Node) -> Option<NodeInfo> {
 /// Gives this node's pods that ADD registered the addresses ADD gave them
 /// (the API may not know them yet, or still show an earlier sandbox's);
 /// returns the keys of those found in the API.
-pub fn with_attached(pods: &mut [Arc<PodInfo>], node: &str, taken: &Taken) -> Vec<String> {
+pub fn with_attached(pods: &mut Pods, node: &str, taken: &Taken) -> Vec<String> {
     let mut found = Vec::new();
-    if taken.pods.is_empty() {
-        return found;
-    }
-    for pod in pods.iter_mut().filter(|p| p.node == node) {
-        let key = pod.key();
-        let Some(entry) = taken.pods.get(&key) else { continue };
+    for (key, entry) in &taken.pods {
+        let Some((namespace, name)) = key.split_once('/') else { continue };
+        let Some(pod) = pods.get_mut(namespace, name).filter(|p| p.node == node) else { continue };
         if pod.ips != entry.ips {
             Arc::make_mut(pod).ips = entry.ips.clone();
         }
-        found.push(key);
+        found.push(key.clone());
     }
     found
 }
@@ -360,7 +347,7 @@ mod tests {
             pod("b", "moved", "other", "10.0.1.2"),
             pod("c", "last", "other", "10.0.1.3"),
         ];
-        let merged = merge_pods(local, endpoints);
+        let merged = merge_pods(&local.into(), endpoints.into());
         let seen: Vec<(String, String)> = merged.iter().map(|p| (p.key(), p.ips[0].to_string())).collect();
         let want = [("a/mine", "10.0.0.1"), ("a/theirs", "10.0.1.1"), ("b/moved", "10.0.0.2"), ("c/last", "10.0.1.3")];
         assert_eq!(
@@ -369,13 +356,15 @@ mod tests {
             "ordered by namespace and name; this node's Pod wins over a stale endpoint of another node"
         );
         // This node's pods first, last, side by side, or with no endpoints.
-        let keys = |pods: Vec<Arc<PodInfo>>| pods.iter().map(|p| p.key()).collect::<Vec<_>>();
-        let local =
-            || vec![pod("a", "0", "me", "10.0.0.1"), pod("a", "1", "me", "10.0.0.2"), pod("z", "9", "me", "10.0.0.3")];
+        let keys = |pods: Pods| pods.iter().map(|p| p.key()).collect::<Vec<_>>();
+        let local = || -> Pods {
+            vec![pod("a", "0", "me", "10.0.0.1"), pod("a", "1", "me", "10.0.0.2"), pod("z", "9", "me", "10.0.0.3")]
+                .into()
+        };
         let endpoints = vec![pod("a", "1", "other", "10.0.1.1"), pod("m", "5", "other", "10.0.1.2")];
-        assert_eq!(keys(merge_pods(local(), endpoints)), ["a/0", "a/1", "m/5", "z/9"]);
-        assert_eq!(keys(merge_pods(local(), Vec::new())), ["a/0", "a/1", "z/9"]);
-        assert_eq!(keys(merge_pods(Vec::new(), vec![pod("m", "5", "other", "10.0.1.2")])), ["m/5"]);
+        assert_eq!(keys(merge_pods(&local(), endpoints.into())), ["a/0", "a/1", "m/5", "z/9"]);
+        assert_eq!(keys(merge_pods(&local(), Pods::default())), ["a/0", "a/1", "z/9"]);
+        assert_eq!(keys(merge_pods(&Pods::default(), vec![pod("m", "5", "other", "10.0.1.2")].into())), ["m/5"]);
     }
 
     #[test]

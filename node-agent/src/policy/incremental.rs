@@ -12,11 +12,11 @@
 //!
 //! [`compile`]: super::model::compile
 
-use std::cmp::Ordering;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use super::model::{Cluster, Compiler, PeerCache, PodInNs, PodInfo, PodPolicy, Reach, name_nodes};
+use super::pods::{LocalPods, PodChange};
 
 /// Beyond this many changed pods (counting every pod of a namespace whose
 /// labels changed) a full compile is cheaper than finding what they affect.
@@ -39,36 +39,24 @@ pub struct Compiled {
 
 /// The compile state of one node's pods across passes.
 pub struct Incremental {
-    node: String,
+    /// This node's pods, followed from pass to pass.
+    local: LocalPods,
     last: Option<Last>,
     /// What the rules' peers resolved to in the passes before.
     peers: PeerCache,
-    /// The cluster of the pass before the last, for the caller to drop
-    /// ([`take_retired`](Self::take_retired)).
-    retired: Option<Arc<Cluster>>,
 }
 
 struct Last {
-    /// With its pods in key order: the pass's own snapshot (shared, not
-    /// copied: at 50,000 pods a copy and its drop touch every pod twice).
+    /// The pass's own snapshot (shared, not copied).
     cluster: Arc<Cluster>,
     /// Every local pod with an address, by key: what it compiled to (None:
     /// no policy selects it).
     pods: HashMap<String, Option<Arc<PodPolicy>>>,
-    /// Those pods, in the order they were compiled.
-    local: Vec<Arc<PodInfo>>,
 }
 
 impl Incremental {
     pub fn new(node: &str) -> Self {
-        Incremental { node: node.to_owned(), last: None, peers: PeerCache::default(), retired: None }
-    }
-
-    /// The cluster the last pass replaced. Dropping it touches every pod
-    /// (milliseconds at 50,000), so the caller does it once the pass's rules
-    /// are applied, not on the way there.
-    pub fn take_retired(&mut self) -> Option<Arc<Cluster>> {
-        self.retired.take()
+        Incremental { local: LocalPods::new(node), last: None, peers: PeerCache::default() }
     }
 
     /// Forgets the last pass: the next one compiles everything.
@@ -81,25 +69,13 @@ impl Incremental {
         let last = self.last.take();
         // After a pass only the pods that changed since are read (at 50,000
         // pods a walk that reads every one costs milliseconds of cache
-        // misses): the others are the same objects, in the same order.
-        let walked = last.as_ref().and_then(|last| {
-            let changed = changed_pods(&last.cluster.pods, &cluster.pods)?;
-            Some((local_after(&last.local, &changed, &self.node), changed))
-        });
-        let (cluster, local, changed) = match walked {
-            Some((local, changed)) => (Arc::clone(cluster), local, Some(changed)),
-            // The first pass, or pods out of key order: every pod is read.
-            None => {
-                let (sorted, local) = scan(&cluster.pods, &self.node);
-                // Only a hand-made cluster is out of order (the watch keeps key order).
-                let cluster = match sorted {
-                    true => Arc::clone(cluster),
-                    false => Arc::new(in_key_order(cluster)),
-                };
-                let changed = last.as_ref().and_then(|last| changed_pods(&last.cluster.pods, &cluster.pods));
-                (cluster, local, changed)
-            }
-        };
+        // misses); the first pass reads every pod.
+        if last.is_none() {
+            self.local.reset();
+        }
+        let (local, changed) = self.local.follow(&cluster.pods);
+        let local = local.to_vec();
+        let cluster = Arc::clone(cluster);
         let changes =
             last.as_ref().zip(changed.as_deref()).and_then(|(l, c)| Changes::between(&l.cluster, &cluster, c));
         let mut peers = std::mem::take(&mut self.peers);
@@ -113,10 +89,9 @@ impl Incremental {
             .zip(changes)
             .map(|(last, changes)| stale_pods(&compiler, &last.cluster, &cluster, changes, &local));
         let mut before = match last {
-            Some(Last { cluster, pods, .. }) => {
-                self.retired = Some(cluster);
-                pods
-            }
+            // Its cluster shares all but what changed with this one: dropped
+            // here, it frees only that.
+            Some(Last { pods, .. }) => pods,
             None => HashMap::new(),
         };
         let (mut pods, mut out) = (HashMap::with_capacity(local.len()), Vec::new());
@@ -138,7 +113,7 @@ impl Incremental {
         // A pod under policy that is no local pod any more.
         changed |= before.values().any(Option::is_some);
         self.peers = compiler.into_cache();
-        self.last = Some(Last { cluster, pods, local });
+        self.last = Some(Last { cluster, pods });
         Compiled { pods: out, recompiled, full: stale.is_none(), changed }
     }
 }
@@ -235,100 +210,8 @@ fn stale_pods(
         .collect()
 }
 
-/// `cluster` with its pods in key order.
-fn in_key_order(cluster: &Cluster) -> Cluster {
-    let mut sorted = cluster.clone();
-    sorted.pods.sort_by(|a, b| key(a).cmp(&key(b)));
-    sorted
-}
-
 /// An object as it was and as it is (None: absent).
 type Change<'c, V> = (Option<&'c Arc<V>>, Option<&'c Arc<V>>);
-
-fn key(p: &Arc<PodInfo>) -> (&str, &str) {
-    (p.namespace.as_str(), p.name.as_str())
-}
-
-/// Whether `pods` are in (namespace, name) order (the order the watch
-/// keeps them in, so normally they are), and those of `node` with an
-/// address.
-fn scan(pods: &[Arc<PodInfo>], node: &str) -> (bool, Vec<Arc<PodInfo>>) {
-    let mut sorted = true;
-    let mut local = Vec::new();
-    for (i, pod) in pods.iter().enumerate() {
-        sorted &= i == 0 || key(&pods[i - 1]) <= key(pod);
-        if is_local(pod, node) {
-            local.push(Arc::clone(pod));
-        }
-    }
-    (sorted, local)
-}
-
-fn is_local(pod: &PodInfo, node: &str) -> bool {
-    pod.node == node && !pod.ips.is_empty()
-}
-
-/// A pod as it was and as it is (None: absent).
-type PodChange = (Option<Arc<PodInfo>>, Option<Arc<PodInfo>>);
-
-/// The pods that differ between `old` (in key order) and `new`: one walk
-/// of both, comparing keys only where the objects are not the same, so
-/// that only pods that changed are read. None when `new` is out of key
-/// order. Only a pod that is new to the walk can break the order: every
-/// other one has an equal in `old`, met in `old`'s order. So a new pod is
-/// checked against its neighbours, and nothing else is.
-fn changed_pods(old: &[Arc<PodInfo>], new: &[Arc<PodInfo>]) -> Option<Vec<PodChange>> {
-    let in_order_at = |j: usize| {
-        (j == 0 || key(&new[j - 1]) <= key(&new[j])) && new.get(j + 1).is_none_or(|next| key(&new[j]) <= key(next))
-    };
-    let (mut i, mut j) = (0, 0);
-    let mut out = Vec::new();
-    while i < old.len() || j < new.len() {
-        let order = match (old.get(i), new.get(j)) {
-            (Some(a), Some(b)) if Arc::ptr_eq(a, b) => Ordering::Equal,
-            (Some(a), Some(b)) => (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)),
-            (Some(_), None) => Ordering::Less,
-            _ => Ordering::Greater,
-        };
-        match order {
-            Ordering::Less => {
-                out.push((Some(Arc::clone(&old[i])), None));
-                i += 1;
-            }
-            Ordering::Greater => {
-                if !in_order_at(j) {
-                    return None;
-                }
-                out.push((None, Some(Arc::clone(&new[j]))));
-                j += 1;
-            }
-            Ordering::Equal => {
-                if !Arc::ptr_eq(&old[i], &new[j]) && old[i] != new[j] {
-                    out.push((Some(Arc::clone(&old[i])), Some(Arc::clone(&new[j]))));
-                }
-                (i, j) = (i + 1, j + 1);
-            }
-        }
-    }
-    Some(out)
-}
-
-/// This node's pods with an address after `changed`, from `before` (in
-/// key order).
-fn local_after(before: &[Arc<PodInfo>], changed: &[PodChange], node: &str) -> Vec<Arc<PodInfo>> {
-    // By key: an unchanged pod may be held as an earlier, equal object.
-    let gone: std::collections::HashSet<(&str, &str)> =
-        changed.iter().filter_map(|(was, _)| was.as_ref().map(key)).collect();
-    let mut local: Vec<Arc<PodInfo>> = before.iter().filter(|p| !gone.contains(&key(p))).cloned().collect();
-    let came = changed.iter().filter_map(|(_, is)| is.as_ref()).filter(|p| is_local(p, node));
-    local.extend(came.cloned());
-    // In key order, as a pass that reads every pod lists them (the pass
-    // before may have had a hand-made cluster in another order).
-    if !local.is_sorted_by(|a, b| key(a) <= key(b)) {
-        local.sort_by(|a, b| key(a).cmp(&key(b)));
-    }
-    local
-}
 
 /// The policies that differ between `old` and `new` (as they were, as
 /// they are; None: absent). The same object, or one `same` says is equal,

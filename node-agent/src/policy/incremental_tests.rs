@@ -28,47 +28,8 @@ fn unshared(c: &Compiled) -> Vec<PodPolicy> {
 }
 
 fn set_pod(c: &mut Cluster, key: &str, change: impl FnOnce(&mut PodInfo)) {
-    let i = c.pods.iter().position(|p| p.key() == key).unwrap();
-    let mut pod = (*c.pods[i]).clone();
-    change(&mut pod);
-    c.pods[i] = Arc::new(pod);
-}
-
-#[test]
-fn the_walk_reads_changed_pods_only_and_finds_a_new_pod_out_of_order() {
-    let pod = |ns: &str, name: &str, node: &str| {
-        Arc::new(PodInfo {
-            namespace: ns.into(),
-            name: name.into(),
-            labels: Default::default(),
-            ips: vec!["10.0.0.1".parse().unwrap()],
-            node: node.into(),
-            ports: Vec::new(),
-        })
-    };
-    let (a, b, c) = (pod("n", "a", NODE), pod("n", "b", "other"), pod("n", "c", NODE));
-    let old = vec![Arc::clone(&a), Arc::clone(&b), Arc::clone(&c)];
-    // b moves to this node; d comes, in order.
-    let (b2, d) = (pod("n", "b", NODE), pod("n", "d", "other"));
-    let new = vec![Arc::clone(&a), Arc::clone(&b2), Arc::clone(&c), Arc::clone(&d)];
-    let changed = changed_pods(&old, &new).expect("in key order");
-    assert_eq!(changed.len(), 2);
-    let local = local_after(&[Arc::clone(&a), Arc::clone(&c)], &changed, NODE);
-    let names: Vec<&str> = local.iter().map(|p| p.name.as_str()).collect();
-    assert_eq!(names, ["a", "b", "c"], "b is local now, in key order");
-    // A new pod out of order, or the same pods in another order: found.
-    let misplaced = vec![Arc::clone(&a), Arc::clone(&d), Arc::clone(&b), Arc::clone(&c)];
-    assert!(changed_pods(&old, &misplaced).is_none());
-    let swapped = vec![Arc::clone(&b), Arc::clone(&a), Arc::clone(&c)];
-    assert!(changed_pods(&old, &swapped).is_none());
-    // Every pod a new object with the same content (a relist): no change.
-    let relisted: Vec<_> = old.iter().map(|p| Arc::new((**p).clone())).collect();
-    assert_eq!(changed_pods(&old, &relisted).map(|c| c.len()), Some(0));
-    // The pass after that one: its local pods are still the earlier
-    // objects, and a change of one replaces it, not adds to it.
-    let moved = pod("n", "a", NODE);
-    let changed = [(Some(Arc::clone(&relisted[0])), Some(moved))];
-    assert_eq!(local_after(&[Arc::clone(&a), Arc::clone(&c)], &changed, NODE).len(), 2);
+    let (ns, name) = key.split_once('/').unwrap();
+    change(Arc::make_mut(c.pods.get_mut(ns, name).unwrap()));
 }
 
 /// The local pods of `cluster()` with an address: prod/web, prod/db, dev/tool.
@@ -133,8 +94,7 @@ fn a_peer_s_change_recompiles_only_the_pods_whose_rules_name_it() {
         (1, false),
         "dev/tool itself, under no policy still; a dev pod is no peer of a prod-only rule"
     );
-    let gone = c.pods.iter().position(|p| p.key() == "prod/cache").unwrap();
-    c.pods.remove(gone);
+    c.pods.remove("prod", "cache");
     assert_eq!(pass(&mut inc, &c), 1, "prod/db only");
 }
 
@@ -243,6 +203,11 @@ fn change() -> impl Strategy<Value = Change> {
     ]
 }
 
+/// A copy of the pod `i` picks in `c`.
+fn nth_pod(c: &Cluster, i: &Index) -> PodInfo {
+    c.pods.iter().nth(i.index(c.pods.len())).map(|p| (**p).clone()).unwrap()
+}
+
 fn apply(c: &mut Cluster, other: &Case, change: &Change, step: usize) {
     fn upsert<K: kube::Resource>(list: &mut Vec<Arc<K>>, p: K) {
         let key = |p: &K| (p.meta().namespace.clone(), p.meta().name.clone());
@@ -253,19 +218,19 @@ fn apply(c: &mut Cluster, other: &Case, change: &Change, step: usize) {
     }
     match change {
         Change::Pod(i, j) if !c.pods.is_empty() => {
-            let (i, from) = (i.index(c.pods.len()), j.get(&other.pods));
-            let mut pod = (*c.pods[i]).clone();
+            let (mut pod, from) = (nth_pod(c, i), j.get(&other.pods));
             (pod.labels, pod.ips, pod.node, pod.ports) =
                 (from.labels.clone(), from.ips.clone(), from.node.clone(), from.ports.clone());
-            c.pods[i] = Arc::new(pod);
+            c.pods.insert(Arc::new(pod));
         }
         Change::RemovePod(i) if !c.pods.is_empty() => {
-            c.pods.remove(i.index(c.pods.len()));
+            let pod = nth_pod(c, i);
+            c.pods.remove(&pod.namespace, &pod.name);
         }
         Change::AddPod(j) => {
             let mut pod = j.get(&other.pods).clone();
             pod.name = format!("added{step}");
-            c.pods.push(Arc::new(pod));
+            c.pods.insert(Arc::new(pod));
         }
         Change::Namespace(i, j) if !c.namespaces.is_empty() => {
             let names: Vec<String> = c.namespaces.keys().cloned().collect();
@@ -315,16 +280,8 @@ proptest! {
         start in props::case(),
         other in props::case(),
         changes in prop::collection::vec(change(), 1..8),
-        // As the watch keeps them: then a pass reads only the changed pods.
-        in_key_order in any::<bool>(),
     ) {
-        let sort = |c: &mut Cluster| {
-            if in_key_order {
-                c.pods.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
-            }
-        };
         let mut c = start.cluster();
-        sort(&mut c);
         let mut inc = Incremental::new(props::NODE);
         let mut before = inc.compile(&Arc::new(c.clone()));
         prop_assert!(before.full);
@@ -333,7 +290,6 @@ proptest! {
         renderer.render(&before.pods);
         for (step, ch) in changes.iter().enumerate() {
             apply(&mut c, &other, ch, step);
-            sort(&mut c);
             let out = inc.compile(&Arc::new(c.clone()));
             let full = compile(&c, props::NODE);
             prop_assert_eq!(unshared(&out), full.clone(), "after {:?}", ch);

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use k8s_openapi::api::networking::v1 as netv1;
 pub use weft_api::standard_policy::{MAX_COST, MAX_NODE_COST, standard_cost};
 
-use super::model::{Cluster, policy_types, selects};
+use super::model::{Cluster, PodInfo, policy_types, selects};
 
 /// A standard policy refused for this node's bound.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -23,16 +23,15 @@ pub struct NodeRefusal {
     pub before: u64,
 }
 
-/// Refuses in `cluster` the standard policies past `node`'s bound and
-/// returns them. Each policy that selects a pod of the node counts its
+/// Refuses in `cluster` the standard policies past the bound of the node
+/// whose pods are `local` and returns them. Each policy that selects a pod of the node counts its
 /// cost, oldest first (creation time, then namespace and name), so new
 /// policies never push out older ones; a refused policy costs nothing,
 /// and so does one over the per-policy bound (refused everywhere).
-pub fn enforce_node_bound(cluster: &mut Cluster, node: &str) -> Vec<NodeRefusal> {
+pub fn enforce_node_bound(cluster: &mut Cluster, local: &[Arc<PodInfo>]) -> Vec<NodeRefusal> {
     // Cheap first: the policies of namespaces with a local pod, each costed
     // once (a cost walks every except of the policy).
-    let local_namespaces: HashSet<&str> =
-        cluster.pods.iter().filter(|p| p.node == node).map(|p| p.namespace.as_str()).collect();
+    let local_namespaces: HashSet<&str> = local.iter().map(|p| p.namespace.as_str()).collect();
     let costed: Vec<(usize, u64)> = cluster
         .standard
         .iter()
@@ -46,7 +45,7 @@ pub fn enforce_node_bound(cluster: &mut Cluster, node: &str) -> Vec<NodeRefusal>
     let selects_local = |p: &netv1::NetworkPolicy| {
         let (Some(ns), Some(spec)) = (p.metadata.namespace.as_deref(), p.spec.as_ref()) else { return false };
         let Some(sel) = spec.pod_selector.as_ref() else { return true };
-        cluster.pods.iter().any(|pod| pod.node == node && selects(ns, sel, pod))
+        local.iter().any(|pod| selects(ns, sel, pod))
     };
     let mut order: Vec<(usize, u64)> =
         costed.into_iter().filter(|(i, _)| selects_local(&cluster.standard[*i])).collect();
@@ -120,6 +119,12 @@ mod tests {
     use super::*;
     use crate::policy::model::tests::{NODE, cluster, std_policy};
     use crate::policy::model::{Proto, admits, compile};
+    use crate::policy::pods::LocalPods;
+
+    /// `c`'s pods on `node` (with an address).
+    fn local(c: &Cluster, node: &str) -> Vec<Arc<PodInfo>> {
+        LocalPods::new(node).follow(&c.pods).0.to_vec()
+    }
 
     #[test]
     fn a_refused_policy_isolates_its_pods_and_admits_nothing() {
@@ -157,7 +162,8 @@ mod tests {
         assert!(policies.iter().all(|p| standard_cost(p.spec.as_ref().unwrap()) <= MAX_COST));
         policies.reverse();
         c.standard = policies;
-        let refused = enforce_node_bound(&mut c, NODE);
+        let here = local(&c, NODE);
+        let refused = enforce_node_bound(&mut c, &here);
         // p10 is the oldest (00:00:49) and p00 the newest (00:00:59).
         assert_eq!(refused.iter().map(|r| r.name.as_str()).collect::<Vec<_>>(), ["p00"], "{refused:?}");
         assert!(refused[0].before + refused[0].cost > MAX_NODE_COST);
@@ -171,15 +177,16 @@ mod tests {
         assert!(!admits(ingress, from, Proto::Tcp, 1000), "the refused policy's port is not");
         // Enforcing again is stable: the refused form costs nothing.
         let mut again = c.clone();
-        assert!(enforce_node_bound(&mut again, NODE).is_empty());
+        assert!(enforce_node_bound(&mut again, &here).is_empty());
     }
 
     #[test]
     fn policies_that_select_no_pod_of_the_node_cost_it_nothing() {
         let mut c = cluster();
         c.standard = (0..11).map(|i| heavy(&format!("p{i:02}"), "2026-01-01T00:00:00Z", 1000 + i)).collect();
-        let elsewhere = enforce_node_bound(&mut c.clone(), "another-node");
+        let elsewhere = enforce_node_bound(&mut c.clone(), &local(&c, "another-node"));
         assert!(elsewhere.is_empty(), "{elsewhere:?}");
-        assert_eq!(enforce_node_bound(&mut c, NODE).len(), 1);
+        let here = local(&c, NODE);
+        assert_eq!(enforce_node_bound(&mut c, &here).len(), 1);
     }
 }

@@ -2,7 +2,8 @@
 //! (`weft.dev/v1alpha1`) NetworkPolicies compiled into the `policy` part of
 //! Weft's nftables table for this node's pods (see docs/network-policy.md).
 //!
-//! `caches` is the view of the API, `model` the semantics (pure),
+//! `caches` is the view of the API, `pods` the pods a pass sees (shared
+//! with the cache), `model` the semantics (pure),
 //! `incremental` recompiles only what a change affects (pure), `render` the
 //! nftables representation (pure), `limits` the bounds on what policies may
 //! compile to, `sync` the watch-and-apply loop, `report` its failures as a
@@ -21,6 +22,7 @@ pub mod incremental;
 pub mod limits;
 pub mod metrics;
 pub mod model;
+pub mod pods;
 pub mod render;
 pub mod report;
 pub mod sync;

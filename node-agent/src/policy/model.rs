@@ -26,6 +26,7 @@ use weft_api::network_policy as wnp;
 use weft_api::{selector, standard_policy};
 
 use super::addr_ranges::{self, Range};
+pub use super::pods::Pods;
 use cluster::Tiers;
 
 #[path = "model_cluster.rs"]
@@ -77,10 +78,10 @@ pub struct NodeInfo {
 /// Everything the agent knows of the cluster.
 #[derive(Clone, Debug, Default)]
 pub struct Cluster {
-    /// Pods with a pod-network address (host-network and finished pods are left out by the caller).
-    /// Shared with the agent's cache of them, which reuses a pod's entry
-    /// until the pod changes.
-    pub pods: Vec<Arc<PodInfo>>,
+    /// Pods with a pod-network address (host-network and finished pods are
+    /// left out by the caller), by namespace and name. Shared with the
+    /// agent's cache of them, which reuses a pod's entry until it changes.
+    pub pods: Pods,
     /// Namespace name → labels.
     pub namespaces: BTreeMap<String, BTreeMap<String, String>>,
     /// Shared with the watch caches: a pass copies no policy.
@@ -362,22 +363,28 @@ struct View<'a> {
     /// named egress port depend on the destination pods only, not on the
     /// selected pod), and kept across passes by the incremental compile.
     cache: RefCell<PeerCache>,
-    /// Pods by namespace: a peer is looked for only in the namespaces it can
-    /// match, not among every pod of the cluster (built on first use: a
-    /// pass that compiles no pod needs none).
+    /// Every pod, and every pod by namespace (built on first use: most
+    /// passes need neither, and a walk of the pods' map costs ten times one
+    /// of a `Vec`).
+    all: std::cell::OnceCell<Vec<&'a PodInfo>>,
     by_ns: std::cell::OnceCell<HashMap<&'a str, Vec<&'a PodInfo>>>,
 }
 
 impl<'a> View<'a> {
     fn new(cluster: &'a Cluster, cache: PeerCache) -> Self {
-        View { cluster, no_labels: BTreeMap::new(), cache: RefCell::new(cache), by_ns: std::cell::OnceCell::new() }
+        let (all, by_ns) = (std::cell::OnceCell::new(), std::cell::OnceCell::new());
+        View { cluster, no_labels: BTreeMap::new(), cache: RefCell::new(cache), all, by_ns }
+    }
+
+    fn all(&self) -> &[&'a PodInfo] {
+        self.all.get_or_init(|| self.cluster.pods.iter().map(Arc::as_ref).collect())
     }
 
     fn by_ns(&self) -> &HashMap<&'a str, Vec<&'a PodInfo>> {
         self.by_ns.get_or_init(|| {
             let mut by_ns: HashMap<&str, Vec<&PodInfo>> = HashMap::new();
-            for pod in &self.cluster.pods {
-                by_ns.entry(pod.namespace.as_str()).or_default().push(pod.as_ref());
+            for pod in self.all() {
+                by_ns.entry(pod.namespace.as_str()).or_default().push(pod);
             }
             by_ns
         })
@@ -385,14 +392,23 @@ impl<'a> View<'a> {
 
     /// The pods `peer` could match: those of the policy's namespace, or of
     /// the namespaces its namespace selector matches (then checked in full).
+    /// A namespace's pods are a range of the pods' map, found without
+    /// reading the others.
     fn candidates(&self, ns: Option<&LabelSelector>, policy_ns: &str) -> Vec<&'a PodInfo> {
+        let pods = &self.cluster.pods;
         match ns {
-            None => self.by_ns().get(policy_ns).cloned().unwrap_or_default(),
-            Some(sel) => self
+            None => pods.in_namespace(policy_ns).map(Arc::as_ref).collect(),
+            // Matching a namespace without labels, it matches the pods of
+            // namespaces the cluster does not list as well: all are read.
+            Some(sel) if selector::matches(sel, &self.no_labels) => self
                 .by_ns()
                 .iter()
                 .filter(|(name, _)| selector::matches(sel, self.ns_labels(name)))
                 .flat_map(|(_, pods)| pods.iter().copied())
+                .collect(),
+            Some(sel) => (self.cluster.namespaces.iter())
+                .filter(|(_, labels)| selector::matches(sel, labels))
+                .flat_map(|(name, _)| pods.in_namespace(name).map(Arc::as_ref))
                 .collect(),
         }
     }
@@ -438,10 +454,9 @@ impl<'a> View<'a> {
     /// of each that the peers match, for named egress ports.
     fn peer_pods(&self, peers: &PeerSpec<'_>) -> Vec<(&'a PodInfo, Vec<IpAddr>)> {
         let (policy_ns, peers) = (peers.own_ns.unwrap_or_default(), &peers.list);
-        self.cluster
-            .pods
+        self.all()
             .iter()
-            .map(Arc::as_ref)
+            .copied()
             .map(|pod| {
                 let addrs = match peers.is_empty() {
                     true => pod.ips.clone(),

@@ -94,7 +94,7 @@ fn empty_pod_selector_selects_every_pod_of_its_namespace_only() {
     c.standard.push(std_policy("prod", "deny-all", json!({"podSelector": {}})));
     let compiled = compile(&c, NODE);
     let keys: Vec<&str> = compiled.iter().map(|p| p.key.as_str()).collect();
-    assert_eq!(keys, ["prod/web", "prod/db"], "local prod pods only; dev/tool stays open");
+    assert_eq!(keys, ["prod/db", "prod/web"], "local prod pods only; dev/tool stays open");
     assert!(!ing(&c, "prod/web", "10.0.1.3", 80));
     assert!(ing(&c, "dev/tool", "10.0.1.1", 80));
     // policyTypes defaults to Ingress only: egress stays open.
@@ -305,10 +305,10 @@ fn egress_peers_and_ports() {
 #[test]
 fn only_local_pods_with_addresses_get_chains() {
     let mut c = cluster();
-    c.pods.push(std::sync::Arc::new(PodInfo { ips: vec![], ..pod("prod", "pending", &[], "0.0.0.0", NODE) }));
+    c.pods.insert(std::sync::Arc::new(PodInfo { ips: vec![], ..pod("prod", "pending", &[], "0.0.0.0", NODE) }));
     c.standard.push(std_policy("prod", "p", json!({"podSelector": {}})));
     let keys: Vec<String> = compile(&c, NODE).into_iter().map(|p| p.key).collect();
-    assert_eq!(keys, ["prod/web", "prod/db"]);
+    assert_eq!(keys, ["prod/db", "prod/web"]);
     let keys: Vec<String> = compile(&c, "n2").into_iter().map(|p| p.key).collect();
     assert_eq!(keys, ["prod/cache"]);
 }
@@ -322,9 +322,9 @@ fn label_changes_move_pods_in_and_out() {
         json!({"podSelector": {"matchLabels": {"app": "db"}}, "ingress": [{"from": [{"podSelector": {"matchLabels": {"role": "client"}}}]}]}),
     ));
     assert!(!ing(&c, "prod/db", "10.0.1.1", 1));
-    std::sync::Arc::make_mut(&mut c.pods[0]).labels.insert("role".into(), "client".into());
+    std::sync::Arc::make_mut(c.pods.get_mut("prod", "web").unwrap()).labels.insert("role".into(), "client".into());
     assert!(ing(&c, "prod/db", "10.0.1.1", 1), "peer gained the label");
-    std::sync::Arc::make_mut(&mut c.pods[1]).labels.insert("app".into(), "db2".into());
+    std::sync::Arc::make_mut(c.pods.get_mut("prod", "db").unwrap()).labels.insert("app".into(), "db2".into());
     assert!(compile(&c, NODE).is_empty(), "no longer selected");
 }
 
@@ -424,12 +424,12 @@ fn re_addressed_and_deleted_pods_update_peers_and_chains() {
         json!({"podSelector": {"matchLabels": {"app": "db"}}, "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "web"}}}]}]}),
     ));
     assert!(ing(&c, "prod/db", "10.0.1.1", 1));
-    std::sync::Arc::make_mut(&mut c.pods[0]).ips = vec![ip("10.0.3.7")];
+    std::sync::Arc::make_mut(c.pods.get_mut("prod", "web").unwrap()).ips = vec![ip("10.0.3.7")];
     assert!(!ing(&c, "prod/db", "10.0.1.1", 1), "the old address is no peer any more");
     assert!(ing(&c, "prod/db", "10.0.3.7", 1));
-    std::sync::Arc::make_mut(&mut c.pods[1]).ips = vec![ip("10.0.1.20")];
+    std::sync::Arc::make_mut(c.pods.get_mut("prod", "db").unwrap()).ips = vec![ip("10.0.1.20")];
     assert_eq!(compile(&c, NODE)[0].ips, [ip("10.0.1.20")], "the chain follows the selected pod's new address");
-    c.pods.remove(0);
+    c.pods.remove("prod", "web");
     assert!(!ing(&c, "prod/db", "10.0.3.7", 1), "a deleted pod is no peer");
 }
 
@@ -458,12 +458,17 @@ fn equal_peer_specs_in_two_namespaces_resolve_to_each_namespace_s_pods() {
 /// `cluster()` with an IPv6 address on every pod: `fd00::<IPv4's last two octets>`.
 fn dual_stack_cluster() -> Cluster {
     let mut c = cluster();
-    for p in &mut c.pods {
-        let p = std::sync::Arc::make_mut(p);
-        let IpAddr::V4(v4) = p.ips[0] else { unreachable!() };
-        let [_, _, a, b] = v4.octets();
-        p.ips.push(IpAddr::V6(std::net::Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, u16::from(a), u16::from(b))));
-    }
+    c.pods = c
+        .pods
+        .iter()
+        .map(|p| {
+            let mut p = (**p).clone();
+            let IpAddr::V4(v4) = p.ips[0] else { unreachable!() };
+            let [_, _, a, b] = v4.octets();
+            p.ips.push(IpAddr::V6(std::net::Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, u16::from(a), u16::from(b))));
+            std::sync::Arc::new(p)
+        })
+        .collect();
     c
 }
 
@@ -520,7 +525,7 @@ fn a_named_egress_port_through_a_block_admits_only_the_addresses_inside_it() {
 #[test]
 fn a_pod_with_only_an_ipv6_address_is_a_peer_and_gets_chains() {
     let mut c = cluster();
-    c.pods.push(std::sync::Arc::new(pod("prod", "v6", &[("app", "web")], "fd00::9", NODE)));
+    c.pods.insert(std::sync::Arc::new(pod("prod", "v6", &[("app", "web")], "fd00::9", NODE)));
     c.standard.push(std_policy(
         "prod",
         "db-from-web",

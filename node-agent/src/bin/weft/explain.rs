@@ -156,10 +156,8 @@ async fn read_cluster(client: &Client, cluster_policies: ClusterPolicies) -> any
     } else {
         list_all(&Api::<Node>::all(client.clone()), "nodes").await?
     };
-    let mut pods: Vec<Arc<PodInfo>> = pods.iter().filter_map(pod_info).map(Arc::new).collect();
-    pods.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
     Ok(Cluster {
-        pods,
+        pods: pods.iter().filter_map(pod_info).map(Arc::new).collect(),
         namespaces: namespace_labels(&namespaces),
         standard: standard.into_iter().map(Arc::new).collect(),
         weft: valid_weft(weft.into_iter().map(Arc::new).collect()),
@@ -176,8 +174,7 @@ fn resolve<'c>(cluster: &'c Cluster, from: &Target, to: &Target) -> anyhow::Resu
     let pod_of = |t: &Target| -> anyhow::Result<Option<&'c PodInfo>> {
         Ok(match t {
             Target::Pod { namespace, name } => {
-                let pod = cluster.pods.iter().find(|p| &p.namespace == namespace && &p.name == name);
-                let pod = pod.with_context(|| {
+                let pod = cluster.pods.get(namespace, name).with_context(|| {
                     format!("pod {namespace}/{name} not found on the pod network (absent, host-network or finished)")
                 })?;
                 if pod.ips.is_empty() {
@@ -286,7 +283,8 @@ mod tests {
     #[test]
     fn ends_resolve_to_addresses_of_one_family() {
         let c = Cluster {
-            pods: vec![pod("a", "web", &["10.0.0.1", "fd00::1"]), pod("a", "v6", &["fd00::2"]), pod("a", "new", &[])],
+            pods: vec![pod("a", "web", &["10.0.0.1", "fd00::1"]), pod("a", "v6", &["fd00::2"]), pod("a", "new", &[])]
+                .into(),
             ..Cluster::default()
         };
         let web = Target::Pod { namespace: "a".into(), name: "web".into() };
