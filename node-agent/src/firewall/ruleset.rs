@@ -549,6 +549,11 @@ pub fn diff(have: &Observed, want: &Part) -> Vec<Op> {
                 &BTreeMap::new()
             }
         };
+        // Most sets are as they were: one walk of both in order tells,
+        // a fraction of a lookup per element.
+        if *elements == set.elements {
+            continue;
+        }
         let gone: Vec<Key> = elements.iter().filter(|(k, v)| set.elements.get(k) != Some(v)).map(|(k, _)| *k).collect();
         let new: Vec<(Key, Option<String>)> =
             set.elements.iter().filter(|(k, v)| elements.get(k) != Some(v)).map(|(k, v)| (*k, v.clone())).collect();
