@@ -31,8 +31,10 @@ const CONCURRENCY: usize = 64;
 /// How long one write may take before it counts as failed.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Changes that arrive together (a pod's labels and its address) are
-/// published by one pass.
-const SETTLE: Duration = Duration::from_millis(5);
+/// published by one pass. Short: every label change through PodEndpoints
+/// waits for it, and changes that come while a pass writes are taken by
+/// the next pass anyway (1 ms, as the agent's debounce; it was 5).
+const SETTLE: Duration = Duration::from_millis(1);
 
 /// A pod as its endpoint should say it: the endpoint's owner and content.
 #[derive(Clone, Debug, PartialEq, Eq)]
