@@ -203,6 +203,14 @@ fn a_restarted_agent_hands_out_fresh_addresses_and_a_reused_one_is_reached_at_on
     wait::until("the restarted agent", Duration::from_secs(30), || weft.status().success.then_some(()));
     let last: std::net::Ipv4Addr = ip_a.parse().expect("pod address");
     let next = std::net::Ipv4Addr::from(u32::from(last) + 1).to_string();
+    // The bridge lost its carrier with its last port. The kernel flushes
+    // its neighbours for that later, off the request path (link watch,
+    // which sets the operational state too): wait for it, or the flush
+    // could come after the entries below and take the new pod's as well.
+    wait::until("the bridge without ports to be down", Duration::from_secs(10), || {
+        let state = n.ns.ip(&["-br", "link", "show", "weft0"]);
+        (state.split_whitespace().nth(1) == Some("DOWN")).then_some(())
+    });
     // Whatever a previous holder of the next address left on the bridge:
     // an entry the kernel still believes, with another MAC.
     n.ns.ip(&["neigh", "replace", &next, "lladdr", "02:00:00:00:00:99", "dev", "weft0", "nud", "reachable"]);

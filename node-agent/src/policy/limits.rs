@@ -24,10 +24,11 @@ pub struct NodeRefusal {
 }
 
 /// Refuses in `cluster` the standard policies past the bound of the node
-/// whose pods are `local` and returns them. Each policy that selects a pod of the node counts its
-/// cost, oldest first (creation time, then namespace and name), so new
-/// policies never push out older ones; a refused policy costs nothing,
-/// and so does one over the per-policy bound (refused everywhere).
+/// whose pods are `local`, and returns them. Each policy that selects a
+/// pod of the node counts its cost, oldest first (creation time, then
+/// namespace and name), so new policies never push out older ones; a
+/// refused policy costs nothing, and so does one over the per-policy
+/// bound (refused everywhere).
 pub fn enforce_node_bound(cluster: &mut Cluster, local: &[Arc<PodInfo>]) -> Vec<NodeRefusal> {
     // Cheap first: the policies of namespaces with a local pod, each costed
     // once (a cost walks every except of the policy).

@@ -1,9 +1,10 @@
 //! The cluster's pods as a pass sees them: a persistent map by (namespace,
 //! name), shared with the watch's cache. Taking a pass's snapshot, finding
-//! what changed since the pass before and dropping the snapshot it replaces each
-//! touch only the parts of the map that differ, not every pod: at 50,000
-//! pods a copy as a `Vec` touched each one (its reference count) three
-//! times per pass, milliseconds of cache misses on a loaded node.
+//! what changed since the pass before, and dropping the snapshot it
+//! replaces each touch only the parts of the map that differ, not every
+//! pod: at 50,000 pods a copy as a `Vec` touched each one (its reference
+//! count) three times per pass, milliseconds of cache misses on a loaded
+//! node.
 
 use std::sync::Arc;
 
@@ -97,12 +98,12 @@ impl Pods {
 #[derive(Debug)]
 pub struct LocalPods {
     node: String,
-    /// The snapshot the last call followed, and its local pods by key.
+    /// The snapshot the last call followed, and its local pods in key order.
     last: Option<(Pods, Vec<Arc<PodInfo>>)>,
 }
 
 /// Whether `pod` is on `node` and has an address (it gets rules then).
-pub fn is_local(pod: &PodInfo, node: &str) -> bool {
+fn is_local(pod: &PodInfo, node: &str) -> bool {
     pod.node == node && !pod.ips.is_empty()
 }
 
