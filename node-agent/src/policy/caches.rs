@@ -309,8 +309,12 @@ pub fn with_attached(pods: &mut Pods, node: &str, taken: &Taken) -> Vec<String> 
     let mut found = Vec::new();
     for (key, entry) in &taken.pods {
         let Some((namespace, name)) = key.split_once('/') else { continue };
-        let Some(pod) = pods.get_mut(namespace, name).filter(|p| p.node == node) else { continue };
-        if pod.ips != entry.ips {
+        let Some(pod) = pods.get(namespace, name).filter(|p| p.node == node) else { continue };
+        // Only a pod whose addresses differ is changed: a change copies
+        // its path of the map, which the next pass's comparison then reads.
+        if pod.ips != entry.ips
+            && let Some(pod) = pods.get_mut(namespace, name)
+        {
             Arc::make_mut(pod).ips = entry.ips.clone();
         }
         found.push(key.clone());
