@@ -27,7 +27,9 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use nix::sched::{CloneFlags, setns};
 use serde_json::json;
 use weft_api::cluster_network_policy::ClusterNetworkPolicy;
-use weft_e2e::bench_agent::{KillOnDrop, METRICS_ADDR, POLL, metric, metrics, next_sync, percentile, rss_mib, syncs};
+use weft_e2e::bench_agent::{
+    KillOnDrop, METRICS_ADDR, POLL, Synced, metric, metrics, next_sync, percentile, rss_mib, syncs,
+};
 use weft_e2e::control_plane::{ControlPlane, Options, install_crds, tools_dir, tools_present};
 use weft_e2e::netns::Netns;
 use weft_e2e::{bins, wait};
@@ -254,7 +256,7 @@ async fn bench(pods: usize, policies: usize, cluster_policies: usize, ns_path: &
             .spawn()
             .expect("weft-agent"),
     );
-    let (full_wall, full_sync) = next_sync((0.0, 0.0), started);
+    let Synced { written: full_wall, passes: full_sync, .. } = next_sync((0.0, 0.0), started);
     let m = metrics();
     let rules = metric(&m, "weft_agent_policy_rules ");
     // (`policy_ipsets` in agents before the nftables engine.)
@@ -271,9 +273,9 @@ async fn bench(pods: usize, policies: usize, cluster_policies: usize, ns_path: &
         let t = Instant::now();
         let patch = json!({"spec": policy(0, 81 + i as u16).spec});
         api.patch("np0", &PatchParams::default(), &Patch::Merge(&patch)).await.expect("patch policy");
-        let (wall, pass) = next_sync(before, t);
-        policy_changes.push(wall);
-        policy_passes.push(Duration::from_secs_f64(pass));
+        let synced = next_sync(before, t);
+        policy_changes.push(synced.written);
+        policy_passes.push(Duration::from_secs_f64(synced.passes));
     }
 
     // ClusterNetworkPolicy changes: another port in the Deny of cnp0 (Admin,
@@ -285,7 +287,7 @@ async fn bench(pods: usize, policies: usize, cluster_policies: usize, ns_path: &
         let t = Instant::now();
         let patch = json!({"spec": cluster_policy(0, 9001 + i as u16).spec});
         cnps.patch("cnp0", &PatchParams::default(), &Patch::Merge(&patch)).await.expect("patch ClusterNetworkPolicy");
-        cluster_changes.push(next_sync(before, t).0);
+        cluster_changes.push(next_sync(before, t).written);
     }
 
     // Pod label changes: a local pod moves between two apps (other chains;
@@ -298,9 +300,9 @@ async fn bench(pods: usize, policies: usize, cluster_policies: usize, ns_path: &
         let app = if i % 2 == 0 { "a9" } else { "a0" };
         let relabel = json!({"metadata": {"labels": {"app": app, "tier": "t2"}}});
         pods_api.patch("p0", &PatchParams::default(), &Patch::Merge(&relabel)).await.expect("label pod");
-        let (wall, pass) = next_sync(before, t);
-        label_changes.push(wall);
-        label_passes.push(Duration::from_secs_f64(pass));
+        let synced = next_sync(before, t);
+        label_changes.push(synced.written);
+        label_passes.push(Duration::from_secs_f64(synced.passes));
     }
     let rss_after = rss_mib(agent.0.id());
     let rules_after = metric(&metrics(), "weft_agent_policy_rules ");
@@ -331,7 +333,7 @@ async fn bench(pods: usize, policies: usize, cluster_policies: usize, ns_path: &
         let t = Instant::now();
         let patch = json!({"spec": policy(20, 81 + i as u16).spec});
         other.patch("np20", &PatchParams::default(), &Patch::Merge(&patch)).await.expect("patch policy");
-        other_changes.push(next_sync(before, t).0);
+        other_changes.push(next_sync(before, t).written);
     }
     let rss_attack = rss_mib(agent.0.id());
     let under_attack = metrics();

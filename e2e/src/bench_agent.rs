@@ -4,7 +4,7 @@
 
 use std::io::{Read, Write};
 use std::process::Child;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::wait;
 
@@ -47,22 +47,50 @@ pub fn metric(text: &str, line_start: &str) -> f64 {
 
 /// (applied syncs, sync seconds sum).
 pub fn syncs() -> (f64, f64) {
-    let m = metrics();
+    syncs_in(&metrics())
+}
+
+fn syncs_in(m: &str) -> (f64, f64) {
     (
-        metric(&m, "weft_agent_policy_syncs_total{result=\"applied\"}"),
-        metric(&m, "weft_agent_policy_sync_duration_seconds_sum"),
+        metric(m, "weft_agent_policy_syncs_total{result=\"applied\"}"),
+        metric(m, "weft_agent_policy_sync_duration_seconds_sum"),
     )
 }
 
-/// Waits for the next applied sync after `before`; returns (wall time since
-/// `started`, the time of every pass the agent ran since `before`,
-/// unchanged ones included).
-pub fn next_sync(before: (f64, f64), started: Instant) -> (Duration, f64) {
-    let after = wait::until_every("the agent to apply a sync", Duration::from_secs(300), POLL, || {
-        let now = syncs();
-        (now.0 > before.0).then_some(now)
+/// An applied sync, timed from the change that caused it.
+#[derive(Clone, Copy, Debug)]
+pub struct Synced {
+    /// To the pass's kernel write, by the agent's own clock
+    /// (`weft_agent_policy_last_write_timestamp_seconds`): what a change
+    /// costs. An agent without the metric gives `seen`.
+    pub written: Duration,
+    /// To the poll that saw it (up to [`POLL`] later: how earlier figures
+    /// were taken).
+    pub seen: Duration,
+    /// The time of every pass the agent ran meanwhile, unchanged ones
+    /// included, seconds.
+    pub passes: f64,
+}
+
+/// Waits for the next applied sync after `before` (the change was made at
+/// `started`).
+pub fn next_sync(before: (f64, f64), started: Instant) -> Synced {
+    let started_wall = SystemTime::now() - started.elapsed();
+    let found = wait::until_every("the agent to apply a sync", Duration::from_secs(300), POLL, || {
+        let m = metrics();
+        let now = syncs_in(&m);
+        (now.0 > before.0)
+            .then(|| (started.elapsed(), now.1, metric(&m, "weft_agent_policy_last_write_timestamp_seconds ")))
     });
-    (started.elapsed(), after.1 - before.1)
+    let (seen, passes, written) = found;
+    Synced { written: to_write(started_wall, written).unwrap_or(seen).min(seen), seen, passes: passes - before.1 }
+}
+
+/// From `started` to the agent's write at Unix time `written` (seconds);
+/// None when the agent gave no time (0) or one before `started`.
+fn to_write(started: SystemTime, written: f64) -> Option<Duration> {
+    let written = UNIX_EPOCH.checked_add(Duration::try_from_secs_f64(written).ok().filter(|d| !d.is_zero())?)?;
+    written.duration_since(started).ok()
 }
 
 /// A process's resident memory, MiB (0 when it is gone).
@@ -115,6 +143,15 @@ mod tests {
         assert_eq!(metric(text, "weft_agent_policy_rules "), 12.0);
         assert_eq!(metric(text, "weft_agent_policy_syncs_total{result=\"applied\"}"), 3.0);
         assert_eq!(metric(text, "weft_agent_nothing "), 0.0);
+    }
+
+    #[test]
+    fn a_change_is_timed_to_the_agents_write_when_it_gives_one() {
+        let started = UNIX_EPOCH + Duration::from_secs(1_000);
+        assert_eq!(to_write(started, 1_000.012), Some(Duration::from_secs_f64(1_000.012) - Duration::from_secs(1_000)));
+        assert_eq!(to_write(started, 0.0), None, "no write yet");
+        assert_eq!(to_write(started, 999.5), None, "a write before the change");
+        assert_eq!(to_write(started, f64::NAN), None);
     }
 
     #[test]

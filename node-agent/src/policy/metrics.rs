@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
+use std::sync::atomic::AtomicU64;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -48,6 +49,8 @@ pub struct PolicyMetrics {
     pub refused: Gauge,
     pub syncs: Family<ResultLabels, Counter>,
     pub sync_duration: Histogram,
+    /// Unix time at which the last pass that changed the rules wrote them.
+    pub last_write: Gauge<f64, AtomicU64>,
     pub dropped: Family<DropLabels, Counter>,
     pub packets: Family<VerdictLabels, Counter>,
     pub bytes: Family<VerdictLabels, Counter>,
@@ -69,6 +72,7 @@ impl PolicyMetrics {
             syncs: Family::default(),
             // 1 ms .. ~33 s
             sync_duration: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
+            last_write: Gauge::default(),
             dropped: Family::default(),
             packets: Family::default(),
             bytes: Family::default(),
@@ -94,6 +98,12 @@ impl PolicyMetrics {
             "Time to compute and apply the policy rules (full sync)",
             Unit::Seconds,
             m.sync_duration.clone(),
+        );
+        registry.register_with_unit(
+            "policy_last_write_timestamp",
+            "Unix time at which the last policy pass that changed the rules wrote them to the kernel (a change is in force from then)",
+            Unit::Seconds,
+            m.last_write.clone(),
         );
         registry.register(
             "policy_dropped_packets",

@@ -10,7 +10,7 @@
 //! differs, so a missed event or a tampered rule is repaired by the next one.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use kube::Client;
 
@@ -124,6 +124,8 @@ struct Applied {
     /// From the start of the pass to the rules computed.
     computed: Duration,
     kernel: Duration,
+    /// When the kernel call returned (the metric of the last write).
+    at: SystemTime,
 }
 
 /// The pure part of a pass, with what it compiled and rendered last: a
@@ -301,7 +303,7 @@ impl PolicyLoop {
         // reads it; otherwise only rules that changed go to it. Pod churn
         // elsewhere in the cluster that cannot change this node's rules
         // ends here.
-        let (Some(rules), Some(Applied { result, computed, kernel })) = (want.rules.clone(), applied) else {
+        let (Some(rules), Some(Applied { result, computed, kernel, at })) = (want.rules.clone(), applied) else {
             // The rules of the pass before: applied, or (it failed) retried
             // when `kernel_due` comes, with a full compile.
             self.metrics.syncs.get_or_create(&ResultLabels { result: "unaffected" }).inc();
@@ -314,7 +316,7 @@ impl PolicyLoop {
             Ok(wrote) => wrote,
             Err(e) => return self.failed(e.to_string()),
         };
-        let timings = Timings { total: started.elapsed(), snapshot: snapshot_took, computed, kernel };
+        let timings = Timings { total: started.elapsed(), snapshot: snapshot_took, computed, kernel, at };
         // ADDs waiting for these rules answer first.
         self.attached.set_failure(None);
         self.attached.applied(&taken, covered);
@@ -375,6 +377,7 @@ impl PolicyLoop {
                 let applying_at = Instant::now();
                 let result = apply(&engine, rules, full, Some(&metrics));
                 let kernel = applying_at.elapsed();
+                let at = SystemTime::now();
                 // What a full pass (at the start and each resync, after a
                 // relist) allocated briefly is free now: hand it back before
                 // the pass is reported done, so the resident size then is
@@ -382,7 +385,7 @@ impl PolicyLoop {
                 if full {
                     crate::heap::release_free_memory();
                 }
-                Applied { result, computed, kernel }
+                Applied { result, computed, kernel, at }
             });
             Computed { cluster, bounds, want, applied }
         });
@@ -426,6 +429,7 @@ impl PolicyLoop {
         let result = if report.wrote { "applied" } else { "unchanged" };
         m.syncs.get_or_create(&ResultLabels { result }).inc();
         if report.wrote {
+            m.last_write.set(t.at.duration_since(UNIX_EPOCH).unwrap_or_default().as_secs_f64());
             let ms = |d: Duration| format!("{:.1}", d.as_secs_f64() * 1e3);
             tracing::info!(
                 rules = report.rules,
@@ -459,6 +463,8 @@ struct Timings {
     snapshot: Duration,
     computed: Duration,
     kernel: Duration,
+    /// When the kernel call returned.
+    at: SystemTime,
 }
 
 /// Reads the policy counters into the metrics every [`COUNTERS_EVERY`]
@@ -562,7 +568,7 @@ mod tests {
     fn pass_phases_at_bench_scale() {
         use crate::firewall::ruleset::diff;
         use crate::policy::incremental::Incremental;
-        use crate::policy::model::compile;
+        use crate::policy::model::{Compiler, PeerCache, compile};
         const NAMESPACES: usize = 50;
         let from_env =
             |name: &str, default: usize| std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default);
@@ -705,6 +711,20 @@ mod tests {
         bounds.sort_by(f64::total_cmp);
         let t_bounds = bounds[bounds.len() / 2];
         let t_copy = median(&mut |_| drop(std::hint::black_box(cluster.clone())));
+        // Two parts of every incremental pass that read every policy.
+        let t_index = median(&mut |_| {
+            std::hint::black_box(Compiler::with_cache(&cluster, PeerCache::default()));
+        });
+        let t_reach = {
+            let compiler = Compiler::with_cache(&cluster, PeerCache::default());
+            let pod = cluster.pods.iter().find(|p| p.node == "node-7").unwrap().clone();
+            let mut moved = (*pod).clone();
+            moved.labels.insert("tier".into(), "t1".into());
+            let labels = cluster.namespaces.get(&pod.namespace).unwrap();
+            median(&mut |_| {
+                std::hint::black_box(compiler.reach_of_rules_changed_by(Some((&pod, labels)), Some((&moved, labels))));
+            })
+        };
         let after = desired.clone();
         let t_diff = median(&mut |_| {
             let mut have = crate::firewall::ruleset::Observed::default();
@@ -760,6 +780,10 @@ mod tests {
         println!("| diff from the last applied (incl. building it) | {t_diff:.2} |");
         println!("| the per-policy and per-node bounds | {t_bounds:.2} |");
         println!("| a copy of the cluster, as a pass's snapshot, and its drop | {t_copy:.2} |");
+        println!(
+            "| the policies indexed by namespace (a pass whose policies changed; others reuse it) | {t_index:.2} |"
+        );
+        println!("| the policies whose rules a changed pod affects (each changed pod) | {t_reach:.2} |");
         if let Some((write, diff)) = kernel {
             println!(
                 "| the kernel: a label change on node-0 written (diff and one netlink transaction) | {write:.2} |"
