@@ -15,7 +15,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use super::model::{Cluster, Compiler, PeerCache, PodInNs, PodInfo, PodPolicy, Reach, name_nodes};
+use super::model::{Cluster, Compiler, PeerCache, PodInNs, PodInfo, PodPolicy, PolicyIndex, Reach, name_nodes};
 use super::pods::{LocalPods, PodChange};
 
 /// Beyond this many changed pods (counting every pod of a namespace whose
@@ -44,6 +44,8 @@ pub struct Incremental {
     last: Option<Last>,
     /// What the rules' peers resolved to in the passes before.
     peers: PeerCache,
+    /// The last pass's policies by namespace, reused while they are the same.
+    index: Option<PolicyIndex>,
 }
 
 struct Last {
@@ -56,12 +58,13 @@ struct Last {
 
 impl Incremental {
     pub fn new(node: &str) -> Self {
-        Incremental { local: LocalPods::new(node), last: None, peers: PeerCache::default() }
+        Incremental { local: LocalPods::new(node), last: None, peers: PeerCache::default(), index: None }
     }
 
     /// Forgets the last pass: the next one compiles everything.
     pub fn reset(&mut self) {
         self.last = None;
+        self.index = None;
     }
 
     /// This node's policy for `cluster`.
@@ -83,7 +86,8 @@ impl Incremental {
             Some(changes) => peers.forget_changed(&changes.versions),
             None => peers.clear(),
         }
-        let compiler = Compiler::with_cache(&cluster, peers);
+        let index = PolicyIndex::reuse_for(self.index.take(), &cluster);
+        let compiler = Compiler::with_index(&cluster, &index, peers);
         let stale = last
             .as_ref()
             .zip(changes)
@@ -113,6 +117,7 @@ impl Incremental {
         // A pod under policy that is no local pod any more.
         changed |= before.values().any(Option::is_some);
         self.peers = compiler.into_cache();
+        self.index = Some(index);
         self.last = Some(Last { cluster, pods });
         Compiled { pods: out, recompiled, full: stale.is_none(), changed }
     }

@@ -31,9 +31,12 @@ use cluster::Tiers;
 
 #[path = "model_cluster.rs"]
 mod cluster;
+#[path = "model_index.rs"]
+mod index;
 #[path = "model_peer_cache.rs"]
 mod peer_cache;
 pub use cluster::name_nodes;
+pub use index::PolicyIndex;
 pub use peer_cache::PeerCache;
 
 pub use crate::firewall::ruleset::Proto;
@@ -637,13 +640,27 @@ pub fn selects(namespace: &str, sel: &LabelSelector, pod: &PodInfo) -> bool {
 /// by namespace once, the peer caches shared by every pod compiled.
 pub struct Compiler<'a> {
     view: View<'a>,
-    /// Standard policies by namespace, by name (the order of their rules
-    /// in a chain, so that equal inputs give equal chains).
-    standard: HashMap<&'a str, Vec<PolicyView<'a>>>,
-    /// Weft policies by namespace, by priority descending, then name.
-    weft: HashMap<&'a str, Vec<PolicyView<'a>>>,
+    /// Standard and Weft policies by namespace.
+    index: Index<'a>,
     /// ClusterNetworkPolicies, each tier in evaluation order.
     tiers: Tiers<'a>,
+}
+
+/// A compiler's index: its own, or one kept across passes.
+enum Index<'a> {
+    Own(index::ByNamespace<'a>),
+    Kept(&'a index::ByNamespace<'a>),
+}
+
+impl<'a> std::ops::Deref for Index<'a> {
+    type Target = index::ByNamespace<'a>;
+
+    fn deref(&self) -> &Self::Target {
+        match self {
+            Index::Own(i) => i,
+            Index::Kept(i) => i,
+        }
+    }
 }
 
 impl<'a> Compiler<'a> {
@@ -655,22 +672,16 @@ impl<'a> Compiler<'a> {
     /// A compiler that starts from what `cache` resolved in earlier passes
     /// (forgotten where the cluster changed: see [`PeerCache`]).
     pub fn with_cache(cluster: &'a Cluster, cache: PeerCache) -> Self {
-        // A policy selects pods of its own namespace only: a pod looks at those.
-        let mut standard: HashMap<&str, Vec<PolicyView<'_>>> = HashMap::new();
-        for v in cluster.standard.iter().filter_map(|p| standard_view(p)) {
-            standard.entry(v.namespace).or_default().push(v);
-        }
-        for views in standard.values_mut() {
-            views.sort_by(|a, b| a.name.cmp(b.name));
-        }
-        let mut weft: HashMap<&str, Vec<PolicyView<'_>>> = HashMap::new();
-        for v in cluster.weft.iter().filter_map(|p| weft_view(p)) {
-            weft.entry(v.namespace).or_default().push(v);
-        }
-        for views in weft.values_mut() {
-            views.sort_by(|a, b| b.priority.cmp(&a.priority).then_with(|| a.name.cmp(b.name)));
-        }
-        Compiler { view: View::new(cluster, cache), standard, weft, tiers: Tiers::new(&cluster.cluster_policies) }
+        let index = Index::Own(index::ByNamespace::new(&cluster.standard, &cluster.weft));
+        Compiler { view: View::new(cluster, cache), index, tiers: Tiers::new(&cluster.cluster_policies) }
+    }
+
+    /// [`Compiler::with_cache`] with the policies looked up in `index`,
+    /// which must index `cluster`'s ([`PolicyIndex::indexes`]).
+    pub fn with_index(cluster: &'a Cluster, index: &'a PolicyIndex, cache: PeerCache) -> Self {
+        debug_assert!(index.indexes(cluster), "the index is of other policies");
+        let index = Index::Kept(index.by_namespace());
+        Compiler { view: View::new(cluster, cache), index, tiers: Tiers::new(&cluster.cluster_policies) }
     }
 
     /// What it resolved, for the next pass.
@@ -684,8 +695,8 @@ impl<'a> Compiler<'a> {
             return None;
         }
         let none = Vec::new();
-        let standard_here = self.standard.get(pod.namespace.as_str()).unwrap_or(&none);
-        let weft_here = self.weft.get(pod.namespace.as_str()).unwrap_or(&none);
+        let standard_here = self.index.standard.get(pod.namespace.as_str()).unwrap_or(&none);
+        let weft_here = self.index.weft.get(pod.namespace.as_str()).unwrap_or(&none);
         let chain = |dir: Direction| -> Option<Chain> {
             let pick = |p: &PolicyView<'_>| -> bool {
                 let rules = if dir == Direction::Ingress { &p.ingress } else { &p.egress };
@@ -739,7 +750,7 @@ impl<'a> Compiler<'a> {
     /// pods those policies select are the ones to recompile after the change.
     pub fn reach_of_rules_changed_by(&self, was: Option<PodInNs<'_>>, is: Option<PodInNs<'_>>) -> Vec<Reach<'a>> {
         let mut out = Vec::new();
-        for p in self.standard.values().chain(self.weft.values()).flatten() {
+        for p in self.index.standard.values().chain(self.index.weft.values()).flatten() {
             let changed = [Direction::Ingress, Direction::Egress].into_iter().any(|dir| {
                 // An absent pod is seen as one no rule matches.
                 rules_of(p, dir).iter().any(|r| {
@@ -779,8 +790,8 @@ impl<'a> Compiler<'a> {
                 .map(|p| p.origin())
                 .collect()
         };
-        let mut out = here(&self.weft);
-        out.extend(here(&self.standard));
+        let mut out = here(&self.index.weft);
+        out.extend(here(&self.index.standard));
         let ns_labels = self.view.ns_labels(&pod.namespace);
         out.extend(
             self.tiers
