@@ -164,7 +164,7 @@ impl<'c> Changes<'c> {
                 relabelled.push(ns);
             }
         }
-        for pod in new.pods.iter().filter(|p| relabelled.contains(&p.namespace.as_str())) {
+        for pod in relabelled.iter().flat_map(|ns| new.pods.in_namespace(ns)) {
             versions.push((Some((pod, old_ns(&pod.namespace))), Some((pod, new_ns(&pod.namespace)))));
         }
         (versions.len() <= MAX_CHANGED_PODS).then_some(Changes { versions, changed_now, relabelled })
