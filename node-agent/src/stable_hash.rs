@@ -33,12 +33,23 @@ pub fn prefix<const N: usize>(parts: &[&[u8]]) -> [u8; N] {
 
 /// 128 bits of SHA-256 of a text, in hex.
 pub fn digest(text: &str) -> String {
-    hex(&Sha256::digest(text.as_bytes())[..DIGEST_HEX / 2])
+    digest_bytes(text.as_bytes())
+}
+
+/// 128 bits of SHA-256 of `bytes`, in hex.
+pub fn digest_bytes(bytes: &[u8]) -> String {
+    hex(&Sha256::digest(bytes)[..DIGEST_HEX / 2])
 }
 
 /// Lower-case hex of `bytes`.
 pub fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        out.push(char::from(DIGITS[usize::from(b >> 4)]));
+        out.push(char::from(DIGITS[usize::from(b & 0xf)]));
+    }
+    out
 }
 
 /// FNV-1a, as agents before SHA-256 named things with it: only to
@@ -68,6 +79,8 @@ mod tests {
         assert_ne!(hash(&[b"ab", b"c"]), hash(&[b"a", b"bc"]));
         assert_eq!(prefix::<4>(&[b"x"]), hash(&[b"x"])[..4]);
         assert_eq!(digest("abc"), "ba7816bf8f01cfea414140de5dae2223");
+        assert_eq!(digest_bytes(b"abc"), digest("abc"));
+        assert_eq!(hex(&[0x00, 0x0f, 0xa5, 0xff]), "000fa5ff");
     }
 
     #[test]

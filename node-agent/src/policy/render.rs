@@ -147,8 +147,24 @@ fn counter_name(l: &CounterLabels) -> String {
 }
 
 pub fn set_name(nets: &[IpNet]) -> String {
-    let text: String = nets.iter().map(|n| format!("{n},")).collect();
-    format!("{OWNER}-set-{}", digest(&text))
+    // Of the nets' bytes, not their text: a set may hold thousands, and a
+    // pod selected anew names each of its sets. Each net is its family,
+    // address and prefix length, so two lists never give the same bytes.
+    let mut bytes = Vec::with_capacity(nets.len() * 18);
+    for net in nets {
+        match net {
+            IpNet::V4(n) => {
+                bytes.push(4);
+                bytes.extend_from_slice(&n.addr().octets());
+            }
+            IpNet::V6(n) => {
+                bytes.push(6);
+                bytes.extend_from_slice(&n.addr().octets());
+            }
+        }
+        bytes.push(net.prefix_len());
+    }
+    format!("{OWNER}-set-{}", crate::stable_hash::digest_bytes(&bytes))
 }
 
 /// Names counters and sets as rules need them.
@@ -349,8 +365,9 @@ pub struct Renderer {
     desired: Arc<Desired>,
     pods: HashMap<String, RenderedPod>,
     chains: HashMap<String, ChainUse>,
-    /// Chain name by content, per direction.
-    by_content: [HashMap<Chain, String>; 2],
+    /// Chain name by content, per direction (a content holds every peer
+    /// address: hashed with foldhash, a tenth of SipHash's time).
+    by_content: [HashMap<Chain, String, foldhash::fast::RandomState>; 2],
     set_refs: HashMap<String, usize>,
     counter_refs: HashMap<String, usize>,
 }
