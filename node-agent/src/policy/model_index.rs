@@ -1,8 +1,8 @@
 //! The policies of a snapshot indexed by namespace, in evaluation order:
 //! what [`Compiler`](super::Compiler) looks a pod's policies up in. A pass
-//! whose policies are the objects of the pass before (a pod changed, not a
+//! whose policies are those of the pass before (a pod changed, not a
 //! policy) reuses the index instead of making the views of every policy
-//! again (0.4 ms at 1,000 policies, on every pass).
+//! again (0.34 ms at 1,000 policies, on every pass).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -66,13 +66,15 @@ impl PolicyIndex {
         PolicyIndex(Indexed::new(policies, |p| ByNamespace::new(&p.standard, &p.weft)))
     }
 
-    /// Whether it indexes `cluster`'s policies: the same objects in the
-    /// same order (the watch caches share an unchanged policy's object
-    /// from snapshot to snapshot; any change, even of its status, makes a
-    /// new one and a new index).
+    /// Whether it indexes `cluster`'s policies: in the same order, each
+    /// the same object (the watch caches share an unchanged policy's
+    /// object from snapshot to snapshot) or one with the same name and
+    /// spec, all a view reads (a status update, or a policy the per-node
+    /// bound refuses again in a new object each pass).
     pub fn indexes(&self, cluster: &Cluster) -> bool {
         let p = self.0.borrow_owner();
-        same_objects(&p.standard, &cluster.standard) && same_objects(&p.weft, &cluster.weft)
+        same(&p.standard, &cluster.standard, |a, b| a.metadata.name == b.metadata.name && a.spec == b.spec)
+            && same(&p.weft, &cluster.weft, |a, b| a.metadata.name == b.metadata.name && a.spec == b.spec)
     }
 
     /// This index if it indexes `cluster`'s policies, else a new one.
@@ -88,8 +90,11 @@ impl PolicyIndex {
     }
 }
 
-fn same_objects<T>(a: &[Arc<T>], b: &[Arc<T>]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).all(|(a, b)| Arc::ptr_eq(a, b))
+/// Whether `a` and `b` hold the same policies: each the same object, or in
+/// the same namespace and `equal`.
+fn same<T: kube::Resource>(a: &[Arc<T>], b: &[Arc<T>], equal: impl Fn(&T, &T) -> bool) -> bool {
+    a.len() == b.len()
+        && a.iter().zip(b).all(|(a, b)| Arc::ptr_eq(a, b) || (a.meta().namespace == b.meta().namespace && equal(a, b)))
 }
 
 #[cfg(test)]
@@ -121,12 +126,23 @@ mod tests {
 
         // A copy of the snapshot shares the objects.
         assert!(index.indexes(&cluster.clone()));
-        // An equal object that is another one (a policy updated to the same
-        // spec) is not assumed equal.
+        // Another object with the same name and spec (its status updated).
         cluster.standard[2] = standard("b", "p1");
+        assert!(index.indexes(&cluster));
+        // The spec changed.
+        let mut changed = (*cluster.standard[2]).clone();
+        changed.spec.as_mut().expect("a spec").policy_types = Some(vec!["Egress".into()]);
+        cluster.standard[2] = Arc::new(changed);
         assert!(!index.indexes(&cluster));
         let index = PolicyIndex::reuse_for(Some(index), &cluster);
         assert!(index.indexes(&cluster), "made anew");
+        assert!(index.by_namespace().standard["b"][0].ingress.is_none(), "of the new spec");
+        // Another name, or another namespace.
+        let mut renamed = cluster.clone();
+        renamed.standard[2] = standard("b", "p3");
+        assert!(!index.indexes(&renamed));
+        renamed.standard[2] = standard("c", "p1");
+        assert!(!index.indexes(&renamed));
         cluster.standard.pop();
         assert!(!index.indexes(&cluster), "one policy fewer");
         let index = PolicyIndex::reuse_for(Some(index), &cluster);
