@@ -218,7 +218,16 @@ fn a_restarted_agent_hands_out_fresh_addresses_and_a_reused_one_is_reached_at_on
     assert_eq!(ip_b, next, "the restarted agent did not go on after {ip_a}");
     let pod_mac = pb.ip(&["-br", "link", "show", "eth0"]).split_whitespace().nth(2).unwrap_or_default().to_owned();
     let entry = n.ns.ip(&["neigh", "show", &ip_b, "dev", "weft0"]);
-    assert!(entry.contains(&pod_mac), "the node's entry for {ip_b} is not the new pod's ({pod_mac}): {entry}");
+    // ADD replaced the stale entry with the pod's MAC. The bridge's first
+    // port turns its carrier on later (link watch again), and a carrier
+    // event seen while it is still off flushes the bridge's neighbours,
+    // the new entry with them (2 of about 40 CI runs): an absent entry is
+    // resolved by ARP at once, a stale one would not be.
+    assert!(!entry.contains("02:00:00:00:00:99"), "the node still has the stale entry for {ip_b}: {entry}");
+    assert!(
+        entry.trim().is_empty() || entry.contains(&pod_mac),
+        "the node's entry for {ip_b} is not the new pod's ({pod_mac}): {entry}"
+    );
     assert!(n.ns.ping(&ip_b), "the node cannot reach the new pod at once");
     weft.del(&b, None).assert_ok();
 }
