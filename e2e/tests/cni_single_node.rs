@@ -221,7 +221,7 @@ fn a_restarted_agent_hands_out_fresh_addresses_and_a_reused_one_is_reached_at_on
     // ADD replaced the stale entry with the pod's MAC. The bridge's first
     // port turns its carrier on later (link watch again), and a carrier
     // event seen while it is still off flushes the bridge's neighbours,
-    // the new entry with them (2 of about 40 CI runs): an absent entry is
+    // the new entry with them (seen in two CI runs): an absent entry is
     // resolved by ARP at once, a stale one would not be.
     assert!(!entry.contains("02:00:00:00:00:99"), "the node still has the stale entry for {ip_b}: {entry}");
     assert!(
