@@ -114,7 +114,7 @@ mod tests {
     }
 
     #[test]
-    fn an_index_serves_the_same_objects_only() {
+    fn an_index_serves_the_same_policies_only() {
         let mut cluster = Cluster {
             standard: vec![standard("a", "p2"), standard("a", "p1"), standard("b", "p1")],
             ..Cluster::default()

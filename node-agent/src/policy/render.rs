@@ -365,8 +365,9 @@ pub struct Renderer {
     desired: Arc<Desired>,
     pods: HashMap<String, RenderedPod>,
     chains: HashMap<String, ChainUse>,
-    /// Chain name by content, per direction (a content holds every peer
-    /// address: hashed with foldhash, a tenth of SipHash's time).
+    /// Chain name by content, per direction. A content holds every peer
+    /// address: hashed with SipHash, that was a fifth of a pass that
+    /// selects a pod anew, so foldhash hashes it.
     by_content: [HashMap<Chain, String, foldhash::fast::RandomState>; 2],
     set_refs: HashMap<String, usize>,
     counter_refs: HashMap<String, usize>,
